@@ -1,0 +1,12 @@
+"""Dr.GRPO baseline: no std normalisation, constant-length loss aggregation (Liu et al. 2025)."""
+
+from jaxcredit.train.config import base_config
+
+
+def get_config():
+  c = base_config()
+  c.workdir = "runs/drgrpo"
+  c.credit.method = "drgrpo"
+  c.credit.scale = "none"
+  c.loss.aggregation = "seq-mean-token-sum-norm"
+  return c

@@ -1,0 +1,148 @@
+"""Multi-turn tool-use rollouts: the sampler writes assistant turns, the environment answers tool calls.
+
+The sampler knows no tools and the environment knows no tokens; this module joins them. Every rollout
+grows token-in, token-out (`RolloutBuilder`): sampled ids are appended as actions, the environment's
+observation is rendered through the chat template's tool-message scaffolding and appended as context.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Protocol, Sequence
+
+import jax
+
+from jaxcredit.rollout.chat_format import ChatFormat, ChatTokenizerLike
+from jaxcredit.rollout.trajectory import RolloutBuilder
+
+
+class EnvLike(Protocol):
+  def step(self, assistant_text: str) -> Any: ...  # -> object with .observation, .done, .info
+
+  def reward(self) -> float: ...
+
+
+@dataclasses.dataclass
+class RolloutResult:
+  builder: RolloutBuilder
+  env: EnvLike
+  reward: float
+  finish: str          # "answer" | "no_answer" | "tool_budget" | "length"
+  tool_calls: int
+  tool_errors: int
+
+
+def encode_prompt(tok: ChatTokenizerLike, messages: list[dict]) -> list[int]:
+  return tok.encode(tok.apply_chat_template(messages, add_generation_prompt=True))
+
+
+def run_rollouts(
+    sampler,
+    tok: ChatTokenizerLike,
+    fmt: ChatFormat,
+    envs: Sequence[EnvLike],
+    prompts: Sequence[list[dict]],
+    sampling_params,
+    key: jax.Array,
+    *,
+    max_turns: int,
+    max_len: int,
+    on_turn: Callable[[int, int], None] | None = None,
+) -> list[RolloutResult]:
+  """Samples one rollout per environment, up to `max_turns` assistant turns each.
+
+  Args:
+    sampler: a `jaxcredit.sampling.Sampler` (anything with `generate(prompts, params, key, decode_text=)`).
+    tok: the chat tokenizer.
+    fmt: the chat template's scaffolding around tool messages.
+    envs: one environment instance per rollout (never shared between rollouts).
+    prompts: the initial chat messages of each rollout.
+    sampling_params: `jaxcredit.sampling.SamplingParams`; its `stop_token_ids` should hold `tok.eos_id`.
+    key: PRNG key; split per turn.
+    max_turns: T, the most assistant messages a rollout may have.
+    max_len: the sampler's capacity; a rollout that cannot fit another turn ends with finish "length".
+    on_turn: optional callback(turn, active_rollouts) for progress display.
+
+  Returns:
+    One `RolloutResult` per environment, in order.
+  """
+  if len(envs) != len(prompts):
+    raise ValueError(f"envs ({len(envs)}) and prompts ({len(prompts)}) must have the same length")
+  builders = [RolloutBuilder.from_prompt(encode_prompt(tok, p)) for p in prompts]
+  done = [False] * len(envs)
+  finish = ["no_answer"] * len(envs)
+  tool_calls = [0] * len(envs)
+  tool_errors = [0] * len(envs)
+  budget = sampling_params.max_new_tokens
+  for turn in range(max_turns):
+    active = [i for i in range(len(envs)) if not done[i]]
+    for i in list(active):
+      if len(builders[i]) + budget > max_len:
+        done[i], finish[i] = True, "length"
+        active.remove(i)
+    if not active:
+      break
+    if on_turn is not None:
+      on_turn(turn, len(active))
+    key, sub = jax.random.split(key)
+    out = sampler.generate([builders[i].tokens for i in active], sampling_params, sub,
+                           decode_text=tok.decode)
+    for j, i in enumerate(active):
+      ids, logp, reason = out.tokens[j], out.logprobs[j], out.finish_reasons[j]
+      builders[i].append_action(ids, [float(x) for x in logp])
+      text = tok.decode(ids, skip_special_tokens=True)
+      result = envs[i].step(text)
+      info = getattr(result, "info", {}) or {}
+      tool_calls[i] = int(info.get("tool_calls", tool_calls[i]))
+      tool_errors[i] = int(info.get("tool_errors", tool_errors[i]))
+      if result.done:
+        done[i] = True
+        finish[i] = _finish_reason(info, reason)
+        continue
+      if turn == max_turns - 1:
+        done[i], finish[i] = True, "tool_budget"
+        continue
+      emitted_eos = bool(ids) and ids[-1] == tok.eos_id
+      builders[i].append_context(tok.encode(fmt.observation_text(result.observation, emitted_eos)))
+      builders[i].mark_boundary()
+  return [
+      RolloutResult(builder=builders[i], env=envs[i], reward=float(envs[i].reward()), finish=finish[i],
+                    tool_calls=tool_calls[i], tool_errors=tool_errors[i])
+      for i in range(len(envs))
+  ]
+
+
+def _finish_reason(info: dict, sampler_reason: str) -> str:
+  if info.get("answered"):
+    return "answer"
+  if info.get("budget_exhausted"):
+    return "tool_budget"
+  if sampler_reason == "length":
+    return "length"
+  return "no_answer"
+
+
+def build_demonstration(tok: ChatTokenizerLike, fmt: ChatFormat, messages: list[dict]) -> RolloutBuilder:
+  """Tokenizes a demonstration chat exactly as a rollout would have produced it.
+
+  `messages` is [system?, user, assistant, tool, assistant, ...]. The prompt is everything before the
+  first assistant message; each assistant message (its content, then the end-of-message token) becomes an
+  action turn; each tool message is appended through the same scaffolding a rollout uses.
+
+  Raises:
+    ValueError: if the chat has no assistant message or a role other than system/user/assistant/tool
+      after the first assistant message.
+  """
+  first = next((k for k, m in enumerate(messages) if m["role"] == "assistant"), None)
+  if first is None:
+    raise ValueError("demonstration has no assistant message")
+  b = RolloutBuilder.from_prompt(encode_prompt(tok, messages[:first]))
+  for m in messages[first:]:
+    if m["role"] == "assistant":
+      b.append_action(tok.encode(m["content"]) + [tok.eos_id])
+    elif m["role"] == "tool":
+      b.append_context(tok.encode(fmt.observation_text(m["content"], policy_emitted_eos=True)))
+      b.mark_boundary()
+    else:
+      raise ValueError(f"unexpected role {m['role']!r} after the first assistant message")
+  return b

@@ -1,0 +1,185 @@
+"""The one trajectory data structure shared by rollouts, scoring, credit and the update step.
+
+A rollout is built token-in, token-out: its token ids only grow, and `action_mask`, `turn_ids` and
+`behavior_logp` grow with them (one entry per token). `RolloutBuilder` is the host-side growing form;
+`Trajectory` is the padded batch of arrays the jitted code consumes.
+
+Shape letters: B rollouts in the batch, L tokens (padded), T max turns (assistant messages).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import jax
+import numpy as np
+
+
+@dataclasses.dataclass
+class RolloutBuilder:
+  """One rollout while it is being sampled (host side, plain Python lists).
+
+  Attributes:
+    tokens: all token ids so far (prompt, actions, observations).
+    action_mask: True on tokens the policy generated.
+    turn_ids: turn index of each action token, -1 elsewhere.
+    behavior_logp: log-prob (nats) the sampler recorded for each action token, 0.0 elsewhere.
+    boundaries: token count at each tool-call boundary: boundaries[0] = prompt length (state s_0),
+      boundaries[t] = length right after the t-th tool observation (state s_t).
+    num_turns: assistant messages so far.
+  """
+
+  tokens: list[int] = dataclasses.field(default_factory=list)
+  action_mask: list[bool] = dataclasses.field(default_factory=list)
+  turn_ids: list[int] = dataclasses.field(default_factory=list)
+  behavior_logp: list[float] = dataclasses.field(default_factory=list)
+  boundaries: list[int] = dataclasses.field(default_factory=list)
+  num_turns: int = 0
+
+  @classmethod
+  def from_prompt(cls, prompt_ids: Sequence[int]) -> "RolloutBuilder":
+    if not prompt_ids:
+      raise ValueError("prompt_ids is empty: a rollout needs at least one prompt token")
+    b = cls()
+    b.append_context(prompt_ids)
+    b.boundaries.append(len(b.tokens))
+    return b
+
+  def append_context(self, ids: Sequence[int]) -> None:
+    """Appends tokens the policy did not generate (prompt, tool observation, chat scaffolding)."""
+    n = len(ids)
+    self.tokens.extend(int(i) for i in ids)
+    self.action_mask.extend([False] * n)
+    self.turn_ids.extend([-1] * n)
+    self.behavior_logp.extend([0.0] * n)
+
+  def append_action(self, ids: Sequence[int], logp: Sequence[float] | None = None) -> None:
+    """Appends one assistant turn's generated tokens (and their recorded log-probs)."""
+    n = len(ids)
+    if logp is None:
+      logp = [0.0] * n
+    if len(logp) != n:
+      raise ValueError(f"logp has {len(logp)} entries for {n} action tokens")
+    self.tokens.extend(int(i) for i in ids)
+    self.action_mask.extend([True] * n)
+    self.turn_ids.extend([self.num_turns] * n)
+    self.behavior_logp.extend(float(x) for x in logp)
+    self.num_turns += 1
+
+  def mark_boundary(self) -> None:
+    """Records the state right after a tool observation (s_t for t >= 1)."""
+    self.boundaries.append(len(self.tokens))
+
+  def __len__(self) -> int:
+    return len(self.tokens)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class Trajectory:
+  """A padded batch of rollouts (right-padded on the token axis).
+
+  Attributes:
+    tokens_BxL: int32 token ids; padding holds the pad id.
+    token_mask_BxL: bool, True on real (non-pad) tokens.
+    action_mask_BxL: bool, True only on tokens the policy generated.
+    turn_ids_BxL: int32 turn index of each action token, -1 elsewhere.
+    behavior_logp_BxL: float32 log-prob (nats) recorded by the sampler, 0 off actions.
+    boundary_pos_BxT1: int32 prefix length of boundary state s_t, 0 where absent.
+    boundary_mask_BxT1: bool, True where s_t exists.
+    turn_mask_BxT: bool, True on real turns.
+    rewards_B: float32 outcome rewards.
+    sample_mask_B: bool, False for rollouts that must not count (e.g. no action tokens).
+    group_ids_B: int32 index of the prompt group each rollout belongs to.
+  """
+
+  tokens_BxL: np.ndarray
+  token_mask_BxL: np.ndarray
+  action_mask_BxL: np.ndarray
+  turn_ids_BxL: np.ndarray
+  behavior_logp_BxL: np.ndarray
+  boundary_pos_BxT1: np.ndarray
+  boundary_mask_BxT1: np.ndarray
+  turn_mask_BxT: np.ndarray
+  rewards_B: np.ndarray
+  sample_mask_B: np.ndarray
+  group_ids_B: np.ndarray
+
+  @property
+  def batch_size(self) -> int:
+    return int(self.tokens_BxL.shape[0])
+
+  @property
+  def max_turns(self) -> int:
+    return int(self.turn_mask_BxT.shape[1])
+
+
+def pad_length(n: int, bucket: int) -> int:
+  """Smallest multiple of `bucket` >= n (bucketing bounds the number of compiled shapes)."""
+  return max(bucket, -(-n // bucket) * bucket)
+
+
+def pack(
+    rollouts: Sequence[RolloutBuilder],
+    rewards: Sequence[float],
+    group_ids: Sequence[int],
+    *,
+    max_turns: int,
+    pad_id: int,
+    length_bucket: int = 64,
+) -> Trajectory:
+  """Packs host-side rollouts into a right-padded `Trajectory`.
+
+  Args:
+    rollouts: B rollouts.
+    rewards: B outcome rewards.
+    group_ids: B group indices.
+    max_turns: T, the padded number of turns (every rollout must have num_turns <= T).
+    pad_id: token id used for padding.
+    length_bucket: L is rounded up to a multiple of this.
+
+  Raises:
+    ValueError: on mismatched lengths or a rollout with more than `max_turns` turns.
+  """
+  b = len(rollouts)
+  if len(rewards) != b or len(group_ids) != b:
+    raise ValueError(f"rewards ({len(rewards)}) and group_ids ({len(group_ids)}) must have one entry per "
+                     f"rollout ({b})")
+  length = pad_length(max(len(r) for r in rollouts), length_bucket)
+  tokens = np.full((b, length), pad_id, np.int32)
+  token_mask = np.zeros((b, length), bool)
+  action_mask = np.zeros((b, length), bool)
+  turn_ids = np.full((b, length), -1, np.int32)
+  logp = np.zeros((b, length), np.float32)
+  boundary_pos = np.zeros((b, max_turns + 1), np.int32)
+  boundary_mask = np.zeros((b, max_turns + 1), bool)
+  turn_mask = np.zeros((b, max_turns), bool)
+  for i, r in enumerate(rollouts):
+    n = len(r)
+    if r.num_turns > max_turns:
+      raise ValueError(f"rollout {i} has {r.num_turns} turns > max_turns={max_turns}")
+    tokens[i, :n] = r.tokens
+    token_mask[i, :n] = True
+    action_mask[i, :n] = r.action_mask
+    turn_ids[i, :n] = r.turn_ids
+    logp[i, :n] = r.behavior_logp
+    nb = min(len(r.boundaries), max_turns + 1)
+    boundary_pos[i, :nb] = r.boundaries[:nb]
+    boundary_mask[i, :nb] = True
+    turn_mask[i, : r.num_turns] = True
+  rewards_b = np.asarray(rewards, np.float32)
+  sample_mask = action_mask.any(axis=1)
+  return Trajectory(
+      tokens_BxL=tokens,
+      token_mask_BxL=token_mask,
+      action_mask_BxL=action_mask,
+      turn_ids_BxL=turn_ids,
+      behavior_logp_BxL=logp,
+      boundary_pos_BxT1=boundary_pos,
+      boundary_mask_BxT1=boundary_mask,
+      turn_mask_BxT=turn_mask,
+      rewards_B=rewards_b,
+      sample_mask_B=sample_mask,
+      group_ids_B=np.asarray(group_ids, np.int32),
+  )

@@ -1,0 +1,119 @@
+"""Resumable runs: orbax checkpoints of everything a resume needs, and the config-compatibility check.
+
+A checkpoint holds params, optimizer state and a JSON `meta` item (RL step, phase, data-iterator state,
+RNG key, metrics-row count). The frozen reference (the policy as RL starts) is written once to
+`<workdir>/reference`. `<workdir>/config.json` records the training config; a rerun whose training keys
+differ is refused before anything in the workdir is touched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+# Keys that only change how long a run is, how often it logs / checkpoints / evaluates, or where it goes.
+# Everything else changes what is trained and must match on resume.
+RUN_LENGTH_KEYS = ("workdir", "total_steps", "log_every", "checkpoint_every", "max_checkpoints_to_keep",
+                   "eval", "model.cache_dir", "progress", "tensorboard")
+
+
+def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+  out = {}
+  for k, v in d.items():
+    key = f"{prefix}{k}"
+    if isinstance(v, dict):
+      out.update(_flatten(v, key + "."))
+    else:
+      out[key] = v
+  return out
+
+
+def _is_run_length(key: str) -> bool:
+  return any(key == k or key.startswith(k + ".") for k in RUN_LENGTH_KEYS)
+
+
+def training_key_diff(saved: dict, current: dict) -> list[str]:
+  """Training keys whose values differ between two config dicts (run-length keys ignored)."""
+  a, b = _flatten(saved), _flatten(current)
+  keys = sorted(k for k in set(a) | set(b) if not _is_run_length(k))
+  return [k for k in keys if a.get(k, "<missing>") != b.get(k, "<missing>")]
+
+
+def check_or_write_config(workdir: str, config_dict: dict) -> bool:
+  """Refuses a workdir trained with different training keys; writes config.json for a new run.
+
+  Returns:
+    True if the workdir already held a run with a compatible config.
+
+  Raises:
+    ValueError: naming every training key that differs (and both values). Nothing is written.
+  """
+  path = os.path.join(workdir, "config.json")
+  if os.path.exists(path):
+    with open(path) as f:
+      saved = json.load(f)
+    diff = training_key_diff(saved, config_dict)
+    if diff:
+      a, b = _flatten(saved), _flatten(config_dict)
+      lines = "\n".join(f"  {k}: checkpoint has {a.get(k, '<missing>')!r}, config has {b.get(k, '<missing>')!r}"
+                        for k in diff)
+      raise ValueError(
+          f"workdir {workdir} holds a run trained with different training keys; refusing to resume or "
+          f"overwrite it:\n{lines}\nUse a new --config.workdir, or set these keys back.")
+    _atomic_write_json(path, config_dict)  # run-length keys may change
+    return True
+  os.makedirs(workdir, exist_ok=True)
+  _atomic_write_json(path, config_dict)
+  return False
+
+
+def _atomic_write_json(path: str, obj: Any) -> None:
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump(obj, f, indent=2, sort_keys=True)
+  os.replace(tmp, path)
+
+
+class Checkpointer:
+  """Thin wrapper over orbax's CheckpointManager for the trainer's state."""
+
+  def __init__(self, workdir: str, *, max_to_keep: int = 2):
+    self.directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
+    self.reference_dir = os.path.abspath(os.path.join(workdir, "reference"))
+    self.manager = ocp.CheckpointManager(
+        self.directory,
+        options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
+                                             enable_async_checkpointing=False))
+
+  def latest_step(self) -> int | None:
+    return self.manager.latest_step()
+
+  def save(self, step: int, params, opt_state, meta: dict) -> None:
+    self.manager.save(step, args=ocp.args.Composite(
+        params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state),
+        meta=ocp.args.JsonSave(meta)), force=True)
+    self.manager.wait_until_finished()
+
+  def restore(self, step: int, params_like, opt_state_like) -> tuple[Any, Any, dict]:
+    """Restores into the structure and shardings of the given templates (arrays or ShapeDtypeStructs)."""
+    abstract = lambda t: jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, t)
+    out = self.manager.restore(step, args=ocp.args.Composite(
+        params=ocp.args.StandardRestore(abstract(params_like)),
+        opt_state=ocp.args.StandardRestore(abstract(opt_state_like)),
+        meta=ocp.args.JsonRestore()))
+    return out["params"], out["opt_state"], out["meta"]
+
+  def has_reference(self) -> bool:
+    return os.path.isdir(self.reference_dir)
+
+  def save_reference(self, params) -> None:
+    ocp.StandardCheckpointer().save(self.reference_dir, params)
+    ocp.StandardCheckpointer().wait_until_finished() if hasattr(ocp.StandardCheckpointer, "wait_until_finished") else None
+
+  def restore_reference(self, params_like):
+    abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, params_like)
+    return ocp.StandardCheckpointer().restore(self.reference_dir, abstract)

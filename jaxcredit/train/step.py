@@ -1,0 +1,184 @@
+"""The jitted update steps: policy gradient (PPO-clip on token advantages) and supervised warm start.
+
+The model enters functionally: `graphdef` (static) plus the parameter pytree, so new parameters never
+recompile. Micro-batches are scanned inside one jit: each contributes its numerator to the gradient and
+the denominator is computed from the masks of the whole batch first, so accumulation is exact
+(credit.md, "Losses").
+
+Shape letters: B sequences, L tokens, M micro-batches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import Mesh
+
+from jaxcredit import sharding
+from jaxcredit.sampling.logprobs import sequence_logprobs
+from jaxcredit.train import loss as loss_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyLossConfig:
+  """Knobs of the policy-gradient loss (see `jaxcredit.train.loss`)."""
+
+  eps_low: float = 0.2
+  eps_high: float = 0.2
+  dual_clip: float | None = None
+  max_log_ratio: float = 20.0
+  aggregation: str = "token-mean"
+  kl_coef: float = 0.0
+  kl_estimator: str = "k3"
+  temperature: float = 1.0
+
+  def __post_init__(self):
+    if self.aggregation not in loss_lib.AGGREGATIONS:
+      raise ValueError(f"config.loss.aggregation must be one of {loss_lib.AGGREGATIONS}, got {self.aggregation!r}")
+    if self.kl_estimator not in loss_lib.KL_ESTIMATORS:
+      raise ValueError(f"config.loss.kl_estimator must be one of {loss_lib.KL_ESTIMATORS}, got {self.kl_estimator!r}")
+    if self.temperature <= 0:
+      raise ValueError(f"config.sampling.temperature must be > 0, got {self.temperature}")
+    if self.kl_coef < 0:
+      raise ValueError(f"config.loss.kl_coef must be >= 0, got {self.kl_coef}")
+
+
+def make_optimizer(learning_rate: float, *, warmup_steps: int = 0, weight_decay: float = 0.0,
+                   max_grad_norm: float | None = 1.0, b1: float = 0.9, b2: float = 0.999) -> optax.GradientTransformation:
+  """AdamW with linear warmup then a constant rate (the schedule never depends on the run length, so a run
+  can be extended on resume)."""
+  if learning_rate <= 0:
+    raise ValueError(f"learning rate must be > 0, got {learning_rate}")
+  schedule = optax.join_schedules(
+      [optax.linear_schedule(0.0, learning_rate, max(warmup_steps, 1)), optax.constant_schedule(learning_rate)],
+      [max(warmup_steps, 1)]) if warmup_steps > 0 else learning_rate
+  chain = [optax.clip_by_global_norm(max_grad_norm)] if max_grad_norm else []
+  chain.append(optax.adamw(schedule, b1=b1, b2=b2, weight_decay=weight_decay))
+  return optax.chain(*chain)
+
+
+def split_model(model: nnx.Module):
+  """(graphdef, params, rest): params are the trainable nnx.Param leaves."""
+  return nnx.split(model, nnx.Param, ...)
+
+
+def _logp(graphdef, params, rest, tokens, token_mask, temperature):
+  model = nnx.merge(graphdef, params, rest)
+  return sequence_logprobs(model, tokens, token_mask, temperature)
+
+
+def pg_token_loss(graphdef, params, rest, mb: dict, cfg: PolicyLossConfig):
+  """Per-token policy loss of one micro-batch, with diagnostics. mb holds *_BxL arrays."""
+  logp = _logp(graphdef, params, rest, mb["tokens_BxL"], mb["token_mask_BxL"], cfg.temperature)
+  tok_loss, clipped = loss_lib.ppo_clip_token_loss(
+      logp, mb["behavior_logp_BxL"], mb["adv_BxL"], eps_low=cfg.eps_low, eps_high=cfg.eps_high,
+      dual_clip=cfg.dual_clip, max_log_ratio=cfg.max_log_ratio)
+  kl = loss_lib.kl_penalty(logp, mb["ref_logp_BxL"], cfg.kl_estimator)
+  if cfg.kl_coef > 0:
+    tok_loss = tok_loss + cfg.kl_coef * kl
+  ratio_dev = jnp.abs(jnp.exp(logp - mb["behavior_logp_BxL"]) - 1.0)
+  return tok_loss, {"clip": clipped, "kl": kl, "ratio_dev": ratio_dev}
+
+
+def sft_token_loss(graphdef, params, rest, mb: dict, cfg: PolicyLossConfig):
+  logp = _logp(graphdef, params, rest, mb["tokens_BxL"], mb["token_mask_BxL"], 1.0)
+  return loss_lib.token_cross_entropy(logp), {"nll": -logp}
+
+
+def _split_micro(batch: dict, num_micro: int) -> dict:
+  def f(x):
+    if x.shape[0] % num_micro:
+      raise ValueError(f"batch of {x.shape[0]} is not divisible into {num_micro} micro-batches "
+                       f"(config.train.num_micro_batches)")
+    return x.reshape(num_micro, x.shape[0] // num_micro, *x.shape[1:])
+  return jax.tree_util.tree_map(f, batch)
+
+
+def loss_and_grads(token_loss_fn: Callable, graphdef, params, rest, batch: dict, cfg: PolicyLossConfig,
+                   num_micro: int = 1):
+  """Exact full-batch loss and gradients, accumulated over `num_micro` micro-batches.
+
+  Returns:
+    (loss, grads, metrics) where metrics are masked means of the token diagnostics.
+  """
+  mask = batch["action_mask_BxL"]
+  _, den = loss_lib.aggregate(jnp.zeros(mask.shape, jnp.float32), mask, cfg.aggregation,
+                              max_len=mask.shape[1])
+  den = jnp.maximum(den, 1e-12)
+  n_tok = jnp.maximum(jnp.sum(mask.astype(jnp.float32)), 1.0)
+
+  def mb_fn(p, mb):
+    tok_loss, diag = token_loss_fn(graphdef, p, rest, mb, cfg)
+    num, _ = loss_lib.aggregate(tok_loss, mb["action_mask_BxL"], cfg.aggregation, max_len=mask.shape[1])
+    m = mb["action_mask_BxL"].astype(jnp.float32)
+    sums = {k: jnp.sum(jnp.where(m > 0, v, 0.0)) for k, v in diag.items()}
+    return num / den, sums
+
+  grad_fn = jax.value_and_grad(mb_fn, has_aux=True)
+  if num_micro == 1:
+    (loss, sums), grads = grad_fn(params, batch)
+  else:
+    micro = _split_micro(batch, num_micro)
+
+    def body(carry, mb):
+      loss_acc, grads_acc, sums_acc = carry
+      (l, s), g = grad_fn(params, mb)
+      return (loss_acc + l, jax.tree_util.tree_map(jnp.add, grads_acc, g),
+              jax.tree_util.tree_map(jnp.add, sums_acc, s)), None
+
+    zero_g = jax.tree_util.tree_map(jnp.zeros_like, params)
+    _, zero_s = jax.eval_shape(lambda: mb_fn(params, jax.tree_util.tree_map(lambda x: x[0], micro)))
+    zero_s = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), zero_s)
+    (loss, grads, sums), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zero_g, zero_s), micro)
+  metrics = {k: v / n_tok for k, v in sums.items()}
+  metrics["loss"] = loss
+  metrics["grad_norm"] = optax.global_norm(grads)
+  return loss, grads, metrics
+
+
+def make_update_fn(token_loss_fn: Callable, graphdef, rest, optimizer: optax.GradientTransformation,
+                   cfg: PolicyLossConfig, mesh: Mesh, params_shardings, opt_shardings, *, num_micro: int = 1):
+  """A jitted (params, opt_state, batch) -> (params, opt_state, metrics) over `mesh`.
+
+  Parameters and optimizer state keep the shardings given (`jaxcredit.sharding.param_shardings`); the batch
+  must already be placed with `sharding.shard_batch`. Parameters and optimizer state are donated.
+  """
+
+  def update(params, opt_state, batch):
+    _, grads, metrics = loss_and_grads(token_loss_fn, graphdef, params, rest, batch, cfg, num_micro)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    params = optax.apply_updates(params, updates)
+    return params, opt_state, metrics
+
+  return jax.jit(update, in_shardings=(params_shardings, opt_shardings, None),
+                 out_shardings=(params_shardings, opt_shardings, sharding.replicated(mesh)),
+                 donate_argnums=(0, 1))
+
+
+def make_logp_fn(graphdef, rest, temperature: float):
+  """A jitted (params, tokens_BxL, token_mask_BxL) -> logp_BxL (reference / behaviour log-probs)."""
+  return jax.jit(lambda p, t, m: _logp(graphdef, p, rest, t, m, temperature))
+
+
+def opt_state_shardings(optimizer, params, params_shardings, mesh):
+  """Shardings for the optimizer state: each moment like its parameter, scalars replicated."""
+  abstract = jax.eval_shape(optimizer.init, params)
+  flat_param_sh = {tuple(p): s for p, s in jax.tree_util.tree_flatten_with_path(params_shardings)[0]}
+
+  def pick(path, leaf):
+    # optax states nest the param pytree; match on the param path suffix.
+    for n in range(len(path)):
+      s = flat_param_sh.get(tuple(path[n:]))
+      if s is not None and s.spec and len(s.spec) <= leaf.ndim:
+        return s
+    return sharding.replicated(mesh)
+
+  return jax.tree_util.tree_map_with_path(pick, abstract)
+
+
+Batch = dict[str, Any]

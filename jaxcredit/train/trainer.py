@@ -1,0 +1,286 @@
+"""The training loop: warm start, then RL with dense credit; resumable; metrics, curves and checkpoints.
+
+  state = build(config)                  # model, tokenizer, tasks, mesh, optimizer, checkpointer
+  restore or (eval, warm start, eval, reference)
+  for step in range(start + 1, total_steps + 1):
+    rollouts -> trajectory -> (reference scores) -> advantages -> jitted update -> log -> checkpoint
+  eval, curves.png
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Any
+
+import grain
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from flax import nnx
+from tqdm.auto import tqdm
+
+from jaxcredit import sharding
+from jaxcredit.envs import arithmetic
+from jaxcredit.models import load_model, load_tokenizer
+from jaxcredit.rollout.chat_format import ChatFormat
+from jaxcredit.rollout.multiturn import build_demonstration, run_rollouts
+from jaxcredit.rollout.trajectory import pack
+from jaxcredit.sampling import Sampler, SamplingParams
+from jaxcredit.scoring.gold import score_gold_answers
+from jaxcredit.train import advantages as adv_lib
+from jaxcredit.train import checkpoint as ckpt_lib
+from jaxcredit.train import config as config_lib
+from jaxcredit.train import metrics as metrics_lib
+from jaxcredit.train import step as step_lib
+
+STOP_STRINGS = ("</tool_call>", "</answer>")
+
+
+@dataclasses.dataclass
+class Run:
+  """Everything the loop needs, built once."""
+
+  config: ml_collections.ConfigDict
+  mesh: Any
+  tok: Any
+  fmt: ChatFormat
+  graphdef: Any
+  rest: Any
+  params: Any
+  params_shardings: Any
+  sampler: Sampler
+  train_tasks: list
+  eval_tasks: list
+  writer: metrics_lib.MetricsWriter
+  ckpt: ckpt_lib.Checkpointer
+  key: jax.Array
+
+
+def _bar(config, **kw):
+  return tqdm(disable=not config.progress, dynamic_ncols=True, **kw)
+
+
+def build(config: ml_collections.ConfigDict) -> Run:
+  config_lib.validate(config)
+  adv_lib.check_method_supported(config.credit.method)
+  ckpt_lib.check_or_write_config(config.workdir, config.to_dict())
+  mesh = sharding.make_mesh(dict(config.mesh))
+  cache_dir = config.model.cache_dir or None
+  t0 = time.time()
+  model, _ = load_model(config.model.source, cache_dir=cache_dir)
+  tok = load_tokenizer(config.model.source, cache_dir=cache_dir)
+  print(f"[jaxcredit] model {config.model.source} loaded in {time.time() - t0:.1f}s")
+  graphdef, params, rest = step_lib.split_model(model)
+  p_sh = sharding.param_shardings(params, mesh)
+  params = jax.device_put(params, p_sh)
+  sampler = Sampler(model, max_len=config.sampling.max_len, pad_id=tok.pad_id,
+                    chunk_size=config.sampling.chunk_size)
+  train_tasks = arithmetic.make_tasks("train", config.env.num_train_tasks, seed=config.seed)
+  eval_tasks = arithmetic.make_tasks("eval", config.eval.num_tasks)
+  return Run(config=config, mesh=mesh, tok=tok, fmt=ChatFormat.from_tokenizer(tok), graphdef=graphdef,
+             rest=rest, params=params, params_shardings=p_sh, sampler=sampler, train_tasks=train_tasks,
+             eval_tasks=eval_tasks, writer=metrics_lib.MetricsWriter(config.workdir, tensorboard=config.tensorboard),
+             ckpt=ckpt_lib.Checkpointer(config.workdir, max_to_keep=config.max_checkpoints_to_keep),
+             key=jax.random.key(config.seed))
+
+
+def _data_iterator(num_tasks: int, batch: int, seed: int):
+  ds = grain.MapDataset.range(num_tasks).shuffle(seed=seed).repeat().batch(batch, drop_remainder=True)
+  return iter(ds.to_iter_dataset())
+
+
+def _sampling_params(run: Run, *, greedy: bool = False) -> SamplingParams:
+  s = run.config.sampling
+  return SamplingParams(temperature=1.0 if greedy else s.temperature, top_p=1e-6 if greedy else s.top_p,
+                        max_new_tokens=s.max_new_tokens, stop_token_ids=(run.tok.eos_id,),
+                        stop_strings=STOP_STRINGS)
+
+
+def _model(run: Run, params):
+  return nnx.merge(run.graphdef, params, run.rest)
+
+
+def rollouts(run: Run, params, tasks, key, *, greedy=False, desc=None):
+  run.sampler.update_model(_model(run, params))
+  envs = [arithmetic.ArithmeticEnv(t, max_tool_calls=run.config.env.max_tool_calls) for t in tasks]
+  prompts = [arithmetic.initial_messages(t) for t in tasks]
+  return run_rollouts(run.sampler, run.tok, run.fmt, envs, prompts, _sampling_params(run, greedy=greedy), key,
+                      max_turns=run.config.env.max_tool_calls + 1, max_len=run.config.sampling.max_len)
+
+
+def evaluate(run: Run, params, stage: str, step: int) -> dict:
+  """Greedy rollouts on the held-out tasks; logs a phase="eval" row."""
+  t0 = time.time()
+  results = []
+  bs = run.config.eval.batch_size
+  for i in _bar(run.config, iterable=range(0, len(run.eval_tasks), bs), desc=f"eval {stage}", leave=False):
+    results += rollouts(run, params, run.eval_tasks[i:i + bs], jax.random.key(0), greedy=True)
+  m = {
+      "stage": stage,
+      "success_rate": float(np.mean([r.reward > 0.5 for r in results])),
+      "tool_calls": float(np.mean([r.tool_calls for r in results])),
+      "mean_turns": float(np.mean([r.builder.num_turns for r in results])),
+      "answered_frac": float(np.mean([r.finish == "answer" for r in results])),
+      "num_tasks": len(results),
+      "seconds": time.time() - t0,
+  }
+  run.writer.write("eval", step, m)
+  print(f"[jaxcredit] eval {stage}: success {m['success_rate']:.3f}, tool calls {m['tool_calls']:.2f}, "
+        f"answered {m['answered_frac']:.2f} ({m['seconds']:.0f}s)")
+  return m
+
+
+def warm_start(run: Run, params) -> Any:
+  """Supervised warm start on demonstrations from the training tasks (cross-entropy on action tokens)."""
+  c = run.config
+  optimizer = step_lib.make_optimizer(c.sft.learning_rate, warmup_steps=c.sft.warmup_steps,
+                                      max_grad_norm=c.optim.max_grad_norm)
+  opt_state = optimizer.init(params)
+  opt_sh = step_lib.opt_state_shardings(optimizer, params, run.params_shardings, run.mesh)
+  update = step_lib.make_update_fn(step_lib.sft_token_loss, run.graphdef, run.rest, optimizer,
+                                   step_lib.PolicyLossConfig(), run.mesh, run.params_shardings, opt_sh,
+                                   num_micro=c.train.num_micro_batches)
+  data = _data_iterator(len(run.train_tasks), c.sft.batch_size, seed=c.seed + 1)
+  rng = np.random.default_rng(c.seed)
+  params = jax.tree_util.tree_map(jnp.copy, params)  # the update donates its input
+  for s in _bar(c, iterable=range(1, c.sft.steps + 1), desc="warm start"):
+    t0 = time.time()
+    demos = [build_demonstration(run.tok, run.fmt, arithmetic.demonstration(run.train_tasks[int(i)], rng))
+             for i in next(data)]
+    traj = pack(demos, [0.0] * len(demos), list(range(len(demos))), max_turns=c.env.max_tool_calls + 1,
+                pad_id=run.tok.pad_id, length_bucket=c.train.length_bucket)
+    batch = _batch(traj, np.zeros(traj.tokens_BxL.shape, np.float32), None)
+    params, opt_state, m = update(params, opt_state, sharding.shard_batch(batch, run.mesh))
+    m = jax.device_get(m)
+    dt = time.time() - t0
+    n_tok = int(traj.action_mask_BxL.sum())
+    run.writer.write("sft", s, {"loss": float(m["loss"]), "grad_norm": float(m["grad_norm"]),
+                                "action_tokens": n_tok, "tokens_per_s": traj.token_mask_BxL.sum() / dt,
+                                "step_s": dt})
+  return params
+
+
+def _batch(traj, adv_BxL, ref_logp_BxL) -> dict:
+  return {
+      "tokens_BxL": traj.tokens_BxL, "token_mask_BxL": traj.token_mask_BxL,
+      "action_mask_BxL": traj.action_mask_BxL & traj.sample_mask_B[:, None],
+      "behavior_logp_BxL": traj.behavior_logp_BxL, "adv_BxL": adv_BxL.astype(np.float32),
+      "ref_logp_BxL": (np.zeros(traj.tokens_BxL.shape, np.float32) if ref_logp_BxL is None
+                       else np.asarray(ref_logp_BxL, np.float32)),
+  }
+
+
+def train(config: ml_collections.ConfigDict, *, sft_only: bool = False) -> dict:
+  """Runs (or resumes) the whole job. Returns the last eval metrics (or {})."""
+  run = build(config)
+  c = config
+  optimizer = step_lib.make_optimizer(c.optim.learning_rate, warmup_steps=c.optim.warmup_steps,
+                                      weight_decay=c.optim.weight_decay, max_grad_norm=c.optim.max_grad_norm)
+  opt_sh = step_lib.opt_state_shardings(optimizer, run.params, run.params_shardings, run.mesh)
+  loss_cfg = step_lib.PolicyLossConfig(eps_low=c.loss.eps_low, eps_high=c.loss.eps_high, aggregation=c.loss.aggregation,
+                                       kl_coef=c.loss.kl_coef, kl_estimator=c.loss.kl_estimator,
+                                       temperature=c.sampling.temperature)
+  data = _data_iterator(len(run.train_tasks), c.rollout.prompts_per_step, seed=c.seed)
+  latest = run.ckpt.latest_step()
+  if latest is not None:
+    params, opt_state, meta = run.ckpt.restore(latest, run.params, jax.jit(optimizer.init, out_shardings=opt_sh)(run.params))
+    rl_step = int(meta["rl_step"])
+    data.set_state(meta["data_state"])
+    dropped = run.writer.truncate_after("rl", rl_step)
+    print(f"[jaxcredit] resumed from {run.ckpt.directory} at RL step {rl_step}"
+          + (f" (dropped {dropped} metric rows past the checkpoint)" if dropped else ""))
+    ref_params = run.ckpt.restore_reference(run.params)
+  else:
+    params = run.params
+    if c.eval.before_sft and c.sft.steps > 0:
+      evaluate(run, params, "before_warm_start", 0)
+    if c.sft.steps > 0:
+      params = warm_start(run, params)
+      if c.eval.after_sft:
+        evaluate(run, params, "after_warm_start", 0)
+    ref_params = jax.tree_util.tree_map(jnp.copy, params)
+    run.ckpt.save_reference(ref_params)
+    opt_state = jax.jit(optimizer.init, out_shardings=opt_sh)(params)
+    rl_step = 0
+    run.ckpt.save(0, params, opt_state, {"rl_step": 0, "data_state": data.get_state(), "phase": "rl",
+                                         "seed": c.seed})
+  if sft_only:
+    print(f"[jaxcredit] warm start done; checkpoint in {run.ckpt.directory}")
+    run.writer.close()
+    return {}
+
+  update = step_lib.make_update_fn(step_lib.pg_token_loss, run.graphdef, run.rest, optimizer, loss_cfg, run.mesh,
+                                   run.params_shardings, opt_sh, num_micro=c.train.num_micro_batches)
+  ref_logp = step_lib.make_logp_fn(run.graphdef, run.rest, 1.0)
+  g = c.rollout.group_size
+  bar = _bar(c, total=c.total_steps, initial=rl_step, desc="RL")
+  for rl_step in range(rl_step + 1, c.total_steps + 1):
+    params, opt_state, row = rl_step_fn(run, params, opt_state, ref_params, data, update, ref_logp, rl_step, g)
+    bar.update(1)
+    bar.set_postfix(reward=f"{row['reward_mean']:.2f}", loss=f"{row['loss']:.3f}", tools=f"{row['tool_calls']:.1f}")
+    if rl_step % c.checkpoint_every == 0 or rl_step == c.total_steps:
+      run.ckpt.save(rl_step, params, opt_state, {"rl_step": rl_step, "data_state": data.get_state(),
+                                                "phase": "rl", "seed": c.seed})
+  bar.close()
+  last = {}
+  if c.eval.at_end:
+    last = evaluate(run, params, f"rl_step_{rl_step}", rl_step)
+  metrics_lib.plot_curves(c.workdir, run.writer.rows())
+  run.writer.close()
+  print(f"[jaxcredit] done: {c.workdir}/metrics.jsonl, {c.workdir}/curves.png, checkpoints in {run.ckpt.directory}")
+  return last
+
+
+def rl_step_fn(run: Run, params, opt_state, ref_params, data, update, ref_logp, rl_step: int, g: int):
+  c = run.config
+  t0 = time.time()
+  idx = [int(i) for i in next(data)]
+  tasks = [run.train_tasks[i] for i in idx for _ in range(g)]
+  key = jax.random.fold_in(run.key, rl_step)
+  results = rollouts(run, params, tasks, key)
+  t_roll = time.time() - t0
+  traj = pack([r.builder for r in results], [r.reward for r in results], [k // g for k in range(len(results))],
+              max_turns=c.env.max_tool_calls + 1, pad_id=run.tok.pad_id, length_bucket=c.train.length_bucket)
+  t1 = time.time()
+  gold, gold_mask = None, None
+  logp_fn = lambda t, m: np.asarray(ref_logp(ref_params, t, m))
+  if c.credit.method == "trace":
+    gold_ids = [run.tok.encode(arithmetic.gold_answer_text(t)) + [run.tok.eos_id] for t in tasks]
+    gold, gold_mask = score_gold_answers(logp_fn, traj, gold_ids, pad_id=run.tok.pad_id,
+                                         reduce=c.credit.gold_reduce, length_bucket=c.train.length_bucket)
+  ref_lp = logp_fn(traj.tokens_BxL, traj.token_mask_BxL) if c.loss.kl_coef > 0 else None
+  adv_BxL, turn_adv, td = adv_lib.compute(traj, gold, gold_mask, c.credit, g)
+  t_score = time.time() - t1
+  t2 = time.time()
+  batch = sharding.shard_batch(_batch(traj, adv_BxL, ref_lp), run.mesh)
+  params, opt_state, m = update(params, opt_state, batch)
+  m = jax.device_get(m)
+  t_update = time.time() - t2
+  act = traj.action_mask_BxL & traj.sample_mask_B[:, None]
+  a = adv_BxL[act]
+  tm = traj.turn_mask_BxT
+  row = {
+      "reward_mean": float(np.mean(traj.rewards_B)),
+      "success_rate": float(np.mean(traj.rewards_B > 0.5)),
+      "mean_turns": float(np.mean([r.builder.num_turns for r in results])),
+      "tool_calls": float(np.mean([r.tool_calls for r in results])),
+      "tool_errors": float(np.mean([r.tool_errors for r in results])),
+      "answered_frac": float(np.mean([r.finish == "answer" for r in results])),
+      "adv_mean": float(a.mean()) if a.size else 0.0,
+      "adv_std": float(a.std()) if a.size else 0.0,
+      "turn_adv_abs_mean": float(np.abs(turn_adv[tm]).mean()) if tm.any() else 0.0,
+      "loss": float(m["loss"]), "kl": float(m["kl"]), "clip_frac": float(m["clip"]),
+      "ratio_dev": float(m["ratio_dev"]), "grad_norm": float(m["grad_norm"]),
+      "action_tokens": int(act.sum()), "tokens": int(traj.token_mask_BxL.sum()),
+      "tokens_per_s": float(traj.token_mask_BxL.sum() / max(t_update, 1e-9)),
+      "rollout_s": t_roll, "score_s": t_score, "update_s": t_update, "step_s": time.time() - t0,
+  }
+  if td is not None and c.credit.method == "trace":
+    row["td_reward_abs_mean"] = float(np.abs(td[tm]).mean()) if tm.any() else 0.0
+    row["gold_boundaries"] = int(gold_mask.sum())
+  if rl_step % c.log_every == 0:
+    run.writer.write("rl", rl_step, row)
+  return params, opt_state, row
