@@ -1,0 +1,400 @@
+"""Arithmetic tool-use environment: reasoning-gym tasks, a calculator tool, math-verify rewards.
+
+Tasks come from reasoning-gym's `basic_arithmetic` and `chain_sum` with small operands. A rollout is a
+chat: `initial_messages(task)` (system prompt + question), then assistant turns driven through
+`ArithmeticEnv.step`, which answers tool calls with `{"role": "tool", "content": observation}` content and
+ends the episode on an answer, on a turn without call or answer, or on a call past the budget.
+`ArithmeticEnv.reward` is 1.0 when the answer verifies against the gold number with math-verify.
+
+The environment knows no model and no tokenizer; everything here is plain Python on text and chat
+messages (dicts with "role" and "content").
+
+reasoning-gym notes (0.1.25):
+  * item `idx` of a dataset with seed `s` is generated from `random.Random(s + idx)`, so seeds `s` and
+    `s + 1` give shifted copies of the same items; split seeds here are therefore far apart, and the train
+    split additionally drops any expression that occurs in the eval split.
+  * `basic_arithmetic` computes its answer with `/` replaced by `//` (floor division). It picks divisors
+    that usually divide exactly, but when a division applies to only part of what was used to pick the
+    divisor, the true value of the printed expression differs from its gold answer. Such tasks are dropped
+    (see `make_tasks(stats=...)`), so every kept task's expression evaluates exactly to its gold answer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from typing import Any, Iterator, Protocol, Sequence
+
+from jaxcredit.envs import tool_calls
+from jaxcredit.envs.calculator import CalculatorError, evaluate, format_number
+
+DATASETS = ("basic_arithmetic", "chain_sum")
+EVAL_SIZE = 64                 # the held-out split's default size
+EVAL_RESERVE = 512             # the eval split may be any prefix up to this size; train avoids all of it
+EVAL_SEED = 987_654_321        # reasoning-gym seed of the eval split (fixed)
+_TRAIN_SEED_STRIDE = 10_000_019  # reasoning-gym seed of train seed s is s * stride (see module notes)
+MAX_ANSWER_CHARS = 64          # longer answers score 0 without calling math-verify
+
+SYSTEM_PROMPT = (
+    "Solve the arithmetic problem. To use the calculator, write:\n"
+    + tool_calls.render_tool_call("calculator", {"expression": "2*(3+4)"})
+    + "\nIts result comes back in <tool_response>. Give the final number as <answer>14</answer>."
+)
+
+_GOLD_RE = re.compile(r"-?\d+")
+_NUMBER_RE = re.compile(r"[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
+_WRAPPERS = (re.compile(r"\$(.*)\$", re.S), re.compile(r"\\boxed\{(.*)\}", re.S))
+
+
+@dataclasses.dataclass(frozen=True)
+class ArithmeticTask:
+  """One arithmetic problem.
+
+  Attributes:
+    task_id: unique id, "<split>/<dataset>/<reasoning-gym index>".
+    question: the user message (reasoning-gym's question text, unchanged).
+    answer: the gold answer, a plain integer string such as "-28".
+    source: the reasoning-gym dataset name ("basic_arithmetic" or "chain_sum").
+    expression: the arithmetic expression the question asks about (reasoning-gym's
+      metadata["expression"]); the calculator evaluates it exactly to `answer`.
+    metadata: reasoning-gym's metadata for the item, plus "seed" (the dataset seed used).
+  """
+
+  task_id: str
+  question: str
+  answer: str
+  source: str
+  expression: str
+  metadata: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False, hash=False)
+
+
+def make_tasks(
+    split: str,
+    num: int | None = None,
+    seed: int | None = None,
+    *,
+    datasets: Sequence[str] = DATASETS,
+    min_terms: int = 2,
+    max_terms: int = 3,
+    min_digits: int = 1,
+    max_digits: int = 2,
+    stats: dict[str, int] | None = None,
+) -> list[ArithmeticTask]:
+  """Makes a deterministic list of distinct tasks, taking one from each of `datasets` in turn.
+
+  The eval split is the first `num` tasks of one fixed sequence (reasoning-gym seed `EVAL_SEED`), so any
+  eval size is a prefix of a larger one. The train split for `seed` never contains an expression (spaces
+  ignored) of the first `EVAL_RESERVE` eval tasks made with the same difficulty arguments, and no split
+  repeats an expression. Tasks whose gold answer is not a plain integer or whose expression does not
+  evaluate exactly to it are dropped (see the module notes).
+
+  Args:
+    split: "train" or "eval".
+    num: number of tasks; defaults to `EVAL_SIZE` for eval, required for train.
+    seed: train seed (default 0); must be None for eval.
+    datasets: reasoning-gym dataset names, any of `DATASETS`.
+    min_terms, max_terms, min_digits, max_digits: operand count and size, passed to each dataset config.
+    stats: if given, filled with counts: "kept", "dropped_inexact" (floor-division gold answers),
+      "dropped_not_integer", "dropped_duplicate" (repeated expression), "dropped_eval_overlap".
+
+  Returns:
+    `num` tasks.
+
+  Raises:
+    ValueError: unknown split or dataset, `num` missing or < 0, eval `num` > `EVAL_RESERVE`, a seed for
+      eval, invalid difficulty ranges, or fewer than `num` distinct tasks exist for these settings.
+  """
+  if split not in ("train", "eval"):
+    raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+  for d in datasets:
+    if d not in DATASETS:
+      raise ValueError(f"unknown dataset {d!r}; available: {', '.join(DATASETS)}")
+  if not datasets:
+    raise ValueError("datasets is empty")
+  if not 1 <= min_terms <= max_terms or not 1 <= min_digits <= max_digits:
+    raise ValueError(f"invalid difficulty: terms {min_terms}..{max_terms}, digits {min_digits}..{max_digits}")
+  difficulty = (min_terms, max_terms, min_digits, max_digits)
+  if split == "eval":
+    if seed is not None:
+      raise ValueError("the eval split has a fixed seed; pass seed=None")
+    num = EVAL_SIZE if num is None else num
+    if not 0 <= num <= EVAL_RESERVE:
+      raise ValueError(f"eval num must be in [0, {EVAL_RESERVE}], got {num}")
+    return _generate("eval", EVAL_SEED, num, tuple(datasets), difficulty, frozenset(), stats)
+  if num is None or num < 0:
+    raise ValueError(f"train num must be a non-negative int, got {num!r}")
+  seed = 0 if seed is None else int(seed)
+  reserved = _generate("eval", EVAL_SEED, EVAL_RESERVE, tuple(datasets), difficulty, frozenset(), None,
+                       strict=False)
+  exclude = frozenset(_normalize(t.expression) for t in reserved)
+  return _generate("train", seed * _TRAIN_SEED_STRIDE, num, tuple(datasets), difficulty, exclude, stats)
+
+
+def _normalize(expression: str) -> str:
+  return "".join(expression.split())
+
+
+def _generate(split, base_seed, num, datasets, difficulty, exclude, stats, strict=True) -> list[ArithmeticTask]:
+  """The first `num` kept tasks of the stream; with strict=False, fewer when the stream runs dry."""
+  counts = {"kept": 0, "dropped_inexact": 0, "dropped_not_integer": 0, "dropped_duplicate": 0,
+            "dropped_eval_overlap": 0}
+  tasks: list[ArithmeticTask] = []
+  seen: set[str] = set()
+  max_items = 50 * num + 1000
+  max_misses = 2000  # consecutive items of one dataset without a new task: its problem space is used up
+  streams = [_items(d, base_seed, difficulty) for d in datasets]
+  tried = 0
+  turn = 0
+  while len(tasks) < num:
+    stream = streams[turn % len(streams)]
+    turn += 1
+    misses = 0
+    while True:  # pull from this dataset until one task is kept
+      if tried >= max_items or misses >= max_misses:
+        if not strict:
+          return tasks
+        raise ValueError(f"only {len(tasks)} distinct {split} tasks found in {tried} items for datasets "
+                         f"{list(datasets)} and difficulty {difficulty}; asked for {num}")
+      tried += 1
+      misses += 1
+      name, idx, item = next(stream)
+      expr = item["metadata"]["expression"]
+      gold = item["answer"]
+      if not _GOLD_RE.fullmatch(gold):
+        counts["dropped_not_integer"] += 1
+        continue
+      try:
+        exact = evaluate(expr) == int(gold)
+      except CalculatorError:
+        exact = False
+      if not exact:
+        counts["dropped_inexact"] += 1
+        continue
+      key = _normalize(expr)
+      if key in exclude:
+        counts["dropped_eval_overlap"] += 1
+        continue
+      if key in seen:
+        counts["dropped_duplicate"] += 1
+        continue
+      seen.add(key)
+      meta = dict(item["metadata"], seed=base_seed)
+      tasks.append(ArithmeticTask(task_id=f"{split}/{name}/{idx}", question=item["question"], answer=gold,
+                                  source=name, expression=expr, metadata=meta))
+      break
+  counts["kept"] = len(tasks)
+  if stats is not None:
+    stats.update(counts)
+  return tasks
+
+
+def _items(name: str, base_seed: int, difficulty) -> Iterator[tuple[str, int, dict]]:
+  min_terms, max_terms, min_digits, max_digits = difficulty
+  ds = _dataset(name, base_seed, min_terms, max_terms, min_digits, max_digits)
+  idx = 0
+  while True:
+    yield name, idx, ds[idx]
+    idx += 1
+
+
+@functools.lru_cache(maxsize=32)
+def _dataset(name, seed, min_terms, max_terms, min_digits, max_digits):
+  # imported lazily: `import reasoning_gym` loads every dataset module (about 2 s)
+  if name == "basic_arithmetic":
+    from reasoning_gym.arithmetic.basic_arithmetic import BasicArithmeticDataset, BasicArithmeticDatasetConfig
+    cfg = BasicArithmeticDatasetConfig(min_terms=min_terms, max_terms=max_terms, min_digits=min_digits,
+                                       max_digits=max_digits, seed=seed, size=1)
+    cfg.validate()
+    return BasicArithmeticDataset(cfg)
+  from reasoning_gym.arithmetic.chain_sum import ChainSumConfig, ChainSumDataset
+  cfg = ChainSumConfig(min_terms=min_terms, max_terms=max_terms, min_digits=min_digits, max_digits=max_digits,
+                       seed=seed, size=1)
+  cfg.validate()
+  return ChainSumDataset(cfg)
+
+
+def initial_messages(task: ArithmeticTask) -> list[dict]:
+  """The prompt of a rollout: `[{"role": "system", ...}, {"role": "user", "content": task.question}]`."""
+  return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": task.question}]
+
+
+def gold_answer_text(task: ArithmeticTask) -> str:
+  """`<answer>{gold}</answer>`: the text TRACE scores as the next assistant message."""
+  return tool_calls.render_answer(task.answer)
+
+
+@dataclasses.dataclass
+class StepResult:
+  """What `ArithmeticEnv.step` returns.
+
+  Attributes:
+    observation: content of the tool message to append (`<tool_response>...</tool_response>`), or None
+      when the episode is done.
+    done: whether the episode ended with this assistant turn.
+    info: a copy of the environment's running info (see `ArithmeticEnv.info`).
+  """
+
+  observation: str | None
+  done: bool
+  info: dict
+
+
+class ArithmeticEnv:
+  """One rollout's environment: answers calculator calls until an answer or the end.
+
+  Per assistant turn (`step`), whichever comes first in the text decides:
+    * `<tool_call>` with calls left: the call runs (malformed calls give an "error: ..." result and still
+      count as a call); returns the observation, not done.
+    * `<tool_call>` with no calls left: done, info["budget_exhausted"] = True, no answer.
+    * `<answer>`: done, info["answered"] = True; the answer is kept for `reward`.
+    * neither: done without an answer.
+
+  `info` keys: "tool_calls" (calls run, malformed included), "tool_errors" (calls that gave an error),
+  "answered", "budget_exhausted", "turns" (assistant turns seen), "finish" (None while running, then
+  "answer", "no_answer" or "tool_budget"), "answer" (the extracted answer text or None).
+  """
+
+  def __init__(self, task: ArithmeticTask, max_tool_calls: int = 2):
+    """Args:
+      task: the problem.
+      max_tool_calls: how many tool calls the episode may run (>= 0).
+
+    Raises:
+      ValueError: if `max_tool_calls` < 0.
+    """
+    if max_tool_calls < 0:
+      raise ValueError(f"max_tool_calls must be >= 0, got {max_tool_calls}")
+    self.task = task
+    self.max_tool_calls = int(max_tool_calls)
+    self.done = False
+    self.info: dict[str, Any] = {"tool_calls": 0, "tool_errors": 0, "answered": False,
+                                 "budget_exhausted": False, "turns": 0, "finish": None, "answer": None}
+    self._reward: float | None = None
+
+  def step(self, assistant_text: str) -> StepResult:
+    """Consumes one assistant message.
+
+    Args:
+      assistant_text: the decoded assistant turn (special tokens removed).
+
+    Returns:
+      A `StepResult`; its observation goes into `{"role": "tool", "content": observation}`.
+
+    Raises:
+      RuntimeError: if the episode is already done.
+    """
+    if self.done:
+      raise RuntimeError("step() called on a finished episode")
+    info = self.info
+    info["turns"] += 1
+    call_at = assistant_text.find(tool_calls.TOOL_CALL_OPEN)
+    answer_at = assistant_text.find(tool_calls.ANSWER_OPEN)
+    if call_at >= 0 and (answer_at < 0 or call_at < answer_at):
+      if info["tool_calls"] >= self.max_tool_calls:
+        info["budget_exhausted"] = True
+        return self._finish("tool_budget")
+      info["tool_calls"] += 1
+      outcome = tool_calls.execute_tool_call(assistant_text)
+      assert outcome is not None  # a <tool_call> tag is present
+      if not outcome.ok:
+        info["tool_errors"] += 1
+      return StepResult(observation=tool_calls.render_tool_response(outcome.content), done=False,
+                        info=dict(info))
+    if answer_at >= 0:
+      info["answered"] = True
+      info["answer"] = tool_calls.extract_answer(assistant_text)
+      return self._finish("answer")
+    return self._finish("no_answer")
+
+  def _finish(self, reason: str) -> StepResult:
+    self.done = True
+    self.info["finish"] = reason
+    return StepResult(observation=None, done=True, info=dict(self.info))
+
+  def reward(self) -> float:
+    """1.0 when the given answer verifies against the gold answer, else 0.0 (also before the end).
+
+    The answer must be a plain number (optionally signed, with thousands commas, a decimal part, or wrapped
+    in `$...$` or `\\boxed{...}`) of at most `MAX_ANSWER_CHARS` characters; anything else scores 0 without
+    reaching math-verify. This bounds math-verify's time (it has no timeout off the main thread, and an
+    answer like "10^10^10^10" makes sympy run for minutes) and keeps an unevaluated expression such as
+    "(3+4)*2" from earning the reward for 14. The result is cached.
+    """
+    if self._reward is None:
+      answer = self.info["answer"]
+      self._reward = 1.0 if (answer is not None and answer_is_correct(answer, self.task.answer)) else 0.0
+    return self._reward
+
+
+def normalize_answer(answer: str) -> str | None:
+  """The plain number inside an answer, or None when it is not one.
+
+  Strips whitespace, one `$...$` or `\\boxed{...}` wrapper and a leading "+", and reads U+2212 as "-".
+  """
+  if len(answer) > MAX_ANSWER_CHARS:
+    return None
+  s = answer.strip().replace("\u2212", "-")
+  for pat in _WRAPPERS:
+    m = pat.fullmatch(s)
+    if m:
+      s = m.group(1).strip()
+  if not _NUMBER_RE.fullmatch(s):
+    return None
+  return s[1:] if s.startswith("+") else s  # math-verify parses "+14" as nothing
+
+
+def answer_is_correct(answer: str, gold: str) -> bool:
+  """Whether `answer` (the text inside `<answer>`) verifies against `gold` with math-verify.
+
+  Non-numbers (see `normalize_answer`) are incorrect. math-verify runs without its signal-based timeouts
+  (`parsing_timeout=None, timeout_seconds=None`) so this works off the main thread.
+  """
+  s = normalize_answer(answer)
+  if s is None:
+    return False
+  from math_verify import parse, verify  # lazy: imports sympy (about 2 s)
+  pred = parse(s, parsing_timeout=None)
+  return bool(pred) and bool(verify(_parse_gold(gold), pred, timeout_seconds=None))
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_gold(gold: str):
+  from math_verify import parse
+  return parse(gold, parsing_timeout=None)
+
+
+class _RandomLike(Protocol):
+  def random(self) -> float: ...
+
+
+def demonstration(task: ArithmeticTask, rng: _RandomLike) -> list[dict]:
+  """A full tool-use chat for the supervised warm start.
+
+  system, user question, assistant calculator call on the task's expression (written verbatim or, with
+  probability 1/2, without spaces), the tool message exactly as `ArithmeticEnv.step` returns it, and the
+  assistant's `<answer>{result}</answer>`.
+
+  Args:
+    task: a task from `make_tasks`.
+    rng: anything with `.random() -> float` in [0, 1) (`random.Random`, `numpy.random.Generator`).
+
+  Returns:
+    The messages, [system, user, assistant, tool, assistant].
+
+  Raises:
+    ValueError: if the calculator's result on the expression differs from the gold answer (never for
+      tasks from `make_tasks`).
+  """
+  expr = task.expression if rng.random() < 0.5 else _normalize(task.expression)
+  call = tool_calls.render_tool_call("calculator", {"expression": expr})
+  env = ArithmeticEnv(task, max_tool_calls=1)
+  obs = env.step(call).observation
+  value = format_number(evaluate(expr))
+  if value != task.answer or obs != tool_calls.render_tool_response(value):
+    raise ValueError(f"task {task.task_id}: calculator gives {value!r} for {expr!r}, gold is {task.answer!r}")
+  return initial_messages(task) + [
+      {"role": "assistant", "content": call},
+      {"role": "tool", "content": obs},
+      {"role": "assistant", "content": tool_calls.render_answer(value)},
+  ]
