@@ -49,6 +49,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"jaxcredit {command}: --config is required\n\n{_usage()}", file=sys.stderr)
     return 2
 
+  import os
+
+  if os.environ.get("JAXCREDIT_DISTRIBUTED") == "1":
+    import jax
+
+    jax.distributed.initialize()  # coordinator, process count and id from the TPU / cluster environment
   from jaxcredit.train import trainer
 
   try:

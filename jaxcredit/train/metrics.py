@@ -34,10 +34,11 @@ class MetricsWriter:
   contain (they will be re-run), so a curve never holds two different values for one step.
   """
 
-  def __init__(self, workdir: str, *, tensorboard: bool = True):
+  def __init__(self, workdir: str, *, tensorboard: bool = True, enabled: bool = True):
     self.path = os.path.join(workdir, "metrics.jsonl")
+    self.enabled = enabled  # False on every host but process 0 of a multi-host run
     self._tb = None
-    if tensorboard:
+    if tensorboard and enabled:
       try:
         from tensorboardX import SummaryWriter
         self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
@@ -46,6 +47,8 @@ class MetricsWriter:
 
   def write(self, phase: str, step: int, metrics: dict) -> dict:
     row = {"phase": phase, "step": int(step), **{k: _clean(v) for k, v in metrics.items()}}
+    if not self.enabled:
+      return row
     with open(self.path, "a") as f:
       f.write(json.dumps(row) + "\n")
     if self._tb is not None:
@@ -63,6 +66,8 @@ class MetricsWriter:
 
   def truncate_after(self, phase: str, step: int) -> int:
     """Removes rows of `phase` with step > `step` (atomically). Returns how many were removed."""
+    if not self.enabled:
+      return 0
     rows = self.rows()
     keep = [r for r in rows if not (r.get("phase") == phase and r.get("step", 0) > step)]
     if len(keep) != len(rows):

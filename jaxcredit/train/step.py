@@ -137,7 +137,7 @@ def loss_and_grads(token_loss_fn: Callable, graphdef, params, rest, batch: dict,
     (loss, grads, sums), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zero_g, zero_s), micro)
   metrics = {k: v / n_tok for k, v in sums.items()}
   metrics["loss"] = loss
-  metrics["grad_norm"] = optax.global_norm(grads)
+  metrics["grad_norm"] = optax.tree.norm(grads)
   return loss, grads, metrics
 
 

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 
 from jaxcredit import sharding
 from jaxcredit.envs import arithmetic
-from jaxcredit.models import load_model, load_tokenizer
+from jaxcredit.models import load_model, load_tokenizer, smollm2_gguf_path
 from jaxcredit.rollout.chat_format import ChatFormat
 from jaxcredit.rollout.multiturn import build_demonstration, run_rollouts
 from jaxcredit.rollout.trajectory import pack
@@ -69,9 +69,10 @@ def build(config: ml_collections.ConfigDict) -> Run:
   ckpt_lib.check_or_write_config(config.workdir, config.to_dict())
   mesh = sharding.make_mesh(dict(config.mesh))
   cache_dir = config.model.cache_dir or None
+  source = smollm2_gguf_path() if config.model.source == "smollm2" else config.model.source
   t0 = time.time()
-  model, _ = load_model(config.model.source, cache_dir=cache_dir)
-  tok = load_tokenizer(config.model.source, cache_dir=cache_dir)
+  model, _ = load_model(source, cache_dir=cache_dir)
+  tok = load_tokenizer(source, cache_dir=cache_dir)
   print(f"[jaxcredit] model {config.model.source} loaded in {time.time() - t0:.1f}s")
   graphdef, params, rest = step_lib.split_model(model)
   p_sh = sharding.param_shardings(params, mesh)
@@ -82,7 +83,8 @@ def build(config: ml_collections.ConfigDict) -> Run:
   eval_tasks = arithmetic.make_tasks("eval", config.eval.num_tasks)
   return Run(config=config, mesh=mesh, tok=tok, fmt=ChatFormat.from_tokenizer(tok), graphdef=graphdef,
              rest=rest, params=params, params_shardings=p_sh, sampler=sampler, train_tasks=train_tasks,
-             eval_tasks=eval_tasks, writer=metrics_lib.MetricsWriter(config.workdir, tensorboard=config.tensorboard),
+             eval_tasks=eval_tasks, writer=metrics_lib.MetricsWriter(config.workdir, tensorboard=config.tensorboard,
+                                                    enabled=jax.process_index() == 0),
              ckpt=ckpt_lib.Checkpointer(config.workdir, max_to_keep=config.max_checkpoints_to_keep),
              key=jax.random.key(config.seed))
 
@@ -228,7 +230,8 @@ def train(config: ml_collections.ConfigDict, *, sft_only: bool = False) -> dict:
   last = {}
   if c.eval.at_end:
     last = evaluate(run, params, f"rl_step_{rl_step}", rl_step)
-  metrics_lib.plot_curves(c.workdir, run.writer.rows())
+  if run.writer.enabled:
+    metrics_lib.plot_curves(c.workdir, run.writer.rows())
   run.writer.close()
   print(f"[jaxcredit] done: {c.workdir}/metrics.jsonl, {c.workdir}/curves.png, checkpoints in {run.ckpt.directory}")
   return last

@@ -1,0 +1,410 @@
+"""Decoder-only transformer in Flax NNX: the Llama path (SmolLM2) with the Qwen3 switches.
+
+Shape letters: B batch, L tokens in this call, S cache slots, N layers, D model width, H query heads,
+K key/value heads, G = H / K query heads per kv head, Dh head width, F MLP width, V vocabulary.
+
+The N decoder blocks keep their parameters stacked along a leading [N] axis and run as one `jax.lax.scan` over a
+pure per-layer function, so compile time does not grow with depth; `ModelConfig.remat` wraps that function in
+`jax.checkpoint`. RoPE uses the Hugging Face layout (rotate_half over the two halves of Dh, not interleaved pairs),
+so weights converted from Hugging Face checkpoints need no permutation. Norms, softmax and logits run in float32.
+
+Call the model under jit (`nnx.jit`, or `jax.jit` over `nnx.split` / `nnx.merge`): an eager call retraces the scan
+every time. For decoding, donate the cache to the jitted step (`donate_argnums`): each layer then writes only its
+new slots in place.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Mapping
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxcredit.models.config import ModelConfig
+
+# Added to masked attention scores before the float32 softmax; finite so that a fully masked row stays finite.
+_MASKED_SCORE = -1e30
+
+# Per-layer parameter names in the stacked `DecoderLayers` module.
+_LAYER_PARAMS = ("attn_norm", "wq", "wk", "wv", "wo", "q_norm", "k_norm", "mlp_norm", "w_gate", "w_up", "w_down")
+
+
+class KVCache(flax.struct.PyTreeNode):
+    """Per-layer keys and values of the tokens seen so far, for incremental decoding.
+
+    Batch rows share slot indices: slot s of every row was written by the same call, so a sampler left-pads its
+    prompts and marks the pads False in `mask_BxS`.
+
+    Attributes:
+      k_NxBxSxKxDh: keys after RoPE (and qk-norm), one [B, S, K, Dh] block per layer.
+      v_NxBxSxKxDh: values, same layout.
+      mask_BxS: bool, True where the slot holds a real (non-pad) token; pads and unwritten slots are never keys.
+      index: int32 scalar, the next slot to write (slots [0, index) are written).
+    """
+
+    k_NxBxSxKxDh: jax.Array
+    v_NxBxSxKxDh: jax.Array
+    mask_BxS: jax.Array
+    index: jax.Array
+
+    @property
+    def capacity(self) -> int:
+        """S, the number of slots."""
+        return self.mask_BxS.shape[1]
+
+
+def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=jnp.float32) -> KVCache:
+    """Returns an empty cache with `max_len` slots for `batch` rows.
+
+    Args:
+      cfg: the model's config (N, K, Dh come from it).
+      batch: B.
+      max_len: S, the capacity: prompt plus generated tokens must fit.
+      dtype: storage dtype of keys and values.
+
+    Returns:
+      A KVCache with zero keys/values of shape [N, B, S, K, Dh], an all-False mask_BxS and index 0.
+
+    Raises:
+      ValueError: when batch or max_len is not a positive int.
+    """
+    for name, value in (("batch", batch), ("max_len", max_len)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+            raise ValueError(f"init_cache: {name} must be a positive int, got {value!r}")
+    shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+    return KVCache(
+        k_NxBxSxKxDh=jnp.zeros(shape, dtype),
+        v_NxBxSxKxDh=jnp.zeros(shape, dtype),
+        mask_BxS=jnp.zeros((batch, max_len), jnp.bool_),
+        index=jnp.zeros((), jnp.int32),
+    )
+
+
+def rms_norm(x_BxLxD: jax.Array, w_D: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm over the last axis, computed in float32 (as Hugging Face Llama/Qwen3 do), returned in x's dtype.
+
+    y = w · x / sqrt(mean(x²) + eps)
+    """
+    x32 = x_BxLxD.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)
+    return (w_D.astype(jnp.float32) * x32).astype(x_BxLxD.dtype)
+
+
+def rope_cos_sin(positions_BxL: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+    """Rotary tables in the Hugging Face layout: float32 cos and sin of shape [B, L, Dh].
+
+    inv_freq_i = theta^(-2i/Dh) for i < Dh/2; angle = position · inv_freq, repeated over both halves of Dh.
+    """
+    inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / head_dim))
+    angles_BxLxDh2 = positions_BxL.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)
+    angles_BxLxDh = jnp.concatenate([angles_BxLxDh2, angles_BxLxDh2], axis=-1)
+    return jnp.cos(angles_BxLxDh), jnp.sin(angles_BxLxDh)
+
+
+def apply_rope(x_BxLxHxDh: jax.Array, cos_BxLxDh: jax.Array, sin_BxLxDh: jax.Array) -> jax.Array:
+    """x·cos + rotate_half(x)·sin with rotate_half(x) = [-x2, x1] over the two halves of Dh; float32 math."""
+    x32 = x_BxLxHxDh.astype(jnp.float32)
+    x1, x2 = jnp.split(x32, 2, axis=-1)
+    rotated = jnp.concatenate([-x2, x1], axis=-1)
+    out = x32 * cos_BxLxDh[:, :, None, :] + rotated * sin_BxLxDh[:, :, None, :]
+    return out.astype(x_BxLxHxDh.dtype)
+
+
+def attention(q_BxLxHxDh: jax.Array, k_BxSxKxDh: jax.Array, v_BxSxKxDh: jax.Array,
+              mask_BxLxS: jax.Array) -> jax.Array:
+    """Exact grouped-query attention with a float32 softmax.
+
+    out_i = Σ_s softmax_s(q_i·k_s / sqrt(Dh) over allowed s) v_s; query head h reads kv head h // G.
+    A query with no allowed key (a pad query) gets a zero output rather than NaN.
+
+    Args:
+      q_BxLxHxDh: queries.
+      k_BxSxKxDh, v_BxSxKxDh: keys and values (K divides H).
+      mask_BxLxS: bool, True where query l may attend to key s.
+
+    Returns:
+      [B, L, H, Dh] in q's dtype.
+    """
+    b, l, h, dh = q_BxLxHxDh.shape
+    k = k_BxSxKxDh.shape[2]
+    q_BxLxKxGxDh = q_BxLxHxDh.reshape(b, l, k, h // k, dh)
+    scores_BxKxGxLxS = jnp.einsum("blkgd,bskd->bkgls", q_BxLxKxGxDh, k_BxSxKxDh,
+                                  preferred_element_type=jnp.float32) * (dh ** -0.5)
+    allowed_Bx1x1xLxS = mask_BxLxS[:, None, None, :, :]
+    scores_BxKxGxLxS = jnp.where(allowed_Bx1x1xLxS, scores_BxKxGxLxS, _MASKED_SCORE)
+    probs_BxKxGxLxS = jax.nn.softmax(scores_BxKxGxLxS, axis=-1)
+    probs_BxKxGxLxS = jnp.where(allowed_Bx1x1xLxS, probs_BxKxGxLxS, 0.0)
+    out_BxLxKxGxDh = jnp.einsum("bkgls,bskd->blkgd", probs_BxKxGxLxS.astype(v_BxSxKxDh.dtype), v_BxSxKxDh,
+                                preferred_element_type=jnp.float32)
+    return out_BxLxKxGxDh.reshape(b, l, h, dh).astype(q_BxLxHxDh.dtype)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _random_params(key: jax.Array, cfg: ModelConfig) -> dict[str, Any]:
+    """Initial parameters: N(0, 0.02²) matrices, unit norm weights, in cfg.dtype.
+
+    One normal draw for all matrices, sliced: a separate draw per shape costs a PRNG compile per shape, which
+    dominates start-up of small models on CPU.
+    """
+    n, d, f, v = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    h, k, dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    dense = {"embedding": (v, d), "wq": (n, d, h, dh), "wk": (n, d, k, dh), "wv": (n, d, k, dh),
+             "wo": (n, h, dh, d), "w_gate": (n, d, f), "w_up": (n, d, f), "w_down": (n, f, d)}
+    if not cfg.tie_word_embeddings:
+        dense["lm_head"] = (d, v)
+    sizes = [int(np.prod(shape)) for shape in dense.values()]
+    flat = 0.02 * jax.random.normal(key, (sum(sizes),), jnp.float32)
+    drawn = {name: part.reshape(shape).astype(cfg.jnp_dtype)
+             for (name, shape), part in zip(dense.items(), jnp.split(flat, np.cumsum(sizes)[:-1]))}
+    ones = {"attn_norm": (n, d), "mlp_norm": (n, d)}
+    if cfg.qk_norm:
+        ones.update(q_norm=(n, dh), k_norm=(n, dh))
+    layers = {name: drawn[name] for name in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")}
+    layers.update({name: jnp.ones(shape, cfg.jnp_dtype) for name, shape in ones.items()})
+    out = {"embedding": drawn["embedding"], "layers": layers, "final_norm": jnp.ones((d,), cfg.jnp_dtype)}
+    if "lm_head" in drawn:
+        out["lm_head"] = drawn["lm_head"]
+    return out
+
+
+class DecoderLayers(nnx.Module):
+    """The N decoder blocks' parameters, each stacked along a leading [N] axis.
+
+    Per layer: attn_norm [D], wq [D, H, Dh], wk/wv [D, K, Dh], wo [H, Dh, D], q_norm/k_norm [Dh] (only with
+    qk_norm), mlp_norm [D], w_gate/w_up [D, F], w_down [F, D]. Projections are stored input-major (x @ w), i.e.
+    the transpose of a Hugging Face nn.Linear weight, reshaped to heads.
+    """
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, values: Mapping[str, jax.Array] | None = None):
+        if values is None:
+            values = _random_params(rngs.params(), cfg)["layers"]
+        for name in _LAYER_PARAMS:
+            setattr(self, name, nnx.Param(values[name]) if name in values else None)
+
+    def stacked(self) -> dict[str, jax.Array]:
+        """The stacked parameter arrays by name (q_norm/k_norm only when present)."""
+        return {name: getattr(self, name)[...] for name in _LAYER_PARAMS if getattr(self, name) is not None}
+
+
+def _qkv(cfg: ModelConfig, x_BxLxD: jax.Array, p: Mapping[str, jax.Array], cos_BxLxDh: jax.Array,
+         sin_BxLxDh: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The block's attention inputs: q_BxLxHxDh, k_BxLxKxDh, v_BxLxKxDh from RMSNorm(x), qk-norm'd and rotated."""
+    h_BxLxD = rms_norm(x_BxLxD, p["attn_norm"], cfg.rms_norm_eps)
+    q_BxLxHxDh = jnp.einsum("bld,dhk->blhk", h_BxLxD, p["wq"])
+    k_BxLxKxDh = jnp.einsum("bld,dhk->blhk", h_BxLxD, p["wk"])
+    v_BxLxKxDh = jnp.einsum("bld,dhk->blhk", h_BxLxD, p["wv"])
+    if cfg.qk_norm:
+        q_BxLxHxDh = rms_norm(q_BxLxHxDh, p["q_norm"], cfg.rms_norm_eps)
+        k_BxLxKxDh = rms_norm(k_BxLxKxDh, p["k_norm"], cfg.rms_norm_eps)
+    return (apply_rope(q_BxLxHxDh, cos_BxLxDh, sin_BxLxDh), apply_rope(k_BxLxKxDh, cos_BxLxDh, sin_BxLxDh),
+            v_BxLxKxDh)
+
+
+def _finish(cfg: ModelConfig, x_BxLxD: jax.Array, p: Mapping[str, jax.Array], attn_BxLxHxDh: jax.Array) -> jax.Array:
+    """The rest of the block: x += attn · wo; x += SwiGLU(RMSNorm(x))."""
+    x_BxLxD = x_BxLxD + jnp.einsum("blhk,hkd->bld", attn_BxLxHxDh, p["wo"])
+    h_BxLxD = rms_norm(x_BxLxD, p["mlp_norm"], cfg.rms_norm_eps)
+    gate_BxLxF = jnp.einsum("bld,df->blf", h_BxLxD, p["w_gate"])
+    up_BxLxF = jnp.einsum("bld,df->blf", h_BxLxD, p["w_up"])
+    return x_BxLxD + jnp.einsum("blf,fd->bld", jax.nn.silu(gate_BxLxF) * up_BxLxF, p["w_down"])
+
+
+def _check_rank(name: str, x: Any, rank: int, shape: tuple[int, ...] | None = None):
+    if getattr(x, "ndim", None) != rank:
+        raise ValueError(f"{name} must have rank {rank}, got shape {getattr(x, 'shape', None)}")
+    if shape is not None and tuple(x.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(x.shape)}")
+
+
+class Decoder(nnx.Module):
+    """Decoder-only transformer: embedding, N scanned pre-norm blocks, final RMSNorm, tied or untied head.
+
+    Parameters: embedding [V, D]; layers (DecoderLayers, stacked [N, ...]); final_norm [D]; lm_head [D, V] only
+    when cfg.tie_word_embeddings is False (otherwise the head is embeddingᵀ).
+    """
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        values = _random_params(rngs.params(), cfg)
+        self.embedding = nnx.Param(values["embedding"])
+        self.layers = DecoderLayers(cfg, rngs=rngs, values=values["layers"])
+        self.final_norm = nnx.Param(values["final_norm"])
+        self.lm_head = nnx.Param(values["lm_head"]) if "lm_head" in values else None
+
+    def __call__(self, tokens_BxL: jax.Array, *, positions_BxL: jax.Array | None = None,
+                 token_mask_BxL: jax.Array | None = None,
+                 cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
+        """Float32 logits_BxLxV for every token, and the updated cache (None without one).
+
+        See `hidden_states` for the arguments and errors.
+        """
+        h_BxLxD, cache = self.hidden_states(tokens_BxL, positions_BxL=positions_BxL,
+                                            token_mask_BxL=token_mask_BxL, cache=cache)
+        return self.logits(h_BxLxD), cache
+
+    def hidden_states(self, tokens_BxL: jax.Array, *, positions_BxL: jax.Array | None = None,
+                      token_mask_BxL: jax.Array | None = None,
+                      cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
+        """Runs the blocks and the final norm.
+
+        Args:
+          tokens_BxL: int token ids.
+          positions_BxL: int RoPE positions. Default: the count of real tokens before each token, i.e.
+            cumsum(token_mask) - 1 clipped at 0, plus (with a cache) the real tokens already in the cache. So
+            left-padded prompts start at position 0 at their first real token, right padding works too, and decode
+            steps continue where the prompt stopped.
+          token_mask_BxL: bool, True for real tokens (default all True). Pad tokens never serve as keys; their own
+            outputs are finite but meaningless.
+          cache: None for a plain causal forward over the L tokens. Otherwise the L tokens' keys/values are written
+            at slots [cache.index, cache.index + L) of every row, their mask bits set from token_mask_BxL, and each
+            token attends to the real slots at or before its own. The caller keeps index + L <= capacity (inside
+            jit an overflow cannot be detected: dynamic_update_slice would clamp the write).
+
+        Returns:
+          (h_BxLxD after the final norm, in cfg.dtype; the cache with index += L, or None).
+
+        Raises:
+          ValueError: at trace time, for a wrong rank or shape of any argument, a cache of another model shape, or
+            (when known statically) more tokens than the cache has slots.
+        """
+        cfg = self.cfg
+        _check_rank("tokens_BxL", tokens_BxL, 2)
+        b, l = tokens_BxL.shape
+        if not jnp.issubdtype(tokens_BxL.dtype, jnp.integer):
+            raise ValueError(f"tokens_BxL must be integer token ids, got dtype {tokens_BxL.dtype}")
+        if token_mask_BxL is None:
+            token_mask_BxL = jnp.ones((b, l), jnp.bool_)
+        _check_rank("token_mask_BxL", token_mask_BxL, 2, (b, l))
+        token_mask_BxL = token_mask_BxL.astype(jnp.bool_)
+        if positions_BxL is not None:
+            _check_rank("positions_BxL", positions_BxL, 2, (b, l))
+
+        if cache is not None:
+            expected = (cfg.num_layers, b, cache.capacity, cfg.num_kv_heads, cfg.head_dim)
+            _check_rank("cache.k_NxBxSxKxDh", cache.k_NxBxSxKxDh, 5, expected)
+            _check_rank("cache.v_NxBxSxKxDh", cache.v_NxBxSxKxDh, 5, expected)
+            _check_rank("cache.mask_BxS", cache.mask_BxS, 2, (b, cache.capacity))
+            if l > cache.capacity:
+                raise ValueError(f"{l} tokens do not fit a cache of {cache.capacity} slots; "
+                                 f"pass a larger max_len to init_cache")
+            if not isinstance(cache.index, jax.core.Tracer):
+                if int(cache.index) + l > cache.capacity:
+                    raise ValueError(f"cache.index {int(cache.index)} + {l} tokens exceeds the cache's "
+                                     f"{cache.capacity} slots; pass a larger max_len to init_cache")
+
+        if positions_BxL is None:
+            seen_B = (jnp.zeros((b,), jnp.int32) if cache is None
+                      else jnp.sum(cache.mask_BxS, axis=-1, dtype=jnp.int32))
+            positions_BxL = jnp.maximum(seen_B[:, None] + jnp.cumsum(token_mask_BxL, axis=-1, dtype=jnp.int32) - 1,
+                                        0)
+        cos_BxLxDh, sin_BxLxDh = rope_cos_sin(positions_BxL, cfg.head_dim, cfg.rope_theta)
+
+        if cache is None:
+            causal_LxL = jnp.tril(jnp.ones((l, l), jnp.bool_))
+            mask_BxLxS = causal_LxL[None, :, :] & token_mask_BxL[:, None, :]
+            index = None
+        else:
+            index = cache.index.astype(jnp.int32)
+            new_mask_BxS = jax.lax.dynamic_update_slice(cache.mask_BxS, token_mask_BxL, (0, index))
+            slot_S = jnp.arange(cache.capacity, dtype=jnp.int32)
+            query_slot_L = index + jnp.arange(l, dtype=jnp.int32)
+            mask_BxLxS = (slot_S[None, :] <= query_slot_L[:, None])[None, :, :] & new_mask_BxS[:, None, :]
+
+        x_BxLxD = jnp.take(self.embedding[...], tokens_BxL, axis=0)
+        params = self.layers.stacked()
+
+        if cache is None:
+            def body(x_BxLxD, p):
+                q_BxLxHxDh, k_BxLxKxDh, v_BxLxKxDh = _qkv(cfg, x_BxLxD, p, cos_BxLxDh, sin_BxLxDh)
+                attn_BxLxHxDh = attention(q_BxLxHxDh, k_BxLxKxDh, v_BxLxKxDh, mask_BxLxS)
+                return _finish(cfg, x_BxLxD, p, attn_BxLxHxDh), None
+
+            if cfg.remat:
+                body = jax.checkpoint(body, prevent_cse=False)
+            x_BxLxD, _ = jax.lax.scan(body, x_BxLxD, params)
+        else:
+            # The whole cache rides in the carry; each layer writes its L new slots and then reads its slice back.
+            # Writing before reading lets XLA update the buffer in place (under a jit that donates the cache) rather
+            # than copying all N·B·S·K·Dh values every step.
+            def body(carry, layer):
+                x_BxLxD, k_NxBxSxKxDh, v_NxBxSxKxDh = carry
+                p, i = layer
+                q_BxLxHxDh, k_BxLxKxDh, v_BxLxKxDh = _qkv(cfg, x_BxLxD, p, cos_BxLxDh, sin_BxLxDh)
+                start = (i, 0, index, 0, 0)
+                k_NxBxSxKxDh = jax.lax.dynamic_update_slice(k_NxBxSxKxDh, k_BxLxKxDh[None].astype(k_NxBxSxKxDh.dtype),
+                                                            start)
+                v_NxBxSxKxDh = jax.lax.dynamic_update_slice(v_NxBxSxKxDh, v_BxLxKxDh[None].astype(v_NxBxSxKxDh.dtype),
+                                                            start)
+                keys_BxSxKxDh = k_NxBxSxKxDh[i].astype(x_BxLxD.dtype)
+                values_BxSxKxDh = v_NxBxSxKxDh[i].astype(x_BxLxD.dtype)
+                attn_BxLxHxDh = attention(q_BxLxHxDh, keys_BxSxKxDh, values_BxSxKxDh, mask_BxLxS)
+                return (_finish(cfg, x_BxLxD, p, attn_BxLxHxDh), k_NxBxSxKxDh, v_NxBxSxKxDh), None
+
+            if cfg.remat:
+                body = jax.checkpoint(body, prevent_cse=False)
+            layer_ids = jnp.arange(cfg.num_layers, dtype=jnp.int32)
+            (x_BxLxD, k_NxBxSxKxDh, v_NxBxSxKxDh), _ = jax.lax.scan(
+                body, (x_BxLxD, cache.k_NxBxSxKxDh, cache.v_NxBxSxKxDh), (params, layer_ids))
+
+        h_BxLxD = rms_norm(x_BxLxD, self.final_norm[...], cfg.rms_norm_eps)
+        if cache is None:
+            return h_BxLxD, None
+        return h_BxLxD, KVCache(k_NxBxSxKxDh=k_NxBxSxKxDh, v_NxBxSxKxDh=v_NxBxSxKxDh, mask_BxS=new_mask_BxS,
+                                index=index + l)
+
+    def logits(self, h_BxLxD: jax.Array) -> jax.Array:
+        """Float32 logits_BxLxV = h · embeddingᵀ (tied) or h · lm_head (untied); h may have any leading axes."""
+        if self.lm_head is None:
+            return jnp.einsum("...d,vd->...v", h_BxLxD, self.embedding[...], preferred_element_type=jnp.float32)
+        return jnp.einsum("...d,dv->...v", h_BxLxD, self.lm_head[...], preferred_element_type=jnp.float32)
+
+
+def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The shape of every parameter of `Decoder(cfg)`, by '/'-joined path (e.g. 'layers/wq'), without allocating."""
+    abstract = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
+    flat = nnx.to_flat_state(nnx.state(abstract, nnx.Param))
+    return {"/".join(str(k) for k in path): tuple(v.shape) for path, v in flat}
+
+
+def set_params(model: Decoder, params: Mapping[str, Any]) -> None:
+    """Replaces every parameter of `model` with the arrays in `params` (cast to cfg.dtype).
+
+    Args:
+      model: the decoder to update in place; may be abstract (from `nnx.eval_shape`), so that loading a
+        checkpoint never allocates a random initialisation.
+      params: a nested dict of arrays mirroring `nnx.state(model, nnx.Param)`, e.g. {'embedding': .., 'layers':
+        {'wq': .., ...}, 'final_norm': ..}, or a flat dict keyed by '/'-joined paths.
+
+    Raises:
+      ValueError: naming the parameter, for a missing or unexpected one or a shape other than `param_shapes`.
+    """
+    expected = param_shapes(model.cfg)
+    flat: dict[str, Any] = {}
+
+    def walk(prefix: str, node: Any):
+        if isinstance(node, Mapping):
+            for key, value in node.items():
+                walk(f"{prefix}/{key}" if prefix else str(key), value)
+        else:
+            flat[prefix] = node
+
+    walk("", params)
+    missing = sorted(set(expected) - set(flat))
+    unexpected = sorted(set(flat) - set(expected))
+    if missing or unexpected:
+        raise ValueError(f"parameters do not match the config: missing {missing}, unexpected {unexpected}")
+    for name, shape in expected.items():
+        actual = tuple(np.shape(flat[name]))
+        if actual != shape:
+            raise ValueError(f"parameter {name!r} has shape {actual}, expected {shape}")
+    dtype = model.cfg.jnp_dtype
+    for name in expected:
+        *parents, leaf = name.split("/")
+        owner = model
+        for part in parents:
+            owner = getattr(owner, part)
+        getattr(owner, leaf).set_value(jnp.asarray(flat[name], dtype))
