@@ -85,8 +85,8 @@ def run_rollouts(
     if on_turn is not None:
       on_turn(turn, len(active))
     key, sub = jax.random.split(key)
-    out = sampler.generate([builders[i].tokens for i in active], sampling_params, sub,
-                           decode_text=tok.decode)
+    # The sampler pads the shrinking set of active rows to its batch buckets, bounding compiles.
+    out = sampler.generate([builders[i].tokens for i in active], sampling_params, sub, decode_text=tok.decode)
     for j, i in enumerate(active):
       ids, logp, reason = out.tokens[j], out.logprobs[j], out.finish_reasons[j]
       builders[i].append_action(ids, [float(x) for x in logp])

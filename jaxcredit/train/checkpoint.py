@@ -18,7 +18,8 @@ import orbax.checkpoint as ocp
 # Keys that only change how long a run is, how often it logs / checkpoints / evaluates, or where it goes.
 # Everything else changes what is trained and must match on resume.
 RUN_LENGTH_KEYS = ("workdir", "total_steps", "log_every", "checkpoint_every", "max_checkpoints_to_keep",
-                   "eval", "model.cache_dir", "progress", "tensorboard")
+                   "eval", "model.cache_dir", "progress", "tensorboard",
+                   "compilation_cache_dir")
 
 
 def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
@@ -111,9 +112,11 @@ class Checkpointer:
     return os.path.isdir(self.reference_dir)
 
   def save_reference(self, params) -> None:
-    ocp.StandardCheckpointer().save(self.reference_dir, params)
-    ocp.StandardCheckpointer().wait_until_finished() if hasattr(ocp.StandardCheckpointer, "wait_until_finished") else None
+    with ocp.StandardCheckpointer() as checkpointer:
+      checkpointer.save(self.reference_dir, params)
+      checkpointer.wait_until_finished()
 
   def restore_reference(self, params_like):
     abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, params_like)
-    return ocp.StandardCheckpointer().restore(self.reference_dir, abstract)
+    with ocp.StandardCheckpointer() as checkpointer:
+      return checkpointer.restore(self.reference_dir, abstract)

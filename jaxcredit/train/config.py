@@ -37,7 +37,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.sampling.temperature = 0.8
   c.sampling.top_p = 1.0
   c.sampling.max_new_tokens = 48      # per assistant turn
-  c.sampling.max_len = 384            # KV-cache capacity (prompt + all turns)
+  c.sampling.max_len = 320            # KV-cache capacity (prompt + all turns)
   c.sampling.chunk_size = 8           # decode steps per jitted chunk between stop-string checks
 
   c.rollout = ml_collections.ConfigDict()
@@ -67,7 +67,8 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.train = ml_collections.ConfigDict()
   c.train.num_micro_batches = 1
-  c.train.length_bucket = 64
+  c.train.length_bucket = 128        # sequences are right-padded to a multiple (bounds compiled shapes)
+  c.compilation_cache_dir = "~/.cache/jaxcredit/xla"  # persistent XLA cache ("" = off); reruns skip compiles
 
   c.sft = ml_collections.ConfigDict()
   c.sft.steps = 30                    # supervised warm-start steps before RL (0 = none)

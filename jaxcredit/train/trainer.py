@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import time
 from typing import Any
@@ -67,6 +68,10 @@ def build(config: ml_collections.ConfigDict) -> Run:
   config_lib.validate(config)
   adv_lib.check_method_supported(config.credit.method)
   ckpt_lib.check_or_write_config(config.workdir, config.to_dict())
+  if config.compilation_cache_dir:
+    jax.config.update("jax_compilation_cache_dir", os.path.expanduser(config.compilation_cache_dir))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+  logging.getLogger("math_verify").setLevel(logging.ERROR)  # its "timeout disabled" notice: we bound inputs
   mesh = sharding.make_mesh(dict(config.mesh))
   cache_dir = config.model.cache_dir or None
   source = smollm2_gguf_path() if config.model.source == "smollm2" else config.model.source
@@ -78,7 +83,9 @@ def build(config: ml_collections.ConfigDict) -> Run:
   p_sh = sharding.param_shardings(params, mesh)
   params = jax.device_put(params, p_sh)
   sampler = Sampler(model, max_len=config.sampling.max_len, pad_id=tok.pad_id,
-                    chunk_size=config.sampling.chunk_size)
+                    chunk_size=config.sampling.chunk_size, prompt_bucket=128,
+                    batch_buckets=tuple(sorted({config.rollout.prompts_per_step * config.rollout.group_size,
+                                                config.eval.batch_size})))
   train_tasks = arithmetic.make_tasks("train", config.env.num_train_tasks, seed=config.seed)
   eval_tasks = arithmetic.make_tasks("eval", config.eval.num_tasks)
   return Run(config=config, mesh=mesh, tok=tok, fmt=ChatFormat.from_tokenizer(tok), graphdef=graphdef,
@@ -253,7 +260,8 @@ def rl_step_fn(run: Run, params, opt_state, ref_params, data, update, ref_logp, 
   if c.credit.method == "trace":
     gold_ids = [run.tok.encode(arithmetic.gold_answer_text(t)) + [run.tok.eos_id] for t in tasks]
     gold, gold_mask = score_gold_answers(logp_fn, traj, gold_ids, pad_id=run.tok.pad_id,
-                                         reduce=c.credit.gold_reduce, length_bucket=c.train.length_bucket)
+                                         reduce=c.credit.gold_reduce, length_bucket=c.train.length_bucket,
+                                         rows_bucket=16)
   ref_lp = logp_fn(traj.tokens_BxL, traj.token_mask_BxL) if c.loss.kl_coef > 0 else None
   adv_BxL, turn_adv, td = adv_lib.compute(traj, gold, gold_mask, c.credit, g)
   t_score = time.time() - t1
@@ -275,13 +283,15 @@ def rl_step_fn(run: Run, params, opt_state, ref_params, data, update, ref_logp, 
       "adv_mean": float(a.mean()) if a.size else 0.0,
       "adv_std": float(a.std()) if a.size else 0.0,
       "turn_adv_abs_mean": float(np.abs(turn_adv[tm]).mean()) if tm.any() else 0.0,
-      "loss": float(m["loss"]), "kl": float(m["kl"]), "clip_frac": float(m["clip"]),
+      "loss": float(m["loss"]), "clip_frac": float(m["clip"]),
       "ratio_dev": float(m["ratio_dev"]), "grad_norm": float(m["grad_norm"]),
       "action_tokens": int(act.sum()), "tokens": int(traj.token_mask_BxL.sum()),
       "tokens_per_s": float(traj.token_mask_BxL.sum() / max(t_update, 1e-9)),
       "rollout_s": t_roll, "score_s": t_score, "update_s": t_update, "step_s": time.time() - t0,
   }
-  if td is not None and c.credit.method == "trace":
+  if c.loss.kl_coef > 0:
+    row["kl"] = float(m["kl"])
+  if c.credit.method == "trace":
     row["td_reward_abs_mean"] = float(np.abs(td[tm]).mean()) if tm.any() else 0.0
     row["gold_boundaries"] = int(gold_mask.sum())
   if rl_step % c.log_every == 0:
