@@ -1,0 +1,69 @@
+"""The whole job end to end on a tiny model (a GGUF written here): warm start, RL, eval, checkpoints, curves;
+then a resume that runs exactly one more RL step and no warm-start step; then a refused config change."""
+
+import json
+import os
+
+import pytest
+
+from jaxcredit.train import trainer
+from jaxcredit.train.config import base_config
+
+from tests.models.test_gguf import CFG, random_params, write_gguf
+
+
+def _config(tmp_path, gguf_path):
+  c = base_config()
+  c.workdir = str(tmp_path / "run")
+  c.model.source = str(gguf_path)
+  c.model.cache_dir = str(tmp_path / "converted")
+  c.compilation_cache_dir = ""
+  c.progress = False
+  c.total_steps = 2
+  c.checkpoint_every = 1
+  c.env.num_train_tasks = 40
+  c.sampling.max_new_tokens = 6
+  c.sampling.max_len = 1024   # the tiny byte-level vocabulary makes prompts long
+  c.sampling.chunk_size = 3
+  c.rollout.prompts_per_step = 2
+  c.rollout.group_size = 2
+  c.sft.steps = 2
+  c.sft.batch_size = 2
+  c.train.length_bucket = 256
+  c.eval.num_tasks = 2
+  c.eval.batch_size = 4
+  return c
+
+
+def _rows(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [json.loads(line) for line in f]
+
+
+def test_train_resume_and_refusal(tmp_path):
+  gguf_path = write_gguf(tmp_path / "tiny.gguf", "llama", CFG, random_params(CFG))
+  c = _config(tmp_path, gguf_path)
+  trainer.train(c)
+  rows = _rows(c.workdir)
+  assert [r["step"] for r in rows if r["phase"] == "sft"] == [1, 2]
+  assert [r["step"] for r in rows if r["phase"] == "rl"] == [1, 2]
+  assert [r["stage"] for r in rows if r["phase"] == "eval"] == ["before_warm_start", "after_warm_start",
+                                                                 "rl_step_2"]
+  rl = [r for r in rows if r["phase"] == "rl"]
+  assert all(r["action_tokens"] > 0 and "td_reward_abs_mean" in r for r in rl)
+  assert os.path.getsize(os.path.join(c.workdir, "curves.png")) > 10_000
+  assert sorted(os.listdir(os.path.join(c.workdir, "checkpoints")))[-1] == "2"
+
+  c.total_steps = 3
+  trainer.train(c)
+  rows = _rows(c.workdir)
+  assert [r["step"] for r in rows if r["phase"] == "sft"] == [1, 2], "the resumed run repeated the warm start"
+  assert [r["step"] for r in rows if r["phase"] == "rl"] == [1, 2, 3]
+  assert "3" in os.listdir(os.path.join(c.workdir, "checkpoints"))
+
+  before = open(os.path.join(c.workdir, "metrics.jsonl")).read()
+  c.optim.learning_rate = 3e-4
+  with pytest.raises(ValueError, match=r"optim.learning_rate: checkpoint has 1e-05, config has 0.0003"):
+    trainer.train(c)
+  assert open(os.path.join(c.workdir, "metrics.jsonl")).read() == before
+  assert "3" in os.listdir(os.path.join(c.workdir, "checkpoints"))
