@@ -1,0 +1,90 @@
+"""HSD: hindsight self-distillation from a successful peer rollout of the same group.
+
+Shape letters: G rollouts in a group, L tokens. Batch of P groups: split the key and vmap,
+`jax.vmap(hsd_select_peers)(rewards_PxG, mask_PxG, jax.random.split(key, P))`.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxcredit.credit import _checks
+
+Array = jax.Array
+ArrayLike = jax.typing.ArrayLike
+
+
+def hsd_select_peers(rewards: ArrayLike, sample_mask: ArrayLike | None, key: Array, *,
+                     success_threshold: float = 0.5) -> Array:
+  """Picks, for each rollout, a uniformly random successful peer of its group to condition the teacher on.
+
+      success_j = valid_j ∧ R_j > success_threshold                  (strict)
+      peer[g] ~ Uniform{j ≠ g : success_j}   for valid g;  −1 when that set is empty or g is invalid
+
+  With −1 the teacher falls back to gold-answer-only conditioning. Exactly uniform: the k-th eligible peer is
+  taken with k ~ randint(0, count).
+
+  Args:
+    rewards: [G] float rewards (NaN/inf marks the sample invalid).
+    sample_mask: [G] bool, or None (all True).
+    key: a jax.random key (typed or raw uint32[2]).
+    success_threshold: a reward strictly above it counts as success.
+
+  Returns:
+    peer: [G] int32 index into the group, or −1.
+
+  Raises:
+    ValueError: `rewards` / `sample_mask` not [G]; success_threshold not a finite scalar.
+
+  Source: HSD (hindsight self-distillation); specs/credit.md "HSD".
+  """
+  fn = "hsd_select_peers"
+  threshold = _checks.knob_float(fn, "success_threshold", success_threshold)
+  shapes = _checks.Shapes(fn)
+  rewards_G = shapes.float("rewards", rewards, "G")
+  valid_G = shapes.mask("sample_mask", sample_mask, "G") & jnp.isfinite(rewards_G)
+  num = rewards_G.shape[0]
+  success_G = valid_G & (rewards_G > threshold)
+  eligible_GxG = success_G[None, :] & ~jnp.eye(num, dtype=jnp.bool_)
+  count_G = jnp.sum(eligible_GxG, axis=1, dtype=jnp.int32)
+  pick_G = jax.random.randint(key, (num,), 0, jnp.maximum(count_G, 1), dtype=jnp.int32)
+  rank_GxG = jnp.cumsum(eligible_GxG, axis=1, dtype=jnp.int32) - 1
+  chosen_GxG = eligible_GxG & (rank_GxG == pick_G[:, None])
+  peer_G = jnp.argmax(chosen_GxG, axis=1).astype(jnp.int32)
+  return jnp.where(valid_G & (count_G > 0), peer_G, -1)
+
+
+def hsd_token_advantages(teacher_logp: ArrayLike, policy_logp: ArrayLike, action_mask: ArrayLike, *,
+                         clip: float = 1.0) -> Array:
+  """HSD's dense per-token advantage: the clipped log-ratio of the peer-conditioned self-teacher to the policy.
+
+      a_i = clip(log p_teacher(a_i) − log p_policy(a_i), −clip, clip)     (stop-gradient)
+
+  The teacher is the policy conditioned on the peer rollout (+ gold answer); a_i is 0 where either log-prob is
+  not finite and off the action tokens. Combined by the caller: A_i = A_out + λ · a_i.
+
+  Args:
+    teacher_logp: [L] float, the peer-conditioned teacher's log-prob of the sampled token, nats.
+    policy_logp: [L] float, the policy's log-prob of the sampled token, nats.
+    action_mask: [L] bool.
+    clip: > 0.
+
+  Returns:
+    a: [L] float32 in [−clip, clip]; exactly 0.0 off the action tokens.
+
+  Raises:
+    ValueError: the three arrays are not all [L]; clip <= 0.
+
+  Source: HSD; specs/credit.md "HSD".
+  """
+  fn = "hsd_token_advantages"
+  clip = _checks.knob_float(fn, "clip", clip, gt=0.0, allow_inf=True)
+  shapes = _checks.Shapes(fn)
+  teacher_L = shapes.float("teacher_logp", teacher_logp, "L")
+  policy_L = shapes.float("policy_logp", policy_logp, "L")
+  action_L = shapes.mask("action_mask", action_mask, "L")
+  gap_L = teacher_L - policy_L
+  ok_L = action_L & jnp.isfinite(gap_L)
+  return lax.stop_gradient(jnp.where(ok_L, jnp.clip(gap_L, -clip, clip), 0.0))

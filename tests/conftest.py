@@ -1,0 +1,15 @@
+"""Shared pytest configuration.
+
+Hypothesis profiles: `default` (about 50 examples per property, for local runs) and `ci` (300 examples, for
+.ci/run). Choose one with the environment variable HYPOTHESIS_PROFILE (default: `default`).
+"""
+
+import os
+
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "default", max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile(
+    "ci", max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))

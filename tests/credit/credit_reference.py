@@ -1,0 +1,285 @@
+"""Slow, obvious float32 NumPy references for jaxcredit.credit, written with loops straight from the spec.
+
+Each function mirrors one public function for one rollout or one group and follows specs/credit.md line by
+line; the tests compare the jitted library against these on random inputs.
+"""
+
+import math
+
+import numpy as np
+
+f32 = np.float32
+
+
+def _finite(x):
+  return bool(np.isfinite(x))
+
+
+def _mean(values):
+  total = f32(0.0)
+  for v in values:
+    total = f32(total + f32(v))
+  return f32(total / f32(len(values)))
+
+
+def _std_ddof1(values):
+  mu = _mean(values)
+  total = f32(0.0)
+  for v in values:
+    total = f32(total + f32(v - mu) ** 2)
+  return f32(math.sqrt(total / f32(len(values) - 1)))
+
+
+def _sub(a, b):
+  """a - b in float32; inf - inf is NaN, which the callers treat as invalid."""
+  with np.errstate(invalid="ignore", over="ignore"):
+    return f32(f32(a) - f32(b))
+
+
+def _mask(mask, n):
+  return [True] * n if mask is None else [bool(m) for m in mask]
+
+
+# ----------------------------------------------------------------------------------------------- outcome
+
+
+def grpo(rewards, sample_mask=None, scale="group", eps=1e-6):
+  rewards = np.asarray(rewards, f32)
+  mask = _mask(sample_mask, len(rewards))
+  valid = [mask[g] and _finite(rewards[g]) for g in range(len(rewards))]
+  out = np.zeros(len(rewards), f32)
+  vals = [rewards[g] for g in range(len(rewards)) if valid[g]]
+  if len(vals) < 2 or max(vals) == min(vals):
+    return out
+  mu = _mean(vals)
+  sigma = _std_ddof1(vals)
+  for g in range(len(rewards)):
+    if valid[g]:
+      out[g] = (rewards[g] - mu) / (sigma + f32(eps)) if scale == "group" else rewards[g] - mu
+  return out
+
+
+def rloo(rewards, sample_mask=None):
+  rewards = np.asarray(rewards, f32)
+  mask = _mask(sample_mask, len(rewards))
+  valid = [mask[g] and _finite(rewards[g]) for g in range(len(rewards))]
+  out = np.zeros(len(rewards), f32)
+  if sum(valid) < 2:
+    return out
+  for i in range(len(rewards)):
+    if valid[i]:
+      others = [rewards[j] for j in range(len(rewards)) if valid[j] and j != i]
+      out[i] = rewards[i] - _mean(others)
+  return out
+
+
+def turn_to_token(turn_values, turn_ids, action_mask):
+  out = np.zeros(len(turn_ids), f32)
+  for i, (tid, act) in enumerate(zip(turn_ids, action_mask)):
+    if act and 0 <= tid < len(turn_values) and _finite(turn_values[tid]):
+      out[i] = turn_values[tid]
+  return out
+
+
+# ------------------------------------------------------------------------------------------------- TRACE
+
+
+def trace_td(gold_logp, boundary_mask):
+  gold = np.asarray(gold_logp, f32)
+  num_turns = len(gold) - 1
+  valid = [bool(boundary_mask[t]) and _finite(gold[t]) for t in range(num_turns + 1)]
+  r = np.zeros(num_turns, f32)
+  if not valid[0]:
+    return r
+  value = [f32(gold[t] - gold[0]) if valid[t] else None for t in range(num_turns + 1)]
+  latest = 0
+  for t in range(num_turns):
+    if valid[t]:
+      latest = t
+    if valid[t + 1]:
+      r[t] = value[t + 1] - value[latest]
+  return r
+
+
+def trace_adv(rewards, gold_logp, boundary_mask, turn_mask, sample_mask=None, beta=1.0, scale="group",
+              dense_norm="group_rms", eps=1e-6):
+  rewards = np.asarray(rewards, f32)
+  num_g, num_turns = np.shape(turn_mask)
+  mask = _mask(sample_mask, num_g)
+  valid = [mask[g] and _finite(rewards[g]) for g in range(num_g)]
+  a_out = grpo(rewards, sample_mask, scale, eps)
+  r = np.stack([trace_td(gold_logp[g], boundary_mask[g]) for g in range(num_g)]) if num_g else np.zeros(
+      (0, num_turns), f32)
+  if dense_norm == "group_rms":
+    dense = []
+    for g in range(num_g):
+      b_ok = [bool(boundary_mask[g][t]) and _finite(gold_logp[g][t]) for t in range(num_turns + 1)]
+      for t in range(num_turns):
+        if valid[g] and turn_mask[g][t] and b_ok[0] and b_ok[t + 1]:
+          dense.append(r[g, t])
+    if dense:
+      rms = f32(math.sqrt(_mean([f32(x * x) for x in dense])))
+      r = (r / (rms + f32(eps))).astype(f32)
+    else:
+      r = np.zeros_like(r)
+  out = np.zeros((num_g, num_turns), f32)
+  for g in range(num_g):
+    for t in range(num_turns):
+      if valid[g] and turn_mask[g][t]:
+        out[g, t] = a_out[g] + f32(beta) * r[g, t]
+  return out
+
+
+# ------------------------------------------------------------------------------------------------- CrEST
+
+
+def crest_turn(turn_rewards, turn_mask, sample_mask=None, scale="group", eps=1e-6):
+  turn_rewards = np.asarray(turn_rewards, f32)
+  num_g, num_u = turn_rewards.shape
+  mask = _mask(sample_mask, num_g)
+  out = np.zeros((num_g, num_u), f32)
+  for u in range(num_u):
+    reached = [bool(turn_mask[g][u]) and mask[g] for g in range(num_g)]
+    out[:, u] = grpo(turn_rewards[:, u], reached, scale, eps)
+  return out
+
+
+def _sigmoid(x):
+  return f32(1.0 / (1.0 + math.exp(-x))) if x > -80 else f32(0.0)
+
+
+def crest_weights(turn_adv, turn_ids, action_mask, teacher_logp, policy_logp, teacher_entropy, tau=1.0,
+                  temperature=0.25, max_log_ratio=2.0):
+  num_u = len(turn_adv)
+  raw = {}
+  for i in range(len(turn_ids)):
+    u = int(turn_ids[i])
+    if not action_mask[i] or not 0 <= u < num_u:
+      continue
+    if _finite(teacher_logp[i]) and _finite(policy_logp[i]) and _finite(teacher_entropy[i]):
+      gap = _sub(teacher_logp[i], policy_logp[i])
+      gate = _sigmoid((tau - teacher_entropy[i]) / temperature)
+      sign = np.sign(turn_adv[u]) if _finite(turn_adv[u]) else 0.0
+      m = f32(math.exp(min(max(sign * gap, -max_log_ratio), max_log_ratio)))
+      raw[i] = f32(1.0 + gate * (m - 1.0))
+    else:
+      raw[i] = f32(1.0)
+  w = np.zeros(len(turn_ids), f32)
+  for u in range(num_u):
+    members = [i for i in raw if turn_ids[i] == u]
+    if members:
+      mean = _mean([raw[i] for i in members])
+      for i in members:
+        w[i] = raw[i] / mean
+  return w
+
+
+def crest_adv(turn_rewards, turn_mask, turn_ids, action_mask, teacher_logp, policy_logp, teacher_entropy,
+              sample_mask=None, scale="group", eps=1e-6, tau=1.0, temperature=0.25, max_log_ratio=2.0):
+  adv = crest_turn(turn_rewards, turn_mask, sample_mask, scale, eps)
+  out = np.zeros(np.shape(turn_ids), f32)
+  for g in range(len(adv)):
+    w = crest_weights(adv[g], turn_ids[g], action_mask[g], teacher_logp[g], policy_logp[g], teacher_entropy[g],
+                      tau, temperature, max_log_ratio)
+    out[g] = turn_to_token(adv[g], turn_ids[g], action_mask[g]) * w
+  return out
+
+
+# ------------------------------------------------------------------------------------------------ ToolOPD
+
+
+def toolopd(logp_skill, logp_base, success, action_mask, max_credit=2.0, normalize=True):
+  c = np.zeros(len(logp_skill), f32)
+  for i in range(len(logp_skill)):
+    delta = _sub(logp_skill[i], logp_base[i])
+    if action_mask[i] and _finite(delta):
+      c[i] = min(max(delta if success else -delta, 0.0), max_credit)
+  n_action = sum(bool(a) for a in action_mask)
+  if normalize and n_action:
+    mean = _mean(c[np.asarray(action_mask, bool)])
+    if mean > 0:
+      c = (c / mean).astype(f32)
+  return c
+
+
+# ---------------------------------------------------------------------------------------------------- HSD
+
+
+def hsd_eligible(rewards, sample_mask, success_threshold=0.5):
+  """For each g, the set of peers select_peers may return (empty: it must return -1)."""
+  rewards = np.asarray(rewards, f32)
+  mask = _mask(sample_mask, len(rewards))
+  valid = [mask[j] and _finite(rewards[j]) for j in range(len(rewards))]
+  success = [valid[j] and rewards[j] > success_threshold for j in range(len(rewards))]
+  return [{j for j in range(len(rewards)) if success[j] and j != g} if valid[g] else set()
+          for g in range(len(rewards))]
+
+
+def hsd_tokens(teacher_logp, policy_logp, action_mask, clip=1.0):
+  a = np.zeros(len(teacher_logp), f32)
+  for i in range(len(teacher_logp)):
+    gap = _sub(teacher_logp[i], policy_logp[i])
+    if action_mask[i] and _finite(gap):
+      a[i] = min(max(gap, -clip), clip)
+  return a
+
+
+def opd_tokens(teacher_logp, policy_logp, action_mask):
+  a = np.zeros(len(teacher_logp), f32)
+  for i in range(len(teacher_logp)):
+    gap = _sub(teacher_logp[i], policy_logp[i])
+    if action_mask[i] and _finite(gap):
+      a[i] = gap
+  return a
+
+
+# --------------------------------------------------------------------------------------------------- GEAR
+
+
+def gear_threshold(divergence, action_mask, k_sigma=2.0, eps=1e-6):
+  """(cleaned d, tau, spikes possible) exactly as the spec defines them; tau is None with < 2 action tokens."""
+  d = [f32(x) if _finite(x) and x > 0 else f32(0.0) for x in divergence]
+  acts = [d[i] for i in range(len(d)) if action_mask[i]]
+  if len(acts) < 2:
+    return d, None, False
+  tau = f32(_mean(acts) + f32(k_sigma) * _std_ddof1(acts))
+  return d, tau, (max(acts) - min(acts)) > eps
+
+
+def gear_segs(divergence, entropy, action_mask, k_sigma=2.0, tau_low=0.1, entropy_floor=1.0, eps=1e-6):
+  d, tau, spread = gear_threshold(divergence, action_mask, k_sigma, eps)
+  seg = np.full(len(d), -1, np.int32)
+  current = -1
+  for i in range(len(d)):
+    if not action_mask[i]:
+      current = -1  # a segment never crosses a non-action token
+    elif tau is not None and spread and d[i] > tau:
+      current = i
+    elif d[i] >= tau_low or (_finite(entropy[i]) and entropy[i] >= entropy_floor):
+      pass  # the open segment (if any) extends
+    else:
+      current = -1
+    seg[i] = current
+  return seg
+
+
+def gear_adv(seq_adv, divergence, entropy, action_mask, alpha=1.0, k_sigma=2.0, tau_low=0.1, entropy_floor=1.0,
+             normalize=True, eps=1e-6):
+  d, tau, _ = gear_threshold(divergence, action_mask, k_sigma, eps)
+  seg = gear_segs(divergence, entropy, action_mask, k_sigma, tau_low, entropy_floor, eps)
+  out = np.zeros(len(d), f32)
+  if not _finite(seq_adv):
+    return out
+  acts = [i for i in range(len(d)) if action_mask[i]]
+  if tau is None:
+    for i in acts:
+      out[i] = seq_adv
+    return out
+  u = {}
+  for i in acts:
+    anchor = d[seg[i]] if seg[i] >= 0 else d[i]
+    u[i] = f32(1.0 + alpha * math.tanh(anchor / (tau + f32(eps))))
+  mean = _mean(list(u.values())) if normalize else f32(1.0)
+  for i in acts:
+    out[i] = f32(seq_adv) * f32(u[i] / mean)
+  return out

@@ -1,0 +1,53 @@
+"""Resume safety: training keys must match, run-length keys may change, nothing is overwritten on refusal."""
+
+import json
+import os
+
+import pytest
+
+from jaxcredit.train import checkpoint as ckpt_lib
+from jaxcredit.train.config import base_config, validate
+
+
+def test_training_key_diff_ignores_run_length_keys():
+  a = base_config().to_dict()
+  b = base_config().to_dict()
+  b["total_steps"] = 99
+  b["workdir"] = "elsewhere"
+  b["eval"]["num_tasks"] = 8
+  b["checkpoint_every"] = 1
+  assert ckpt_lib.training_key_diff(a, b) == []
+  b["optim"]["learning_rate"] = 3e-4
+  b["credit"]["method"] = "grpo"
+  assert ckpt_lib.training_key_diff(a, b) == ["credit.method", "optim.learning_rate"]
+
+
+def test_refusal_names_keys_and_writes_nothing(tmp_path):
+  workdir = str(tmp_path)
+  cfg = base_config().to_dict()
+  assert ckpt_lib.check_or_write_config(workdir, cfg) is False
+  path = os.path.join(workdir, "config.json")
+  before = open(path).read()
+  changed = base_config().to_dict()
+  changed["rollout"]["group_size"] = 8
+  with pytest.raises(ValueError, match=r"rollout.group_size: checkpoint has 4, config has 8"):
+    ckpt_lib.check_or_write_config(workdir, changed)
+  assert open(path).read() == before
+  longer = base_config().to_dict()
+  longer["total_steps"] = 100
+  assert ckpt_lib.check_or_write_config(workdir, longer) is True
+  assert json.load(open(path))["total_steps"] == 100
+
+
+@pytest.mark.parametrize("key,value,match", [
+    ("credit.method", "ppo", "credit.method"),
+    ("sampling.temperature", 0.0, "sampling.temperature"),
+    ("rollout.group_size", 0, "rollout.group_size"),
+    ("sampling.top_p", 1.5, "sampling.top_p"),
+])
+def test_validate_names_bad_key(key, value, match):
+  c = base_config()
+  section, name = key.split(".")
+  c[section][name] = value
+  with pytest.raises(ValueError, match=match):
+    validate(c)
