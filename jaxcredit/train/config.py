@@ -51,6 +51,17 @@ def base_config() -> ml_collections.ConfigDict:
   c.credit.beta = 1.0                 # TRACE: weight of the dense TD term
   c.credit.dense_norm = "group_rms"   # TRACE: "group_rms" or "none"
   c.credit.gold_reduce = "sum"        # TRACE: "sum" (log p of the answer) or "mean" (per token)
+  c.credit.tau = 1.0                  # CrEST: teacher-entropy gate threshold (nats)
+  c.credit.gate_temperature = 0.25    # CrEST: sigmoid temperature of the gate
+  c.credit.max_log_ratio = 2.0        # CrEST: clip on the signed teacher/policy log-ratio
+  c.credit.max_credit = 2.0           # ToolOPD: clip on the hindsight credit
+  c.credit.distill_coef = 0.1         # ToolOPD / HSD / OPD: weight of the distillation term
+  c.credit.success_threshold = 0.5    # HSD: a peer is successful when reward > this
+  c.credit.clip = 1.0                 # HSD: clip on the teacher/policy log-ratio
+  c.credit.k_sigma = 2.0              # GEAR: spike threshold mean + k_sigma * std of the divergence
+  c.credit.tau_low = 0.1              # GEAR: divergence that extends a segment
+  c.credit.entropy_floor = 1.0        # GEAR: entropy (nats) that extends a segment
+  c.credit.alpha = 1.0                # GEAR: strength of the rescaling
 
   c.loss = ml_collections.ConfigDict()
   c.loss.eps_low = 0.2

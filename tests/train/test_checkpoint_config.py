@@ -51,3 +51,26 @@ def test_validate_names_bad_key(key, value, match):
   c[section][name] = value
   with pytest.raises(ValueError, match=match):
     validate(c)
+
+
+def _load_config(name):
+  import importlib.util
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  spec = importlib.util.spec_from_file_location(f"cfg_{name}", os.path.join(root, "configs", f"{name}.py"))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod.get_config()
+
+
+@pytest.mark.parametrize("name", ["quickstart", "grpo", "drgrpo", "rloo", "crest", "toolopd", "hsd", "gear", "opd"])
+def test_every_method_has_a_config_that_runs_or_names_the_missing_pass(name):
+  from jaxcredit.train import advantages
+  c = _load_config(name)
+  validate(c)
+  method = c.credit.method
+  assert method == ("trace" if name == "quickstart" else name)
+  if method in advantages.NEEDS_MISSING_PASS:
+    with pytest.raises(NotImplementedError, match=rf"{method}.*needs .*teacher|{method}.*needs"):
+      advantages.check_method_supported(method)
+  else:
+    advantages.check_method_supported(method)
