@@ -1,6 +1,6 @@
 """Quickstart: warm start then TRACE + GRPO on arithmetic tool-use tasks with SmolLM2-135M-Instruct.
 
-Sized for a 2-core CPU (about 20 minutes): 30 warm-start steps, 8 rollouts per RL step
+Sized for a 2-core CPU (about 20 minutes): 12 warm-start steps, 8 rollouts per RL step
 (2 prompts x 4), up to 2 tool turns of 48 new tokens, 8 RL steps.
 
   jaxcredit train --config configs/quickstart.py

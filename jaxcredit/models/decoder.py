@@ -145,6 +145,43 @@ def attention(q_BxLxHxDh: jax.Array, k_BxSxKxDh: jax.Array, v_BxSxKxDh: jax.Arra
     return out_BxLxKxGxDh.reshape(b, l, h, dh).astype(q_BxLxHxDh.dtype)
 
 
+def two_part_attention(q_BxLxHxDh: jax.Array, k_old_BxSxKxDh: jax.Array, v_old_BxSxKxDh: jax.Array,
+                       mask_old_BxLxS: jax.Array, k_new_BxLxKxDh: jax.Array, v_new_BxLxKxDh: jax.Array,
+                       mask_new_BxLxL: jax.Array) -> jax.Array:
+    """`attention` over the union of old (cached) and new keys, without concatenating them.
+
+    One softmax over both parts: with m the max score over allowed keys of either part,
+    out = (Σ_old e^{s-m} v + Σ_new e^{s-m} v) / (Σ_old e^{s-m} + Σ_new e^{s-m}). A query with no allowed key
+    gets a zero output. Keys/values may be in a lower precision; the math is float32.
+    """
+    b, l, h, dh = q_BxLxHxDh.shape
+    kh = k_old_BxSxKxDh.shape[2]
+    q_BxLxKxGxDh = q_BxLxHxDh.reshape(b, l, kh, h // kh, dh).astype(jnp.float32) * (dh ** -0.5)
+    k_old = k_old_BxSxKxDh.astype(jnp.float32)
+    v_old = v_old_BxSxKxDh.astype(jnp.float32)
+    if l == 1:  # decode step: broadcast-multiply-and-reduce is ~2x faster than dot_general on XLA:CPU
+        s_old_BxLxKxGxS = jnp.sum(q_BxLxKxGxDh[:, 0, None] * k_old[:, :, :, None, :], axis=-1)  # B S K G
+        s_old_BxLxKxGxS = jnp.moveaxis(s_old_BxLxKxGxS, 1, -1)[:, None]
+    else:
+        s_old_BxLxKxGxS = jnp.einsum("blkgd,bskd->blkgs", q_BxLxKxGxDh, k_old)
+    s_new_BxLxKxGxL = jnp.einsum("blkgd,bmkd->blkgm", q_BxLxKxGxDh, k_new_BxLxKxDh.astype(jnp.float32))
+    allow_old = mask_old_BxLxS[:, :, None, None, :]
+    allow_new = mask_new_BxLxL[:, :, None, None, :]
+    s_old_BxLxKxGxS = jnp.where(allow_old, s_old_BxLxKxGxS, _MASKED_SCORE)
+    s_new_BxLxKxGxL = jnp.where(allow_new, s_new_BxLxKxGxL, _MASKED_SCORE)
+    m = jnp.maximum(jnp.max(s_old_BxLxKxGxS, axis=-1, keepdims=True), jnp.max(s_new_BxLxKxGxL, axis=-1, keepdims=True))
+    p_old = jnp.where(allow_old, jnp.exp(s_old_BxLxKxGxS - m), 0.0)
+    p_new = jnp.where(allow_new, jnp.exp(s_new_BxLxKxGxL - m), 0.0)
+    denom = jnp.sum(p_old, axis=-1, keepdims=True) + jnp.sum(p_new, axis=-1, keepdims=True)
+    if l == 1:
+        o_old = jnp.sum(jnp.moveaxis(p_old[:, 0], -1, 1)[..., None] * v_old[:, :, :, None, :], axis=1)[:, None]
+    else:
+        o_old = jnp.einsum("blkgs,bskd->blkgd", p_old, v_old)
+    o_new = jnp.einsum("blkgm,bmkd->blkgd", p_new, v_new_BxLxKxDh.astype(jnp.float32))
+    out = (o_old + o_new) / jnp.maximum(denom, 1e-30)
+    return out.reshape(b, l, h, dh).astype(q_BxLxHxDh.dtype)
+
+
 def _single_query_attention(q_Bx1xHxDh: jax.Array, k_BxSxKxDh: jax.Array, v_BxSxKxDh: jax.Array,
                             mask_Bx1xS: jax.Array) -> jax.Array:
     """`attention` for one query per row (a decode step), as broadcast-multiply-and-reduce.
@@ -333,8 +370,10 @@ class Decoder(nnx.Module):
             index = cache.index.astype(jnp.int32)
             new_mask_BxS = jax.lax.dynamic_update_slice(cache.mask_BxS, token_mask_BxL, (0, index))
             slot_S = jnp.arange(cache.capacity, dtype=jnp.int32)
-            query_slot_L = index + jnp.arange(l, dtype=jnp.int32)
-            mask_BxLxS = (slot_S[None, :] <= query_slot_L[:, None])[None, :, :] & new_mask_BxS[:, None, :]
+            # Keys come in two parts: the cache's slots before `index` (old tokens) and the L new tokens.
+            old_mask_BxS = cache.mask_BxS & (slot_S < index)[None, :]
+            mask_old_BxLxS = jnp.broadcast_to(old_mask_BxS[:, None, :], (b, l, cache.capacity))
+            mask_new_BxLxL = jnp.tril(jnp.ones((l, l), jnp.bool_))[None, :, :] & token_mask_BxL[:, None, :]
 
         x_BxLxD = jnp.take(self.embedding[...], tokens_BxL, axis=0)
         params = self.layers.stacked()
@@ -349,19 +388,17 @@ class Decoder(nnx.Module):
                 body = jax.checkpoint(body, prevent_cse=False)
             x_BxLxD, _ = jax.lax.scan(body, x_BxLxD, params)
         else:
-            # Each layer reads its cache slice (a scanned input, never written back whole), writes the L new
-            # keys/values into a local copy for its attention, and emits only the new keys/values. One
-            # dynamic_update_slice after the scan writes them into the [N, ...] cache, in place when the caller
-            # donates it. Carrying the whole cache through the scan instead cost a full copy per layer on CPU.
+            # Each layer reads its cache slice (a scanned input, never written back whole), attends to it and to
+            # the L new keys/values without writing them into a copy of the slice, and emits only the new
+            # keys/values. One dynamic_update_slice after the scan writes them into the [N, ...] cache, in place
+            # when the caller donates it. Carrying the whole cache through the scan cost a full copy per layer.
             def body(x_BxLxD, layer):
                 p, k_cache_BxSxKxDh, v_cache_BxSxKxDh = layer
                 q_BxLxHxDh, k_BxLxKxDh, v_BxLxKxDh = _qkv(cfg, x_BxLxD, p, cos_BxLxDh, sin_BxLxDh)
                 k_new = k_BxLxKxDh.astype(k_cache_BxSxKxDh.dtype)
                 v_new = v_BxLxKxDh.astype(v_cache_BxSxKxDh.dtype)
-                keys_BxSxKxDh = jax.lax.dynamic_update_slice(k_cache_BxSxKxDh, k_new, (0, index, 0, 0))
-                values_BxSxKxDh = jax.lax.dynamic_update_slice(v_cache_BxSxKxDh, v_new, (0, index, 0, 0))
-                attn_BxLxHxDh = attention(q_BxLxHxDh, keys_BxSxKxDh.astype(x_BxLxD.dtype),
-                                          values_BxSxKxDh.astype(x_BxLxD.dtype), mask_BxLxS)
+                attn_BxLxHxDh = two_part_attention(q_BxLxHxDh, k_cache_BxSxKxDh, v_cache_BxSxKxDh, mask_old_BxLxS,
+                                                   k_BxLxKxDh, v_BxLxKxDh, mask_new_BxLxL)
                 return _finish(cfg, x_BxLxD, p, attn_BxLxHxDh), (k_new, v_new)
 
             if cfg.remat:

@@ -39,6 +39,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.sampling.max_new_tokens = 48      # per assistant turn
   c.sampling.max_len = 320            # KV-cache capacity (prompt + all turns)
   c.sampling.chunk_size = 8           # decode steps per jitted chunk between stop-string checks
+  c.sampling.prompt_bucket = 32       # prompts are left-padded to a multiple (fewer wasted prefill tokens)
 
   c.rollout = ml_collections.ConfigDict()
   c.rollout.prompts_per_step = 2      # P groups per RL step
@@ -82,10 +83,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.compilation_cache_dir = "~/.cache/jaxcredit/xla"  # persistent XLA cache ("" = off); reruns skip compiles
 
   c.sft = ml_collections.ConfigDict()
-  c.sft.steps = 30                    # supervised warm-start steps before RL (0 = none)
+  c.sft.steps = 12                    # supervised warm-start steps before RL (0 = none)
   c.sft.batch_size = 4
   c.sft.learning_rate = 1e-4
   c.sft.warmup_steps = 3
+  c.sft.length_bucket = 64            # demonstrations are similar in length: a tighter bucket wastes less
 
   c.eval = ml_collections.ConfigDict()
   c.eval.num_tasks = 64               # held-out tasks (fixed seed)

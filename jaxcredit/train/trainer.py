@@ -83,7 +83,7 @@ def build(config: ml_collections.ConfigDict) -> Run:
   p_sh = sharding.param_shardings(params, mesh)
   params = jax.device_put(params, p_sh)
   sampler = Sampler(model, max_len=config.sampling.max_len, pad_id=tok.pad_id,
-                    chunk_size=config.sampling.chunk_size, prompt_bucket=128,
+                    chunk_size=config.sampling.chunk_size, prompt_bucket=config.sampling.prompt_bucket,
                     batch_buckets=tuple(sorted({config.rollout.prompts_per_step * config.rollout.group_size,
                                                 config.eval.batch_size})))
   train_tasks = arithmetic.make_tasks("train", config.env.num_train_tasks, seed=config.seed)
@@ -160,7 +160,7 @@ def warm_start(run: Run, params) -> Any:
     demos = [build_demonstration(run.tok, run.fmt, arithmetic.demonstration(run.train_tasks[int(i)], rng))
              for i in next(data)]
     traj = pack(demos, [0.0] * len(demos), list(range(len(demos))), max_turns=c.env.max_tool_calls + 1,
-                pad_id=run.tok.pad_id, length_bucket=c.train.length_bucket)
+                pad_id=run.tok.pad_id, length_bucket=c.sft.length_bucket)
     batch = _batch(traj, np.zeros(traj.tokens_BxL.shape, np.float32), None)
     params, opt_state, m = update(params, opt_state, sharding.shard_batch(batch, run.mesh))
     m = jax.device_get(m)
