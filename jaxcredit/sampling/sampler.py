@@ -158,10 +158,11 @@ def _top_p_keep(logp_BxV: jax.Array, top_p: jax.Array) -> jax.Array:
     return u_BxV <= lo_B[:, None]
 
 
-def _prefill(graphdef, cfg, max_len, cache_dtype, traces, state, tokens_BxP, mask_BxP):
+def _prefill(graphdef, traces, state, cache, tokens_BxP, mask_BxP):
     traces["prefill"] += 1  # runs at trace time only: counts compilations
     model = nnx.merge(graphdef, state)
-    cache = init_cache(cfg, tokens_BxP.shape[0], max_len, dtype=cache_dtype)
+    # The empty cache comes in as an argument (donated): built inside the jit it would be a constant, and XLA
+    # would spend seconds constant-folding attention over its all-masked slots.
     positions_BxP = jnp.maximum(jnp.cumsum(mask_BxP.astype(jnp.int32), axis=-1) - 1, 0)
     h_BxPxD, cache = model.hidden_states(tokens_BxP, positions_BxL=positions_BxP, token_mask_BxL=mask_BxP,
                                          cache=cache)
@@ -249,9 +250,8 @@ class Sampler:
         self._graphdef, self._state = nnx.split(model)
         self._shardings = jax.tree.map(lambda x: x.sharding, self._state)
         self._traces = collections.Counter()
-        dtype = jnp.dtype(cache_dtype if cache_dtype is not None else self.cfg.dtype)
-        self._prefill = jax.jit(functools.partial(_prefill, self._graphdef, self.cfg, self.max_len, dtype,
-                                                  self._traces))
+        self._cache_dtype = jnp.dtype(cache_dtype if cache_dtype is not None else self.cfg.dtype)
+        self._prefill = jax.jit(functools.partial(_prefill, self._graphdef, self._traces), donate_argnums=(1,))
         self._decode = jax.jit(functools.partial(_decode_chunk, self._graphdef, self.chunk_size, self.pad_id,
                                                  self._traces),
                                donate_argnums=(1,))
@@ -341,7 +341,8 @@ class Sampler:
             tokens_BxP[i, width - len(row):] = row
             mask_BxP[i, width - len(row):] = True
 
-        logits_BxV, cache = self._prefill(self._state, tokens_BxP, mask_BxP)
+        cache = init_cache(self.cfg, padded_batch, self.max_len, dtype=self._cache_dtype)
+        logits_BxV, cache = self._prefill(self._state, cache, tokens_BxP, mask_BxP)
         carry = _Carry(cache, logits_BxV, jnp.asarray(np.arange(padded_batch) >= batch), jnp.zeros((), jnp.int32),
                        jnp.asarray(lengths_B))
         temperature = jnp.float32(params.temperature)

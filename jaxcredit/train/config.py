@@ -15,7 +15,7 @@ def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.workdir = "runs/default"          # checkpoints, metrics.jsonl, tensorboard/, curves.png
   c.seed = 0
-  c.total_steps = 8                   # RL steps (run-length key: may change on resume)
+  c.total_steps = 6                   # RL steps (run-length key: may change on resume)
   c.log_every = 1
   c.checkpoint_every = 4              # RL steps between checkpoints (the last step is always saved)
   c.max_checkpoints_to_keep = 2
@@ -37,7 +37,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.sampling.temperature = 0.8
   c.sampling.top_p = 1.0
   c.sampling.max_new_tokens = 48      # per assistant turn
-  c.sampling.max_len = 320            # KV-cache capacity (prompt + all turns)
+  c.sampling.max_len = 288            # KV-cache capacity (prompt + all turns); a rollout that cannot fit another turn ends
   c.sampling.chunk_size = 8           # decode steps per jitted chunk between stop-string checks
   c.sampling.prompt_bucket = 32       # prompts are left-padded to a multiple (fewer wasted prefill tokens)
 
@@ -83,7 +83,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.compilation_cache_dir = "~/.cache/jaxcredit/xla"  # persistent XLA cache ("" = off); reruns skip compiles
 
   c.sft = ml_collections.ConfigDict()
-  c.sft.steps = 12                    # supervised warm-start steps before RL (0 = none)
+  c.sft.steps = 10                    # supervised warm-start steps before RL (0 = none)
   c.sft.batch_size = 4
   c.sft.learning_rate = 1e-4
   c.sft.warmup_steps = 3
