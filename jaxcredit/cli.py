@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
   try:
     trainer.train(config, sft_only=(command == "sft"))
-  except (ValueError, NotImplementedError, FileNotFoundError) as e:
+  except (ValueError, NotImplementedError, FileNotFoundError, FloatingPointError) as e:
     print(f"jaxcredit {command}: error: {e}", file=sys.stderr)
     return 1
   return 0

@@ -228,6 +228,10 @@ def train(config: ml_collections.ConfigDict, *, sft_only: bool = False) -> dict:
   bar = _bar(c, total=c.total_steps, initial=rl_step, desc="RL")
   for rl_step in range(rl_step + 1, c.total_steps + 1):
     params, opt_state, row = rl_step_fn(run, params, opt_state, ref_params, data, update, ref_logp, rl_step, g)
+    if not (np.isfinite(row["loss"]) and np.isfinite(row["grad_norm"])):
+      raise FloatingPointError(
+          f"RL step {rl_step}: loss {row['loss']}, grad norm {row['grad_norm']}; stopping before this state is "
+          f"checkpointed (latest good checkpoint: step {run.ckpt.latest_step()} in {run.ckpt.directory})")
     bar.update(1)
     bar.set_postfix(reward=f"{row['reward_mean']:.2f}", loss=f"{row['loss']:.3f}", tools=f"{row['tool_calls']:.1f}")
     if rl_step % c.checkpoint_every == 0 or rl_step == c.total_steps:
