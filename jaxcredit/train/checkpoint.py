@@ -44,8 +44,12 @@ def training_key_diff(saved: dict, current: dict) -> list[str]:
   return [k for k in keys if a.get(k, "<missing>") != b.get(k, "<missing>")]
 
 
-def check_or_write_config(workdir: str, config_dict: dict) -> bool:
+def check_or_write_config(workdir: str, config_dict: dict, *, write: bool = True) -> bool:
   """Refuses a workdir trained with different training keys; writes config.json for a new run.
+
+  Args:
+    write: False only checks; the trainer checks first and writes once the run is built, so a config that
+      fails to build (bad mesh, missing model) leaves nothing behind that would block its corrected rerun.
 
   Returns:
     True if the workdir already held a run with a compatible config.
@@ -65,10 +69,12 @@ def check_or_write_config(workdir: str, config_dict: dict) -> bool:
       raise ValueError(
           f"workdir {workdir} holds a run trained with different training keys; refusing to resume or "
           f"overwrite it:\n{lines}\nUse a new --config.workdir, or set these keys back.")
-    _atomic_write_json(path, config_dict)  # run-length keys may change
+    if write:
+      _atomic_write_json(path, config_dict)  # run-length keys may change
     return True
-  os.makedirs(workdir, exist_ok=True)
-  _atomic_write_json(path, config_dict)
+  if write:
+    os.makedirs(workdir, exist_ok=True)
+    _atomic_write_json(path, config_dict)
   return False
 
 

@@ -67,7 +67,7 @@ def _bar(config, **kw):
 def build(config: ml_collections.ConfigDict) -> Run:
   config_lib.validate(config)
   adv_lib.check_method_supported(config.credit.method)
-  ckpt_lib.check_or_write_config(config.workdir, config.to_dict())
+  ckpt_lib.check_or_write_config(config.workdir, config.to_dict(), write=False)
   if config.compilation_cache_dir:
     jax.config.update("jax_compilation_cache_dir", os.path.expanduser(config.compilation_cache_dir))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
@@ -88,6 +88,7 @@ def build(config: ml_collections.ConfigDict) -> Run:
                                                 config.eval.batch_size})))
   train_tasks = arithmetic.make_tasks("train", config.env.num_train_tasks, seed=config.seed)
   eval_tasks = arithmetic.make_tasks("eval", config.eval.num_tasks)
+  ckpt_lib.check_or_write_config(config.workdir, config.to_dict())
   return Run(config=config, mesh=mesh, tok=tok, fmt=ChatFormat.from_tokenizer(tok), graphdef=graphdef,
              rest=rest, params=params, params_shardings=p_sh, sampler=sampler, train_tasks=train_tasks,
              eval_tasks=eval_tasks, writer=metrics_lib.MetricsWriter(config.workdir, tensorboard=config.tensorboard,

@@ -32,3 +32,10 @@ def test_unknown_command_and_help():
   assert p.returncode == 2 and "unknown command 'fly'" in p.stderr
   p = _cli("--help")
   assert p.returncode == 0 and "train" in p.stdout and "sft" in p.stdout
+
+
+def test_config_that_fails_to_build_leaves_nothing_behind(tmp_path):
+  p = _cli("train", "--config", "configs/quickstart.py", "--config.mesh.data=3", f"--config.workdir={tmp_path}/w")
+  assert p.returncode == 1
+  assert "config.mesh" in p.stderr and "needs 3 devices" in p.stderr
+  assert not os.path.exists(tmp_path / "w" / "config.json")
