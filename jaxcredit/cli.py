@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 COMMANDS = {
@@ -20,6 +21,15 @@ def _usage() -> str:
   return "\n".join(lines)
 
 
+def _config_path(args: list[str]) -> str | None:
+  for i, a in enumerate(args):
+    if a.startswith("--config="):
+      return a.split("=", 1)[1]
+    if a == "--config" and i + 1 < len(args):
+      return args[i + 1]
+  return None
+
+
 def main(argv: list[str] | None = None) -> int:
   argv = list(sys.argv if argv is None else argv)
   if len(argv) < 2 or argv[1] in ("-h", "--help", "help"):
@@ -28,6 +38,15 @@ def main(argv: list[str] | None = None) -> int:
   command = argv[1]
   if command not in COMMANDS:
     print(f"jaxcredit: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
+    return 2
+
+  if not any(a == "--config" or a.startswith("--config=") for a in argv[2:]):
+    print(f"jaxcredit {command}: --config is required\n\n{_usage()}", file=sys.stderr)
+    return 2
+
+  path = _config_path(argv[2:])
+  if path is not None and not os.path.isfile(path) and not os.path.isfile(path.split(":")[0]):
+    print(f"jaxcredit {command}: config file not found: {path}", file=sys.stderr)
     return 2
 
   from absl import flags
@@ -44,12 +63,17 @@ def main(argv: list[str] | None = None) -> int:
   except (KeyError, AttributeError, ValueError, TypeError) as e:
     print(f"jaxcredit {command}: bad config override: {e}", file=sys.stderr)
     return 2
-  config = flag_values.config
+  except OSError as e:  # raised here by some versions, on first access by others
+    print(f"jaxcredit {command}: cannot load the config file: {e}", file=sys.stderr)
+    return 2
+  try:
+    config = flag_values.config
+  except OSError as e:
+    print(f"jaxcredit {command}: cannot load the config file: {e}", file=sys.stderr)
+    return 2
   if config is None:
     print(f"jaxcredit {command}: --config is required\n\n{_usage()}", file=sys.stderr)
     return 2
-
-  import os
 
   if os.environ.get("JAXCREDIT_DISTRIBUTED") == "1":
     import jax

@@ -6,7 +6,11 @@ Every key is documented where it is set. Unknown keys on the command line are re
 
 from __future__ import annotations
 
+import math
+
 import ml_collections
+
+from jaxcredit.train.loss import AGGREGATIONS, KL_ESTIMATORS
 
 CREDIT_METHODS = ("grpo", "drgrpo", "rloo", "trace", "crest", "toolopd", "hsd", "gear", "opd")
 
@@ -116,10 +120,26 @@ def validate(c: ml_collections.ConfigDict) -> None:
     raise ValueError(f"config.sft.steps must be >= 0, got {c.sft.steps}")
   if c.env.max_tool_calls < 0:
     raise ValueError(f"config.env.max_tool_calls must be >= 0, got {c.env.max_tool_calls}")
+  # Written as `not (x > 0)` so that NaN fails too.
   if not 0 < c.sampling.top_p <= 1:
     raise ValueError(f"config.sampling.top_p must be in (0, 1], got {c.sampling.top_p}")
-  if c.sampling.temperature <= 0:
-    raise ValueError(f"config.sampling.temperature must be > 0, got {c.sampling.temperature}")
+  positive = {"sampling.temperature": c.sampling.temperature, "optim.learning_rate": c.optim.learning_rate,
+              "sft.learning_rate": c.sft.learning_rate, "credit.eps": c.credit.eps}
+  for key, v in positive.items():
+    if not (math.isfinite(v) and v > 0):
+      raise ValueError(f"config.{key} must be a finite number > 0, got {v}")
+  non_negative = {"credit.beta": c.credit.beta, "loss.kl_coef": c.loss.kl_coef, "loss.eps_low": c.loss.eps_low,
+                  "loss.eps_high": c.loss.eps_high, "optim.weight_decay": c.optim.weight_decay}
+  for key, v in non_negative.items():
+    if not (math.isfinite(v) and v >= 0):
+      raise ValueError(f"config.{key} must be a finite number >= 0, got {v}")
+  choices = {"loss.aggregation": (c.loss.aggregation, AGGREGATIONS),
+             "loss.kl_estimator": (c.loss.kl_estimator, KL_ESTIMATORS),
+             "credit.dense_norm": (c.credit.dense_norm, ("group_rms", "none")),
+             "credit.gold_reduce": (c.credit.gold_reduce, ("sum", "mean"))}
+  for key, (v, allowed) in choices.items():
+    if v not in allowed:
+      raise ValueError(f"config.{key} must be one of {allowed}, got {v!r}")
   if c.rollout.group_size < 2 and c.credit.method in ("grpo", "drgrpo", "rloo", "trace"):
     raise ValueError(f"config.rollout.group_size must be >= 2 for {c.credit.method} (a group baseline), "
                      f"got {c.rollout.group_size}")

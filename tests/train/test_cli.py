@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -39,3 +41,22 @@ def test_config_that_fails_to_build_leaves_nothing_behind(tmp_path):
   assert p.returncode == 1
   assert "config.mesh" in p.stderr and "needs 3 devices" in p.stderr
   assert not os.path.exists(tmp_path / "w" / "config.json")
+
+
+@pytest.mark.parametrize("override,key", [
+    ("--config.loss.aggregation=bogus", "loss.aggregation"),
+    ("--config.sampling.temperature=nan", "sampling.temperature"),
+    ("--config.optim.learning_rate=-1", "optim.learning_rate"),
+    ("--config.credit.gold_reduce=max", "credit.gold_reduce"),
+])
+def test_bad_values_are_refused_before_anything_is_written(tmp_path, override, key):
+  p = _cli("train", "--config", "configs/quickstart.py", override, f"--config.workdir={tmp_path}/w")
+  assert p.returncode == 1 and key in p.stderr, p.stderr[-2000:]
+  assert not os.path.exists(tmp_path / "w")
+
+
+def test_missing_config_file_and_missing_flag(tmp_path):
+  p = _cli("train", "--config", "configs/nope.py")
+  assert p.returncode == 2 and "config file not found: configs/nope.py" in p.stderr and "Traceback" not in p.stderr
+  p = _cli("train", f"--config.workdir={tmp_path}/w")
+  assert p.returncode == 2 and "--config is required" in p.stderr
