@@ -51,6 +51,9 @@ class Shapes:
           raise ValueError(
               f"{self.fn}: `{name}` must have shape [{spec}], got shape {tuple(x.shape)} "
               f"(axis {axis} needs at least {offset} entries).")
+        if letter == "G" and size - offset == 0:
+          raise ValueError(f"{self.fn}: `{name}` has an empty group axis (shape {tuple(x.shape)}); a group needs "
+                           f"at least one rollout.")
         self.sizes[letter] = size - offset
 
   def float(self, name: str, x: Any, spec: str) -> jax.Array:

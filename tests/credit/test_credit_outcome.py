@@ -171,3 +171,13 @@ def test_grpo_knob_errors(kwargs, knob):
 def test_traced_knob_is_refused_by_name():
   with pytest.raises(ValueError, match="`eps` must be a static"):
     jax.jit(lambda r, e: credit.grpo_advantages(r, eps=e))(np.zeros(3), 1e-6)
+
+
+def test_empty_group_is_refused_by_name():
+  import jax.numpy as jnp
+  import pytest as _pytest
+  from jaxcredit import credit as _credit
+  with _pytest.raises(ValueError, match="empty group axis"):
+    _credit.grpo_advantages(jnp.zeros((0,)))
+  with _pytest.raises(ValueError, match="empty group axis"):
+    _credit.rloo_advantages(jnp.zeros((0,)))
