@@ -107,11 +107,6 @@ def aggregate(
   raise ValueError(f"aggregation mode must be one of {AGGREGATIONS}, got {mode!r}")
 
 
-def safe_ratio(numerator: jax.Array, denominator: jax.Array) -> jax.Array:
-  """numerator / denominator, 0 when the denominator is 0 (an all-masked batch has no loss)."""
-  return jnp.where(denominator > 0, numerator / jnp.maximum(denominator, 1e-12), 0.0)
-
-
 def kl_penalty(logp_BxL: jax.Array, ref_logp_BxL: jax.Array, kind: str = "k3", *, clamp: float = 10.0) -> jax.Array:
   """Per-token estimate of KL(π ‖ π_ref) from the sampled token's log-probs (Schulman 2020, "Approximating
   KL divergence").

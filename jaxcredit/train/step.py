@@ -180,5 +180,3 @@ def opt_state_shardings(optimizer, params, params_shardings, mesh):
 
   return jax.tree_util.tree_map_with_path(pick, abstract)
 
-
-Batch = dict[str, Any]
