@@ -11,7 +11,7 @@ Shape letters: B sequences, L tokens, M micro-batches.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
