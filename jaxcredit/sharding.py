@@ -1,36 +1,81 @@
-"""The one place for sharding rules: mesh construction and how batches and parameters are laid out.
+"""The one place for sharding rules: the mesh, and the table from logical axes to mesh axes.
 
-Mesh axes: data (pure data parallel), fsdp (data parallel with parameters and optimizer state sharded),
-tensor (reserved for tensor parallel; size 1 until the model annotates its logical axes).
+Mesh axes (MaxText's names): data (pure data parallel), fsdp (data parallel with parameters and optimizer state
+sharded), expert (expert parallel: the experts of a MoE layer; batch otherwise), tensor (tensor parallel: heads,
+MLP width, vocabulary).
 
-Rules (MaxText style, a table the config can change):
-  batch  -> ("data", "fsdp")   the leading axis of every batch array
-  params -> "fsdp" on the largest parameter axis divisible by the fsdp size (the stacked-layer axis 0 of
-            scanned parameters is skipped), replicated otherwise.
+Every parameter and the main activations carry logical axis names (`jaxcredit.models.decoder.param_logical_axes`,
+`constrain` calls in the decoder); `RULES` maps each logical name to mesh axes. A mesh axis whose size does not
+divide the dimension is dropped for that array (it is replicated over that axis instead), and a mesh axis is
+used at most once per array. Override rules with `config.sharding_rules` (a dict name -> axis, tuple or None).
+
+    logical name        mesh axes                   used by
+    batch               (data, fsdp, expert)        leading axis of every batch array
+    activation_batch    (data, fsdp, expert)        activations' batch axis
+    activation_length   None                        sequence axis
+    activation_embed    None                        residual stream width
+    activation_heads    tensor                      attention heads of activations
+    activation_kv_heads tensor
+    activation_mlp      tensor                      MLP width of activations
+    activation_expert   expert                      expert axis of dense-MoE activations
+    activation_vocab    tensor                      logits' vocabulary axis
+    layers              None                        the stacked-layer axis of scanned parameters
+    embed               fsdp                        D of every weight matrix
+    vocab               tensor                      V of the embedding and the head
+    q_heads, kv_heads   tensor                      H, K of the attention projections
+    head_dim            None
+    mlp                 tensor                      F (and Fm) of the MLPs
+    expert              expert                      E of the expert weights
+    router_experts      None                        E of the router (small)
+    norm                None                        norm weights
 """
 
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from typing import Any, Mapping, Sequence
 
 import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-MESH_AXES = ("data", "fsdp", "tensor")
-BATCH_AXES = ("data", "fsdp")
+MESH_AXES = ("data", "fsdp", "expert", "tensor")
+BATCH_AXES = ("data", "fsdp", "expert")
+
+RULES: dict[str, Any] = {
+    "batch": BATCH_AXES,
+    "activation_batch": BATCH_AXES,
+    "activation_length": None,
+    "activation_embed": None,
+    "activation_heads": "tensor",
+    "activation_kv_heads": "tensor",
+    "activation_mlp": "tensor",
+    "activation_expert": "expert",
+    "activation_vocab": "tensor",
+    "layers": None,
+    "embed": "fsdp",
+    "vocab": "tensor",
+    "q_heads": "tensor",
+    "kv_heads": "tensor",
+    "head_dim": None,
+    "mlp": "tensor",
+    "expert": "expert",
+    "router_experts": None,
+    "norm": None,
+}
+
+_active_rules: dict[str, Any] = dict(RULES)
 
 
 def make_mesh(shape: Mapping[str, int], devices=None) -> Mesh:
-  """Builds a Mesh over `devices` (default: all) with axes MESH_AXES.
+  """Builds a Mesh over `devices` (default: all) with axes MESH_AXES (Auto axis types).
 
   Args:
-    shape: sizes per axis name, e.g. {"data": 1, "fsdp": 8, "tensor": 1}. One axis may be -1: it takes
+    shape: sizes per axis name, e.g. {"data": 1, "fsdp": 8}; missing axes have size 1. One axis may be -1: it takes
       the devices the others leave.
 
   Raises:
-    ValueError: an unknown axis, more than one -1, or sizes whose product is not the device count.
+    ValueError: an unknown axis, more than one -1, or sizes whose product exceeds the device count.
   """
   unknown = set(shape) - set(MESH_AXES)
   if unknown:
@@ -53,48 +98,139 @@ def make_mesh(shape: Mapping[str, int], devices=None) -> Mesh:
                        devices=devices[:n])
 
 
+def rules_to_config(rules: Mapping[str, Any] = RULES) -> dict[str, str]:
+  """The table as config strings: "" for None, "a,b" for a tuple (so `--config.sharding_rules.mlp=` works)."""
+  return {name: ",".join(_as_tuple(axes)) for name, axes in rules.items()}
+
+
+def resolve_rules(overrides: Mapping[str, Any] | None) -> dict[str, Any]:
+  """RULES updated with `overrides` (values: None, a mesh axis, a tuple/list of them, or a config string "" /
+  "axis" / "a,b"), checked.
+
+  Raises:
+    ValueError: an unknown logical name or a mesh axis not in MESH_AXES, naming the key.
+  """
+  rules = dict(RULES)
+  for name, axes in dict(overrides or {}).items():
+    if name not in RULES:
+      raise ValueError(f"config.sharding_rules: unknown logical axis {name!r}; known: {sorted(RULES)}")
+    if isinstance(axes, str):
+      axes = tuple(a.strip() for a in axes.split(",") if a.strip())
+    axes = tuple(axes) if isinstance(axes, (list, tuple)) else axes
+    for axis in _as_tuple(axes):
+      if axis not in MESH_AXES:
+        raise ValueError(f"config.sharding_rules.{name}: unknown mesh axis {axis!r}; known: {MESH_AXES}")
+    if isinstance(axes, tuple):
+      axes = None if not axes else axes[0] if len(axes) == 1 else axes
+    rules[name] = axes
+  return rules
+
+
+def set_rules(overrides: Mapping[str, Any] | None) -> dict[str, Any]:
+  """Makes `resolve_rules(overrides)` the active table (None restores the defaults); returns it."""
+  global _active_rules
+  _active_rules = resolve_rules(overrides)
+  return _active_rules
+
+
+def _as_tuple(axes) -> tuple[str, ...]:
+  if axes is None:
+    return ()
+  return tuple(axes) if isinstance(axes, (list, tuple)) else (axes,)
+
+
+def logical_to_spec(logical: Sequence[str | None], shape: Sequence[int], mesh_shape: Mapping[str, int],
+                    rules: Mapping[str, Any] | None = None) -> P:
+  """The PartitionSpec of an array with these logical axes and this shape.
+
+  Each dimension takes the mesh axes its logical name maps to, keeping only axes of size > 1 that are not used by
+  an earlier dimension and whose product still divides the dimension.
+  """
+  rules = _active_rules if rules is None else rules
+  if len(logical) != len(shape):
+    raise ValueError(f"logical axes {tuple(logical)} do not match shape {tuple(shape)}")
+  used: set[str] = set()
+  spec = []
+  for name, dim in zip(logical, shape):
+    if name is not None and name not in rules:
+      raise ValueError(f"unknown logical axis {name!r}; known: {sorted(rules)}")
+    chosen: list[str] = []
+    for axis in _as_tuple(rules.get(name) if name is not None else None):
+      size = mesh_shape.get(axis, 1)
+      if size <= 1 or axis in used:
+        continue
+      if dim % (math.prod(mesh_shape[a] for a in chosen) * size) == 0:
+        chosen.append(axis)
+    used.update(chosen)
+    spec.append(None if not chosen else chosen[0] if len(chosen) == 1 else tuple(chosen))
+  while spec and spec[-1] is None:
+    spec.pop()
+  return P(*spec)
+
+
+def constrain(x: jax.Array, logical: Sequence[str | None]) -> jax.Array:
+  """`with_sharding_constraint` by logical axes under the context mesh (`jax.set_mesh`); a no-op without one."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or mesh.size == 1:
+    return x
+  spec = logical_to_spec(logical, x.shape, dict(mesh.shape))
+  return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+
 def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
-  """Leading axis over the data-parallel axes, the rest replicated."""
-  return NamedSharding(mesh, P(BATCH_AXES, *([None] * (ndim - 1))))
+  """Leading axis over the batch axes, the rest replicated."""
+  return NamedSharding(mesh, P(_batch_axes(mesh), *([None] * (ndim - 1))))
+
+
+def _batch_axes(mesh: Mesh) -> tuple[str, ...]:
+  return tuple(a for a in _as_tuple(_active_rules["batch"]) if a in mesh.shape)
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 
 
-def param_spec(shape: tuple[int, ...], fsdp: int, *, stacked: bool) -> P:
-  """PartitionSpec for one parameter under the fsdp rule above."""
-  if fsdp <= 1 or not shape:
-    return P()
-  first = 1 if stacked and len(shape) > 1 else 0
-  candidates = [(shape[i], i) for i in range(first, len(shape)) if shape[i] % fsdp == 0]
-  if not candidates:
-    return P()
-  _, axis = max(candidates)
-  spec = [None] * len(shape)
-  spec[axis] = "fsdp"
-  return P(*spec)
+def param_shardings(params, mesh: Mesh, logical_axes: Mapping[str, tuple] | None = None):
+  """NamedShardings for a parameter pytree (an nnx.State or nested dict of the decoder's parameters).
 
+  Args:
+    params: the pytree; leaf paths end with a parameter path such as layers/wq.
+    mesh: the mesh.
+    logical_axes: parameter path -> logical axes (`jaxcredit.models.decoder.param_logical_axes(cfg)`); default:
+      derived from the leaf path and rank (`default_logical_axes`).
 
-def param_shardings(params, mesh: Mesh, stacked_paths: tuple[str, ...] = ("layers",)):
-  """NamedShardings for a parameter pytree (optimizer states follow their parameter's layout)."""
-  fsdp = mesh.shape["fsdp"]
+  Raises:
+    ValueError: a parameter whose path is not in the table.
+  """
+  from jaxcredit.models.decoder import default_logical_axes  # late: models imports this module
+
+  mesh_shape = dict(mesh.shape)
 
   def one(path, x):
-    keys = "/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
-    stacked = any(s in keys for s in stacked_paths)
-    return NamedSharding(mesh, param_spec(tuple(np.shape(x)), fsdp, stacked=stacked))
+    keys = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
+    keys = [k for k in keys if k != "value"]
+    name = "/".join(keys)
+    table = logical_axes if logical_axes is not None else None
+    logical = None
+    if table is not None:
+      for n in range(len(keys)):
+        logical = table.get("/".join(keys[n:]))
+        if logical is not None:
+          break
+    if logical is None:
+      logical = default_logical_axes(name, np.ndim(x))
+    return NamedSharding(mesh, logical_to_spec(logical, np.shape(x), mesh_shape))
 
   return jax.tree_util.tree_map_with_path(one, params)
 
 
 def shard_batch(batch, mesh: Mesh):
-  """Places every array of a batch pytree with its leading axis over the data-parallel axes.
+  """Places every array of a batch pytree with its leading axis over the batch axes.
 
   Raises:
     ValueError: if a leading axis is not divisible by the data-parallel size.
   """
-  dp = mesh.shape["data"] * mesh.shape["fsdp"]
+  dp = math.prod(mesh.shape[a] for a in _batch_axes(mesh))
 
   def put(x):
     x = np.asarray(x)
@@ -102,7 +238,7 @@ def shard_batch(batch, mesh: Mesh):
       return jax.device_put(x, replicated(mesh))
     if x.shape[0] % dp:
       raise ValueError(f"batch axis {x.shape[0]} is not divisible by the data-parallel size {dp} "
-                       f"(config.mesh data*fsdp); change the number of rollouts per step")
+                       f"(config.mesh data*fsdp*expert); change the number of rollouts per step")
     return jax.device_put(x, batch_sharding(mesh, x.ndim))
 
   return jax.tree_util.tree_map(put, batch)

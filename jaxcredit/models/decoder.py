@@ -16,6 +16,7 @@ new slots in place.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, Mapping
 
 import flax.struct
@@ -24,13 +25,61 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxcredit.models.chunked_attention import chunked_causal_attention
 from jaxcredit.models.config import ModelConfig
+from jaxcredit.sharding import constrain
 
 # Added to masked attention scores before the float32 softmax; finite so that a fully masked row stays finite.
 _MASKED_SCORE = -1e30
 
 # Per-layer parameter names in the stacked `DecoderLayers` module.
-_LAYER_PARAMS = ("attn_norm", "wq", "wk", "wv", "wo", "q_norm", "k_norm", "mlp_norm", "w_gate", "w_up", "w_down")
+_LAYER_PARAMS = ("attn_norm", "wq", "wk", "wv", "wo", "q_norm", "k_norm", "mlp_norm", "w_gate", "w_up", "w_down",
+                 "router", "we_gate", "we_up", "we_down")
+
+
+# Logical axes (see jaxcredit.sharding) of every parameter, by the '/'-joined path under the Decoder.
+_PARAM_LOGICAL_AXES = {
+    "embedding": ("vocab", "embed"),
+    "lm_head": ("embed", "vocab"),
+    "final_norm": ("norm",),
+    "layers/attn_norm": ("layers", "norm"),
+    "layers/mlp_norm": ("layers", "norm"),
+    "layers/q_norm": ("layers", "norm"),
+    "layers/k_norm": ("layers", "norm"),
+    "layers/wq": ("layers", "embed", "q_heads", "head_dim"),
+    "layers/wk": ("layers", "embed", "kv_heads", "head_dim"),
+    "layers/wv": ("layers", "embed", "kv_heads", "head_dim"),
+    "layers/wo": ("layers", "q_heads", "head_dim", "embed"),
+    "layers/w_gate": ("layers", "embed", "mlp"),
+    "layers/w_up": ("layers", "embed", "mlp"),
+    "layers/w_down": ("layers", "mlp", "embed"),
+    "layers/router": ("layers", "embed", "router_experts"),
+    "layers/we_gate": ("layers", "expert", "embed", "mlp"),
+    "layers/we_up": ("layers", "expert", "embed", "mlp"),
+    "layers/we_down": ("layers", "expert", "mlp", "embed"),
+}
+ACTIVATION_AXES = ("activation_batch", "activation_length", "activation_embed")
+
+
+def param_logical_axes(cfg: ModelConfig) -> dict[str, tuple[str, ...]]:
+    """Logical axis names of every parameter of `Decoder(cfg)` by '/'-joined path (see jaxcredit.sharding)."""
+    return {name: _PARAM_LOGICAL_AXES[name] for name in param_shapes(cfg)}
+
+
+def default_logical_axes(path: str, ndim: int) -> tuple[str | None, ...]:
+    """The logical axes of the parameter whose path ends `path` (optimizer states nest parameter paths).
+
+    Raises:
+      ValueError: a path that names no decoder parameter, or a rank that does not match it.
+    """
+    for name, logical in _PARAM_LOGICAL_AXES.items():
+        if path == name or path.endswith("/" + name):
+            if len(logical) != ndim:
+                raise ValueError(f"parameter {path!r} has rank {ndim}; its logical axes are {logical}")
+            return logical
+    if ndim == 0:
+        return ()
+    raise ValueError(f"no sharding rule for parameter {path!r}; known parameters: {sorted(_PARAM_LOGICAL_AXES)}")
 
 
 class KVCache(flax.struct.PyTreeNode):
@@ -94,15 +143,79 @@ def rms_norm(x_BxLxD: jax.Array, w_D: jax.Array, eps: float) -> jax.Array:
     return (w_D.astype(jnp.float32) * x32).astype(x_BxLxD.dtype)
 
 
-def rope_cos_sin(positions_BxL: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+def rope_inv_freq(cfg: ModelConfig) -> tuple[np.ndarray, float]:
+    """RoPE inverse frequencies [Dh/2] (float32) and the cos/sin scale, as Hugging Face `ROPE_INIT_FUNCTIONS`.
+
+    default: inv_freq_i = theta^(-2i/Dh). linear: inv_freq / factor. llama3: low frequencies divided by factor,
+    high ones kept, a smooth ramp between (Llama 3.1). yarn: NTK-by-parts interpolation between inv_freq and
+    inv_freq / factor with the beta_fast/beta_slow ramp, and cos/sin scaled by attention_factor (default
+    0.1 ln(factor) + 1) (Peng et al. 2023, arXiv:2309.00071).
+    """
+    dim = cfg.head_dim
+    base = float(cfg.rope_theta)
+    scaling = dict(cfg.rope_scaling)
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    pos_freqs = (base ** (np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / np.float32(dim))).astype(
+        np.float32)
+    inv_freq = (np.float32(1.0) / pos_freqs).astype(np.float32)
+    if rope_type == "default":
+        return inv_freq, 1.0
+    factor = float(scaling["factor"])
+    if rope_type == "linear":
+        return (inv_freq / np.float32(factor)).astype(np.float32), 1.0
+    original = float(scaling["original_max_position_embeddings"])
+    if rope_type == "llama3":
+        low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+        wavelen = 2 * math.pi / inv_freq
+        out = np.where(wavelen > original / low, inv_freq / factor, inv_freq)
+        smooth = (original / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * out / factor + smooth * out
+        medium = ~(wavelen < original / high) & ~(wavelen > original / low)
+        return np.where(medium, smoothed, out).astype(np.float32), 1.0
+    # yarn
+    attention_factor = scaling.get("attention_factor")
+    if attention_factor is None:
+        def get_mscale(scale, mscale=1.0):
+            return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+        mscale, mscale_all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
+        attention_factor = (get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim)
+                            if mscale and mscale_all_dim else get_mscale(factor))
+    beta_fast = scaling.get("beta_fast") or 32
+    beta_slow = scaling.get("beta_slow") or 1
+
+    def correction_dim(rotations):
+        return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    lo, hi = correction_dim(beta_fast), correction_dim(beta_slow)
+    if scaling.get("truncate", True):
+        lo, hi = math.floor(lo), math.ceil(hi)
+    lo, hi = max(lo, 0), min(hi, dim - 1)
+    if lo == hi:
+        hi += 0.001
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float32) - lo) / (hi - lo), 0, 1).astype(np.float32)
+    extrapolation_factor = (1 - ramp).astype(np.float32)
+    interpolation = (np.float32(1.0) / (np.float32(factor) * pos_freqs)).astype(np.float32)
+    out = interpolation * (1 - extrapolation_factor) + inv_freq * extrapolation_factor
+    return out.astype(np.float32), float(attention_factor)
+
+
+def rope_cos_sin(positions_BxL: jax.Array, head_dim: int, theta: float,
+                 cfg: ModelConfig | None = None) -> tuple[jax.Array, jax.Array]:
     """Rotary tables in the Hugging Face layout: float32 cos and sin of shape [B, L, Dh].
 
-    inv_freq_i = theta^(-2i/Dh) for i < Dh/2; angle = position · inv_freq, repeated over both halves of Dh.
+    angle = position · inv_freq (see `rope_inv_freq`; plain theta^(-2i/Dh) when cfg is None), repeated over both
+    halves of Dh; cos and sin are multiplied by the rope scaling's attention factor (1 except for yarn).
     """
-    inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / head_dim))
+    if cfg is None:
+        inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / head_dim))
+        scale = 1.0
+    else:
+        inv_freq, scale = rope_inv_freq(cfg)
     angles_BxLxDh2 = positions_BxL.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)
     angles_BxLxDh = jnp.concatenate([angles_BxLxDh2, angles_BxLxDh2], axis=-1)
-    return jnp.cos(angles_BxLxDh), jnp.sin(angles_BxLxDh)
+    if scale == 1.0:
+        return jnp.cos(angles_BxLxDh), jnp.sin(angles_BxLxDh)
+    return jnp.cos(angles_BxLxDh) * scale, jnp.sin(angles_BxLxDh) * scale
 
 
 def apply_rope(x_BxLxHxDh: jax.Array, cos_BxLxDh: jax.Array, sin_BxLxDh: jax.Array) -> jax.Array:
@@ -212,7 +325,12 @@ def _random_params(key: jax.Array, cfg: ModelConfig) -> dict[str, Any]:
     n, d, f, v = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
     h, k, dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     dense = {"embedding": (v, d), "wq": (n, d, h, dh), "wk": (n, d, k, dh), "wv": (n, d, k, dh),
-             "wo": (n, h, dh, d), "w_gate": (n, d, f), "w_up": (n, d, f), "w_down": (n, f, d)}
+             "wo": (n, h, dh, d)}
+    if cfg.is_moe:
+        e, fm = cfg.num_experts, cfg.moe_intermediate_size
+        dense.update(router=(n, d, e), we_gate=(n, e, d, fm), we_up=(n, e, d, fm), we_down=(n, e, fm, d))
+    else:
+        dense.update(w_gate=(n, d, f), w_up=(n, d, f), w_down=(n, f, d))
     if not cfg.tie_word_embeddings:
         dense["lm_head"] = (d, v)
     sizes = [int(np.prod(shape)) for shape in dense.values()]
@@ -222,7 +340,7 @@ def _random_params(key: jax.Array, cfg: ModelConfig) -> dict[str, Any]:
     ones = {"attn_norm": (n, d), "mlp_norm": (n, d)}
     if cfg.qk_norm:
         ones.update(q_norm=(n, dh), k_norm=(n, dh))
-    layers = {name: drawn[name] for name in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")}
+    layers = {name: value for name, value in drawn.items() if name not in ("embedding", "lm_head")}
     layers.update({name: jnp.ones(shape, cfg.jnp_dtype) for name, shape in ones.items()})
     out = {"embedding": drawn["embedding"], "layers": layers, "final_norm": jnp.ones((d,), cfg.jnp_dtype)}
     if "lm_head" in drawn:
@@ -234,7 +352,8 @@ class DecoderLayers(nnx.Module):
     """The N decoder blocks' parameters, each stacked along a leading [N] axis.
 
     Per layer: attn_norm [D], wq [D, H, Dh], wk/wv [D, K, Dh], wo [H, Dh, D], q_norm/k_norm [Dh] (only with
-    qk_norm), mlp_norm [D], w_gate/w_up [D, F], w_down [F, D]. Projections are stored input-major (x @ w), i.e.
+    qk_norm), mlp_norm [D], and either the dense MLP w_gate/w_up [D, F], w_down [F, D] or (num_experts E > 0) the
+    router [D, E] and experts we_gate/we_up [E, D, Fm], we_down [E, Fm, D]. Projections are stored input-major (x @ w), i.e.
     the transpose of a Hugging Face nn.Linear weight, reshaped to heads.
     """
 
@@ -264,12 +383,63 @@ def _qkv(cfg: ModelConfig, x_BxLxD: jax.Array, p: Mapping[str, jax.Array], cos_B
 
 
 def _finish(cfg: ModelConfig, x_BxLxD: jax.Array, p: Mapping[str, jax.Array], attn_BxLxHxDh: jax.Array) -> jax.Array:
-    """The rest of the block: x += attn · wo; x += SwiGLU(RMSNorm(x))."""
+    """The rest of the block: x += attn · wo; x += MLP(RMSNorm(x)) with a SwiGLU or a mixture of SwiGLU experts."""
     x_BxLxD = x_BxLxD + jnp.einsum("blhk,hkd->bld", attn_BxLxHxDh, p["wo"])
+    x_BxLxD = constrain(x_BxLxD, ACTIVATION_AXES)
     h_BxLxD = rms_norm(x_BxLxD, p["mlp_norm"], cfg.rms_norm_eps)
+    if cfg.is_moe:
+        return x_BxLxD + moe_mlp(cfg, h_BxLxD, p)
     gate_BxLxF = jnp.einsum("bld,df->blf", h_BxLxD, p["w_gate"])
     up_BxLxF = jnp.einsum("bld,df->blf", h_BxLxD, p["w_up"])
-    return x_BxLxD + jnp.einsum("blf,fd->bld", jax.nn.silu(gate_BxLxF) * up_BxLxF, p["w_down"])
+    act_BxLxF = constrain(jax.nn.silu(gate_BxLxF) * up_BxLxF, ("activation_batch", "activation_length", "activation_mlp"))
+    return x_BxLxD + jnp.einsum("blf,fd->bld", act_BxLxF, p["w_down"])
+
+
+def route(cfg: ModelConfig, h_TxD: jax.Array, router_DxE: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Qwen3-MoE routing: float32 softmax over the E router logits, top-k, optional renormalisation.
+
+    Returns:
+      (weights_TxK in h's dtype, expert ids_TxK int32), as Hugging Face `Qwen3MoeTopKRouter`.
+    """
+    logits_TxE = jnp.einsum("td,de->te", h_TxD, router_DxE)
+    probs_TxE = jax.nn.softmax(logits_TxE.astype(jnp.float32), axis=-1)
+    weights_TxK, experts_TxK = jax.lax.top_k(probs_TxE, cfg.num_experts_per_tok)
+    if cfg.norm_topk_prob:
+        weights_TxK = weights_TxK / jnp.sum(weights_TxK, axis=-1, keepdims=True)
+    return weights_TxK.astype(h_TxD.dtype), experts_TxK.astype(jnp.int32)
+
+
+def moe_mlp(cfg: ModelConfig, h_BxLxD: jax.Array, p: Mapping[str, jax.Array]) -> jax.Array:
+    """Mixture of SwiGLU experts: Σ_k w_k · down_e(silu(gate_e(h)) · up_e(h)) over each token's top-k experts e.
+
+    `cfg.moe_impl == "ragged"`: the T·k (token, expert) pairs are sorted by expert and run as three
+    `jax.lax.ragged_dot` grouped matmuls (no capacity, nothing dropped). "dense": every expert runs on every
+    token and the outputs are combined with the sparse router weights (E/k times the FLOPs; exact the same sum).
+    """
+    b, l, d = h_BxLxD.shape
+    e, k = cfg.num_experts, cfg.num_experts_per_tok
+    h_TxD = h_BxLxD.reshape(b * l, d)
+    weights_TxK, experts_TxK = route(cfg, h_TxD, p["router"])
+    if cfg.moe_impl == "dense":
+        combine_TxE = jnp.sum(jax.nn.one_hot(experts_TxK, e, dtype=weights_TxK.dtype) * weights_TxK[..., None],
+                              axis=1)
+        gate_TxExF = jnp.einsum("td,edf->tef", h_TxD, p["we_gate"])
+        up_TxExF = jnp.einsum("td,edf->tef", h_TxD, p["we_up"])
+        act_TxExF = constrain(jax.nn.silu(gate_TxExF) * up_TxExF,
+                              ("activation_batch", "activation_expert", "activation_mlp"))
+        out_TxD = jnp.einsum("tef,efd,te->td", act_TxExF, p["we_down"], combine_TxE)
+        return out_TxD.reshape(b, l, d)
+    flat_experts = experts_TxK.reshape(-1)
+    order = jnp.argsort(flat_experts, stable=True)
+    token_of = order // k
+    x_PxD = jnp.take(h_TxD, token_of, axis=0)
+    group_sizes_E = jnp.bincount(flat_experts, length=e).astype(jnp.int32)
+    gate_PxF = jax.lax.ragged_dot(x_PxD, p["we_gate"], group_sizes_E)
+    up_PxF = jax.lax.ragged_dot(x_PxD, p["we_up"], group_sizes_E)
+    y_PxD = jax.lax.ragged_dot(jax.nn.silu(gate_PxF) * up_PxF, p["we_down"], group_sizes_E)
+    y_TKxD = jnp.zeros_like(y_PxD).at[order].set(y_PxD, unique_indices=True)
+    out_TxD = jnp.einsum("tkd,tk->td", y_TKxD.reshape(b * l, k, d), weights_TxK)
+    return out_TxD.reshape(b, l, d)
 
 
 def _check_rank(name: str, x: Any, rank: int, shape: tuple[int, ...] | None = None):
@@ -360,11 +530,11 @@ class Decoder(nnx.Module):
                       else jnp.sum(cache.mask_BxS, axis=-1, dtype=jnp.int32))
             positions_BxL = jnp.maximum(seen_B[:, None] + jnp.cumsum(token_mask_BxL, axis=-1, dtype=jnp.int32) - 1,
                                         0)
-        cos_BxLxDh, sin_BxLxDh = rope_cos_sin(positions_BxL, cfg.head_dim, cfg.rope_theta)
+        cos_BxLxDh, sin_BxLxDh = rope_cos_sin(positions_BxL, cfg.head_dim, cfg.rope_theta, cfg)
 
         if cache is None:
             causal_LxL = jnp.tril(jnp.ones((l, l), jnp.bool_))
-            mask_BxLxS = causal_LxL[None, :, :] & token_mask_BxL[:, None, :]
+            mask_BxLxS = causal_LxL[None, :, :] & token_mask_BxL[:, None, :]  # only built by the "full" path
             index = None
         else:
             index = cache.index.astype(jnp.int32)
@@ -375,13 +545,24 @@ class Decoder(nnx.Module):
             mask_old_BxLxS = jnp.broadcast_to(old_mask_BxS[:, None, :], (b, l, cache.capacity))
             mask_new_BxLxL = jnp.tril(jnp.ones((l, l), jnp.bool_))[None, :, :] & token_mask_BxL[:, None, :]
 
-        x_BxLxD = jnp.take(self.embedding[...], tokens_BxL, axis=0)
+        x_BxLxD = constrain(jnp.take(self.embedding[...], tokens_BxL, axis=0), ACTIVATION_AXES)
         params = self.layers.stacked()
 
         if cache is None:
+            impl = attention_impl(cfg, l)
+
             def body(x_BxLxD, p):
                 q_BxLxHxDh, k_BxLxKxDh, v_BxLxKxDh = _qkv(cfg, x_BxLxD, p, cos_BxLxDh, sin_BxLxDh)
-                attn_BxLxHxDh = attention(q_BxLxHxDh, k_BxLxKxDh, v_BxLxKxDh, mask_BxLxS)
+                if impl == "chunked":
+                    attn_BxLxHxDh = chunked_causal_attention(q_BxLxHxDh, k_BxLxKxDh, v_BxLxKxDh, token_mask_BxL,
+                                                             cfg.attention_chunk)
+                elif impl == "splash":
+                    from jaxcredit.models.splash import splash_causal_attention
+                    attn_BxLxHxDh = splash_causal_attention(q_BxLxHxDh, k_BxLxKxDh, v_BxLxKxDh, token_mask_BxL)
+                else:
+                    attn_BxLxHxDh = attention(q_BxLxHxDh, k_BxLxKxDh, v_BxLxKxDh, mask_BxLxS)
+                attn_BxLxHxDh = constrain(attn_BxLxHxDh, ("activation_batch", "activation_length",
+                                                          "activation_heads", None))
                 return _finish(cfg, x_BxLxD, p, attn_BxLxHxDh), None
 
             if cfg.remat:
@@ -420,6 +601,16 @@ class Decoder(nnx.Module):
         if self.lm_head is None:
             return jnp.einsum("...d,vd->...v", h_BxLxD, self.embedding[...], preferred_element_type=jnp.float32)
         return jnp.einsum("...d,dv->...v", h_BxLxD, self.lm_head[...], preferred_element_type=jnp.float32)
+
+
+def attention_impl(cfg: ModelConfig, length: int) -> str:
+    """The attention used for a cache-free forward over `length` tokens: cfg.attention_impl, with "auto" meaning
+    splash on TPU, chunked when length > cfg.attention_chunk, full otherwise."""
+    if cfg.attention_impl != "auto":
+        return cfg.attention_impl
+    if jax.default_backend() == "tpu":
+        return "splash"
+    return "chunked" if length > cfg.attention_chunk else "full"
 
 
 def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:

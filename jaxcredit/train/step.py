@@ -155,9 +155,26 @@ def make_update_fn(token_loss_fn: Callable, graphdef, rest, optimizer: optax.Gra
     params = optax.apply_updates(params, updates)
     return params, opt_state, metrics
 
-  return jax.jit(update, in_shardings=(params_shardings, opt_shardings, None),
-                 out_shardings=(params_shardings, opt_shardings, sharding.replicated(mesh)),
-                 donate_argnums=(0, 1))
+  return MeshJit(jax.jit(update, in_shardings=(params_shardings, opt_shardings, None),
+                         out_shardings=(params_shardings, opt_shardings, sharding.replicated(mesh)),
+                         donate_argnums=(0, 1)), mesh)
+
+
+class MeshJit:
+  """A jitted function that is traced, lowered and called under `jax.set_mesh(mesh)`, so the model's logical
+  sharding constraints (`jaxcredit.sharding.constrain`) see the mesh."""
+
+  def __init__(self, jitted, mesh: Mesh):
+    self.jitted, self.mesh = jitted, mesh
+
+  def __call__(self, *args):
+    with jax.set_mesh(self.mesh):
+      return self.jitted(*args)
+
+  def lower(self, *args):
+    """`jax.jit(...).lower` under the mesh (for ahead-of-time compilation, e.g. `jaxcredit plan`)."""
+    with jax.set_mesh(self.mesh):
+      return self.jitted.lower(*args)
 
 
 def make_logp_fn(graphdef, rest, temperature: float):

@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 from jaxcredit import sharding
 from jaxcredit.envs import arithmetic
 from jaxcredit.models import load_model, load_tokenizer, smollm2_gguf_path
+from jaxcredit.models.decoder import param_logical_axes
 from jaxcredit.rollout.chat_format import ChatFormat
 from jaxcredit.rollout.multiturn import build_demonstration, run_rollouts
 from jaxcredit.rollout.trajectory import pack
@@ -72,6 +73,7 @@ def build(config: ml_collections.ConfigDict) -> Run:
     jax.config.update("jax_compilation_cache_dir", os.path.expanduser(config.compilation_cache_dir))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
   logging.getLogger("math_verify").setLevel(logging.ERROR)  # its "timeout disabled" notice: we bound inputs
+  sharding.set_rules(dict(config.sharding_rules))
   mesh = sharding.make_mesh(dict(config.mesh))
   cache_dir = config.model.cache_dir or None
   source = smollm2_gguf_path() if config.model.source == "smollm2" else config.model.source
@@ -80,7 +82,7 @@ def build(config: ml_collections.ConfigDict) -> Run:
   tok = load_tokenizer(source, cache_dir=cache_dir)
   print(f"[jaxcredit] model {config.model.source} loaded in {time.time() - t0:.1f}s")
   graphdef, params, rest = step_lib.split_model(model)
-  p_sh = sharding.param_shardings(params, mesh)
+  p_sh = sharding.param_shardings(params, mesh, param_logical_axes(model.cfg))
   params = jax.device_put(params, p_sh)
   sampler = Sampler(model, max_len=config.sampling.max_len, pad_id=tok.pad_id,
                     chunk_size=config.sampling.chunk_size, prompt_bucket=config.sampling.prompt_bucket,
