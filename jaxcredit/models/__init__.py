@@ -1,12 +1,16 @@
-"""Models: the Flax NNX decoder, GGUF loading, converted-checkpoint cache, tokenizer and chat template.
+"""Models: the Flax NNX decoder, Hugging Face and GGUF loading, converted checkpoints, tokenizer and chat template.
 
-    model, cfg = load_model(smollm2_gguf_path())     # converts once to an orbax cache, then loads from it
+    model, cfg = load("Qwen3-0.6B/")                  # HF folder: converted once to an orbax cache, then restored
+    model, cfg = load(smollm2_gguf_path())           # GGUF file: the same, dequantised to float32
+    model, cfg = load("converted/qwen3", mesh=mesh)  # each parameter restored straight into its shards
     tokenizer = load_tokenizer(smollm2_gguf_path())
     logits_BxLxV, _ = model(tokens_BxL)
 
 A converted checkpoint is a folder holding `model_config.json` (ModelConfig.to_dict()), `params/` (an orbax
-checkpoint of the float32 parameter tree of `nnx.state(Decoder(cfg), nnx.Param)`), `source.json` (what it was
-converted from) and, for GGUF sources, `tokenizer/` (tokenizer.json + tokenizer_config.json).
+checkpoint of the parameter tree of `nnx.state(Decoder(cfg), nnx.Param)`: float32 for GGUF sources, the source
+dtype or the requested one for HF sources), `source.json` (what it was converted from), `tokenizer/` (when the
+source has one) and, for HF sources, `hf/` (the source config.json and shard layout, for `export_hf`).
+`jaxcredit.models.hf` converts HF folders (streamed tensor by tensor) and exports back; see its docstring.
 """
 
 from __future__ import annotations
@@ -24,12 +28,13 @@ from typing import Any
 from jaxcredit.models.config import ModelConfig
 from jaxcredit.models.decoder import Decoder, KVCache, init_cache, param_shapes, set_params
 from jaxcredit.models.gguf_loader import load_gguf, open_gguf
+from jaxcredit.models.hf import convert_gguf, convert_hf, export_hf
 from jaxcredit.models.tokenizer import ChatTokenizer
 
 __all__ = [
-    "ChatTokenizer", "Decoder", "KVCache", "ModelConfig", "converted_cache_dir", "init_cache", "load_converted",
-    "load_gguf", "load_model", "load_tokenizer", "param_shapes", "save_converted", "set_params",
-    "smollm2_gguf_path",
+    "ChatTokenizer", "Decoder", "KVCache", "ModelConfig", "convert_gguf", "convert_hf", "converted_cache_dir",
+    "export_hf", "init_cache", "load", "load_converted", "load_gguf", "load_model", "load_tokenizer",
+    "param_shapes", "save_converted", "set_params", "smollm2_gguf_path",
 ]
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -57,12 +62,19 @@ def smollm2_gguf_path() -> Path:
 
 
 def converted_cache_dir(gguf_path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:
-    """Where the conversion of `gguf_path` is cached: `<cache_dir>/<stem>-<size>-<hash of path and mtime>`,
-    with cache_dir defaulting to ~/.cache/jaxcredit/converted. A changed file gets a new folder."""
+    """Where the conversion of a GGUF file or an HF folder is cached, under cache_dir (default
+    ~/.cache/jaxcredit/converted): `<stem>-<size>-<hash of path and mtime>` for a file; for a folder
+    `<name>-hf-<total size>-<hash of path and the name, size and mtime of config.json and every *.safetensors*>`.
+    A changed source gets a new folder."""
     path = Path(gguf_path).resolve()
+    root = Path(cache_dir if cache_dir is not None else DEFAULT_CACHE_ROOT).expanduser()
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.name == "config.json" or ".safetensors" in p.name)
+        stats = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+        digest = hashlib.sha1(f"{path}:{stats}".encode()).hexdigest()[:12]
+        return root / f"{path.name}-hf-{sum(s[1] for s in stats)}-{digest}"
     stat = path.stat()
     digest = hashlib.sha1(f"{path}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
-    root = Path(cache_dir if cache_dir is not None else DEFAULT_CACHE_ROOT).expanduser()
     return root / f"{path.stem}-{stat.st_size}-{digest}"
 
 
@@ -134,16 +146,42 @@ def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix: tree}
 
 
-def load_converted(folder: str | os.PathLike, *, dtype: str | None = None) -> tuple[Decoder, ModelConfig]:
+# ModelConfig fields that change how the model computes but not its parameters: `load` may override them.
+RUNTIME_FIELDS = ("attention_impl", "attention_chunk", "moe_impl", "remat", "dtype")
+
+
+def _runtime_config(cfg: ModelConfig, dtype: str | None, overrides: dict[str, Any] | None) -> ModelConfig:
+    overrides = dict(overrides or {})
+    bad = sorted(set(overrides) - set(RUNTIME_FIELDS))
+    if bad:
+        raise ValueError(f"config_overrides {bad} would change the parameters; only {list(RUNTIME_FIELDS)} "
+                         f"may be overridden when loading")
+    if dtype is not None:
+        from jaxcredit.models.hf import canonical_dtype
+
+        overrides["dtype"] = canonical_dtype(dtype)
+    return dataclasses.replace(cfg, **overrides) if overrides else cfg
+
+
+def load_converted(folder: str | os.PathLike, *, dtype: str | None = None, mesh=None,
+                   config_overrides: dict[str, Any] | None = None) -> tuple[Decoder, ModelConfig]:
     """Loads a converted checkpoint folder (see the module docstring) without a random initialisation.
+
+    Orbax restores every parameter directly in cfg.dtype (casting from the stored dtype while reading) and, with
+    `mesh`, directly into its shards (`jaxcredit.sharding.param_shardings` of `param_logical_axes(cfg)`): each
+    device's slice is read from the checkpoint, and no unsharded copy is built.
 
     Args:
       folder: the checkpoint folder.
-      dtype: overrides cfg.dtype ("float32", "bfloat16", "float16") for parameters and compute.
+      dtype: overrides cfg.dtype ("float32", "bfloat16", "float16", or "f32", "bf16", "f16") for parameters and
+        compute.
+      mesh: a `jax.sharding.Mesh`; None puts every parameter on the first device.
+      config_overrides: other ModelConfig fields to change that leave the parameters as they are
+        (attention_impl, attention_chunk, moe_impl, remat).
 
     Raises:
       FileNotFoundError: when the folder lacks model_config.json or params/.
-      ValueError: for an invalid config, or stored parameters of the wrong shape (naming them).
+      ValueError: for an invalid config or override, or stored parameters of the wrong shape (naming them).
     """
     import jax
     import orbax.checkpoint as ocp
@@ -153,8 +191,7 @@ def load_converted(folder: str | os.PathLike, *, dtype: str | None = None) -> tu
     if not _is_converted(folder):
         raise FileNotFoundError(f"{folder} is not a converted checkpoint: it needs {_CONFIG_FILE} and {_PARAMS_DIR}/")
     cfg = ModelConfig.from_dict(json.loads((folder / _CONFIG_FILE).read_text()))
-    if dtype is not None:
-        cfg = dataclasses.replace(cfg, dtype=dtype)
+    cfg = _runtime_config(cfg, dtype, config_overrides)
 
     with ocp.StandardCheckpointer() as checkpointer:
         stored_tree = checkpointer.metadata(folder / _PARAMS_DIR).item_metadata.tree
@@ -167,9 +204,16 @@ def load_converted(folder: str | os.PathLike, *, dtype: str | None = None) -> tu
         for name, shape in expected.items():
             if stored_flat[name] != shape:
                 raise ValueError(f"checkpoint parameter {name!r} has shape {stored_flat[name]}, expected {shape}")
-        device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-        target = _unflatten({name: jax.ShapeDtypeStruct(shape, "float32", sharding=device)
-                             for name, shape in expected.items()})
+        abstract = _unflatten({name: jax.ShapeDtypeStruct(shape, cfg.jnp_dtype) for name, shape in expected.items()})
+        if mesh is None:
+            device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+            shardings = jax.tree.map(lambda _: device, abstract)
+        else:
+            from jaxcredit.models.decoder import param_logical_axes
+            from jaxcredit.sharding import param_shardings
+
+            shardings = param_shardings(abstract, mesh, param_logical_axes(cfg))
+        target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings)
         params = checkpointer.restore(folder / _PARAMS_DIR, target)
 
     model = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
@@ -188,15 +232,81 @@ def _unflatten(flat: dict[str, Any]) -> dict[str, Any]:
     return tree
 
 
+def load(path: str | os.PathLike, *, dtype: str | None = None, mesh=None, cache_dir: str | os.PathLike | None = None,
+         config_overrides: dict[str, Any] | None = None) -> tuple[Decoder, ModelConfig]:
+    """Loads a decoder from a Hugging Face folder, a GGUF file or a converted checkpoint folder.
+
+    An HF folder (config.json + model.safetensors or model.safetensors.index.json and its shards; Llama, Qwen3,
+    Qwen3-MoE) is converted once, streamed tensor by tensor in its own dtype (`jaxcredit.models.hf.convert_hf`),
+    into `converted_cache_dir(path, cache_dir)`; a GGUF file likewise (dequantised to float32). Every load then
+    restores the converted checkpoint with orbax, each parameter straight into its shards when `mesh` is given.
+
+    Args:
+      path: an HF folder, a .gguf file, or a converted checkpoint folder.
+      dtype: overrides the parameter/compute dtype ("float32", "bfloat16", "float16", "f32", "bf16", "f16");
+        default: the converted checkpoint's (the HF source's dtype).
+      mesh: restore into these shards (see `load_converted`); None: the first device.
+      cache_dir: root of the conversion cache (default ~/.cache/jaxcredit/converted).
+      config_overrides: ModelConfig fields that leave the parameters as they are (attention_impl,
+        attention_chunk, moe_impl, remat).
+
+    Returns:
+      (model, cfg): an nnx `Decoder` and its `ModelConfig`.
+
+    Raises:
+      FileNotFoundError: when path does not exist, or a folder is neither a converted checkpoint nor an HF folder
+        with config.json and safetensors.
+      ValueError: a checkpoint that does not match its config (missing, mis-shaped or unexpected tensors, named),
+        an unsupported architecture or model_type (named, with the supported ones), a bad dtype or override.
+    """
+    path = Path(path).expanduser()
+    if path.is_dir():
+        if _is_converted(path):
+            return load_converted(path, dtype=dtype, mesh=mesh, config_overrides=config_overrides)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"{path} is neither a converted checkpoint ({_CONFIG_FILE} + {_PARAMS_DIR}/) nor "
+                                    f"a Hugging Face folder (config.json + safetensors)")
+        folder = converted_cache_dir(path, cache_dir)
+        if not _is_converted(folder):
+            _convert_into_cache(lambda out: convert_hf(path, out), folder)
+        return load_converted(folder, dtype=dtype, mesh=mesh, config_overrides=config_overrides)
+    if not path.is_file():
+        raise FileNotFoundError(f"no Hugging Face folder, GGUF file or converted checkpoint folder at {path}")
+    folder = converted_cache_dir(path, cache_dir)
+    if not _is_converted(folder):
+        reader = open_gguf(path)
+        cfg, params = load_gguf(reader)
+        tokenizer = ChatTokenizer.from_gguf(reader)
+        save_converted(folder, cfg, params, tokenizer, source={"gguf": str(path.resolve())})
+        del params
+    return load_converted(folder, dtype=dtype, mesh=mesh, config_overrides=config_overrides)
+
+
+def _convert_into_cache(convert, folder: Path) -> None:
+    """Runs convert(tmp) into a private sibling and renames it to folder; a concurrent conversion that got there
+    first wins and ours is dropped."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{folder.name}.convert-", dir=folder.parent))
+    try:
+        convert(scratch / "out")
+        try:
+            os.rename(scratch / "out", folder)
+        except OSError:
+            if not _is_converted(folder):
+                raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def load_model(source: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None,
                dtype: str | None = None) -> tuple[Decoder, ModelConfig]:
-    """Loads a decoder from a GGUF file or a converted checkpoint folder.
+    """Loads a decoder from a GGUF file, an HF folder or a converted checkpoint folder: `load` without a mesh.
 
     A GGUF file is converted once (dequantised to float32, q/k un-permuted) into a converted checkpoint under
     `converted_cache_dir(source, cache_dir)`, together with its tokenizer; later calls load that cache.
 
     Args:
-      source: a .gguf file, or a converted checkpoint folder.
+      source: a .gguf file, an HF folder, or a converted checkpoint folder.
       cache_dir: root of the conversion cache (default ~/.cache/jaxcredit/converted).
       dtype: overrides the parameter/compute dtype.
 
@@ -204,22 +314,10 @@ def load_model(source: str | os.PathLike, *, cache_dir: str | os.PathLike | None
       (model, cfg).
 
     Raises:
-      FileNotFoundError: when source does not exist or a folder is not a converted checkpoint.
-      ValueError: for an unsupported GGUF or mis-shaped tensors (see `load_gguf`).
+      FileNotFoundError: when source does not exist or a folder is not a checkpoint.
+      ValueError: for an unsupported GGUF or mis-shaped tensors (see `load_gguf`, `load`).
     """
-    source = Path(source).expanduser()
-    if source.is_dir():
-        return load_converted(source, dtype=dtype)
-    if not source.is_file():
-        raise FileNotFoundError(f"no GGUF file or converted checkpoint folder at {source}")
-    folder = converted_cache_dir(source, cache_dir)
-    if not _is_converted(folder):
-        reader = open_gguf(source)
-        cfg, params = load_gguf(reader)
-        tokenizer = ChatTokenizer.from_gguf(reader)
-        save_converted(folder, cfg, params, tokenizer, source={"gguf": str(source.resolve())})
-        del params
-    return load_converted(folder, dtype=dtype)
+    return load(source, dtype=dtype, cache_dir=cache_dir)
 
 
 def load_tokenizer(source: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None) -> ChatTokenizer:
