@@ -1,23 +1,33 @@
-"""Command line: `jaxcredit train|sft --config configs/X.py [--config.key=value ...]`.
+"""Command line: `jaxcredit COMMAND ...`.
 
-  train   warm start (unless the workdir already has it), then RL; rerunning resumes from the latest checkpoint
-  sft     the supervised warm start alone (a later `train` with the same workdir goes straight to RL)
+  train    --config configs/X.py [--config.key=value ...]: warm start (unless the workdir already has it), then
+           RL; rerunning resumes from the latest checkpoint
+  sft      --config configs/X.py [...]: the supervised warm start alone (a later `train` goes straight to RL)
+  convert  --hf DIR | --gguf FILE, --out DIR [--dtype bf16|f32|f16]: a converted checkpoint (streamed)
+  export   --checkpoint DIR --out DIR: Hugging Face safetensors + config.json from a converted checkpoint
+
+Each command is one row of COMMANDS: (argument synopsis, summary, handler(command, args) -> exit code).
+Exit codes: 0 done, 1 the run failed, 2 bad usage or input (one line on stderr, nothing left half-written).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
+from typing import Callable, NamedTuple
 
-COMMANDS = {
-    "train": "warm start (once), then RL with the configured credit method; resumable",
-    "sft": "only the supervised warm start; leaves a checkpoint that `train` resumes from",
-}
+
+class Command(NamedTuple):
+  synopsis: str
+  summary: str
+  run: Callable[[str, list[str]], int]
 
 
 def _usage() -> str:
-  lines = ["usage: jaxcredit COMMAND --config configs/X.py [--config.key=value ...]", "", "commands:"]
-  lines += [f"  {k:8s}{v}" for k, v in COMMANDS.items()]
+  lines = ["usage: jaxcredit COMMAND ARGS", "", "commands:"]
+  for name, command in COMMANDS.items():
+    lines += [f"  {name:9s}{command.summary}", f"  {'':9s}  jaxcredit {name} {command.synopsis}"]
   return "\n".join(lines)
 
 
@@ -39,12 +49,16 @@ def main(argv: list[str] | None = None) -> int:
   if command not in COMMANDS:
     print(f"jaxcredit: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
     return 2
+  return COMMANDS[command].run(command, argv[2:])
 
-  if not any(a == "--config" or a.startswith("--config=") for a in argv[2:]):
+
+def _train(command: str, args: list[str]) -> int:
+  """train / sft: the config file plus --config.key=value overrides, through ml_collections config flags."""
+  if not any(a == "--config" or a.startswith("--config=") for a in args):
     print(f"jaxcredit {command}: --config is required\n\n{_usage()}", file=sys.stderr)
     return 2
 
-  path = _config_path(argv[2:])
+  path = _config_path(args)
   if path is not None and not os.path.isfile(path) and not os.path.isfile(path.split(":")[0]):
     print(f"jaxcredit {command}: config file not found: {path}", file=sys.stderr)
     return 2
@@ -56,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
   config_flags.DEFINE_config_file("config", None, "experiment config file (configs/X.py)", flag_values=flag_values,
                                   lock_config=True)
   try:
-    flag_values([f"jaxcredit {command}"] + argv[2:])
+    flag_values([f"jaxcredit {command}"] + args)
   except flags.Error as e:
     print(f"jaxcredit {command}: {e}", file=sys.stderr)
     return 2
@@ -87,6 +101,97 @@ def main(argv: list[str] | None = None) -> int:
     print(f"jaxcredit {command}: error: {e}", file=sys.stderr)
     return 1
   return 0
+
+
+class _UsageError(Exception):
+  pass
+
+
+class _Parser(argparse.ArgumentParser):
+  """argparse that raises instead of printing usage and exiting, so that a mistake is reported on one line."""
+
+  def error(self, message):
+    raise _UsageError(message)
+
+
+def _parse(command: str, args: list[str], build: Callable[[argparse.ArgumentParser], None]):
+  parser = _Parser(prog=f"jaxcredit {command}", description=COMMANDS[command].summary)
+  build(parser)
+  if any(a in ("-h", "--help") for a in args):
+    parser.print_help()
+    return None
+  return parser.parse_args(args)
+
+
+def _one_line(e: BaseException) -> str:
+  return " ".join(str(e).split())
+
+
+def _mib(n: int | None) -> str:
+  return "n/a" if n is None else f"{n / 2**20:.1f} MiB"
+
+
+def _convert(command: str, args: list[str]) -> int:
+  """convert: an HF folder or a GGUF file into a converted checkpoint; prints a tqdm bar and a summary line."""
+  def build(p):
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--hf", metavar="DIR", help="Hugging Face folder: config.json + safetensors (+ index)")
+    source.add_argument("--gguf", metavar="FILE", help="llama.cpp GGUF file (llama, qwen3)")
+    p.add_argument("--out", metavar="DIR", required=True, help="the converted checkpoint folder to create")
+    p.add_argument("--dtype", default=None, help="store parameters in this dtype (bf16, f32, f16); "
+                                                 "default: the source's (float32 for GGUF)")
+
+  try:
+    ns = _parse(command, args, build)
+    if ns is None:
+      return 0
+    from jaxcredit.models import hf
+
+    convert = hf.convert_hf if ns.hf is not None else hf.convert_gguf
+    stats = convert(ns.hf if ns.hf is not None else ns.gguf, ns.out, dtype=ns.dtype, progress=True)
+  except (_UsageError, ValueError, FileNotFoundError, FileExistsError, NotADirectoryError) as e:
+    print(f"jaxcredit {command}: error: {_one_line(e)}", file=sys.stderr)
+    return 2
+  print(f"converted {stats['tensors']} tensors ({_mib(stats['bytes_read'])} read) into {stats['out']} in "
+        f"{stats['seconds']:.1f} s; peak memory above baseline {_mib(stats['peak_rss_above_baseline_bytes'])}, "
+        f"largest input shard {_mib(stats['largest_shard_bytes'])}")
+  return 0
+
+
+def _export(command: str, args: list[str]) -> int:
+  """export: a converted checkpoint back to HF safetensors + config.json."""
+  def build(p):
+    p.add_argument("--checkpoint", metavar="DIR", required=True, help="a converted checkpoint folder")
+    p.add_argument("--out", metavar="DIR", required=True, help="the Hugging Face folder to create")
+    p.add_argument("--max-shard-size", type=float, default=5.0, metavar="GB",
+                   help="shard size limit in GiB when the source's shard layout is unknown (default 5)")
+
+  try:
+    ns = _parse(command, args, build)
+    if ns is None:
+      return 0
+    from jaxcredit.models import hf
+
+    stats = hf.export_hf(ns.checkpoint, ns.out, max_shard_size=int(ns.max_shard_size * 2**30), progress=True)
+  except (_UsageError, ValueError, FileNotFoundError, FileExistsError, NotADirectoryError) as e:
+    print(f"jaxcredit {command}: error: {_one_line(e)}", file=sys.stderr)
+    return 2
+  print(f"exported {stats['tensors']} tensors in {stats['files']} file(s), {_mib(stats['bytes_written'])}, "
+        f"into {stats['out']} in {stats['seconds']:.1f} s")
+  return 0
+
+
+COMMANDS: dict[str, Command] = {
+    "train": Command("--config configs/X.py [--config.key=value ...]",
+                     "warm start (once), then RL with the configured credit method; resumable", _train),
+    "sft": Command("--config configs/X.py [--config.key=value ...]",
+                   "only the supervised warm start; leaves a checkpoint that `train` resumes from", _train),
+    "convert": Command("--hf DIR | --gguf FILE --out DIR [--dtype bf16|f32|f16]",
+                       "convert a Hugging Face folder or a GGUF file into a converted checkpoint (streamed)",
+                       _convert),
+    "export": Command("--checkpoint DIR --out DIR [--max-shard-size GB]",
+                      "write a converted checkpoint as Hugging Face safetensors + config.json", _export),
+}
 
 
 if __name__ == "__main__":
