@@ -548,10 +548,16 @@ class ParamsWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        if exc_type is not None:
+        if exc_type is None:
+            while self.pending:
+                self._wait_oldest()
             return False
-        while self.pending:
-            self._wait_oldest()
+        for future, _ in self.pending:  # let in-flight writes land before the caller removes the folder
+            try:
+                future.result()
+            except Exception:  # noqa: BLE001 - the original exception is the one to report
+                pass
+        self.pending.clear()
         return False
 
     def _write_tree_metadata(self):
