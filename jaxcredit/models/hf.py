@@ -13,8 +13,10 @@ anything is written. Then each tensor is read on its own (a seek and a read of i
 pages would count as resident), transposed/reshaped to our layout, and written into its slice of the stacked
 [N, ...] parameter with TensorStore, straight into the zarr arrays of an OCDBT orbax checkpoint (the specs come from
 `orbax.checkpoint.type_handlers.get_json_tspec_write`, the chunks never span two layers or two experts, so every
-write covers whole chunks). Pending writes are capped at `_WRITE_BUDGET_BYTES`, so resident memory stays near one
-tensor plus that budget whatever the model size. The tree metadata (`_METADATA`, `_CHECKPOINT_METADATA`) is
+write covers whole chunks). Data not yet committed is capped at `_WRITE_BUDGET_BYTES` (the next tensor is read
+only once it fits), so resident memory stays near the largest tensor plus that budget and its compressed copy,
+whatever the model size (measured: 2.0x the largest 188 MiB shard, 2.9x its largest 128 MiB tensor; see
+docs/benchmarks.md). The tree metadata (`_METADATA`, `_CHECKPOINT_METADATA`) is
 written by orbax itself, from a save of a same-structured tree of one-element arrays, so
 `orbax.checkpoint.StandardCheckpointer.restore` reads the result like any checkpoint it wrote, with shardings.
 
@@ -500,8 +502,9 @@ class ParamsWriter:
         # on leaving without an exception: every pending write committed
 
     Each stacked parameter is chunked so that no chunk spans two layers (two experts for expert weights), so a
-    slice write never reads back or rewrites another one. At most `budget_bytes` of written data wait for their
-    commit at any time.
+    slice write never reads back or rewrites another one. At most `budget_bytes` of written data (or one slice,
+    when it is larger) wait for their commit at any time. TensorStore encodes straight from the arrays given to
+    `write` (no copy): the caller must not modify them afterwards.
     """
 
     def __init__(self, directory: str | os.PathLike, arrays: Mapping[str, tuple[tuple[int, ...], str]],
@@ -529,15 +532,22 @@ class ParamsWriter:
             self.stores[param] = ts.open(spec, create=True, context=context).result()
         self._write_tree_metadata()
 
+    def reserve(self, nbytes: int) -> None:
+        """Waits for the oldest pending writes until nbytes more fit the budget (or nothing is pending): call it
+        before reading the next tensor, so that at most one tensor beyond the budget is ever held."""
+        while self.pending and self.pending_bytes + nbytes > self.budget_bytes:
+            self._wait_oldest()
+
     def write(self, param: str, index: tuple[int, ...], value: np.ndarray) -> None:
-        """Writes value into param[index] (value is cast to the parameter's dtype)."""
+        """Writes value into param[index] (value is cast to the parameter's dtype); returns once TensorStore has
+        taken it, before it is committed (see `reserve`)."""
         value = np.asarray(value, self.stores[param].dtype.numpy_dtype)
-        future = self.stores[param][index].write(value)
+        self.reserve(value.nbytes)
+        # The arrays are fresh reads nobody modifies: TensorStore may encode from them instead of copying first.
+        future = self.stores[param][index].write(value, can_reference_source_data_indefinitely=True)
         self.pending.append((future, value.nbytes))
         self.pending_bytes += value.nbytes
         self.written_bytes += value.nbytes
-        while self.pending_bytes > self.budget_bytes and len(self.pending) > 1:
-            self._wait_oldest()
 
     def _wait_oldest(self):
         future, nbytes = self.pending.popleft()
@@ -762,6 +772,7 @@ def convert_hf(folder: str | os.PathLike, out: str | os.PathLike, *, dtype: str 
                 for name in layout["files"][file]["tensors"]:
                     if name not in plan:
                         continue  # skipped: rotary inv_freq, a tied lm_head
+                    writer.reserve(inventory[name].end - inventory[name].start)
                     array = read_tensor(inventory[name])
                     bytes_read += array.nbytes
                     for slot in plan[name]:
