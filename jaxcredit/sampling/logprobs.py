@@ -3,13 +3,18 @@
 Both record log softmax(logits / temperature) of the *untruncated* distribution: top-p changes which token
 is drawn, never the recorded log-prob, so the on-policy ratio is exactly 1 up to floating point.
 
-Letters: B batch, L tokens, V vocabulary.
+`chunked_logprobs_and_entropies` computes log-probs and entropies from final hidden states and the output head
+chunk by chunk (sequence and vocabulary), so neither the forward nor the backward pass holds [B, L, V] logits;
+`sequence_logprobs` uses it. `logprobs_from_logits` is the plain reference over full logits.
+
+Letters: B batch, L tokens, V vocabulary, D hidden width.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def temperature_log_softmax(logits_xV: jax.Array, temperature: float | jax.Array) -> jax.Array:
@@ -61,28 +66,266 @@ def logprobs_from_logits(logits_BxLxV: jax.Array, tokens_BxL: jax.Array, token_m
     return jnp.pad(logp_BxLm1, ((0, 0), (1, 0)))
 
 
+DEFAULT_SEQ_CHUNK = 512
+DEFAULT_VOCAB_CHUNK = 8192
+# Finite stand-in for -inf (padded vocabulary columns, the initial running max, a target not yet seen):
+# exp(_NEG - m) == 0 and 0 * _NEG == 0 in float32, so neither the values nor the gradients see inf or NaN.
+_NEG = -1e30
+
+
+def _chunk_size(name: str, value: int | None, default: int, full: int) -> int:
+    """A validated chunk size, clipped to the full extent `full` (the default when `value` is None)."""
+    if value is None:
+        return max(min(default, full), 1)
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return max(min(int(value), full), 1)
+
+
+def _default_vocab_chunk(v: int) -> int:
+    """V itself up to DEFAULT_VOCAB_CHUNK; above it, the largest divisor of V in [DEFAULT_VOCAB_CHUNK / 2,
+    DEFAULT_VOCAB_CHUNK] if there is one (no padding, so no copy of a tied head: 151936 = 32 · 4748), else
+    DEFAULT_VOCAB_CHUNK."""
+    if v <= DEFAULT_VOCAB_CHUNK:
+        return v
+    for c in range(DEFAULT_VOCAB_CHUNK, DEFAULT_VOCAB_CHUNK // 2 - 1, -1):
+        if v % c == 0:
+            return c
+    return DEFAULT_VOCAB_CHUNK
+
+
+def _check_temperature(temperature: float | jax.Array) -> None:
+    if isinstance(temperature, jax.core.Tracer):
+        return
+    t = np.asarray(temperature)
+    if t.ndim != 0:
+        raise ValueError(f"temperature must be a scalar, got shape {t.shape}")
+    if not t > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature!r}")
+
+
+def chunked_logprobs_and_entropies(h_BxLxD: jax.Array, head_DxV: jax.Array, targets_BxL: jax.Array,
+                                   temperature: float | jax.Array, *, seq_chunk: int | None = None,
+                                   vocab_chunk: int | None = None) -> tuple[jax.Array, jax.Array]:
+    """Log-prob of a target token and entropy at every position, without materialising the [B, L, V] logits.
+
+    With z = (h[b, l] · head) / temperature, a float32 vector over the V vocabulary entries:
+
+        logp[b, l]    = z[targets[b, l]] - logsumexp(z)
+        entropy[b, l] = logsumexp(z) - Σ_v softmax(z)_v · z_v          (= -Σ_v p_v log p_v)
+
+    The sequence is processed `seq_chunk` positions at a time (lax.scan) and, for each such chunk, the vocabulary
+    `vocab_chunk` columns at a time (lax.scan) with an online logsumexp: a running maximum m (held constant under
+    differentiation; the results do not depend on it), s = Σ exp(z - m) and t = Σ exp(z - m) · (z - m), rescaled
+    by exp(m_old - m_new) when the maximum grows, and the target's logit picked up in the vocabulary chunk that
+    holds it. Then logp = z_target - m - log s and entropy = log s - t / s (both terms >= 0, so entropy >= 0).
+
+    Both chunk bodies are wrapped in `jax.checkpoint`, so reverse-mode differentiation recomputes each
+    [B, seq_chunk, vocab_chunk] block of logits instead of storing it: no [B, L, V] or [B, seq_chunk, V] array
+    exists in the forward or the backward pass, the peak extra memory being O(B · seq_chunk · vocab_chunk) plus a
+    few copies of the head (padding and re-layout) and its gradient. logp and entropy are both differentiable
+    with respect to h, head and temperature.
+
+    L and V need not be multiples of the chunk sizes: the sequence is zero-padded (padded positions are dropped
+    from the outputs) and padded vocabulary columns get the logit -1e30, which contributes exactly 0.
+
+    Args:
+        h_BxLxD: final hidden states, any float dtype (bfloat16 is fine: the products accumulate in float32).
+        head_DxV: output projection, any float dtype; logits are h · head (for a tied embedding table E [V, D],
+            pass E.T: the transpose cancels against the [V, D] layout used internally).
+        targets_BxL: int token ids in [0, V). Ids outside that range (not checked: they may be traced) match no
+            column and give logp ≈ -1e30; their entropy is still correct.
+        temperature: positive scalar (Python float or array, possibly traced).
+        seq_chunk: positions per sequence chunk, a positive int; default min(512, L). Clipped to L.
+        vocab_chunk: vocabulary columns per chunk, a positive int, clipped to V. Default: V up to 8192; above,
+            the largest divisor of V in [4096, 8192] when there is one (no padding), else 8192.
+
+    Returns:
+        (logp_BxL, entropy_BxL): float32, in nats.
+
+    Raises:
+        ValueError: at trace time, naming the argument, for a wrong rank, h and head disagreeing on D, targets not
+            of shape [B, L] or not integer, h or head not floating point, a non-positive (or non-int) chunk size,
+            or a concrete temperature that is not a positive scalar.
+    """
+    if getattr(h_BxLxD, "ndim", None) != 3:
+        raise ValueError(f"h_BxLxD must have rank 3, got shape {np.shape(h_BxLxD)}")
+    if getattr(head_DxV, "ndim", None) != 2:
+        raise ValueError(f"head_DxV must have rank 2, got shape {np.shape(head_DxV)}")
+    h_BxLxD, head_DxV, targets_BxL = jnp.asarray(h_BxLxD), jnp.asarray(head_DxV), jnp.asarray(targets_BxL)
+    b, l, d = h_BxLxD.shape
+    if head_DxV.shape[0] != d:
+        raise ValueError(f"head_DxV {head_DxV.shape} must have as many rows as h_BxLxD {h_BxLxD.shape} has "
+                         f"features ({d})")
+    if targets_BxL.shape != (b, l):
+        raise ValueError(f"targets_BxL must have shape {(b, l)} (the first two dims of h_BxLxD), "
+                         f"got {targets_BxL.shape}")
+    if not jnp.issubdtype(targets_BxL.dtype, jnp.integer):
+        raise ValueError(f"targets_BxL must be integer token ids, got dtype {targets_BxL.dtype}")
+    if not jnp.issubdtype(h_BxLxD.dtype, jnp.floating):
+        raise ValueError(f"h_BxLxD must be floating point, got dtype {h_BxLxD.dtype}")
+    if not jnp.issubdtype(head_DxV.dtype, jnp.floating):
+        raise ValueError(f"head_DxV must be floating point, got dtype {head_DxV.dtype}")
+    v = head_DxV.shape[1]
+    if v == 0:
+        raise ValueError(f"head_DxV must have at least one vocabulary column, got shape {head_DxV.shape}")
+    lc = _chunk_size("seq_chunk", seq_chunk, DEFAULT_SEQ_CHUNK, l)
+    vc = _chunk_size("vocab_chunk", vocab_chunk, _default_vocab_chunk(v), v)
+    _check_temperature(temperature)
+    if l == 0 or b == 0:
+        return jnp.zeros((b, l), jnp.float32), jnp.zeros((b, l), jnp.float32)
+
+    n_l = -(-l // lc)
+    n_v = -(-v // vc)
+    temperature = jnp.asarray(temperature, jnp.float32)
+
+    # Vocabulary chunks as [n_v, Vc, D]: a free reshape of the [V, D] layout (a tied table's own).
+    head_VxD = jnp.pad(head_DxV.T, ((0, n_v * vc - v), (0, 0)))
+    head_NvxVcxD = head_VxD.reshape(n_v, vc, d)
+    offset_Nv = jnp.arange(n_v, dtype=jnp.int32) * vc
+
+    h_BxLpxD = jnp.pad(h_BxLxD, ((0, 0), (0, n_l * lc - l), (0, 0)))
+    h_NlxBxLcxD = h_BxLpxD.reshape(b, n_l, lc, d).transpose(1, 0, 2, 3)
+    tgt_BxLp = jnp.pad(targets_BxL.astype(jnp.int32), ((0, 0), (0, n_l * lc - l)))
+    tgt_NlxBxLc = tgt_BxLp.reshape(b, n_l, lc).transpose(1, 0, 2)
+
+    def seq_body(_, xs):
+        h_BxLcxD, tgt_BxLc = xs
+
+        def vocab_body(carry, xs):
+            m_BxLc, s_BxLc, t_BxLc, zt_BxLc = carry
+            head_VcxD, offset = xs
+            z_BxLcxVc = jnp.einsum("bld,vd->blv", h_BxLcxD, head_VcxD,
+                                   preferred_element_type=jnp.float32) / temperature
+            col_Vc = offset + jnp.arange(vc, dtype=jnp.int32)
+            z_BxLcxVc = jnp.where(col_Vc < v, z_BxLcxVc, _NEG)
+            m_new = jnp.maximum(m_BxLc, jax.lax.stop_gradient(jnp.max(z_BxLcxVc, axis=-1)))
+            alpha = jnp.exp(m_BxLc - m_new)
+            zc_BxLcxVc = z_BxLcxVc - m_new[..., None]
+            e_BxLcxVc = jnp.exp(zc_BxLcxVc)
+            s_new = alpha * s_BxLc + jnp.sum(e_BxLcxVc, axis=-1)
+            t_new = alpha * (t_BxLc + (m_BxLc - m_new) * s_BxLc) + jnp.sum(e_BxLcxVc * zc_BxLcxVc, axis=-1)
+            hit_BxLcxVc = col_Vc == tgt_BxLc[..., None]
+            zt_new = jnp.where(jnp.any(hit_BxLcxVc, axis=-1),
+                               jnp.sum(jnp.where(hit_BxLcxVc, z_BxLcxVc, 0.0), axis=-1), zt_BxLc)
+            return (m_new, s_new, t_new, zt_new), None
+
+        neg_BxLc = jnp.full((b, lc), _NEG, jnp.float32)
+        zero_BxLc = jnp.zeros((b, lc), jnp.float32)
+        (m_BxLc, s_BxLc, t_BxLc, zt_BxLc), _ = jax.lax.scan(jax.checkpoint(vocab_body),
+                                                           (neg_BxLc, zero_BxLc, zero_BxLc, neg_BxLc),
+                                                           (head_NvxVcxD, offset_Nv))
+        log_s_BxLc = jnp.log(s_BxLc)
+        logp_BxLc = (zt_BxLc - m_BxLc) - log_s_BxLc
+        entropy_BxLc = log_s_BxLc - t_BxLc / s_BxLc
+        return None, (logp_BxLc, entropy_BxLc)
+
+    # The outer checkpoint keeps the inner scan's residuals (its carries, and any per-step slice of the head)
+    # from being stacked over sequence chunks: only each chunk's h and targets are saved.
+    _, (logp_NlxBxLc, entropy_NlxBxLc) = jax.lax.scan(jax.checkpoint(seq_body), None,
+                                                      (h_NlxBxLcxD, tgt_NlxBxLc))
+    logp_BxL = logp_NlxBxLc.transpose(1, 0, 2).reshape(b, n_l * lc)[:, :l]
+    entropy_BxL = entropy_NlxBxLc.transpose(1, 0, 2).reshape(b, n_l * lc)[:, :l]
+    return logp_BxL, entropy_BxL
+
+
+def _output_head_DxV(model) -> jax.Array:
+    """The model's output projection as [D, V]: lm_head, or the transposed embedding table when tied."""
+    if model.lm_head is None:
+        return model.embedding[...].T
+    return model.lm_head[...]
+
+
+def sequence_logprobs_and_entropies(model, tokens_BxL: jax.Array, token_mask_BxL: jax.Array,
+                                    temperature: float | jax.Array, *, seq_chunk: int | None = None,
+                                    vocab_chunk: int | None = None) -> tuple[jax.Array, jax.Array]:
+    """Per-token log-probs of `tokens_BxL` under `model`, and the entropies of the distributions that scored them.
+
+    One forward pass without a cache up to the final norm (`model.hidden_states`), then
+    `chunked_logprobs_and_entropies` against the output head, so the [B, L, V] logits never exist.
+
+        logp[b, t]    = log softmax(z_{t-1})[tokens[b, t]]        if mask[b, t] and mask[b, t-1], else 0
+        entropy[b, t] = -Σ_v softmax(z_{t-1})_v log softmax(z_{t-1})_v   on the same positions, else 0
+
+    where z_{t-1} = logits[b, t-1] / temperature, untruncated (top-p never enters). The prediction made at
+    position t-1 is stored at position t, aligned with the token it scores; t = 0, each row's first real token
+    and padding get 0 (as in `logprobs_from_logits`). Positions are cumsum(mask) - 1, so left-padded rows score
+    as if unpadded.
+
+    Works eagerly or inside a transform (nnx.jit, or jax.jit over nnx.merge(graphdef, state)), and under
+    jax.grad with memory O(B · seq_chunk · vocab_chunk) for the head (see `chunked_logprobs_and_entropies`).
+
+    Args:
+        model: a `jaxcredit.models.Decoder` (its `hidden_states`, `embedding` [V, D] and `lm_head` [D, V] or
+            None when tied are used).
+        tokens_BxL: int token ids.
+        token_mask_BxL: bool, True where the slot holds a real token.
+        temperature: positive scalar, the sampler's temperature.
+        seq_chunk: positions per chunk (default min(512, L)).
+        vocab_chunk: vocabulary columns per chunk (default: see `chunked_logprobs_and_entropies`).
+
+    Returns:
+        (logp_BxL, entropy_BxL): float32 nats.
+
+    Raises:
+        ValueError: at trace time, naming the argument, for tokens that are not rank 2 integers, a mask of another
+            shape, a non-positive chunk size or a concrete non-positive temperature (and whatever
+            `model.hidden_states` raises).
+    """
+    tokens_BxL = jnp.asarray(tokens_BxL)
+    mask_BxL = jnp.asarray(token_mask_BxL)
+    if tokens_BxL.ndim != 2:
+        raise ValueError(f"tokens_BxL must have rank 2, got shape {tokens_BxL.shape}")
+    if not jnp.issubdtype(tokens_BxL.dtype, jnp.integer):
+        raise ValueError(f"tokens_BxL must be integer token ids, got dtype {tokens_BxL.dtype}")
+    if mask_BxL.shape != tokens_BxL.shape:
+        raise ValueError(f"token_mask_BxL {mask_BxL.shape} must have the shape of tokens_BxL {tokens_BxL.shape}")
+    mask_BxL = mask_BxL.astype(bool)
+    tokens_BxL = tokens_BxL.astype(jnp.int32)
+    # Checked again below; checking first spares an eager caller the forward pass before the error.
+    _chunk_size("seq_chunk", seq_chunk, DEFAULT_SEQ_CHUNK, 1)
+    _chunk_size("vocab_chunk", vocab_chunk, DEFAULT_VOCAB_CHUNK, 1)
+    _check_temperature(temperature)
+    positions_BxL = jnp.maximum(jnp.cumsum(mask_BxL.astype(jnp.int32), axis=-1) - 1, 0)
+    h_BxLxD, _ = model.hidden_states(tokens_BxL, positions_BxL=positions_BxL, token_mask_BxL=mask_BxL)
+    # Position t predicts token t+1; the last position's target is a dummy (dropped), which keeps L whole so a
+    # length that is a multiple of seq_chunk needs no padding.
+    next_BxL = jnp.pad(tokens_BxL[:, 1:], ((0, 0), (0, 1)))
+    logp_BxL, entropy_BxL = chunked_logprobs_and_entropies(h_BxLxD, _output_head_DxV(model), next_BxL, temperature,
+                                                           seq_chunk=seq_chunk, vocab_chunk=vocab_chunk)
+    valid_BxLm1 = mask_BxL[:, 1:] & mask_BxL[:, :-1]
+    logp_BxL = jnp.pad(jnp.where(valid_BxLm1, logp_BxL[:, :-1], 0.0), ((0, 0), (1, 0)))
+    entropy_BxL = jnp.pad(jnp.where(valid_BxLm1, entropy_BxL[:, :-1], 0.0), ((0, 0), (1, 0)))
+    return logp_BxL, entropy_BxL
+
+
 def sequence_logprobs(model, tokens_BxL: jax.Array, token_mask_BxL: jax.Array,
-                      temperature: float | jax.Array) -> jax.Array:
+                      temperature: float | jax.Array, *, seq_chunk: int | None = None,
+                      vocab_chunk: int | None = None) -> jax.Array:
     """Per-token log-probs of `tokens_BxL` under `model`, one full forward pass without a cache.
 
     logp[b, t] is the log-prob (nats) of token t given the tokens before it, under log softmax(logits /
     temperature), untruncated: the prediction made at position t-1 is stored at position t, aligned with the
-    token it scores. It is 0 at t = 0, at each row's first real token and at padding (see `logprobs_from_logits`).
-    Positions are cumsum(mask) - 1, so left-padded rows score as if unpadded.
+    token it scores. It is 0 at t = 0, at each row's first real token and at padding (see `logprobs_from_logits`,
+    which computes the same from full logits). Positions are cumsum(mask) - 1, so left-padded rows score as if
+    unpadded. The logits are computed chunk by chunk and never held whole, also under jax.grad (see
+    `sequence_logprobs_and_entropies`; the unused entropies cost a few elementwise ops per chunk).
 
     Works eagerly or inside a transform (nnx.jit, or jax.jit over nnx.merge(graphdef, state)).
 
     Args:
-        model: a `jaxcredit.models.Decoder` (called as model(tokens, positions_BxL=..., token_mask_BxL=...)).
+        model: a `jaxcredit.models.Decoder`.
         tokens_BxL: int token ids.
         token_mask_BxL: bool, True where the slot holds a real token.
         temperature: positive scalar, the sampler's temperature.
+        seq_chunk: positions per chunk (default min(512, L)).
+        vocab_chunk: vocabulary columns per chunk (default: see `chunked_logprobs_and_entropies`).
 
     Returns:
         logp_BxL: float32 nats.
+
+    Raises:
+        ValueError: as `sequence_logprobs_and_entropies`.
     """
-    mask_BxL = jnp.asarray(token_mask_BxL).astype(bool)
-    tokens_BxL = jnp.asarray(tokens_BxL).astype(jnp.int32)
-    positions_BxL = jnp.maximum(jnp.cumsum(mask_BxL.astype(jnp.int32), axis=-1) - 1, 0)
-    logits_BxLxV, _ = model(tokens_BxL, positions_BxL=positions_BxL, token_mask_BxL=mask_BxL)
-    return logprobs_from_logits(logits_BxLxV, tokens_BxL, mask_BxL, temperature)
+    return sequence_logprobs_and_entropies(model, tokens_BxL, token_mask_BxL, temperature, seq_chunk=seq_chunk,
+                                           vocab_chunk=vocab_chunk)[0]
