@@ -5,6 +5,8 @@
   sft      --config configs/X.py [...]: the supervised warm start alone (a later `train` goes straight to RL)
   convert  --hf DIR | --gguf FILE, --out DIR [--dtype bf16|f32|f16]: a converted checkpoint (streamed)
   export   --checkpoint DIR --out DIR: Hugging Face safetensors + config.json from a converted checkpoint
+  plan     --config configs/X.py --topology v5p:4x4x4 --mesh fsdp=N,tensor=M[,expert=E]: compile the training
+           step ahead of time for a TPU topology (libtpu, no TPU needed) and print memory, FLOPs and MFU
 
 Each command is one row of COMMANDS: (argument synopsis, summary, handler(command, args) -> exit code).
 Exit codes: 0 done, 1 the run failed, 2 bad usage or input (one line on stderr, nothing left half-written).
@@ -52,8 +54,9 @@ def main(argv: list[str] | None = None) -> int:
   return COMMANDS[command].run(command, argv[2:])
 
 
-def _train(command: str, args: list[str]) -> int:
-  """train / sft: the config file plus --config.key=value overrides, through ml_collections config flags."""
+def _load_config(command: str, args: list[str]):
+  """The config file plus --config.key=value overrides, through ml_collections config flags; an int exit code
+  (after printing one line) when they are bad."""
   if not any(a == "--config" or a.startswith("--config=") for a in args):
     print(f"jaxcredit {command}: --config is required\n\n{_usage()}", file=sys.stderr)
     return 2
@@ -69,26 +72,33 @@ def _train(command: str, args: list[str]) -> int:
   flag_values = flags.FlagValues()
   config_flags.DEFINE_config_file("config", None, "experiment config file (configs/X.py)", flag_values=flag_values,
                                   lock_config=True)
+  argv = [f"jaxcredit {command}"] + args
+  saved_argv, sys.argv = sys.argv, argv  # ml_collections finds --config.key overrides in sys.argv
   try:
-    flag_values([f"jaxcredit {command}"] + args)
+    flag_values(argv)
+    config = flag_values.config
   except flags.Error as e:
     print(f"jaxcredit {command}: {e}", file=sys.stderr)
     return 2
   except (KeyError, AttributeError, ValueError, TypeError) as e:
     print(f"jaxcredit {command}: bad config override: {e}", file=sys.stderr)
     return 2
-  except OSError as e:  # raised here by some versions, on first access by others
+  except OSError as e:  # raised by the parse in some versions, on first access in others
     print(f"jaxcredit {command}: cannot load the config file: {e}", file=sys.stderr)
     return 2
-  try:
-    config = flag_values.config
-  except OSError as e:
-    print(f"jaxcredit {command}: cannot load the config file: {e}", file=sys.stderr)
-    return 2
+  finally:
+    sys.argv = saved_argv
   if config is None:
     print(f"jaxcredit {command}: --config is required\n\n{_usage()}", file=sys.stderr)
     return 2
+  return config
 
+
+def _train(command: str, args: list[str]) -> int:
+  """train / sft: see `_load_config` for the arguments."""
+  config = _load_config(command, args)
+  if isinstance(config, int):
+    return config
   if os.environ.get("JAXCREDIT_DISTRIBUTED") == "1":
     import jax
 
@@ -181,6 +191,60 @@ def _export(command: str, args: list[str]) -> int:
   return 0
 
 
+def _plan(command: str, args: list[str]) -> int:
+  """plan: --topology and --mesh (and --json FILE) are ours; the rest is the config and its overrides."""
+  import importlib.util
+
+  own: dict[str, str] = {}
+  rest: list[str] = []
+  i = 0
+  while i < len(args):
+    name, eq, value = args[i].partition("=")
+    if name in ("--topology", "--mesh", "--json"):
+      if not eq:
+        if i + 1 >= len(args):
+          print(f"jaxcredit plan: {name} needs a value", file=sys.stderr)
+          return 2
+        value, i = args[i + 1], i + 1
+      own[name[2:]] = value
+    else:
+      rest.append(args[i])
+    i += 1
+  if "topology" not in own:
+    print("jaxcredit plan: --topology is required (e.g. v5p:4x4x4)", file=sys.stderr)
+    return 2
+  from jaxcredit.train.plan import parse_mesh, parse_topology  # no jax import at module level before here
+
+  try:
+    _, chips = parse_topology(own["topology"])
+    parse_mesh(own.get("mesh", ""))
+  except ValueError as e:
+    print(f"jaxcredit plan: {e}", file=sys.stderr)
+    return 2
+  os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")  # deviceless: the TPU is described by libtpu, not attached
+  if importlib.util.find_spec("libtpu") is None:
+    # Fallback: simulate the chips with CPU devices (read when the backend starts, which has not happened yet).
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                               f" --xla_force_host_platform_device_count={chips}").strip()
+  config = _load_config(command, rest)
+  if isinstance(config, int):
+    return config
+  from jaxcredit.train import plan
+
+  try:
+    report = plan.run_plan(config, own["topology"], own.get("mesh", ""))
+  except (ValueError, FileNotFoundError) as e:
+    print(f"jaxcredit plan: error: {_one_line(e)}", file=sys.stderr)
+    return 1
+  if "json" in own:
+    import json
+
+    with open(own["json"], "w") as f:
+      json.dump(report, f, indent=1)
+  return 0
+
+
 COMMANDS: dict[str, Command] = {
     "train": Command("--config configs/X.py [--config.key=value ...]",
                      "warm start (once), then RL with the configured credit method; resumable", _train),
@@ -191,6 +255,9 @@ COMMANDS: dict[str, Command] = {
                        _convert),
     "export": Command("--checkpoint DIR --out DIR [--max-shard-size GB]",
                       "write a converted checkpoint as Hugging Face safetensors + config.json", _export),
+    "plan": Command("--config configs/X.py --topology v5p:4x4x4 [--mesh fsdp=N,tensor=M,expert=E] [--json FILE]",
+                    "compile the training step for a TPU topology without a TPU: memory per chip, FLOPs, MFU",
+                    _plan),
 }
 
 

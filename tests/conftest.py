@@ -6,6 +6,10 @@ Hypothesis profiles: `default` (about 50 examples per property, for local runs) 
 
 import os
 
+# libtpu (in the test extra, for deviceless TPU compiles) makes JAX try a TPU first; tests run on the CPU.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(

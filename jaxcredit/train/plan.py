@@ -1,0 +1,285 @@
+"""Will this training step fit? Compile it ahead of time for a TPU topology, on a machine without a TPU.
+
+`plan_step` builds the policy-gradient update (the one `jaxcredit train` runs: decoder forward + chunked log-probs,
+PPO-clip loss, AdamW, micro-batches) on abstract arrays – no weights are materialised – with the parameters,
+optimizer state and batch sharded by `jaxcredit.sharding`'s table over a mesh of the topology's devices, then
+`jax.jit(...).lower(...).compile()`s it. libtpu (the `test` extra installs `jax[tpu]`) compiles for TPU devices
+described by `jax.experimental.topologies.get_topology_desc`; the compiled executable reports the per-device
+memory (arguments, outputs, temporaries) and the FLOPs XLA counted.
+
+Without libtpu the same step is compiled for a simulated mesh of CPU devices (XLA_FLAGS
+--xla_force_host_platform_device_count, set by the CLI before JAX starts): the numbers are then an estimate, and
+the report says so.
+
+    from jaxcredit.train import plan
+    report = plan.plan_step(preset("qwen3-4b"), topology="v5p:2x4x4", mesh={"fsdp": 32}, batch_size=32,
+                            seq_len=32768, num_micro_batches=1)
+    print(plan.format_report(report))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+import time
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxcredit import sharding
+from jaxcredit.models.config import ModelConfig
+from jaxcredit.models.decoder import Decoder, param_logical_axes
+from jaxcredit.train import step as step_lib
+
+# Per chip: HBM bytes and peak dense bf16 FLOP/s (Google Cloud TPU system architecture pages).
+CHIPS = {
+    "v4": {"hbm_bytes": 32 * 2**30, "peak_flops": 275e12},
+    "v5e": {"hbm_bytes": 16 * 2**30, "peak_flops": 197e12},
+    "v5p": {"hbm_bytes": 95 * 2**30, "peak_flops": 459e12},
+    "v6e": {"hbm_bytes": 32 * 2**30, "peak_flops": 918e12},
+}
+
+
+def parse_topology(topology: str) -> tuple[str, int]:
+  """'v5p:4x4x4' -> ('v5p', 64 chips).
+
+  Raises:
+    ValueError: an unknown generation or a malformed shape.
+  """
+  m = re.fullmatch(r"(v4|v5e|v5p|v6e):(\d+(?:x\d+)*)", topology.strip())
+  if not m:
+    raise ValueError(f"--topology {topology!r} must look like v5p:4x4x4 (generations: {sorted(CHIPS)})")
+  return m.group(1), math.prod(int(x) for x in m.group(2).split("x"))
+
+
+def parse_mesh(spec: str) -> dict[str, int]:
+  """'fsdp=16,tensor=4' -> {'fsdp': 16, 'tensor': 4}.
+
+  Raises:
+    ValueError: an unknown axis or a non-positive size.
+  """
+  out: dict[str, int] = {}
+  for part in filter(None, (p.strip() for p in spec.split(","))):
+    name, _, value = part.partition("=")
+    if name not in sharding.MESH_AXES or not value.isdigit() or int(value) < 1:
+      raise ValueError(f"--mesh entry {part!r} must be AXIS=N with N >= 1 and AXIS in {sharding.MESH_AXES}")
+    out[name] = int(value)
+  return out
+
+
+def topology_devices(topology: str) -> tuple[list, bool]:
+  """The devices of a TPU topology from libtpu (deviceless), or (fallback) the local CPU devices.
+
+  Returns:
+    (devices, is_tpu).
+  """
+  os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+  try:
+    from jax.experimental import topologies
+    return list(topologies.get_topology_desc(platform="tpu", topology_name=topology).devices), True
+  except Exception:  # no libtpu, or it cannot describe this topology
+    return list(jax.devices("cpu")), False
+
+
+def abstract_step(cfg: ModelConfig, mesh, *, batch_size: int, seq_len: int, num_micro_batches: int = 1,
+                  learning_rate: float = 1e-6):
+  """The jitted update and the abstract (sharded ShapeDtypeStruct) arguments to lower it with.
+
+  Returns:
+    (update: step.MeshJit, (params, opt_state, batch) abstract).
+  """
+  abstract_model = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
+  graphdef, params, rest = step_lib.split_model(abstract_model)
+  p_sh = sharding.param_shardings(params, mesh, param_logical_axes(cfg))
+  params = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), params, p_sh)
+  optimizer = step_lib.make_optimizer(learning_rate)
+  opt_sh = step_lib.opt_state_shardings(optimizer, params, p_sh, mesh)
+  opt_state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                           jax.eval_shape(optimizer.init, params), opt_sh)
+  b_sh = sharding.batch_sharding(mesh, 2)
+  batch = {
+      "tokens_BxL": jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32, sharding=b_sh),
+      "token_mask_BxL": jax.ShapeDtypeStruct((batch_size, seq_len), jnp.bool_, sharding=b_sh),
+      "action_mask_BxL": jax.ShapeDtypeStruct((batch_size, seq_len), jnp.bool_, sharding=b_sh),
+      "behavior_logp_BxL": jax.ShapeDtypeStruct((batch_size, seq_len), jnp.float32, sharding=b_sh),
+      "adv_BxL": jax.ShapeDtypeStruct((batch_size, seq_len), jnp.float32, sharding=b_sh),
+      "ref_logp_BxL": jax.ShapeDtypeStruct((batch_size, seq_len), jnp.float32, sharding=b_sh),
+  }
+  update = step_lib.make_update_fn(step_lib.pg_token_loss, graphdef, rest, optimizer, step_lib.PolicyLossConfig(),
+                                   mesh, p_sh, opt_sh, num_micro=num_micro_batches)
+  return update, (params, opt_state, batch)
+
+
+def plan_step(cfg: ModelConfig, *, topology: str, mesh: Mapping[str, int], batch_size: int, seq_len: int,
+              num_micro_batches: int = 1, step_time_s: float | None = None, devices=None) -> dict[str, Any]:
+  """Compiles the training step for `topology` and reports memory, FLOPs and the MFU a step time implies.
+
+  Args:
+    cfg: the model (e.g. `jaxcredit.models.presets.preset("qwen3-4b", remat=True)`).
+    topology: e.g. "v5p:4x4x4" (generation:chip grid).
+    mesh: axis sizes; the data axis takes the chips the others leave.
+    batch_size: sequences per step (global); must divide by data*fsdp*expert.
+    seq_len: tokens per sequence.
+    num_micro_batches: gradient-accumulation micro-batches inside the step.
+    step_time_s: an assumed step time, for the implied MFU (default: none).
+    devices: override the devices (tests); default `topology_devices(topology)`.
+
+  Returns:
+    A dict: topology, chips, is_tpu (False: simulated CPU mesh, an estimate), mesh, per-device memory bytes
+    (arguments, outputs, aliased, temporaries, peak = arguments + outputs - aliased + temporaries), hbm_bytes,
+    fits, compiled_flops_per_device, model_flops_per_device (6·N_active·tokens / chips), compile_s, and with
+    step_time_s the implied MFU (model FLOPs / (step time · chips · peak)).
+
+  Raises:
+    ValueError: a mesh that does not divide the chips, or a batch that does not divide the batch axes.
+  """
+  generation, chips = parse_topology(topology)
+  is_tpu = True
+  if devices is None:
+    devices, is_tpu = topology_devices(topology)
+  if is_tpu and len(devices) != chips:
+    raise ValueError(f"topology {topology} has {len(devices)} devices, expected {chips}")
+  n = len(devices) if is_tpu else chips
+  fixed = math.prod(v for k, v in mesh.items() if k != "data")
+  if n % fixed:
+    raise ValueError(f"--mesh {dict(mesh)} needs a multiple of {fixed} chips; {topology} has {n}")
+  shape = dict(mesh)
+  shape.setdefault("data", n // fixed)
+  if math.prod(shape.values()) != n:
+    raise ValueError(f"--mesh {shape} uses {math.prod(shape.values())} chips; {topology} has {n}")
+  if not is_tpu and len(devices) < n:
+    raise ValueError(f"no libtpu, and only {len(devices)} CPU devices to simulate {n} chips: run with "
+                     f"XLA_FLAGS=--xla_force_host_platform_device_count={n} (the CLI sets it)")
+  m = sharding.make_mesh(shape, devices[:n])
+  dp = shape.get("data", 1) * shape.get("fsdp", 1) * shape.get("expert", 1)
+  if batch_size % (dp * num_micro_batches):
+    raise ValueError(f"batch_size {batch_size} must divide by data*fsdp*expert ({dp}) x micro-batches "
+                     f"({num_micro_batches})")
+  t0 = time.time()
+  update, args = abstract_step(cfg, m, batch_size=batch_size, seq_len=seq_len, num_micro_batches=num_micro_batches)
+  compiled = update.lower(*args).compile()
+  compile_s = time.time() - t0
+  mem = compiled.memory_analysis()
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  arguments, outputs = int(mem.argument_size_in_bytes), int(mem.output_size_in_bytes)
+  aliased, temporaries = int(mem.alias_size_in_bytes), int(mem.temp_size_in_bytes)
+  peak = arguments + outputs - aliased + temporaries
+  tokens = batch_size * seq_len
+  model_flops = 6 * cfg.num_params(active=True) * tokens
+  report = {
+      "topology": topology, "generation": generation, "chips": n, "is_tpu": is_tpu, "mesh": shape,
+      "model": {"num_params": cfg.num_params(), "active_params": cfg.num_params(active=True),
+                "num_layers": cfg.num_layers, "remat": cfg.remat, "dtype": cfg.dtype,
+                "attention_impl": cfg.attention_impl, "moe_impl": cfg.moe_impl if cfg.is_moe else None},
+      "batch_size": batch_size, "seq_len": seq_len, "num_micro_batches": num_micro_batches, "tokens": tokens,
+      "argument_bytes": arguments, "output_bytes": outputs, "alias_bytes": aliased, "temp_bytes": temporaries,
+      "peak_bytes": peak, "hbm_bytes": CHIPS[generation]["hbm_bytes"],
+      "fits": peak <= CHIPS[generation]["hbm_bytes"],
+      "compiled_flops_per_device": float(cost.get("flops", float("nan"))) if cost else float("nan"),
+      "model_flops_per_device": model_flops / n, "peak_flops_per_chip": CHIPS[generation]["peak_flops"],
+      "compile_s": compile_s,
+  }
+  if step_time_s:
+    report["step_time_s"] = step_time_s
+    report["mfu"] = model_flops / (step_time_s * n * CHIPS[generation]["peak_flops"])
+  # The step time at which the model FLOPs would run at 100% / 50% of peak.
+  report["step_time_at_mfu_1.0_s"] = model_flops / (n * CHIPS[generation]["peak_flops"])
+  return report
+
+
+def _gib(x: float) -> str:
+  return f"{x / 2**30:.2f} GiB"
+
+
+def format_report(r: Mapping[str, Any]) -> str:
+  """A human-readable summary of `plan_step`'s report."""
+  where = "compiled for TPU (libtpu, deviceless)" if r["is_tpu"] else \
+      "ESTIMATE: no libtpu, compiled for a simulated mesh of CPU devices (XLA:CPU memory and FLOPs)"
+  lines = [
+      f"plan: {r['topology']} ({r['chips']} chips), mesh {r['mesh']} - {where}",
+      f"  model: {r['model']['num_params'] / 1e9:.2f}B params ({r['model']['active_params'] / 1e9:.2f}B active), "
+      f"{r['model']['num_layers']} layers, {r['model']['dtype']}, remat={r['model']['remat']}, "
+      f"attention={r['model']['attention_impl']}" + (f", moe={r['model']['moe_impl']}" if r['model']['moe_impl'] else ""),
+      f"  batch: {r['batch_size']} x {r['seq_len']} tokens = {r['tokens']:,} tokens/step, "
+      f"{r['num_micro_batches']} micro-batch(es)",
+      f"  per-device memory: arguments {_gib(r['argument_bytes'])}, outputs {_gib(r['output_bytes'])} "
+      f"(aliased {_gib(r['alias_bytes'])}), temporaries {_gib(r['temp_bytes'])}",
+      f"  peak {_gib(r['peak_bytes'])} of {_gib(r['hbm_bytes'])} HBM: {'FITS' if r['fits'] else 'DOES NOT FIT'}",
+      f"  FLOPs per device per step: compiled {r['compiled_flops_per_device']:.3e}, "
+      f"6*N_active*tokens/chips {r['model_flops_per_device']:.3e}",
+      f"  step time at 100% MFU: {r['step_time_at_mfu_1.0_s']:.2f} s (at 40%: {r['step_time_at_mfu_1.0_s'] / 0.4:.2f} s)",
+  ]
+  if "mfu" in r:
+    lines.append(f"  a {r['step_time_s']:.2f} s step would be {100 * r['mfu']:.1f}% MFU "
+                 f"({r['peak_flops_per_chip'] / 1e12:.0f} TFLOP/s bf16 peak per chip)")
+  lines.append(f"  compiled in {r['compile_s']:.1f} s")
+  return "\n".join(lines)
+
+
+def model_config_for(source: str, config=None) -> ModelConfig:
+  """The ModelConfig of `config.model.source` without loading weights: "preset:NAME", a converted checkpoint or
+  Hugging Face folder, a GGUF file, or "smollm2"; with the config's numerics overrides applied.
+
+  Raises:
+    ValueError / FileNotFoundError: a source that names no model.
+  """
+  import json
+  from pathlib import Path
+
+  from jaxcredit.models import presets
+
+  if source.startswith("preset:") or source.lower() in presets.PRESETS:
+    cfg = presets.preset(source)
+  else:
+    if source == "smollm2":
+      from jaxcredit.models import smollm2_gguf_path
+      source = str(smollm2_gguf_path())
+    path = Path(source).expanduser()
+    if (path / "model_config.json").is_file():
+      cfg = ModelConfig.from_dict(json.loads((path / "model_config.json").read_text()))
+    elif (path / "config.json").is_file():
+      from jaxcredit.models import hf
+      cfg = hf.model_config_from_hf(json.loads((path / "config.json").read_text()))
+    elif path.is_file():
+      from jaxcredit.models.gguf_loader import config_from_metadata, gguf_metadata, open_gguf
+      reader = open_gguf(path)
+      has_output = any(t.name == "output.weight" for t in reader.tensors)
+      cfg = config_from_metadata(gguf_metadata(reader), has_output)
+    else:
+      raise FileNotFoundError(f"config.model.source {source!r} is not a preset ({sorted(presets.PRESETS)}), "
+                              f"a checkpoint folder or a GGUF file")
+  if config is not None:
+    from jaxcredit.train.trainer import model_overrides
+    cfg = model_overrides(cfg, config)
+    if config.model.dtype:
+      cfg = dataclasses.replace(cfg, dtype=config.model.dtype)
+  return cfg
+
+
+def run_plan(config, topology: str, mesh_spec: str) -> dict[str, Any]:
+  """`jaxcredit plan`: the report for config.model on `topology` with `--mesh`, printed and returned.
+
+  Batch: config.plan.batch_size sequences (0: one per data-parallel shard, times train.num_micro_batches) of
+  config.plan.seq_len tokens (0: sampling.max_len).
+  """
+  sharding.set_rules(dict(config.sharding_rules))
+  cfg = model_config_for(config.model.source, config)
+  mesh = parse_mesh(mesh_spec)
+  generation, chips = parse_topology(topology)
+  micro = int(config.train.num_micro_batches)
+  fixed = math.prod(v for k, v in mesh.items() if k != "data")
+  dp = (chips // fixed if chips % fixed == 0 else 1) * mesh.get("fsdp", 1) * mesh.get("expert", 1)
+  if "data" in mesh:
+    dp = mesh["data"] * mesh.get("fsdp", 1) * mesh.get("expert", 1)
+  batch = int(config.plan.batch_size) or dp * micro
+  seq_len = int(config.plan.seq_len) or int(config.sampling.max_len)
+  report = plan_step(cfg, topology=topology, mesh=mesh, batch_size=batch, seq_len=seq_len,
+                     num_micro_batches=micro, step_time_s=float(config.plan.step_time_s) or None)
+  print(format_report(report))
+  return report
