@@ -14,9 +14,8 @@ pages would count as resident), transposed/reshaped to our layout, and written i
 [N, ...] parameter with TensorStore, straight into the zarr arrays of an OCDBT orbax checkpoint (the specs come from
 `orbax.checkpoint.type_handlers.get_json_tspec_write`, the chunks never span two layers or two experts, so every
 write covers whole chunks). Data not yet committed is capped at `_WRITE_BUDGET_BYTES` (the next tensor is read
-only once it fits), so resident memory stays near the largest tensor plus that budget and its compressed copy,
-whatever the model size (measured: 2.0x the largest 188 MiB shard, 2.9x its largest 128 MiB tensor; see
-docs/benchmarks.md). The tree metadata (`_METADATA`, `_CHECKPOINT_METADATA`) is
+only once it fits) and OCDBT data files to `_DATA_FILE_BYTES`, so resident memory stays below twice the largest
+tensor whatever the model size (see docs/benchmarks.md). The tree metadata (`_METADATA`, `_CHECKPOINT_METADATA`) is
 written by orbax itself, from a save of a same-structured tree of one-element arrays, so
 `orbax.checkpoint.StandardCheckpointer.restore` reads the result like any checkpoint it wrote, with shardings.
 
@@ -79,10 +78,13 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 _HF_DIR = "hf"
 _SKIPPED = re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
 # Bytes of tensor data handed to TensorStore and not yet committed, before the next read waits for the oldest.
-_WRITE_BUDGET_BYTES = 128 << 20
+_WRITE_BUDGET_BYTES = 32 << 20
 # Zarr chunks are at most this large (smaller when one layer's or expert's slice is smaller), so that a sharded
-# restore reads little beyond its own shard.
-_CHUNK_BYTES = 64 << 20
+# restore reads little beyond its own shard; OCDBT data files at most this large. Small files let OCDBT write a
+# large tensor out piece by piece instead of assembling one data file for it (measured on a 128 MiB tensor: peak
+# 1.6-2.0x the tensor with 8 MiB chunks and 16 MiB files, 2.9x with 64 MiB chunks and orbax's 2 GiB files).
+_CHUNK_BYTES = 8 << 20
+_DATA_FILE_BYTES = 16 << 20
 
 
 def canonical_dtype(name: str | None) -> str | None:
@@ -525,7 +527,8 @@ class ParamsWriter:
         for param, (shape, dtype) in self.arrays.items():
             unit = _unit_ndim(param)
             info = ocp.type_handlers.ParamInfo(name=_orbax_name(param), parent_dir=epath.Path(self.directory),
-                                               is_ocdbt_checkpoint=True, use_zarr3=False, ts_context=context)
+                                               is_ocdbt_checkpoint=True, use_zarr3=False, ts_context=context,
+                                               ocdbt_target_data_file_size=_DATA_FILE_BYTES)
             spec = ocp.type_handlers.get_json_tspec_write(
                 info, use_ocdbt=True, global_shape=tuple(shape), local_shape=(1,) * unit + tuple(shape[unit:]),
                 dtype=np.dtype(dtype), arg=ocp.SaveArgs(chunk_byte_size=_CHUNK_BYTES))
