@@ -159,7 +159,7 @@ def _convert(command: str, args: list[str]) -> int:
 
     convert = hf.convert_hf if ns.hf is not None else hf.convert_gguf
     stats = convert(ns.hf if ns.hf is not None else ns.gguf, ns.out, dtype=ns.dtype, progress=True)
-  except (_UsageError, ValueError, FileNotFoundError, FileExistsError, NotADirectoryError) as e:
+  except (_UsageError, ValueError, OSError) as e:  # OSError: missing, unreadable or existing paths
     print(f"jaxcredit {command}: error: {_one_line(e)}", file=sys.stderr)
     return 2
   print(f"converted {stats['tensors']} tensors ({_mib(stats['bytes_read'])} read) into {stats['out']} in "
@@ -183,7 +183,7 @@ def _export(command: str, args: list[str]) -> int:
     from jaxcredit.models import hf
 
     stats = hf.export_hf(ns.checkpoint, ns.out, max_shard_size=int(ns.max_shard_size * 2**30), progress=True)
-  except (_UsageError, ValueError, FileNotFoundError, FileExistsError, NotADirectoryError) as e:
+  except (_UsageError, ValueError, OSError) as e:  # OSError: missing, unreadable or existing paths
     print(f"jaxcredit {command}: error: {_one_line(e)}", file=sys.stderr)
     return 2
   print(f"exported {stats['tensors']} tensors in {stats['files']} file(s), {_mib(stats['bytes_written'])}, "
