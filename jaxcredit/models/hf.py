@@ -9,9 +9,11 @@ Fm expert MLP width, V vocabulary.
 
 Conversion never holds the model. The safetensors headers of every shard are read first and checked against
 config.json (every tensor present, of the shape the config implies, nothing else), so a refusal comes before
-anything is written. Then each tensor is read on its own (a seek and a read of its bytes: no mmap, whose touched
-pages would count as resident), transposed/reshaped to our layout, and written into its slice of the stacked
-[N, ...] parameter with TensorStore, straight into the zarr arrays of an OCDBT orbax checkpoint (the specs come from
+anything is written. Then each tensor is read on its own (a seek and a read of its bytes into a NumPy array,
+bfloat16 through ml_dtypes; `safetensors.safe_open` memory-maps the shard, so every page it touches counts as
+resident, and its NumPy backend reads BF16 only once ml_dtypes happens to be imported), transposed/reshaped to our
+layout, and written into its slice of the stacked [N, ...] parameter with TensorStore, straight into the zarr
+arrays of an OCDBT orbax checkpoint (the specs come from
 `orbax.checkpoint.type_handlers.get_json_tspec_write`, the chunks never span two layers or two experts, so every
 write covers whole chunks). Data not yet committed is capped at `_WRITE_BUDGET_BYTES` (the next tensor is read
 only once it fits) and OCDBT data files to `_DATA_FILE_BYTES`, so resident memory stays below twice the largest
