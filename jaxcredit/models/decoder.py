@@ -429,17 +429,91 @@ def moe_mlp(cfg: ModelConfig, h_BxLxD: jax.Array, p: Mapping[str, jax.Array]) ->
                               ("activation_batch", "activation_expert", "activation_mlp"))
         out_TxD = jnp.einsum("tef,efd,te->td", act_TxExF, p["we_down"], combine_TxE)
         return out_TxD.reshape(b, l, d)
-    flat_experts = experts_TxK.reshape(-1)
-    order = jnp.argsort(flat_experts, stable=True)
-    token_of = order // k
-    x_PxD = jnp.take(h_TxD, token_of, axis=0)
-    group_sizes_E = jnp.bincount(flat_experts, length=e).astype(jnp.int32)
-    gate_PxF = jax.lax.ragged_dot(x_PxD, p["we_gate"], group_sizes_E)
-    up_PxF = jax.lax.ragged_dot(x_PxD, p["we_up"], group_sizes_E)
-    y_PxD = jax.lax.ragged_dot(jax.nn.silu(gate_PxF) * up_PxF, p["we_down"], group_sizes_E)
-    y_TKxD = jnp.zeros_like(y_PxD).at[order].set(y_PxD, unique_indices=True)
-    out_TxD = jnp.einsum("tkd,tk->td", y_TKxD.reshape(b * l, k, d), weights_TxK)
+    mesh = jax.sharding.get_abstract_mesh()
+    if not mesh.empty and mesh.size > 1:
+        return _moe_sharded(cfg, h_BxLxD, p, mesh)
+    out_TxD = _ragged_experts(h_TxD, weights_TxK, experts_TxK, p["we_gate"], p["we_up"], p["we_down"], 0)
     return out_TxD.reshape(b, l, d)
+
+
+def _ragged_experts(h_TxD, weights_TxK, experts_TxK, w_gate, w_up, w_down, first_expert):
+    """Σ_k w_k · expert(h) over the (token, expert) pairs whose expert is one of the E_loc experts held here
+    (ids first_expert .. first_expert + E_loc - 1); other pairs contribute 0. Ragged grouped matmuls."""
+    t, k = experts_TxK.shape
+    e_loc = w_gate.shape[0]
+    local = experts_TxK.reshape(-1) - first_expert
+    valid = (local >= 0) & (local < e_loc)
+    group = jnp.where(valid, local, e_loc)  # pairs for other shards' experts sort to the end, in no group
+    order = jnp.argsort(group, stable=True)
+    group_sizes = jnp.bincount(group, length=e_loc + 1)[:e_loc].astype(jnp.int32)
+    x_PxD = jnp.take(h_TxD, order // k, axis=0)
+    gate_PxF = jax.lax.ragged_dot(x_PxD, w_gate, group_sizes)
+    up_PxF = jax.lax.ragged_dot(x_PxD, w_up, group_sizes)
+    y_PxD = jax.lax.ragged_dot(jax.nn.silu(gate_PxF) * up_PxF, w_down, group_sizes)
+    y_TKxD = jnp.zeros_like(y_PxD).at[order].set(y_PxD, unique_indices=True)
+    w_TK = jnp.where(valid, weights_TxK.reshape(-1), 0).astype(y_TKxD.dtype)
+    return jnp.sum((y_TKxD * w_TK[:, None]).reshape(t, k, -1), axis=1)
+
+
+def _moe_sharded(cfg: ModelConfig, h_BxLxD: jax.Array, p: Mapping[str, jax.Array], mesh) -> jax.Array:
+    """Expert-parallel `moe_mlp` under a mesh (a `jax.shard_map`; GSPMD cannot partition ragged_dot well).
+
+    Each device holds its rows of tokens and E/ep experts (ep = the expert axis size the sharding table gives
+    the expert weights). Its tokens are all-gathered over the expert axis, routed, run through the local experts
+    only, and the partial sums are reduce-scattered back over the expert axis. Weights sharded on other axes
+    (fsdp on D, tensor on Fm) are all-gathered inside, as fsdp does for dense layers.
+    """
+    from jax.sharding import PartitionSpec as P
+
+    from jaxcredit.sharding import logical_to_spec
+
+    shape = dict(mesh.shape)
+    b, l, d = h_BxLxD.shape
+
+    def full(spec, ndim):
+        return tuple(spec) + (None,) * (ndim - len(spec))
+
+    h_spec = full(logical_to_spec(("activation_batch", None, None), h_BxLxD.shape, shape), 3)
+    r_spec = full(logical_to_spec(("embed", "router_experts"), p["router"].shape, shape), 2)
+    g_spec = full(logical_to_spec(("expert", "embed", "mlp"), p["we_gate"].shape, shape), 3)
+    d_spec = full(logical_to_spec(("expert", "mlp", "embed"), p["we_down"].shape, shape), 3)
+    expert_axes = g_spec[0]
+    if expert_axes != d_spec[0]:
+        raise ValueError(f"expert weights shard E differently: we_gate {g_spec}, we_down {d_spec}")
+    token_axes = h_spec[0] if h_spec[0] is not None else ()
+    token_axes = token_axes if isinstance(token_axes, tuple) else (token_axes,)
+    ep_axes = () if expert_axes is None else expert_axes if isinstance(expert_axes, tuple) else (expert_axes,)
+    gather_tokens = tuple(a for a in token_axes if a in ep_axes)  # tokens sharded over the expert axes too
+
+    def gather(x, spec, skip=0):
+        for axis, names in enumerate(spec):
+            if axis != skip and names is not None:
+                x = jax.lax.all_gather(x, names, axis=axis, tiled=True)
+        return x
+
+    def local(h, router, w_gate, w_up, w_down):
+        router = gather(router, r_spec, skip=-1)
+        w_gate, w_up = gather(w_gate, g_spec), gather(w_up, g_spec)
+        w_down = gather(w_down, d_spec)
+        hb, hl, _ = h.shape
+        h_TxD = h.reshape(hb * hl, d)
+        if gather_tokens:
+            h_TxD = jax.lax.all_gather(h_TxD, gather_tokens, axis=0, tiled=True)
+        weights, experts = route(cfg, h_TxD, router)
+        first = jax.lax.axis_index(ep_axes) * w_gate.shape[0] if ep_axes else 0
+        out = _ragged_experts(h_TxD, weights, experts, w_gate, w_up, w_down, first)
+        if gather_tokens:
+            out = jax.lax.psum_scatter(out, gather_tokens, scatter_dimension=0, tiled=True)
+            rest = tuple(a for a in ep_axes if a not in gather_tokens)
+            if rest:
+                out = jax.lax.psum(out, rest)
+        elif ep_axes:
+            out = jax.lax.psum(out, ep_axes)
+        return out.reshape(hb, hl, d)
+
+    fn = jax.shard_map(local, mesh=mesh, in_specs=(P(*h_spec), P(*r_spec), P(*g_spec), P(*g_spec), P(*d_spec)),
+                       out_specs=P(*h_spec), check_vma=False)
+    return fn(h_BxLxD, p["router"], p["we_gate"], p["we_up"], p["we_down"])
 
 
 def _check_rank(name: str, x: Any, rank: int, shape: tuple[int, ...] | None = None):

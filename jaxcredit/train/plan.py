@@ -162,16 +162,34 @@ def plan_step(cfg: ModelConfig, *, topology: str, mesh: Mapping[str, int], batch
                      f"({num_micro_batches})")
   t0 = time.time()
   update, args = abstract_step(cfg, m, batch_size=batch_size, seq_len=seq_len, num_micro_batches=num_micro_batches)
-  compiled = update.lower(*args).compile()
+  lowered = update.lower(*args)
+  try:
+    compiled = lowered.compile()
+  except Exception as e:  # the TPU compiler refuses a program whose temporaries exceed HBM
+    match = re.search(r"HLO temporaries \(([\d.]+)([KMGT])\) exceeds available HBM \(([\d.]+)([KMGT])\)", str(e))
+    if "RESOURCE_EXHAUSTED" not in str(e) or not match:
+      raise
+    unit = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+    temp = float(match.group(1)) * unit[match.group(2)]
+    return _report(cfg, topology, generation, n, is_tpu, shape, batch_size, seq_len, num_micro_batches, step_time_s,
+                   arguments=-1, outputs=-1, aliased=-1, temporaries=int(temp), flops=float("nan"),
+                   compile_s=time.time() - t0, refused=" ".join(str(e).split())[:400])
   compile_s = time.time() - t0
   mem = compiled.memory_analysis()
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-  arguments, outputs = int(mem.argument_size_in_bytes), int(mem.output_size_in_bytes)
-  aliased, temporaries = int(mem.alias_size_in_bytes), int(mem.temp_size_in_bytes)
-  peak = arguments + outputs - aliased + temporaries
+  return _report(cfg, topology, generation, n, is_tpu, shape, batch_size, seq_len, num_micro_batches, step_time_s,
+                 arguments=int(mem.argument_size_in_bytes), outputs=int(mem.output_size_in_bytes),
+                 aliased=int(mem.alias_size_in_bytes), temporaries=int(mem.temp_size_in_bytes),
+                 flops=float(cost.get("flops", float("nan"))) if cost else float("nan"), compile_s=compile_s)
+
+
+def _report(cfg, topology, generation, n, is_tpu, shape, batch_size, seq_len, num_micro_batches, step_time_s, *, arguments,
+            outputs, aliased, temporaries, flops, compile_s, refused=None) -> dict[str, Any]:
+  peak = arguments + outputs - aliased + temporaries if refused is None else temporaries
   tokens = batch_size * seq_len
   model_flops = 6 * cfg.num_params(active=True) * tokens
+  hbm = CHIPS[generation]["hbm_bytes"]
   report = {
       "topology": topology, "generation": generation, "chips": n, "is_tpu": is_tpu, "mesh": shape,
       "model": {"num_params": cfg.num_params(), "active_params": cfg.num_params(active=True),
@@ -179,16 +197,16 @@ def plan_step(cfg: ModelConfig, *, topology: str, mesh: Mapping[str, int], batch
                 "attention_impl": cfg.attention_impl, "moe_impl": cfg.moe_impl if cfg.is_moe else None},
       "batch_size": batch_size, "seq_len": seq_len, "num_micro_batches": num_micro_batches, "tokens": tokens,
       "argument_bytes": arguments, "output_bytes": outputs, "alias_bytes": aliased, "temp_bytes": temporaries,
-      "peak_bytes": peak, "hbm_bytes": CHIPS[generation]["hbm_bytes"],
-      "fits": peak <= CHIPS[generation]["hbm_bytes"],
-      "compiled_flops_per_device": float(cost.get("flops", float("nan"))) if cost else float("nan"),
+      "peak_bytes": peak, "hbm_bytes": hbm, "fits": refused is None and peak <= hbm,
+      "compiled_flops_per_device": flops,
       "model_flops_per_device": model_flops / n, "peak_flops_per_chip": CHIPS[generation]["peak_flops"],
       "compile_s": compile_s,
   }
+  if refused is not None:
+    report["compiler_refused"] = refused
   if step_time_s:
     report["step_time_s"] = step_time_s
     report["mfu"] = model_flops / (step_time_s * n * CHIPS[generation]["peak_flops"])
-  # The step time at which the model FLOPs would run at 100% / 50% of peak.
   report["step_time_at_mfu_1.0_s"] = model_flops / (n * CHIPS[generation]["peak_flops"])
   return report
 
@@ -208,6 +226,13 @@ def format_report(r: Mapping[str, Any]) -> str:
       f"attention={r['model']['attention_impl']}" + (f", moe={r['model']['moe_impl']}" if r['model']['moe_impl'] else ""),
       f"  batch: {r['batch_size']} x {r['seq_len']} tokens = {r['tokens']:,} tokens/step, "
       f"{r['num_micro_batches']} micro-batch(es)",
+  ]
+  if "compiler_refused" in r:
+    lines += [f"  DOES NOT FIT: the TPU compiler needs {_gib(r['temp_bytes'])} of temporaries per chip, "
+              f"{_gib(r['hbm_bytes'])} HBM ({r['compiler_refused'][:160]}...)",
+              f"  compile attempt took {r['compile_s']:.1f} s"]
+    return "\n".join(lines)
+  lines += [
       f"  per-device memory: arguments {_gib(r['argument_bytes'])}, outputs {_gib(r['output_bytes'])} "
       f"(aliased {_gib(r['alias_bytes'])}), temporaries {_gib(r['temp_bytes'])}",
       f"  peak {_gib(r['peak_bytes'])} of {_gib(r['hbm_bytes'])} HBM: {'FITS' if r['fits'] else 'DOES NOT FIT'}",
