@@ -16,7 +16,7 @@ layout, and written into its slice of the stacked [N, ...] parameter with Tensor
 arrays of an OCDBT orbax checkpoint (the specs come from
 `orbax.checkpoint.type_handlers.get_json_tspec_write`, the chunks never span two layers or two experts, so every
 write covers whole chunks). Data not yet committed is capped at `_WRITE_BUDGET_BYTES` (the next tensor is read
-only once it fits) and OCDBT data files to `_DATA_FILE_BYTES`, so resident memory stays below twice the largest
+only once it fits) and OCDBT data files to `_DATA_FILE_BYTES`, so resident memory stays near twice the largest
 tensor whatever the model size (see docs/benchmarks.md). The tree metadata (`_METADATA`, `_CHECKPOINT_METADATA`) is
 written by orbax itself, from a save of a same-structured tree of one-element arrays, so
 `orbax.checkpoint.StandardCheckpointer.restore` reads the result like any checkpoint it wrote, with shardings.
