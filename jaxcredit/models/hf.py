@@ -84,7 +84,7 @@ _WRITE_BUDGET_BYTES = 32 << 20
 # Zarr chunks are at most this large (smaller when one layer's or expert's slice is smaller), so that a sharded
 # restore reads little beyond its own shard; OCDBT data files at most this large. Small files let OCDBT write a
 # large tensor out piece by piece instead of assembling one data file for it (measured on a 128 MiB tensor: peak
-# 1.6-2.0x the tensor with 8 MiB chunks and 16 MiB files, 2.9x with 64 MiB chunks and orbax's 2 GiB files).
+# 1.6-2.1x the tensor with 8 MiB chunks and 16 MiB files, 2.9x with 64 MiB chunks and orbax's 2 GiB files).
 _CHUNK_BYTES = 8 << 20
 _DATA_FILE_BYTES = 16 << 20
 
