@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from jaxcredit import sharding
 from jaxcredit.envs import arithmetic
-from jaxcredit.models import load_model, load_tokenizer, smollm2_gguf_path
+from jaxcredit.models import load, load_tokenizer, smollm2_gguf_path
 from jaxcredit.models.decoder import param_logical_axes
 from jaxcredit.rollout.chat_format import ChatFormat
 from jaxcredit.rollout.multiturn import build_demonstration, run_rollouts
@@ -65,10 +65,15 @@ def _bar(config, **kw):
   return tqdm(disable=not config.progress, dynamic_ncols=True, **kw)
 
 
+def model_overrides_dict(config: ml_collections.ConfigDict) -> dict:
+  """The numerics the config may change (remat, attention, MoE implementation), as ModelConfig fields."""
+  return {"remat": bool(config.model.remat), "attention_impl": config.model.attention_impl,
+          "attention_chunk": int(config.model.attention_chunk), "moe_impl": config.model.moe_impl}
+
+
 def model_overrides(cfg, config: ml_collections.ConfigDict):
-  """cfg with the numerics the config may change (remat, attention, MoE implementation)."""
-  return dataclasses.replace(cfg, remat=bool(config.model.remat), attention_impl=config.model.attention_impl,
-                             attention_chunk=int(config.model.attention_chunk), moe_impl=config.model.moe_impl)
+  """cfg with `model_overrides_dict(config)` applied."""
+  return dataclasses.replace(cfg, **model_overrides_dict(config))
 
 
 def build(config: ml_collections.ConfigDict) -> Run:
@@ -84,8 +89,8 @@ def build(config: ml_collections.ConfigDict) -> Run:
   cache_dir = config.model.cache_dir or None
   source = smollm2_gguf_path() if config.model.source == "smollm2" else config.model.source
   t0 = time.time()
-  model, _ = load_model(source, cache_dir=cache_dir, dtype=config.model.dtype or None)
-  model.cfg = model_overrides(model.cfg, config)
+  model, _ = load(source, cache_dir=cache_dir, dtype=config.model.dtype or None, mesh=mesh,
+                  config_overrides=model_overrides_dict(config))
   tok = load_tokenizer(source, cache_dir=cache_dir)
   print(f"[jaxcredit] model {config.model.source} loaded in {time.time() - t0:.1f}s")
   graphdef, params, rest = step_lib.split_model(model)
