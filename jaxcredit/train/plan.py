@@ -79,11 +79,16 @@ def topology_devices(topology: str) -> tuple[list, bool]:
     (devices, is_tpu).
   """
   os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+  global last_topology_error
   try:
     from jax.experimental import topologies
     return list(topologies.get_topology_desc(platform="tpu", topology_name=topology).devices), True
-  except Exception:  # no libtpu, or it cannot describe this topology
+  except Exception as e:  # no libtpu, or it cannot describe this topology
+    last_topology_error = " ".join(str(e).split())[:300]
     return list(jax.devices("cpu")), False
+
+
+last_topology_error = ""  # why the last `topology_devices` call fell back to CPU devices
 
 
 def abstract_step(cfg: ModelConfig, mesh, *, batch_size: int, seq_len: int, num_micro_batches: int = 1,
@@ -153,7 +158,8 @@ def plan_step(cfg: ModelConfig, *, topology: str, mesh: Mapping[str, int], batch
   if math.prod(shape.values()) != n:
     raise ValueError(f"--mesh {shape} uses {math.prod(shape.values())} chips; {topology} has {n}")
   if not is_tpu and len(devices) < n:
-    raise ValueError(f"no libtpu, and only {len(devices)} CPU devices to simulate {n} chips: run with "
+    raise ValueError(f"no TPU topology ({last_topology_error or 'libtpu missing'}), and only {len(devices)} "
+                     f"CPU devices to simulate {n} chips: run with "
                      f"XLA_FLAGS=--xla_force_host_platform_device_count={n} (the CLI sets it)")
   m = sharding.make_mesh(shape, devices[:n])
   dp = shape.get("data", 1) * shape.get("fsdp", 1) * shape.get("expert", 1)
