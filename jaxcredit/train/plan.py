@@ -78,8 +78,11 @@ def topology_devices(topology: str) -> tuple[list, bool]:
   Returns:
     (devices, is_tpu).
   """
-  os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
   global last_topology_error
+  os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+  # libtpu takes a machine-wide lock (/tmp/libtpu_lockfile) unless told otherwise; a deviceless compile touches
+  # no chip, so two plans (or a plan and the tests) may run at once.
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   try:
     from jax.experimental import topologies
     return list(topologies.get_topology_desc(platform="tpu", topology_name=topology).devices), True
