@@ -9,6 +9,7 @@ import os
 # libtpu (in the test extra, for deviceless TPU compiles) makes JAX try a TPU first; tests run on the CPU.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 from hypothesis import HealthCheck, settings
 

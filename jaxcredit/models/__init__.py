@@ -28,7 +28,7 @@ from typing import Any
 from jaxcredit.models.config import ModelConfig
 from jaxcredit.models.decoder import Decoder, KVCache, init_cache, param_shapes, set_params
 from jaxcredit.models.gguf_loader import load_gguf, open_gguf
-from jaxcredit.models.hf import convert_gguf, convert_hf, export_hf
+from jaxcredit.models.hf import _unflatten, convert_gguf, convert_hf, export_hf
 from jaxcredit.models.tokenizer import ChatTokenizer
 
 __all__ = [
@@ -219,17 +219,6 @@ def load_converted(folder: str | os.PathLike, *, dtype: str | None = None, mesh=
     model = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
     set_params(model, params)
     return model, cfg
-
-
-def _unflatten(flat: dict[str, Any]) -> dict[str, Any]:
-    tree: dict[str, Any] = {}
-    for name, value in flat.items():
-        *parents, leaf = name.split("/")
-        node = tree
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return tree
 
 
 def load(path: str | os.PathLike, *, dtype: str | None = None, mesh=None, cache_dir: str | os.PathLike | None = None,

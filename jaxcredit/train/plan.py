@@ -147,9 +147,10 @@ def plan_step(cfg: ModelConfig, *, topology: str, mesh: Mapping[str, int], batch
     ValueError: a mesh that does not divide the chips, or a batch that does not divide the batch axes.
   """
   generation, chips = parse_topology(topology)
-  is_tpu = True
   if devices is None:
     devices, is_tpu = topology_devices(topology)
+  else:
+    is_tpu = devices[0].platform == "tpu"
   if is_tpu and len(devices) != chips:
     raise ValueError(f"topology {topology} has {len(devices)} devices, expected {chips}")
   n = len(devices) if is_tpu else chips
