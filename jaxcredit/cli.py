@@ -51,6 +51,13 @@ def main(argv: list[str] | None = None) -> int:
   if command not in COMMANDS:
     print(f"jaxcredit: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
     return 2
+  if command in ("convert", "export"):
+    import signal
+
+    # Host-side work: never start a TPU runtime (libtpu may be installed), and turn SIGTERM into SystemExit so
+    # that the half-written output folder is removed as on Ctrl-C.
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
   return COMMANDS[command].run(command, argv[2:])
 
 
@@ -230,18 +237,28 @@ def _plan(command: str, args: list[str]) -> int:
   config = _load_config(command, rest)
   if isinstance(config, int):
     return config
+  json_file = None
+  if "json" in own:  # opened before the compile, so that a bad path costs nothing
+    try:
+      json_file = open(own["json"], "w")
+    except OSError as e:
+      print(f"jaxcredit plan: cannot write --json {own['json']}: {_one_line(e)}", file=sys.stderr)
+      return 2
   from jaxcredit.train import plan
 
   try:
     report = plan.run_plan(config, own["topology"], own.get("mesh", ""))
   except (ValueError, FileNotFoundError) as e:
     print(f"jaxcredit plan: error: {_one_line(e)}", file=sys.stderr)
-    return 1
-  if "json" in own:
+    if json_file is not None:
+      json_file.close()
+      os.remove(own["json"])
+    return 2
+  if json_file is not None:
     import json
 
-    with open(own["json"], "w") as f:
-      json.dump(report, f, indent=1)
+    with json_file:
+      json.dump(report, json_file, indent=1)
   return 0
 
 

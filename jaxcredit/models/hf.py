@@ -36,7 +36,8 @@ Layout (HF nn.Linear weights are [out, in]; ours are input-major, reshaped to he
     model.layers.{i}.mlp.experts.gate_up_proj [E, 2Fm, D] and .down_proj [E, D, Fm] (the fused layout of
         transformers v5's in-memory module) are accepted on input; export writes the per-expert layout.
 RoPE needs no permutation (HF and our decoder both use rotate_half). `rotary_emb.inv_freq` buffers of old
-checkpoints are skipped, and so is `lm_head.weight` when the config ties the embeddings (as transformers does).
+checkpoints are skipped, and so is `lm_head.weight` when the config ties the embeddings and it equals them (a head
+that differs is refused: transformers would keep it untied).
 
 A converted folder holds model_config.json, params/, source.json, tokenizer/ (when the source has tokenizer
 files) and hf/ (the source config.json and generation_config.json, and shards.json: the source's shard files,
@@ -257,6 +258,8 @@ def config_from_hf(hf: Mapping[str, Any], *, dtype: str = "float32", where: str 
         attention, partial rotary embeddings, a MoE model whose layers are not all MoE (mlp_only_layers,
         decoder_sparse_step), or a value ModelConfig refuses.
     """
+    if not isinstance(hf, Mapping):
+        raise ValueError(f"{where} must hold a JSON object, got {type(hf).__name__}")
     model_type = hf.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         why = " (qwen2 has q/k/v biases, which this decoder has not)" if model_type == "qwen2" else ""
@@ -465,7 +468,15 @@ def plan_conversion(cfg: ModelConfig, inventory: Mapping[str, TensorInfo],
         if inventory[name].shape != slot.hf_shape:
             raise ValueError(f"{where} does not match its config.json: tensor {name!r} has shape "
                              f"{inventory[name].shape}, the config implies {slot.hf_shape}")
-    skipped = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
+    skipped = set()
+    if cfg.tie_word_embeddings and "lm_head.weight" in inventory:
+        head, embed = inventory["lm_head.weight"], inventory.get("model.embed_tokens.weight")
+        if embed is None or head.shape != embed.shape or head.dtype != embed.dtype or \
+                not np.array_equal(read_tensor(head), read_tensor(embed)):
+            raise ValueError(f"{where}: config.json ties the embeddings (tie_word_embeddings=true) but tensor "
+                             f"'lm_head.weight' differs from 'model.embed_tokens.weight' (transformers keeps such a "
+                             f"head untied); set tie_word_embeddings to false in config.json")
+        skipped.add("lm_head.weight")  # a stored copy of the tied embedding
     unexpected = [n for n in inventory if n not in plan and n not in skipped and not _SKIPPED.fullmatch(n)]
     if unexpected:
         raise ValueError(f"{where} does not match its config.json: unexpected tensors {_first(unexpected)} "
@@ -726,6 +737,8 @@ def inspect_hf(folder: str | os.PathLike, *, dtype: str | None = None
         hf = json.loads(config_path.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{config_path} is not JSON ({e})") from None
+    if not isinstance(hf, dict):
+        raise ValueError(f"{config_path} must hold a JSON object, got {type(hf).__name__}")
     cfg = config_from_hf(hf, where=str(config_path))
     inventory, layout = read_inventory(folder)
     plan = plan_conversion(cfg, inventory, where=str(folder))

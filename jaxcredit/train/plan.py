@@ -52,8 +52,9 @@ def parse_topology(topology: str) -> tuple[str, int]:
     ValueError: an unknown generation or a malformed shape.
   """
   m = re.fullmatch(r"(v4|v5e|v5p|v6e):(\d+(?:x\d+)*)", topology.strip())
-  if not m:
-    raise ValueError(f"--topology {topology!r} must look like v5p:4x4x4 (generations: {sorted(CHIPS)})")
+  if not m or any(int(x) < 1 for x in m.group(2).split("x")):
+    raise ValueError(f"--topology {topology!r} must look like v5p:4x4x4 with sizes >= 1 "
+                     f"(generations: {sorted(CHIPS)})")
   return m.group(1), math.prod(int(x) for x in m.group(2).split("x"))
 
 
@@ -68,6 +69,8 @@ def parse_mesh(spec: str) -> dict[str, int]:
     name, _, value = part.partition("=")
     if name not in sharding.MESH_AXES or not value.isdigit() or int(value) < 1:
       raise ValueError(f"--mesh entry {part!r} must be AXIS=N with N >= 1 and AXIS in {sharding.MESH_AXES}")
+    if name in out:
+      raise ValueError(f"--mesh names {name!r} twice: {spec!r}")
     out[name] = int(value)
   return out
 
@@ -88,6 +91,9 @@ def topology_devices(topology: str) -> tuple[list, bool]:
     return list(topologies.get_topology_desc(platform="tpu", topology_name=topology).devices), True
   except Exception as e:  # no libtpu, or it cannot describe this topology
     last_topology_error = " ".join(str(e).split())[:300]
+    import importlib.util
+    if importlib.util.find_spec("libtpu") is not None:
+      raise ValueError(f"--topology {topology!r} is not a TPU slice libtpu can describe: {last_topology_error}")
     return list(jax.devices("cpu")), False
 
 
@@ -162,9 +168,9 @@ def plan_step(cfg: ModelConfig, *, topology: str, mesh: Mapping[str, int], batch
   if math.prod(shape.values()) != n:
     raise ValueError(f"--mesh {shape} uses {math.prod(shape.values())} chips; {topology} has {n}")
   if not is_tpu and len(devices) < n:
-    raise ValueError(f"no TPU topology ({last_topology_error or 'libtpu missing'}), and only {len(devices)} "
-                     f"CPU devices to simulate {n} chips: run with "
-                     f"XLA_FLAGS=--xla_force_host_platform_device_count={n} (the CLI sets it)")
+    raise ValueError(f"libtpu is not installed, and only {len(devices)} CPU devices are there to simulate {n} "
+                     f"chips: run with XLA_FLAGS=--xla_force_host_platform_device_count={n} (the CLI sets it), or "
+                     f"install libtpu (pip install -e '.[tpu]') for real TPU numbers")
   m = sharding.make_mesh(shape, devices[:n])
   dp = shape.get("data", 1) * shape.get("fsdp", 1) * shape.get("expert", 1)
   if batch_size % (dp * num_micro_batches):
@@ -222,7 +228,11 @@ def _report(cfg, topology, generation, n, is_tpu, shape, batch_size, seq_len, nu
 
 
 def _gib(x: float) -> str:
-  return f"{x / 2**30:.2f} GiB"
+  return f"{x / 2**30:.2f} GiB" if x >= 2**30 else f"{x / 2**20:.1f} MiB"
+
+
+def _count(n: float) -> str:
+  return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
 
 
 def format_report(r: Mapping[str, Any]) -> str:
@@ -231,7 +241,7 @@ def format_report(r: Mapping[str, Any]) -> str:
       "ESTIMATE: no libtpu, compiled for a simulated mesh of CPU devices (XLA:CPU memory and FLOPs)"
   lines = [
       f"plan: {r['topology']} ({r['chips']} chips), mesh {r['mesh']} - {where}",
-      f"  model: {r['model']['num_params'] / 1e9:.2f}B params ({r['model']['active_params'] / 1e9:.2f}B active), "
+      f"  model: {_count(r['model']['num_params'])} params ({_count(r['model']['active_params'])} active), "
       f"{r['model']['num_layers']} layers, {r['model']['dtype']}, remat={r['model']['remat']}, "
       f"attention={r['model']['attention_impl']}" + (f", moe={r['model']['moe_impl']}" if r['model']['moe_impl'] else ""),
       f"  batch: {r['batch_size']} x {r['seq_len']} tokens = {r['tokens']:,} tokens/step, "
@@ -278,7 +288,10 @@ def model_config_for(source: str, config=None) -> ModelConfig:
       source = str(smollm2_gguf_path())
     path = Path(source).expanduser()
     if (path / "model_config.json").is_file():
-      cfg = ModelConfig.from_dict(json.loads((path / "model_config.json").read_text()))
+      stored = json.loads((path / "model_config.json").read_text())
+      if not isinstance(stored, dict):
+        raise ValueError(f"{path / 'model_config.json'} must hold a JSON object")
+      cfg = ModelConfig.from_dict(stored)
     elif (path / "config.json").is_file():
       from jaxcredit.models import hf
       cfg = hf.config_from_hf(json.loads((path / "config.json").read_text()))
@@ -304,6 +317,8 @@ def run_plan(config, topology: str, mesh_spec: str) -> dict[str, Any]:
   Batch: config.plan.batch_size sequences (0: one per data-parallel shard, times train.num_micro_batches) of
   config.plan.seq_len tokens (0: sampling.max_len).
   """
+  from jaxcredit.train.config import validate
+  validate(config)
   sharding.set_rules(dict(config.sharding_rules))
   cfg = model_config_for(config.model.source, config)
   mesh = parse_mesh(mesh_spec)

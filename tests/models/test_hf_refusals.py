@@ -47,11 +47,27 @@ def test_unexpected_tensors_are_named(tmp_path):
     assert all(repr(n) in message for n in extra)
 
 
-def test_rotary_buffers_and_tied_lm_head_are_skipped(tmp_path):
-    extra = {"model.layers.0.self_attn.rotary_emb.inv_freq": np.ones(8, np.float32),
-             "lm_head.weight": np.ones((96, 64), np.float32)}
-    folder = write_numpy_hf(tmp_path / "hf", qwen3_config(tie_word_embeddings=True), extra=extra)
+def test_rotary_buffers_and_a_stored_copy_of_the_tied_head_are_skipped(tmp_path):
+    config = qwen3_config(tie_word_embeddings=True)
+    inventory, _ = hf_lib.read_inventory(write_numpy_hf(tmp_path / "plain", config))
+    embedding = hf_lib.read_tensor(inventory["model.embed_tokens.weight"])
+    extra = {"model.layers.0.self_attn.rotary_emb.inv_freq": np.ones(8, np.float32), "lm_head.weight": embedding}
+    folder = write_numpy_hf(tmp_path / "hf", config, extra=extra)
     assert convert_hf(folder, tmp_path / "out")["tensors"] == 1 + 2 * 11 + 1
+
+
+def test_tied_config_with_a_different_head_is_refused(tmp_path):
+    """transformers keeps such a head untied; tying it would silently change the logits."""
+    extra = {"lm_head.weight": np.ones((96, 64), np.float32)}
+    folder = write_numpy_hf(tmp_path / "hf", qwen3_config(tie_word_embeddings=True), extra=extra)
+    message = _refused(folder, tmp_path, "tie_word_embeddings")
+    assert "'lm_head.weight'" in message
+
+
+def test_config_json_that_is_not_an_object_is_refused(tmp_path):
+    folder = write_numpy_hf(tmp_path / "hf", qwen3_config())
+    (folder / "config.json").write_text("[1, 2]")
+    _refused(folder, tmp_path, "JSON object")
 
 
 @pytest.mark.parametrize("model_type", ["qwen2", "mistral", None])

@@ -39,6 +39,10 @@ def test_parse_topology_and_mesh():
     plan.parse_topology("v7x-64")
   with pytest.raises(ValueError, match="pipeline=2"):
     plan.parse_mesh("fsdp=4,pipeline=2")
+  with pytest.raises(ValueError, match="twice"):
+    plan.parse_mesh("fsdp=4,fsdp=2")
+  with pytest.raises(ValueError, match="sizes >= 1"):
+    plan.parse_topology("v5e:0x2")
 
 
 @needs_libtpu
@@ -89,6 +93,19 @@ def test_plan_cli_refuses_bad_topology_and_mesh(capsys):
   assert cli.main(["jaxcredit", "plan", "--config", "configs/plan_qwen3_4b.py", "--topology", "v5p:2x2x2",
                    "--mesh", "fsdp=x"]) == 2
   assert "fsdp=x" in capsys.readouterr().err
+  assert cli.main(["jaxcredit", "plan", "--config", "configs/plan_qwen3_4b.py", "--topology", "v5p:2x2x2",
+                   "--json", "/nonexistent-dir/plan.json"]) == 2
+  assert "--json" in capsys.readouterr().err
+  assert cli.main(["jaxcredit", "plan", "--config", "configs/plan_qwen3_4b.py", "--topology", "v5p:2x2x2",
+                   "--config.plan.seq_len=-5"]) == 2
+  assert "plan.seq_len" in capsys.readouterr().err
+
+
+@needs_libtpu
+def test_plan_cli_refuses_a_slice_libtpu_cannot_describe(capsys):
+  assert cli.main(["jaxcredit", "plan", "--config", "configs/plan_qwen3_4b.py", "--topology", "v5p:3x3x3"]) == 2
+  err = capsys.readouterr().err
+  assert "v5p:3x3x3" in err and "libtpu" in err and "XLA_FLAGS" not in err
 
 
 def test_plan_without_libtpu_simulates_the_chips_on_cpu_and_says_so():
