@@ -40,8 +40,8 @@ class ModelConfig:
             original_max_position_embeddings, optional beta_fast, beta_slow, attention_factor, truncate).
         attention_impl: "full" (materialises [L, S] scores; exact reference), "chunked" (flash-style in XLA:
             blocks of attention_chunk queries x keys with an online softmax and a recomputing backward; never an
-            [L, L] matrix), "splash" (the Pallas TPU splash kernel; TPU only) or "auto" (splash on TPU, chunked when
-            L > attention_chunk elsewhere, full otherwise).
+            [L, L] matrix), "splash" (the Pallas TPU splash kernel; Pallas interpret mode, slow, off TPU) or
+            "auto" (splash on TPU when L is a multiple of 128, else chunked when L > attention_chunk, else full).
         attention_chunk: block size of the chunked attention, in tokens.
         moe_impl: "ragged" (tokens sorted by expert, `jax.lax.ragged_dot`: k/E of the dense FLOPs) or "dense"
             (every expert on every token, weighted by the sparse router weights: simple, E/k times the FLOPs).

@@ -679,10 +679,11 @@ class Decoder(nnx.Module):
 
 def attention_impl(cfg: ModelConfig, length: int) -> str:
     """The attention used for a cache-free forward over `length` tokens: cfg.attention_impl, with "auto" meaning
-    splash on TPU, chunked when length > cfg.attention_chunk, full otherwise."""
+    splash on TPU (when length is a multiple of 128, the kernel's tile), chunked when length >
+    cfg.attention_chunk, full otherwise."""
     if cfg.attention_impl != "auto":
         return cfg.attention_impl
-    if jax.default_backend() == "tpu":
+    if jax.default_backend() == "tpu" and length % 128 == 0:
         return "splash"
     return "chunked" if length > cfg.attention_chunk else "full"
 

@@ -28,7 +28,8 @@ def splash_causal_attention(q_BxLxHxDh: jax.Array, k_BxLxKxDh: jax.Array, v_BxLx
     Args:
       q_BxLxHxDh: queries after RoPE; k_BxLxKxDh, v_BxLxKxDh: keys/values (K divides H).
       token_mask_BxL: bool, True for real tokens.
-      block: query/key block of the kernel; L must be a multiple of min(block, L) (on TPU, of 128).
+      block: preferred query/key block of the kernel; the first of (block, 512, 256, 128) that divides L is used,
+        else L itself (on TPU, L should be a multiple of 128).
       interpret: run the kernel in Pallas interpret mode (default: when the backend is not TPU).
 
     Returns:
@@ -43,7 +44,7 @@ def splash_causal_attention(q_BxLxHxDh: jax.Array, k_BxLxKxDh: jax.Array, v_BxLx
     b, l, h, dh = q_BxLxHxDh.shape
     kh = k_BxLxKxDh.shape[2]
     g = h // kh
-    blk = min(block, l)
+    blk = next((c for c in (block, 512, 256, 128) if c <= l and l % c == 0), l)
     if l % blk:
         raise ValueError(f"splash attention needs L ({l}) to be a multiple of its block ({blk}); pad the batch "
                          f"(config.train.length_bucket) or use attention_impl='chunked'")
