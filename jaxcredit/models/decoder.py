@@ -418,6 +418,9 @@ def moe_mlp(cfg: ModelConfig, h_BxLxD: jax.Array, p: Mapping[str, jax.Array]) ->
     """
     b, l, d = h_BxLxD.shape
     e, k = cfg.num_experts, cfg.num_experts_per_tok
+    mesh = jax.sharding.get_abstract_mesh()
+    if cfg.moe_impl == "ragged" and not mesh.empty and mesh.size > 1:
+        return _moe_sharded(cfg, h_BxLxD, p, mesh)  # routes inside the shard_map
     h_TxD = h_BxLxD.reshape(b * l, d)
     weights_TxK, experts_TxK = route(cfg, h_TxD, p["router"])
     if cfg.moe_impl == "dense":
@@ -429,9 +432,6 @@ def moe_mlp(cfg: ModelConfig, h_BxLxD: jax.Array, p: Mapping[str, jax.Array]) ->
                               ("activation_batch", "activation_expert", "activation_mlp"))
         out_TxD = jnp.einsum("tef,efd,te->td", act_TxExF, p["we_down"], combine_TxE)
         return out_TxD.reshape(b, l, d)
-    mesh = jax.sharding.get_abstract_mesh()
-    if not mesh.empty and mesh.size > 1:
-        return _moe_sharded(cfg, h_BxLxD, p, mesh)
     out_TxD = _ragged_experts(h_TxD, weights_TxK, experts_TxK, p["we_gate"], p["we_up"], p["we_down"], 0)
     return out_TxD.reshape(b, l, d)
 
