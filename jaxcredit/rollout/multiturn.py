@@ -13,7 +13,7 @@ from typing import Any, Callable, Protocol, Sequence
 import jax
 
 from jaxcredit.rollout.chat_format import ChatFormat, ChatTokenizerLike
-from jaxcredit.rollout.trajectory import RolloutBuilder
+from jaxcredit.trajectory import RolloutBuilder
 
 
 class EnvLike(Protocol):

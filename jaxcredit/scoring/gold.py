@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from jaxcredit.rollout.trajectory import Trajectory, pad_length
+from jaxcredit.trajectory import Trajectory, pad_length
 
 LogpFn = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (tokens_NxL, mask_NxL) -> logp_NxL
 

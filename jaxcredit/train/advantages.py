@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxcredit import credit
-from jaxcredit.rollout.trajectory import Trajectory
+from jaxcredit.trajectory import Trajectory
 
 # Methods whose credit needs a pass the trainer cannot run yet, and what that pass is.
 NEEDS_MISSING_PASS = {

@@ -29,7 +29,7 @@ from jaxcredit.models import load, load_tokenizer, smollm2_gguf_path
 from jaxcredit.models.decoder import param_logical_axes
 from jaxcredit.rollout.chat_format import ChatFormat
 from jaxcredit.rollout.multiturn import build_demonstration, run_rollouts
-from jaxcredit.rollout.trajectory import pack
+from jaxcredit.trajectory import pack
 from jaxcredit.sampling import Sampler, SamplingParams
 from jaxcredit.scoring.gold import score_gold_answers
 from jaxcredit.train import advantages as adv_lib

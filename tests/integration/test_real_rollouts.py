@@ -15,7 +15,7 @@ import pytest
 from jaxcredit.envs import arithmetic
 from jaxcredit.rollout.chat_format import ChatFormat
 from jaxcredit.rollout.multiturn import run_rollouts
-from jaxcredit.rollout.trajectory import pack
+from jaxcredit.trajectory import pack
 from jaxcredit.sampling import Sampler, SamplingParams
 from jaxcredit.train import step as step_lib
 from jaxcredit.train.trainer import STOP_STRINGS

@@ -4,7 +4,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from jaxcredit.rollout.trajectory import RolloutBuilder, pack
+from jaxcredit.trajectory import RolloutBuilder, pack
 from jaxcredit.train import advantages
 from jaxcredit.train.config import base_config
 
