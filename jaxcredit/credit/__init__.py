@@ -13,6 +13,7 @@ from jaxcredit.credit.crest import crest_turn_advantages
 from jaxcredit.credit.distill import opd_token_advantages
 from jaxcredit.credit.gear import gear_advantages
 from jaxcredit.credit.gear import gear_segments
+from jaxcredit.credit.gigpo import gigpo_advantages
 from jaxcredit.credit.hsd import hsd_select_peers
 from jaxcredit.credit.hsd import hsd_token_advantages
 from jaxcredit.credit.outcome import grpo_advantages
@@ -37,4 +38,5 @@ __all__ = (
     "gear_segments",
     "gear_advantages",
     "opd_token_advantages",
+    "gigpo_advantages",
 )

@@ -283,3 +283,35 @@ def gear_adv(seq_adv, divergence, entropy, action_mask, alpha=1.0, k_sigma=2.0, 
   for i in acts:
     out[i] = f32(seq_adv) * f32(u[i] / mean)
   return out
+
+
+# -------------------------------------------------------------------------------------------------- GiGPO
+
+
+def gigpo_advantages_ref(rewards, state_ids, turn_mask, sample_mask=None, gamma=0.95, omega=1.0, scale="group", eps=1e-6):
+  rewards = np.asarray(rewards, f32)
+  num_g, num_turns = np.shape(turn_mask)
+  mask = _mask(sample_mask, num_g)
+  valid = [mask[g] and _finite(rewards[g]) for g in range(num_g)]
+  a_episode = grpo(rewards, sample_mask, scale, eps)
+  # n_g - 1 is the index of the last real turn (the count of real turns when they are a prefix)
+  step_return = {}
+  for g in range(num_g):
+    real = [t for t in range(num_turns) if turn_mask[g][t]]
+    if valid[g] and real:
+      for t in real:
+        step_return[g, t] = f32(f32(f32(gamma) ** (real[-1] - t)) * rewards[g])
+  members = {}  # state id -> the (g, t) taken in that state
+  for (g, t) in step_return:
+    k = int(state_ids[g][t])
+    if k >= 0:
+      members.setdefault(k, []).append((g, t))
+  a_step = {}
+  for k, turns in members.items():
+    a_group = grpo([step_return[gt] for gt in turns], None, scale, eps)
+    for gt, a in zip(turns, a_group):
+      a_step[gt] = a
+  out = np.zeros((num_g, num_turns), f32)
+  for (g, t) in step_return:
+    out[g, t] = a_episode[g] + f32(omega) * a_step.get((g, t), f32(0.0))
+  return out
