@@ -7,6 +7,5 @@ def get_config():
   c = base_config()
   c.workdir = "runs/drgrpo"
   c.credit.method = "drgrpo"
-  c.credit.scale = "none"
   c.loss.aggregation = "seq-mean-token-sum-norm"
   return c

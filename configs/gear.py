@@ -1,5 +1,6 @@
-"""gear on the quickstart setup. The trainer refuses this method until its teacher pass exists (it says which);
-the credit function itself is available as jaxcredit.credit (see docs/credit.md)."""
+"""GEAR on the quickstart task: the GRPO advantage redistributed over segments anchored at spikes of the
+full-vocabulary reverse KL between the policy and the policy shown the verified answer. Knobs: config.credit.gear.*.
+"""
 
 from jaxcredit.train.config import base_config
 

@@ -1,5 +1,7 @@
-"""hsd on the quickstart setup. The trainer refuses this method until its teacher pass exists (it says which);
-the credit function itself is available as jaxcredit.credit (see docs/credit.md)."""
+"""HSD on the quickstart task: GRPO plus a dense term from the policy conditioned on a successful peer rollout of
+the same group (its transcript, then the gold answer; no peer: the gold answer alone, or
+--config.credit.hsd.fallback=skip). Knobs: config.credit.hsd.*.
+"""
 
 from jaxcredit.train.config import base_config
 

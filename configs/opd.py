@@ -1,5 +1,8 @@
-"""opd on the quickstart setup. The trainer refuses this method until its teacher pass exists (it says which);
-the credit function itself is available as jaxcredit.credit (see docs/credit.md)."""
+"""On-policy distillation on the quickstart task: token advantage = teacher - policy log-prob of each sampled
+token (no outcome term). The shipped teacher is SmolLM2-135M-Instruct as installed (before the warm start), so
+the run works on a fresh machine; point it at a larger model that shares the tokenizer with
+--config.teacher.source=path/to/SmolLM2-360M-Instruct.gguf (or a Hugging Face / converted folder).
+"""
 
 from jaxcredit.train.config import base_config
 
@@ -8,4 +11,6 @@ def get_config():
   c = base_config()
   c.workdir = "runs/opd"
   c.credit.method = "opd"
+  c.teacher.source = "smollm2"
+  c.rollout.group_size = 4
   return c

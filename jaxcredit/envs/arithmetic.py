@@ -398,3 +398,33 @@ def demonstration(task: ArithmeticTask, rng: _RandomLike) -> list[dict]:
       {"role": "tool", "content": obs},
       {"role": "assistant", "content": tool_calls.render_answer(value)},
   ]
+
+
+def privileged_info(task: ArithmeticTask) -> str:
+  """The verified ground truth a teacher may see: the expression, its value and the answer in the answer format."""
+  return f"{task.expression} = {task.answer}, so the final answer is {tool_calls.render_answer(task.answer)}"
+
+
+def env_spec(max_tool_calls: int = 2):
+  """The arithmetic environment as an `EnvSpec` (the `ENVS["arithmetic"]` row).
+
+  Args:
+    max_tool_calls: calculator calls per rollout; a rollout has at most max_tool_calls + 1 assistant turns.
+
+  Raises:
+    ValueError: if `max_tool_calls` < 0.
+  """
+  from jaxcredit.envs.spec import EnvSpec
+  if max_tool_calls < 0:
+    raise ValueError(f"config.env.max_tool_calls must be >= 0, got {max_tool_calls}")
+  return EnvSpec(
+      make_tasks=lambda split, num, seed: make_tasks(split, num, seed),
+      make_env=lambda task: ArithmeticEnv(task, max_tool_calls=max_tool_calls),
+      initial_messages=initial_messages,
+      stop_strings=(tool_calls.TOOL_CALL_CLOSE, tool_calls.ANSWER_CLOSE),
+      max_turns=max_tool_calls + 1,
+      is_success=lambda reward: reward > 0.5,
+      demonstration=demonstration,
+      gold_answer_text=gold_answer_text,
+      privileged_info=privileged_info,
+  )

@@ -540,18 +540,21 @@ class Decoder(nnx.Module):
 
     def __call__(self, tokens_BxL: jax.Array, *, positions_BxL: jax.Array | None = None,
                  token_mask_BxL: jax.Array | None = None,
-                 cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
+                 cache: KVCache | None = None, segment_ids_BxL: jax.Array | None = None,
+                 prefix_limit_BxL: jax.Array | None = None) -> tuple[jax.Array, KVCache | None]:
         """Float32 logits_BxLxV for every token, and the updated cache (None without one).
 
         See `hidden_states` for the arguments and errors.
         """
         h_BxLxD, cache = self.hidden_states(tokens_BxL, positions_BxL=positions_BxL,
-                                            token_mask_BxL=token_mask_BxL, cache=cache)
+                                            token_mask_BxL=token_mask_BxL, cache=cache,
+                                            segment_ids_BxL=segment_ids_BxL, prefix_limit_BxL=prefix_limit_BxL)
         return self.logits(h_BxLxD), cache
 
     def hidden_states(self, tokens_BxL: jax.Array, *, positions_BxL: jax.Array | None = None,
                       token_mask_BxL: jax.Array | None = None,
-                      cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
+                      cache: KVCache | None = None, segment_ids_BxL: jax.Array | None = None,
+                      prefix_limit_BxL: jax.Array | None = None) -> tuple[jax.Array, KVCache | None]:
         """Runs the blocks and the final norm.
 
         Args:
@@ -566,13 +569,30 @@ class Decoder(nnx.Module):
             at slots [cache.index, cache.index + L) of every row, their mask bits set from token_mask_BxL, and each
             token attends to the real slots at or before its own. The caller keeps index + L <= capacity (inside
             jit an overflow cannot be detected: dynamic_update_slice would clamp the write).
+          segment_ids_BxL: None (the default) for a plain causal forward. Otherwise a packed row: int, 0 on the
+            shared prefix, k >= 1 on the k-th appended segment (e.g. one copy of a continuation per prefix length;
+            values on pads are ignored). With it, query q may attend to key s when
+              token_mask[s] & s <= q & (segment[s] == segment[q] | (segment[s] == 0 & s < prefix_limit[q])),
+            i.e. every segment is causal within itself, the prefix (segment 0) is plainly causal, and a token of
+            segment k >= 1 also sees the prefix slots before its limit. See `packed_attention_mask`. Pass
+            positions_BxL too (the default positions count real tokens, which is wrong for a packed row: a
+            segment continues from its own prefix length, see `jaxcredit.scoring.gold`).
+          prefix_limit_BxL: int, per token of a segment k >= 1 the number of prefix slots it may attend to (slots
+            [0, limit)); ignored on segment 0. Default: 0 (segments see only themselves). Only with
+            segment_ids_BxL.
+
+        Packed (segment) calls always run the "full" attention, whatever cfg.attention_impl says: the chunked and
+        splash kernels know only a causal-and-padding mask (splash's segment ids cannot express "also the prefix up
+        to a limit"), and a packed row is a forward-only scoring row of moderate length, so the [B, L, L] mask and
+        the O(B·H·L²) float32 scores of the full path are affordable. The default path (both None) is unchanged.
 
         Returns:
           (h_BxLxD after the final norm, in cfg.dtype; the cache with index += L, or None).
 
         Raises:
           ValueError: at trace time, for a wrong rank or shape of any argument, a cache of another model shape, or
-            (when known statically) more tokens than the cache has slots.
+            (when known statically) more tokens than the cache has slots; prefix_limit_BxL without segment_ids_BxL;
+            segment_ids_BxL together with a cache (packed rows are cache-free).
         """
         cfg = self.cfg
         _check_rank("tokens_BxL", tokens_BxL, 2)
@@ -585,6 +605,16 @@ class Decoder(nnx.Module):
         token_mask_BxL = token_mask_BxL.astype(jnp.bool_)
         if positions_BxL is not None:
             _check_rank("positions_BxL", positions_BxL, 2, (b, l))
+        packed = segment_ids_BxL is not None
+        if prefix_limit_BxL is not None and not packed:
+            raise ValueError("prefix_limit_BxL needs segment_ids_BxL (it only applies to packed segments)")
+        if packed:
+            if cache is not None:
+                raise ValueError("segment_ids_BxL / prefix_limit_BxL describe a packed, cache-free forward; "
+                                 "they cannot be combined with a cache")
+            _check_rank("segment_ids_BxL", segment_ids_BxL, 2, (b, l))
+            if prefix_limit_BxL is not None:
+                _check_rank("prefix_limit_BxL", prefix_limit_BxL, 2, (b, l))
 
         if cache is not None:
             expected = (cfg.num_layers, b, cache.capacity, cfg.num_kv_heads, cfg.head_dim)
@@ -606,7 +636,10 @@ class Decoder(nnx.Module):
                                         0)
         cos_BxLxDh, sin_BxLxDh = rope_cos_sin(positions_BxL, cfg.head_dim, cfg.rope_theta, cfg)
 
-        if cache is None:
+        if packed:
+            mask_BxLxS = packed_attention_mask(token_mask_BxL, segment_ids_BxL, prefix_limit_BxL)
+            index = None
+        elif cache is None:
             causal_LxL = jnp.tril(jnp.ones((l, l), jnp.bool_))
             mask_BxLxS = causal_LxL[None, :, :] & token_mask_BxL[:, None, :]  # only built by the "full" path
             index = None
@@ -623,7 +656,7 @@ class Decoder(nnx.Module):
         params = self.layers.stacked()
 
         if cache is None:
-            impl = attention_impl(cfg, l)
+            impl = "full" if packed else attention_impl(cfg, l)
 
             def body(x_BxLxD, p):
                 q_BxLxHxDh, k_BxLxKxDh, v_BxLxKxDh = _qkv(cfg, x_BxLxD, p, cos_BxLxDh, sin_BxLxDh)
@@ -675,6 +708,30 @@ class Decoder(nnx.Module):
         if self.lm_head is None:
             return jnp.einsum("...d,vd->...v", h_BxLxD, self.embedding[...], preferred_element_type=jnp.float32)
         return jnp.einsum("...d,dv->...v", h_BxLxD, self.lm_head[...], preferred_element_type=jnp.float32)
+
+
+def packed_attention_mask(token_mask_BxL: jax.Array, segment_ids_BxL: jax.Array,
+                          prefix_limit_BxL: jax.Array | None = None) -> jax.Array:
+    """mask_BxLxS (S = L) of a packed row: a shared prefix (segment 0) and segments k >= 1 appended after it.
+
+        allowed[b, q, s] = token_mask[b, s] & s <= q
+                           & (segment[b, s] == segment[b, q] | (segment[b, s] == 0 & s < prefix_limit[b, q]))
+
+    prefix_limit defaults to 0 (each segment sees only itself); it is irrelevant on segment 0, whose tokens see
+    the prefix causally anyway. With one segment 0 (all zeros) this is the plain causal-and-padding mask.
+    """
+    l = token_mask_BxL.shape[1]
+    seg_BxL = jnp.asarray(segment_ids_BxL).astype(jnp.int32)
+    slot_L = jnp.arange(l, dtype=jnp.int32)
+    causal_LxS = slot_L[None, :] <= slot_L[:, None]
+    same_BxLxS = seg_BxL[:, :, None] == seg_BxL[:, None, :]
+    if prefix_limit_BxL is None:
+        allowed_BxLxS = same_BxLxS
+    else:
+        limit_BxL = jnp.asarray(prefix_limit_BxL).astype(jnp.int32)
+        in_prefix_BxLxS = (seg_BxL[:, None, :] == 0) & (slot_L[None, None, :] < limit_BxL[:, :, None])
+        allowed_BxLxS = same_BxLxS | in_prefix_BxLxS
+    return causal_LxS[None] & token_mask_BxL.astype(jnp.bool_)[:, None, :] & allowed_BxLxS
 
 
 def attention_impl(cfg: ModelConfig, length: int) -> str:

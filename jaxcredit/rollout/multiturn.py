@@ -30,6 +30,12 @@ class RolloutResult:
   finish: str          # "answer" | "no_answer" | "tool_budget" | "length"
   tool_calls: int
   tool_errors: int
+  messages: list[dict] = dataclasses.field(default_factory=list)  # the prompt, then each assistant/tool message
+
+
+def transcript(messages: Sequence[dict]) -> str:
+  """The assistant and tool messages of a rollout as plain text ("assistant: ...", "tool: ..."), one per line."""
+  return "\n".join(f"{m['role']}: {m['content']}" for m in messages if m["role"] in ("assistant", "tool"))
 
 
 def encode_prompt(tok: ChatTokenizerLike, messages: list[dict]) -> list[int]:
@@ -69,6 +75,7 @@ def run_rollouts(
   if len(envs) != len(prompts):
     raise ValueError(f"envs ({len(envs)}) and prompts ({len(prompts)}) must have the same length")
   builders = [RolloutBuilder.from_prompt(encode_prompt(tok, p)) for p in prompts]
+  messages = [list(p) for p in prompts]
   done = [False] * len(envs)
   finish = ["no_answer"] * len(envs)
   tool_calls = [0] * len(envs)
@@ -91,6 +98,7 @@ def run_rollouts(
       ids, logp, reason = out.tokens[j], out.logprobs[j], out.finish_reasons[j]
       builders[i].append_action(ids, [float(x) for x in logp])
       text = tok.decode(ids, skip_special_tokens=True)
+      messages[i].append({"role": "assistant", "content": text})
       result = envs[i].step(text)
       info = getattr(result, "info", {}) or {}
       tool_calls[i] = int(info.get("tool_calls", tool_calls[i]))
@@ -103,11 +111,12 @@ def run_rollouts(
         done[i], finish[i] = True, "tool_budget"
         continue
       emitted_eos = bool(ids) and ids[-1] == tok.eos_id
+      messages[i].append({"role": "tool", "content": result.observation})
       builders[i].append_context(tok.encode(fmt.observation_text(result.observation, emitted_eos)))
       builders[i].mark_boundary()
   return [
       RolloutResult(builder=builders[i], env=envs[i], reward=float(envs[i].reward()), finish=finish[i],
-                    tool_calls=tool_calls[i], tool_errors=tool_errors[i])
+                    tool_calls=tool_calls[i], tool_errors=tool_errors[i], messages=messages[i])
       for i in range(len(envs))
   ]
 

@@ -6,6 +6,10 @@ is drawn, never the recorded log-prob, so the on-policy ratio is exactly 1 up to
 `chunked_logprobs_and_entropies` computes log-probs and entropies from final hidden states and the output head
 chunk by chunk (sequence and vocabulary), so neither the forward nor the backward pass holds [B, L, V] logits;
 `sequence_logprobs` uses it. `logprobs_from_logits` is the plain reference over full logits.
+`packed_slot_logprobs` scores chosen tokens of packed rows (a shared prefix plus appended segments, e.g. one
+copy of a gold answer per boundary) in one forward.
+`chunked_reverse_kl` computes the full-vocabulary KL(student ‖ teacher) from two models' hidden states and
+heads the same way (the teacher passes' divergence, docs/teacher-passes.md).
 
 Letters: B batch, L tokens, V vocabulary, D hidden width.
 """
@@ -236,9 +240,64 @@ def _output_head_DxV(model) -> jax.Array:
     return model.lm_head[...]
 
 
+def _check_tokens_and_mask(tokens_BxL, token_mask_BxL) -> tuple[jax.Array, jax.Array]:
+    tokens_BxL = jnp.asarray(tokens_BxL)
+    mask_BxL = jnp.asarray(token_mask_BxL)
+    if tokens_BxL.ndim != 2:
+        raise ValueError(f"tokens_BxL must have rank 2, got shape {tokens_BxL.shape}")
+    if not jnp.issubdtype(tokens_BxL.dtype, jnp.integer):
+        raise ValueError(f"tokens_BxL must be integer token ids, got dtype {tokens_BxL.dtype}")
+    if mask_BxL.shape != tokens_BxL.shape:
+        raise ValueError(f"token_mask_BxL {mask_BxL.shape} must have the shape of tokens_BxL {tokens_BxL.shape}")
+    return tokens_BxL.astype(jnp.int32), mask_BxL.astype(bool)
+
+
+def _packed_args(tokens_BxL, positions_BxL, segment_ids_BxL, prefix_limit_BxL) -> dict:
+    """The checked packing keyword arguments of `model.hidden_states` (only those given)."""
+    shape = tokens_BxL.shape
+    kwargs = {}
+    for name, value in (("positions_BxL", positions_BxL), ("segment_ids_BxL", segment_ids_BxL),
+                        ("prefix_limit_BxL", prefix_limit_BxL)):
+        if value is None:
+            continue
+        value = jnp.asarray(value)
+        if value.shape != shape:
+            raise ValueError(f"{name} {value.shape} must have the shape of tokens_BxL {shape}")
+        if not jnp.issubdtype(value.dtype, jnp.integer):
+            raise ValueError(f"{name} must be integers, got dtype {value.dtype}")
+        kwargs[name] = value.astype(jnp.int32)
+    if "segment_ids_BxL" in kwargs and "positions_BxL" not in kwargs:
+        raise ValueError("segment_ids_BxL needs explicit positions_BxL: the default positions (a count of the "
+                         "real tokens) do not restart a packed segment at its prefix length")
+    if "prefix_limit_BxL" in kwargs and "segment_ids_BxL" not in kwargs:
+        raise ValueError("prefix_limit_BxL needs segment_ids_BxL")
+    return kwargs
+
+
+def packed_predictor_slots(token_mask_BxL: jax.Array, segment_ids_BxL: jax.Array,
+                           prefix_limit_BxL: jax.Array | None = None) -> jax.Array:
+    """pred_BxL: the slot whose hidden state predicts each token of a packed row, -1 where there is none.
+
+        pred[b, t] = max{s < t : allowed[b, t, s]}     (allowed: `jaxcredit.models.decoder.packed_attention_mask`)
+
+    i.e. the latest slot before t that t attends to: t-1 inside a segment (and on the plain prefix), but
+    prefix_limit[t] - 1 for the first token of an appended segment, whose context is the prefix up to its limit,
+    not the previous segment's last token that happens to precede it in the packed row.
+    """
+    from jaxcredit.models.decoder import packed_attention_mask
+
+    l = token_mask_BxL.shape[1]
+    allowed_BxLxS = packed_attention_mask(token_mask_BxL, segment_ids_BxL, prefix_limit_BxL)
+    slot_S = jnp.arange(l, dtype=jnp.int32)
+    before_BxLxS = allowed_BxLxS & (slot_S[None, None, :] < slot_S[None, :, None])
+    return jnp.max(jnp.where(before_BxLxS, slot_S[None, None, :], -1), axis=-1).astype(jnp.int32)
+
+
 def sequence_logprobs_and_entropies(model, tokens_BxL: jax.Array, token_mask_BxL: jax.Array,
                                     temperature: float | jax.Array, *, seq_chunk: int | None = None,
-                                    vocab_chunk: int | None = None) -> tuple[jax.Array, jax.Array]:
+                                    vocab_chunk: int | None = None, positions_BxL: jax.Array | None = None,
+                                    segment_ids_BxL: jax.Array | None = None,
+                                    prefix_limit_BxL: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """Per-token log-probs of `tokens_BxL` under `model`, and the entropies of the distributions that scored them.
 
     One forward pass without a cache up to the final norm (`model.hidden_states`), then
@@ -252,6 +311,14 @@ def sequence_logprobs_and_entropies(model, tokens_BxL: jax.Array, token_mask_BxL
     and padding get 0 (as in `logprobs_from_logits`). Positions are cumsum(mask) - 1, so left-padded rows score
     as if unpadded.
 
+    Packed rows (segment_ids_BxL given; see `Decoder.hidden_states` for the segment mask): the predictor of token
+    t is not t-1 but `packed_predictor_slots`: the latest slot before t that t attends to. Inside a segment that
+    is t-1; for the first token of an appended segment k >= 1 it is the prefix slot prefix_limit[t] - 1 (a copy
+    of a continuation appended after the prefix's last boundary is predicted from the prefix position where it
+    would have started, not from the token before it in the packed row). The hidden states are gathered at the
+    predictor slots and scored against the head, so each token's log-prob equals a separate forward over its own
+    context. A token with no predictor (or a pad) gets 0.
+
     Works eagerly or inside a transform (nnx.jit, or jax.jit over nnx.merge(graphdef, state)), and under
     jax.grad with memory O(B · seq_chunk · vocab_chunk) for the head (see `chunked_logprobs_and_entropies`).
 
@@ -263,30 +330,35 @@ def sequence_logprobs_and_entropies(model, tokens_BxL: jax.Array, token_mask_BxL
         temperature: positive scalar, the sampler's temperature.
         seq_chunk: positions per chunk (default min(512, L)).
         vocab_chunk: vocabulary columns per chunk (default: see `chunked_logprobs_and_entropies`).
+        positions_BxL: int RoPE positions (default cumsum(mask) - 1; required with segment_ids_BxL).
+        segment_ids_BxL, prefix_limit_BxL: the packed-row description, passed to `model.hidden_states`.
 
     Returns:
         (logp_BxL, entropy_BxL): float32 nats.
 
     Raises:
-        ValueError: at trace time, naming the argument, for tokens that are not rank 2 integers, a mask of another
-            shape, a non-positive chunk size or a concrete non-positive temperature (and whatever
-            `model.hidden_states` raises).
+        ValueError: at trace time, naming the argument, for tokens that are not rank 2 integers, a mask or packing
+            argument of another shape, segment_ids_BxL without positions_BxL, a non-positive chunk size or a
+            concrete non-positive temperature (and whatever `model.hidden_states` raises).
     """
-    tokens_BxL = jnp.asarray(tokens_BxL)
-    mask_BxL = jnp.asarray(token_mask_BxL)
-    if tokens_BxL.ndim != 2:
-        raise ValueError(f"tokens_BxL must have rank 2, got shape {tokens_BxL.shape}")
-    if not jnp.issubdtype(tokens_BxL.dtype, jnp.integer):
-        raise ValueError(f"tokens_BxL must be integer token ids, got dtype {tokens_BxL.dtype}")
-    if mask_BxL.shape != tokens_BxL.shape:
-        raise ValueError(f"token_mask_BxL {mask_BxL.shape} must have the shape of tokens_BxL {tokens_BxL.shape}")
-    mask_BxL = mask_BxL.astype(bool)
-    tokens_BxL = tokens_BxL.astype(jnp.int32)
+    tokens_BxL, mask_BxL = _check_tokens_and_mask(tokens_BxL, token_mask_BxL)
+    packing = _packed_args(tokens_BxL, positions_BxL, segment_ids_BxL, prefix_limit_BxL)
     # Checked again below; checking first spares an eager caller the forward pass before the error.
     _chunk_size("seq_chunk", seq_chunk, DEFAULT_SEQ_CHUNK, 1)
     _chunk_size("vocab_chunk", vocab_chunk, DEFAULT_VOCAB_CHUNK, 1)
     _check_temperature(temperature)
-    positions_BxL = jnp.maximum(jnp.cumsum(mask_BxL.astype(jnp.int32), axis=-1) - 1, 0)
+    if "segment_ids_BxL" in packing:
+        h_BxLxD, _ = model.hidden_states(tokens_BxL, token_mask_BxL=mask_BxL, **packing)
+        pred_BxL = packed_predictor_slots(mask_BxL, packing["segment_ids_BxL"], packing.get("prefix_limit_BxL"))
+        h_pred_BxLxD = jnp.take_along_axis(h_BxLxD, jnp.maximum(pred_BxL, 0)[..., None], axis=1)
+        logp_BxL, entropy_BxL = chunked_logprobs_and_entropies(h_pred_BxLxD, _output_head_DxV(model), tokens_BxL,
+                                                               temperature, seq_chunk=seq_chunk,
+                                                               vocab_chunk=vocab_chunk)
+        valid_BxL = mask_BxL & (pred_BxL >= 0)
+        return jnp.where(valid_BxL, logp_BxL, 0.0), jnp.where(valid_BxL, entropy_BxL, 0.0)
+    positions_BxL = packing.get("positions_BxL")
+    if positions_BxL is None:
+        positions_BxL = jnp.maximum(jnp.cumsum(mask_BxL.astype(jnp.int32), axis=-1) - 1, 0)
     h_BxLxD, _ = model.hidden_states(tokens_BxL, positions_BxL=positions_BxL, token_mask_BxL=mask_BxL)
     # Position t predicts token t+1; the last position's target is a dummy (dropped), which keeps L whole so a
     # length that is a multiple of seq_chunk needs no padding.
@@ -299,9 +371,61 @@ def sequence_logprobs_and_entropies(model, tokens_BxL: jax.Array, token_mask_BxL
     return logp_BxL, entropy_BxL
 
 
+def packed_slot_logprobs(model, tokens_BxL: jax.Array, token_mask_BxL: jax.Array, slots_BxG: jax.Array,
+                         temperature: float | jax.Array, *, positions_BxL: jax.Array,
+                         segment_ids_BxL: jax.Array, prefix_limit_BxL: jax.Array | None = None,
+                         vocab_chunk: int | None = None) -> jax.Array:
+    """Log-probs of the tokens at chosen slots of packed rows: `sequence_logprobs(...)[b, slots[b, g]]` with
+    the same packing arguments, but the output head runs on the G chosen slots only, not on all L.
+
+    One forward over the packed rows (`model.hidden_states` with the segment mask), then for each chosen slot t
+    the hidden state of its predictor `packed_predictor_slots(...)[b, t]` (t-1 inside a segment; the prefix slot
+    prefix_limit[t] - 1 for the first token of an appended segment) is gathered and scored against the head with
+    `chunked_logprobs_and_entropies`. This is how TRACE scores a gold answer after every boundary of a rollout in
+    one forward (`jaxcredit.scoring.gold.score_gold_answers_packed`): the rollout's prefix is run once, the head
+    only on the (T+1)·|y*| gold tokens.
+
+    Args:
+        model: a `jaxcredit.models.Decoder`.
+        tokens_BxL, token_mask_BxL: the packed rows and their real-token mask.
+        slots_BxG: int slots in [0, L) whose tokens to score (padding entries may repeat any slot; the caller
+            ignores them).
+        temperature: positive scalar.
+        positions_BxL, segment_ids_BxL, prefix_limit_BxL: as `sequence_logprobs_and_entropies`.
+        vocab_chunk: vocabulary columns per chunk.
+
+    Returns:
+        logp_BxG: float32 nats; 0 where the slot is a pad or its token has no predictor.
+
+    Raises:
+        ValueError: as `sequence_logprobs_and_entropies`, and for slots_BxG that are not [B, G] integers.
+    """
+    tokens_BxL, mask_BxL = _check_tokens_and_mask(tokens_BxL, token_mask_BxL)
+    packing = _packed_args(tokens_BxL, positions_BxL, segment_ids_BxL, prefix_limit_BxL)
+    slots_BxG = jnp.asarray(slots_BxG)
+    if slots_BxG.ndim != 2 or slots_BxG.shape[0] != tokens_BxL.shape[0]:
+        raise ValueError(f"slots_BxG must have shape [B={tokens_BxL.shape[0]}, G], got {slots_BxG.shape}")
+    if not jnp.issubdtype(slots_BxG.dtype, jnp.integer):
+        raise ValueError(f"slots_BxG must be integer slot indices, got dtype {slots_BxG.dtype}")
+    _chunk_size("vocab_chunk", vocab_chunk, DEFAULT_VOCAB_CHUNK, 1)
+    _check_temperature(temperature)
+    slots_BxG = slots_BxG.astype(jnp.int32)
+    h_BxLxD, _ = model.hidden_states(tokens_BxL, token_mask_BxL=mask_BxL, **packing)
+    pred_BxL = packed_predictor_slots(mask_BxL, packing["segment_ids_BxL"], packing.get("prefix_limit_BxL"))
+    pred_BxG = jnp.take_along_axis(pred_BxL, slots_BxG, axis=1)
+    h_BxGxD = jnp.take_along_axis(h_BxLxD, jnp.maximum(pred_BxG, 0)[..., None], axis=1)
+    targets_BxG = jnp.take_along_axis(tokens_BxL, slots_BxG, axis=1)
+    logp_BxG, _ = chunked_logprobs_and_entropies(h_BxGxD, _output_head_DxV(model), targets_BxG, temperature,
+                                                 vocab_chunk=vocab_chunk)
+    valid_BxG = jnp.take_along_axis(mask_BxL, slots_BxG, axis=1) & (pred_BxG >= 0)
+    return jnp.where(valid_BxG, logp_BxG, 0.0)
+
+
 def sequence_logprobs(model, tokens_BxL: jax.Array, token_mask_BxL: jax.Array,
                       temperature: float | jax.Array, *, seq_chunk: int | None = None,
-                      vocab_chunk: int | None = None) -> jax.Array:
+                      vocab_chunk: int | None = None, positions_BxL: jax.Array | None = None,
+                      segment_ids_BxL: jax.Array | None = None,
+                      prefix_limit_BxL: jax.Array | None = None) -> jax.Array:
     """Per-token log-probs of `tokens_BxL` under `model`, one full forward pass without a cache.
 
     logp[b, t] is the log-prob (nats) of token t given the tokens before it, under log softmax(logits /
@@ -320,6 +444,8 @@ def sequence_logprobs(model, tokens_BxL: jax.Array, token_mask_BxL: jax.Array,
         temperature: positive scalar, the sampler's temperature.
         seq_chunk: positions per chunk (default min(512, L)).
         vocab_chunk: vocabulary columns per chunk (default: see `chunked_logprobs_and_entropies`).
+        positions_BxL, segment_ids_BxL, prefix_limit_BxL: optional RoPE positions and packed-row description
+            (see `sequence_logprobs_and_entropies`: a packed token is scored from its predictor slot).
 
     Returns:
         logp_BxL: float32 nats.
@@ -328,4 +454,126 @@ def sequence_logprobs(model, tokens_BxL: jax.Array, token_mask_BxL: jax.Array,
         ValueError: as `sequence_logprobs_and_entropies`.
     """
     return sequence_logprobs_and_entropies(model, tokens_BxL, token_mask_BxL, temperature, seq_chunk=seq_chunk,
-                                           vocab_chunk=vocab_chunk)[0]
+                                           vocab_chunk=vocab_chunk, positions_BxL=positions_BxL,
+                                           segment_ids_BxL=segment_ids_BxL, prefix_limit_BxL=prefix_limit_BxL)[0]
+
+
+def chunked_reverse_kl(h_student_BxLxD: jax.Array, head_student_DxV: jax.Array, h_teacher_BxLxD: jax.Array,
+                       head_teacher_DxV: jax.Array, temperature: float | jax.Array, *, seq_chunk: int | None = None,
+                       vocab_chunk: int | None = None) -> jax.Array:
+    """Reverse KL(student ‖ teacher) over the full vocabulary at every position, without [B, L, V] logits.
+
+    With z_s = (h_student[b, l] · head_student) / temperature and z_t = (h_teacher[b, l] · head_teacher) /
+    temperature, float32 vectors over the V vocabulary entries, p = softmax(z):
+
+        kl[b, l] = Σ_v p_s(v) (log p_s(v) - log p_t(v))
+                 = A / S_s - (m_s + log S_s) + (m_t + log S_t)
+
+    where, over the vocabulary, m_s and m_t are the running maxima, S_s = Σ exp(z_s - m_s), S_t = Σ exp(z_t - m_t)
+    and A = Σ exp(z_s - m_s) (z_s - z_t). The sums are kept online, `vocab_chunk` columns at a time (lax.scan),
+    each rescaled by exp(m_old - m_new) when its maximum grows; the sequence is processed `seq_chunk` positions
+    at a time. So the largest logits block is [B, seq_chunk, vocab_chunk] per model, never [B, L, V]. Both chunk
+    bodies are wrapped in `jax.checkpoint` (as in `chunked_logprobs_and_entropies`), so the result is also
+    differentiable with respect to both hidden states and heads at the same memory bound.
+
+    The result is clipped at 0 from below (the exact value is >= 0; rounding can give about -1e-7 where the two
+    distributions nearly agree). It is exactly 0 where the student's and the teacher's logits are identical.
+    Padded vocabulary columns get the logit -1e30 in both models and contribute exactly 0; padded positions are
+    dropped from the output.
+
+    Args:
+        h_student_BxLxD: the student's final hidden states at the positions that predict each token, any float
+            dtype.
+        head_student_DxV: the student's output projection [D, V] (for a tied table E [V, D], pass E.T).
+        h_teacher_BxLxD: the teacher's final hidden states, aligned with the student's: [B, L, D_t], where D_t
+            may differ from the student's D (a teacher of another size sharing the vocabulary).
+        head_teacher_DxV: the teacher's output projection [D_t, V], same V as the student's.
+        temperature: positive scalar (Python float or array, possibly traced), applied to both models.
+        seq_chunk: positions per sequence chunk, a positive int; default min(512, L). Clipped to L.
+        vocab_chunk: vocabulary columns per chunk, a positive int, clipped to V (default as in
+            `chunked_logprobs_and_entropies`).
+
+    Returns:
+        kl_BxL: float32, in nats, >= 0.
+
+    Raises:
+        ValueError: at trace time, naming the argument, for a wrong rank, a hidden state and its head disagreeing
+            on D, the two hidden states not sharing [B, L], the two heads not sharing V (or V = 0), a non-floating
+            input, a non-positive (or non-int) chunk size, or a concrete temperature that is not a positive scalar.
+    """
+    for name, x, rank in (("h_student_BxLxD", h_student_BxLxD, 3), ("head_student_DxV", head_student_DxV, 2),
+                          ("h_teacher_BxLxD", h_teacher_BxLxD, 3), ("head_teacher_DxV", head_teacher_DxV, 2)):
+        if getattr(x, "ndim", None) != rank:
+            raise ValueError(f"{name} must have rank {rank}, got shape {np.shape(x)}")
+        if not jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating):
+            raise ValueError(f"{name} must be floating point, got dtype {jnp.asarray(x).dtype}")
+    hs, ws = jnp.asarray(h_student_BxLxD), jnp.asarray(head_student_DxV)
+    ht, wt = jnp.asarray(h_teacher_BxLxD), jnp.asarray(head_teacher_DxV)
+    b, l, ds = hs.shape
+    dt = ht.shape[2]
+    if ht.shape[:2] != (b, l):
+        raise ValueError(f"h_teacher_BxLxD {ht.shape} must share [B, L] with h_student_BxLxD {hs.shape}")
+    if ws.shape[0] != ds:
+        raise ValueError(f"head_student_DxV {ws.shape} must have as many rows as h_student_BxLxD {hs.shape} has "
+                         f"features ({ds})")
+    if wt.shape[0] != dt:
+        raise ValueError(f"head_teacher_DxV {wt.shape} must have as many rows as h_teacher_BxLxD {ht.shape} has "
+                         f"features ({dt})")
+    v = ws.shape[1]
+    if wt.shape[1] != v:
+        raise ValueError(f"head_teacher_DxV {wt.shape} and head_student_DxV {ws.shape} must share the vocabulary "
+                         f"size V")
+    if v == 0:
+        raise ValueError(f"the heads must have at least one vocabulary column, got shape {ws.shape}")
+    lc = _chunk_size("seq_chunk", seq_chunk, DEFAULT_SEQ_CHUNK, l)
+    vc = _chunk_size("vocab_chunk", vocab_chunk, _default_vocab_chunk(v), v)
+    _check_temperature(temperature)
+    if l == 0 or b == 0:
+        return jnp.zeros((b, l), jnp.float32)
+
+    n_l = -(-l // lc)
+    n_v = -(-v // vc)
+    temperature = jnp.asarray(temperature, jnp.float32)
+
+    def vocab_chunks(w_DxV):
+        d = w_DxV.shape[0]
+        return jnp.pad(w_DxV.T, ((0, n_v * vc - v), (0, 0))).reshape(n_v, vc, d)
+
+    def seq_chunks(h_BxLxD):
+        d = h_BxLxD.shape[2]
+        return jnp.pad(h_BxLxD, ((0, 0), (0, n_l * lc - l), (0, 0))).reshape(b, n_l, lc, d).transpose(1, 0, 2, 3)
+
+    ws_NvxVcxD, wt_NvxVcxD = vocab_chunks(ws), vocab_chunks(wt)
+    offset_Nv = jnp.arange(n_v, dtype=jnp.int32) * vc
+
+    def seq_body(_, xs):
+        hs_BxLcxD, ht_BxLcxD = xs
+
+        def logits(h_BxLcxD, w_VcxD, col_Vc):
+            z = jnp.einsum("bld,vd->blv", h_BxLcxD, w_VcxD, preferred_element_type=jnp.float32) / temperature
+            return jnp.where(col_Vc < v, z, _NEG)
+
+        def vocab_body(carry, xs):
+            ms, ss, mt, st, a = carry
+            ws_VcxD, wt_VcxD, offset = xs
+            col_Vc = offset + jnp.arange(vc, dtype=jnp.int32)
+            zs = logits(hs_BxLcxD, ws_VcxD, col_Vc)
+            zt = logits(ht_BxLcxD, wt_VcxD, col_Vc)
+            ms_new = jnp.maximum(ms, jax.lax.stop_gradient(jnp.max(zs, axis=-1)))
+            mt_new = jnp.maximum(mt, jax.lax.stop_gradient(jnp.max(zt, axis=-1)))
+            alpha_s = jnp.exp(ms - ms_new)
+            es = jnp.exp(zs - ms_new[..., None])
+            ss_new = alpha_s * ss + jnp.sum(es, axis=-1)
+            st_new = jnp.exp(mt - mt_new) * st + jnp.sum(jnp.exp(zt - mt_new[..., None]), axis=-1)
+            a_new = alpha_s * a + jnp.sum(es * (zs - zt), axis=-1)
+            return (ms_new, ss_new, mt_new, st_new, a_new), None
+
+        neg = jnp.full((b, lc), _NEG, jnp.float32)
+        zero = jnp.zeros((b, lc), jnp.float32)
+        (ms, ss, mt, st, a), _ = jax.lax.scan(jax.checkpoint(vocab_body), (neg, zero, neg, zero, zero),
+                                              (ws_NvxVcxD, wt_NvxVcxD, offset_Nv))
+        kl = a / ss + (mt - ms) + (jnp.log(st) - jnp.log(ss))
+        return None, jnp.maximum(kl, 0.0)
+
+    _, kl_NlxBxLc = jax.lax.scan(jax.checkpoint(seq_body), None, (seq_chunks(hs), seq_chunks(ht)))
+    return kl_NlxBxLc.transpose(1, 0, 2).reshape(b, n_l * lc)[:, :l]

@@ -2,7 +2,7 @@
 
 A checkpoint holds params, optimizer state and a JSON `meta` item (RL step, phase, data-iterator state,
 RNG key, metrics-row count). The frozen reference (the policy as RL starts) is written once to
-`<workdir>/reference`. `<workdir>/config.json` records the training config; a rerun whose training keys
+`<workdir>/reference`, right before the step-0 checkpoint; a fresh start removes any reference a dead run left. `<workdir>/config.json` records the training config; a rerun whose training keys
 differ is refused before anything in the workdir is touched.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from typing import Any
 
 import jax
@@ -37,10 +38,18 @@ def _is_run_length(key: str) -> bool:
   return any(key == k or key.startswith(k + ".") for k in RUN_LENGTH_KEYS)
 
 
+def _other_method_knob(key: str, method: str | None) -> bool:
+  """`credit.<name>.<knob>` of a method other than the one trained: it cannot change the run."""
+  parts = key.split(".")
+  return len(parts) >= 3 and parts[0] == "credit" and parts[1] != method
+
+
 def training_key_diff(saved: dict, current: dict) -> list[str]:
-  """Training keys whose values differ between two config dicts (run-length keys ignored)."""
+  """Training keys whose values differ between two config dicts (run-length keys and the knobs of methods
+  other than the trained one ignored)."""
   a, b = _flatten(saved), _flatten(current)
-  keys = sorted(k for k in set(a) | set(b) if not _is_run_length(k))
+  method = b.get("credit.method")
+  keys = sorted(k for k in set(a) | set(b) if not _is_run_length(k) and not _other_method_knob(k, method))
   return [k for k in keys if a.get(k, "<missing>") != b.get(k, "<missing>")]
 
 
@@ -116,6 +125,11 @@ class Checkpointer:
 
   def has_reference(self) -> bool:
     return os.path.isdir(self.reference_dir)
+
+  def remove_reference(self) -> None:
+    """Removes a reference left by a run that died before its step-0 checkpoint (orbax will not overwrite it)."""
+    if os.path.isdir(self.reference_dir):
+      shutil.rmtree(self.reference_dir)
 
   def save_reference(self, params) -> None:
     with ocp.StandardCheckpointer() as checkpointer:

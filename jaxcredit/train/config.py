@@ -11,9 +11,14 @@ import math
 import ml_collections
 
 from jaxcredit import sharding
+from jaxcredit.envs import ENVS
 from jaxcredit.train.loss import AGGREGATIONS, KL_ESTIMATORS
+from jaxcredit.train.methods import METHODS
 
-CREDIT_METHODS = ("grpo", "drgrpo", "rloo", "trace", "crest", "toolopd", "hsd", "gear", "opd")
+DEFAULT_CONTEXT_WRAPPER = "\n\nReference (not visible to the assistant being trained): {context}"
+# Knobs whose values are one of a few strings, wherever a method has them.
+_KNOB_CHOICES = {"scale": ("group", "none"), "dense_norm": ("group_rms", "none"), "gold_reduce": ("sum", "mean"),
+                 "state_key": ("observation", "history"), "fallback": ("gold", "skip")}
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -64,23 +69,19 @@ def base_config() -> ml_collections.ConfigDict:
   c.rollout.group_size = 4            # G rollouts per prompt
 
   c.credit = ml_collections.ConfigDict()
-  c.credit.method = "trace"           # one of CREDIT_METHODS
-  c.credit.scale = "group"            # GRPO normalisation: "group" or "none" (Dr.GRPO)
-  c.credit.eps = 1e-6
-  c.credit.beta = 1.0                 # TRACE: weight of the dense TD term
-  c.credit.dense_norm = "group_rms"   # TRACE: "group_rms" or "none"
-  c.credit.gold_reduce = "sum"        # TRACE: "sum" (log p of the answer) or "mean" (per token)
-  c.credit.tau = 1.0                  # CrEST: teacher-entropy gate threshold (nats)
-  c.credit.gate_temperature = 0.25    # CrEST: sigmoid temperature of the gate
-  c.credit.max_log_ratio = 2.0        # CrEST: clip on the signed teacher/policy log-ratio
-  c.credit.max_credit = 2.0           # ToolOPD: clip on the hindsight credit
-  c.credit.distill_coef = 0.1         # ToolOPD / HSD / OPD: weight of the distillation term
-  c.credit.success_threshold = 0.5    # HSD: a peer is successful when reward > this
-  c.credit.clip = 1.0                 # HSD: clip on the teacher/policy log-ratio
-  c.credit.k_sigma = 2.0              # GEAR: spike threshold mean + k_sigma * std of the divergence
-  c.credit.tau_low = 0.1              # GEAR: divergence that extends a segment
-  c.credit.entropy_floor = 1.0        # GEAR: entropy (nats) that extends a segment
-  c.credit.alpha = 1.0                # GEAR: strength of the rescaling
+  c.credit.method = "trace"           # a name in jaxcredit.train.methods.METHODS
+  # One node per method with its knobs, named as the credit functions' arguments (docs/credit.md):
+  # --config.credit.trace.beta=0.5, --config.credit.crest.tau=0.8, ... Only the chosen method's node must match
+  # on resume.
+  for name, method in METHODS.items():
+    c.credit[name] = ml_collections.ConfigDict(dict(method.knobs))
+
+  # The teacher of the dense methods' passes (docs/teacher-passes.md).
+  c.teacher = ml_collections.ConfigDict()
+  c.teacher.source = ""               # "" = the method's default; "policy", "reference", "smollm2", or a checkpoint
+  c.teacher.max_context_tokens = 128  # a longer context is cut from its start (the end is kept)
+  c.teacher.max_len = 512             # the teacher's sequence budget; a rollout that does not fit loses its pass
+  c.teacher.context_wrapper = DEFAULT_CONTEXT_WRAPPER  # appended to the last user message; {context} = the text
 
   c.loss = ml_collections.ConfigDict()
   c.loss.eps_low = 0.2
@@ -134,10 +135,11 @@ def validate(c: ml_collections.ConfigDict) -> None:
       raise ValueError(f"config.mesh.{axis} is not a mesh axis; known: {sharding.MESH_AXES}")
     if isinstance(size, bool) or not isinstance(size, int) or (size < 1 and size != -1):
       raise ValueError(f"config.mesh.{axis} must be an int >= 1 (or -1 for the rest), got {size!r}")
-  if c.credit.method not in CREDIT_METHODS:
-    raise ValueError(f"config.credit.method must be one of {CREDIT_METHODS}, got {c.credit.method!r}")
-  if c.credit.scale not in ("group", "none"):
-    raise ValueError(f"config.credit.scale must be 'group' or 'none', got {c.credit.scale!r}")
+  if c.credit.method not in METHODS:
+    raise ValueError(f"config.credit.method must be one of {tuple(METHODS)}, got {c.credit.method!r}")
+  if c.env.name not in ENVS:
+    raise ValueError(f"config.env.name must be one of {sorted(ENVS)}, got {c.env.name!r}")
+  _validate_knobs(c)
   for key in ("total_steps", "log_every", "checkpoint_every", "rollout.prompts_per_step", "rollout.group_size",
               "sampling.max_new_tokens", "sampling.max_len", "train.num_micro_batches", "sft.batch_size",
               "eval.batch_size", "env.num_train_tasks"):
@@ -154,22 +156,52 @@ def validate(c: ml_collections.ConfigDict) -> None:
   if not 0 < c.sampling.top_p <= 1:
     raise ValueError(f"config.sampling.top_p must be in (0, 1], got {c.sampling.top_p}")
   positive = {"sampling.temperature": c.sampling.temperature, "optim.learning_rate": c.optim.learning_rate,
-              "sft.learning_rate": c.sft.learning_rate, "credit.eps": c.credit.eps}
+              "sft.learning_rate": c.sft.learning_rate}
   for key, v in positive.items():
     if not (math.isfinite(v) and v > 0):
       raise ValueError(f"config.{key} must be a finite number > 0, got {v}")
-  non_negative = {"credit.beta": c.credit.beta, "loss.kl_coef": c.loss.kl_coef, "loss.eps_low": c.loss.eps_low,
+  non_negative = {"loss.kl_coef": c.loss.kl_coef, "loss.eps_low": c.loss.eps_low,
                   "loss.eps_high": c.loss.eps_high, "optim.weight_decay": c.optim.weight_decay}
   for key, v in non_negative.items():
     if not (math.isfinite(v) and v >= 0):
       raise ValueError(f"config.{key} must be a finite number >= 0, got {v}")
   choices = {"loss.aggregation": (c.loss.aggregation, AGGREGATIONS),
-             "loss.kl_estimator": (c.loss.kl_estimator, KL_ESTIMATORS),
-             "credit.dense_norm": (c.credit.dense_norm, ("group_rms", "none")),
-             "credit.gold_reduce": (c.credit.gold_reduce, ("sum", "mean"))}
+             "loss.kl_estimator": (c.loss.kl_estimator, KL_ESTIMATORS)}
   for key, (v, allowed) in choices.items():
     if v not in allowed:
       raise ValueError(f"config.{key} must be one of {allowed}, got {v!r}")
-  if c.rollout.group_size < 2 and c.credit.method in ("grpo", "drgrpo", "rloo", "trace"):
-    raise ValueError(f"config.rollout.group_size must be >= 2 for {c.credit.method} (a group baseline), "
+  need = METHODS[c.credit.method].min_group_size
+  if c.rollout.group_size < need:
+    raise ValueError(f"config.rollout.group_size must be >= {need} for {c.credit.method} (a group baseline), "
                      f"got {c.rollout.group_size}")
+  if METHODS[c.credit.method].passes and not teacher_source(c):
+    raise ValueError(f"config.teacher.source must name a teacher checkpoint for {c.credit.method} (a .gguf file, "
+                     f"a Hugging Face or converted folder, or 'smollm2'); it has no default teacher")
+  for key in ("teacher.max_context_tokens", "teacher.max_len"):
+    v = c.teacher[key.split(".")[1]]
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+      raise ValueError(f"config.{key} must be an int >= 1, got {v!r}")
+  if "{context}" not in c.teacher.context_wrapper:
+    raise ValueError(f"config.teacher.context_wrapper must contain '{{context}}', got {c.teacher.context_wrapper!r}")
+
+
+def teacher_source(c: ml_collections.ConfigDict) -> str:
+  """`config.teacher.source`, or the chosen method's default teacher when it is ""."""
+  return c.teacher.source or METHODS[c.credit.method].teacher
+
+
+def _validate_knobs(c: ml_collections.ConfigDict) -> None:
+  """The chosen method's knobs: numbers finite, strings among their choices, no knob the method lacks."""
+  name = c.credit.method
+  defaults = METHODS[name].knobs
+  for key, v in c.credit[name].items():
+    if key not in defaults:
+      raise ValueError(f"config.credit.{name}.{key} is not a knob of {name}; its knobs: {sorted(defaults)}")
+    if isinstance(defaults[key], bool):
+      if not isinstance(v, bool):
+        raise ValueError(f"config.credit.{name}.{key} must be True or False, got {v!r}")
+    elif isinstance(defaults[key], (int, float)):
+      if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ValueError(f"config.credit.{name}.{key} must be a finite number, got {v!r}")
+    elif key in _KNOB_CHOICES and v not in _KNOB_CHOICES[key]:
+      raise ValueError(f"config.credit.{name}.{key} must be one of {_KNOB_CHOICES[key]}, got {v!r}")

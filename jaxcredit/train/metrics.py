@@ -9,8 +9,11 @@ from typing import Any
 
 import numpy as np
 
+# A panel appears only when the run logged the metric (the method-specific ones come from METHODS' functions).
 PLOTTED = ("reward_mean", "success_rate", "mean_turns", "tool_calls", "adv_mean", "adv_std", "loss", "kl",
-           "clip_frac", "tokens_per_s", "eval_success_rate")
+           "loss_distill", "clip_frac", "teacher_policy_gap", "td_reward_abs_mean", "crest_gate_open_frac",
+           "toolopd_credited_frac", "hsd_peers_found_frac", "gear_spikes_per_rollout", "tokens_per_s",
+           "eval_success_rate")
 
 
 def _clean(v: Any) -> Any:

@@ -20,7 +20,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from jaxcredit import sharding
-from jaxcredit.sampling.logprobs import sequence_logprobs
+from jaxcredit.sampling.logprobs import packed_slot_logprobs, sequence_logprobs
 from jaxcredit.train import loss as loss_lib
 
 
@@ -36,6 +36,8 @@ class PolicyLossConfig:
   kl_coef: float = 0.0
   kl_estimator: str = "k3"
   temperature: float = 1.0
+  terms: tuple[str, ...] = ("policy",)   # LOSS_TERMS names; "kl" joins when kl_coef > 0
+  distill_coef: float = 0.0
 
   def __post_init__(self):
     if self.aggregation not in loss_lib.AGGREGATIONS:
@@ -46,6 +48,9 @@ class PolicyLossConfig:
       raise ValueError(f"config.sampling.temperature must be > 0, got {self.temperature}")
     if self.kl_coef < 0:
       raise ValueError(f"config.loss.kl_coef must be >= 0, got {self.kl_coef}")
+    unknown = [t for t in self.terms if t not in LOSS_TERMS]
+    if unknown:
+      raise ValueError(f"unknown loss terms {unknown}; known: {sorted(LOSS_TERMS)}")
 
 
 def make_optimizer(learning_rate: float, *, warmup_steps: int = 0, weight_decay: float = 0.0,
@@ -72,22 +77,76 @@ def _logp(graphdef, params, rest, tokens, token_mask, temperature):
   return sequence_logprobs(model, tokens, token_mask, temperature)
 
 
-def pg_token_loss(graphdef, params, rest, mb: dict, cfg: PolicyLossConfig):
-  """Per-token policy loss of one micro-batch, with diagnostics. mb holds *_BxL arrays."""
-  logp = _logp(graphdef, params, rest, mb["tokens_BxL"], mb["token_mask_BxL"], cfg.temperature)
+# Loss terms (optax style: one function each, combined by the config). A term maps the current log-probs and a
+# micro-batch to per-token values; `loss_and_grads` aggregates each with its own mode into (numerator,
+# denominator) over the whole batch and sums coef * numerator / denominator.
+
+def policy_term(logp_BxL, mb: dict, cfg: PolicyLossConfig):
+  """PPO-clip on the token advantages `adv_BxL` (`loss.ppo_clip_token_loss`)."""
   tok_loss, clipped = loss_lib.ppo_clip_token_loss(
-      logp, mb["behavior_logp_BxL"], mb["adv_BxL"], eps_low=cfg.eps_low, eps_high=cfg.eps_high,
+      logp_BxL, mb["behavior_logp_BxL"], mb["adv_BxL"], eps_low=cfg.eps_low, eps_high=cfg.eps_high,
       dual_clip=cfg.dual_clip, max_log_ratio=cfg.max_log_ratio)
-  kl = loss_lib.kl_penalty(logp, mb["ref_logp_BxL"], cfg.kl_estimator)
-  if cfg.kl_coef > 0:
-    tok_loss = tok_loss + cfg.kl_coef * kl
-  ratio_dev = jnp.abs(jnp.exp(logp - mb["behavior_logp_BxL"]) - 1.0)
-  return tok_loss, {"clip": clipped, "kl": kl, "ratio_dev": ratio_dev}
+  ratio_dev = jnp.abs(jnp.exp(logp_BxL - mb["behavior_logp_BxL"]) - 1.0)
+  return tok_loss, {"clip": clipped, "ratio_dev": ratio_dev}
 
 
-def sft_token_loss(graphdef, params, rest, mb: dict, cfg: PolicyLossConfig):
-  logp = _logp(graphdef, params, rest, mb["tokens_BxL"], mb["token_mask_BxL"], 1.0)
-  return loss_lib.token_cross_entropy(logp), {"nll": -logp}
+def kl_term(logp_BxL, mb: dict, cfg: PolicyLossConfig):
+  """k-estimator KL to the reference log-probs `ref_logp_BxL` (`loss.kl_penalty`)."""
+  kl = loss_lib.kl_penalty(logp_BxL, mb["ref_logp_BxL"], cfg.kl_estimator)
+  return kl, {"kl": kl}
+
+
+def distill_term(logp_BxL, mb: dict, cfg: PolicyLossConfig):
+  """Weighted sampled-token reverse KL toward a teacher: w_i · sg(log π_i - log π_teacher,i) · log π_i, whose
+  gradient is w_i · (log π_i - log π_teacher,i) ∇log π_i (ToolOPD's distillation term; docs/credit.md, ToolOPD).
+  `distill_weight_BxL` is 0 on tokens the method does not credit and on invalid teacher passes."""
+  gap = jax.lax.stop_gradient(logp_BxL - mb["distill_target_BxL"])
+  return mb["distill_weight_BxL"] * gap * logp_BxL, {"distill_gap": gap}
+
+
+def nll_term(logp_BxL, mb: dict, cfg: PolicyLossConfig):
+  """Cross-entropy on the action tokens (supervised warm start)."""
+  return loss_lib.token_cross_entropy(logp_BxL), {"nll": -logp_BxL}
+
+
+@dataclasses.dataclass(frozen=True)
+class LossTerm:
+  """One row of `LOSS_TERMS`: the per-token function, its coefficient and its aggregation, read from the config."""
+
+  fn: Callable
+  coef: Callable[[PolicyLossConfig], float]
+  aggregation: Callable[[PolicyLossConfig], str]
+  batch_keys: tuple[str, ...] = ()
+
+
+LOSS_TERMS: dict[str, LossTerm] = {
+    "policy": LossTerm(policy_term, lambda c: 1.0, lambda c: c.aggregation, ("adv_BxL",)),
+    "kl": LossTerm(kl_term, lambda c: c.kl_coef, lambda c: c.aggregation, ("ref_logp_BxL",)),
+    "distill": LossTerm(distill_term, lambda c: c.distill_coef, lambda c: "token-mean",
+                        ("distill_weight_BxL", "distill_target_BxL")),
+    "nll": LossTerm(nll_term, lambda c: 1.0, lambda c: "token-mean"),
+}
+
+
+def loss_terms(cfg: PolicyLossConfig) -> tuple[str, ...]:
+  """The active terms: `cfg.terms`, plus "kl" when `cfg.kl_coef > 0` and the policy term is on."""
+  terms = tuple(cfg.terms)
+  if cfg.kl_coef > 0 and "policy" in terms and "kl" not in terms:
+    terms += ("kl",)
+  return terms
+
+
+def pg_token_loss(graphdef, params, rest, mb: dict, cfg: PolicyLossConfig):
+  """The active loss terms of one micro-batch: ({name: per-token values}, diagnostics). mb holds *_BxL arrays."""
+  logp = _logp(graphdef, params, rest, mb["tokens_BxL"], mb["token_mask_BxL"], cfg.temperature)
+  values, diag = {}, {}
+  for name in loss_terms(cfg):
+    values[name], d = LOSS_TERMS[name].fn(logp, mb, cfg)
+    diag.update(d)
+  return values, diag
+
+
+SFT_LOSS = PolicyLossConfig(terms=("nll",))  # the warm start: cross-entropy at temperature 1
 
 
 def _split_micro(batch: dict, num_micro: int) -> dict:
@@ -103,21 +162,31 @@ def loss_and_grads(token_loss_fn: Callable, graphdef, params, rest, batch: dict,
                    num_micro: int = 1):
   """Exact full-batch loss and gradients, accumulated over `num_micro` micro-batches.
 
+  loss = Σ_terms coef · numerator / denominator, each term aggregated with its own mode (`LOSS_TERMS`); every
+  denominator comes from the masks of the whole batch, so micro-batching changes nothing (credit.md, "Losses").
+
   Returns:
-    (loss, grads, metrics) where metrics are masked means of the token diagnostics.
+    (loss, grads, metrics): metrics hold "loss", "grad_norm", "loss_<term>" for every term, and masked means of
+    the token diagnostics.
   """
   mask = batch["action_mask_BxL"]
-  _, den = loss_lib.aggregate(jnp.zeros(mask.shape, jnp.float32), mask, cfg.aggregation,
-                              max_len=mask.shape[1])
-  den = jnp.maximum(den, 1e-12)
+  dens = {}
+  for name in loss_terms(cfg):
+    t = LOSS_TERMS[name]
+    _, den = loss_lib.aggregate(jnp.zeros(mask.shape, jnp.float32), mask, t.aggregation(cfg), max_len=mask.shape[1])
+    dens[name] = (t.coef(cfg), t.aggregation(cfg), jnp.maximum(den, 1e-12))
   n_tok = jnp.maximum(jnp.sum(mask.astype(jnp.float32)), 1.0)
 
   def mb_fn(p, mb):
-    tok_loss, diag = token_loss_fn(graphdef, p, rest, mb, cfg)
-    num, _ = loss_lib.aggregate(tok_loss, mb["action_mask_BxL"], cfg.aggregation, max_len=mask.shape[1])
+    values, diag = token_loss_fn(graphdef, p, rest, mb, cfg)
+    parts = {}
+    for name, (coef, agg, den) in dens.items():
+      num, _ = loss_lib.aggregate(values[name], mb["action_mask_BxL"], agg, max_len=mask.shape[1])
+      parts[name] = num / den
     m = mb["action_mask_BxL"].astype(jnp.float32)
     sums = {k: jnp.sum(jnp.where(m > 0, v, 0.0)) for k, v in diag.items()}
-    return num / den, sums
+    sums.update({f"loss_{k}": v for k, v in parts.items()})
+    return sum(dens[k][0] * v for k, v in parts.items()), sums
 
   grad_fn = jax.value_and_grad(mb_fn, has_aux=True)
   if num_micro == 1:
@@ -135,7 +204,7 @@ def loss_and_grads(token_loss_fn: Callable, graphdef, params, rest, batch: dict,
     _, zero_s = jax.eval_shape(lambda: mb_fn(params, jax.tree_util.tree_map(lambda x: x[0], micro)))
     zero_s = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), zero_s)
     (loss, grads, sums), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zero_g, zero_s), micro)
-  metrics = {k: v / n_tok for k, v in sums.items()}
+  metrics = {k: (v if k.startswith("loss_") else v / n_tok) for k, v in sums.items()}
   metrics["loss"] = loss
   metrics["grad_norm"] = optax.tree.norm(grads)
   return loss, grads, metrics
@@ -180,6 +249,23 @@ class MeshJit:
 def make_logp_fn(graphdef, rest, temperature: float):
   """A jitted (params, tokens_BxL, token_mask_BxL) -> logp_BxL (reference / behaviour log-probs)."""
   return jax.jit(lambda p, t, m: _logp(graphdef, p, rest, t, m, temperature))
+
+
+def make_packed_gold_fn(graphdef, rest):
+  """A jitted (params, tokens_NxL, token_mask_NxL, positions_NxL, segment_ids_NxL, prefix_limit_NxL, slots_NxG)
+  -> logp_NxG: `packed_slot_logprobs` of the model (graphdef, params, rest) at temperature 1.
+
+  For TRACE's packed gold scoring: `jaxcredit.scoring.gold.score_gold_answers_packed(lambda *a:
+  np.asarray(fn(ref_params, *a)), traj, gold_ids, ...)`. Temperature 1 always: the gold score is the
+  reference's own quantity, not a policy log-prob tied to the sampling temperature.
+  """
+
+  def fn(p, tokens, token_mask, positions, segment_ids, prefix_limit, slots):
+    model = nnx.merge(graphdef, p, rest)
+    return packed_slot_logprobs(model, tokens, token_mask, slots, 1.0, positions_BxL=positions,
+                                segment_ids_BxL=segment_ids, prefix_limit_BxL=prefix_limit)
+
+  return jax.jit(fn)
 
 
 def opt_state_shardings(optimizer, params, params_shardings, mesh):

@@ -1,10 +1,13 @@
 """The training loop: warm start, then RL with dense credit; resumable; metrics, curves and checkpoints.
 
-  state = build(config)                  # model, tokenizer, tasks, mesh, optimizer, checkpointer
-  restore or (eval, warm start, eval, reference)
+  run = build(config)                    # model, tokenizer, env spec, tasks, mesh, teacher, checkpointer
+  restore or (eval, warm start, eval, reference + step-0 checkpoint)
   for step in range(start + 1, total_steps + 1):
-    rollouts -> trajectory -> (reference scores) -> advantages -> jitted update -> log -> checkpoint
+    rollouts -> trajectory -> PASSES the method needs -> METHODS advantages -> jitted update -> log -> checkpoint
   eval, curves.png
+
+The trainer names no environment and no method: `ENVS` (jaxcredit.envs), `METHODS` (train/methods.py), `PASSES`
+(train/passes.py) and `LOSS_TERMS` (train/step.py) are the tables it reads.
 """
 
 from __future__ import annotations
@@ -24,21 +27,19 @@ from flax import nnx
 from tqdm.auto import tqdm
 
 from jaxcredit import sharding
-from jaxcredit.envs import arithmetic
+from jaxcredit.envs import EnvSpec, make_env_spec
 from jaxcredit.models import load, load_tokenizer, smollm2_gguf_path
 from jaxcredit.models.decoder import param_logical_axes
 from jaxcredit.rollout.chat_format import ChatFormat
 from jaxcredit.rollout.multiturn import build_demonstration, run_rollouts
-from jaxcredit.trajectory import pack
 from jaxcredit.sampling import Sampler, SamplingParams
-from jaxcredit.scoring.gold import score_gold_answers
-from jaxcredit.train import advantages as adv_lib
 from jaxcredit.train import checkpoint as ckpt_lib
 from jaxcredit.train import config as config_lib
 from jaxcredit.train import metrics as metrics_lib
+from jaxcredit.train import passes as passes_lib
 from jaxcredit.train import step as step_lib
-
-STOP_STRINGS = ("</tool_call>", "</answer>")
+from jaxcredit.train.methods import METHODS
+from jaxcredit.trajectory import pack
 
 
 @dataclasses.dataclass
@@ -54,11 +55,15 @@ class Run:
   params: Any
   params_shardings: Any
   sampler: Sampler
+  env: EnvSpec
   train_tasks: list
   eval_tasks: list
+  teacher: passes_lib.Model | None  # a teacher checkpoint (config.teacher.source), when the method uses one
+  pass_fns: passes_lib.PassFns
   writer: metrics_lib.MetricsWriter
   ckpt: ckpt_lib.Checkpointer
   key: jax.Array
+  teacher_sampler: Sampler | None = None  # built on first use, for hindsight skills from a teacher checkpoint
 
 
 def _bar(config, **kw):
@@ -76,9 +81,38 @@ def model_overrides(cfg, config: ml_collections.ConfigDict):
   return dataclasses.replace(cfg, **model_overrides_dict(config))
 
 
+def _make_sampler(config, model, tok) -> Sampler:
+  return Sampler(model, max_len=config.sampling.max_len, pad_id=tok.pad_id, chunk_size=config.sampling.chunk_size,
+                 prompt_bucket=config.sampling.prompt_bucket,
+                 batch_buckets=tuple(sorted({config.rollout.prompts_per_step * config.rollout.group_size,
+                                             config.eval.batch_size})))
+
+
+def _source_path(source: str):
+  return smollm2_gguf_path() if source == "smollm2" else source
+
+
+def _load_teacher(config, mesh, tok, policy_cfg) -> passes_lib.Model | None:
+  """The teacher checkpoint `config.teacher.source` names (None for "policy" / "reference"), sharded like the
+  policy; a tokenizer whose vocabulary differs from the policy's is refused naming both sizes."""
+  source = config_lib.teacher_source(config)
+  if not METHODS[config.credit.method].passes or source in ("policy", "reference"):
+    return None
+  cache_dir = config.model.cache_dir or None
+  model, _ = load(_source_path(source), cache_dir=cache_dir, dtype=config.model.dtype or None, mesh=mesh,
+                  config_overrides=model_overrides_dict(config))
+  teacher_tok = load_tokenizer(_source_path(source), cache_dir=cache_dir)
+  if teacher_tok.vocab_size != tok.vocab_size or model.cfg.vocab_size != policy_cfg.vocab_size:
+    raise ValueError(f"config.teacher.source={source!r} has a vocabulary of {teacher_tok.vocab_size} tokens "
+                     f"({model.cfg.vocab_size} embedding rows); the policy's has {tok.vocab_size} "
+                     f"({policy_cfg.vocab_size} rows). A teacher must share the policy's tokenizer.")
+  graphdef, params, rest = step_lib.split_model(model)
+  params = jax.device_put(params, sharding.param_shardings(params, mesh, param_logical_axes(model.cfg)))
+  return passes_lib.Model(graphdef, rest, params)
+
+
 def build(config: ml_collections.ConfigDict) -> Run:
   config_lib.validate(config)
-  adv_lib.check_method_supported(config.credit.method)
   ckpt_lib.check_or_write_config(config.workdir, config.to_dict(), write=False)
   if config.compilation_cache_dir:
     jax.config.update("jax_compilation_cache_dir", os.path.expanduser(config.compilation_cache_dir))
@@ -87,7 +121,11 @@ def build(config: ml_collections.ConfigDict) -> Run:
   sharding.set_rules(dict(config.sharding_rules))
   mesh = sharding.make_mesh(dict(config.mesh))
   cache_dir = config.model.cache_dir or None
-  source = smollm2_gguf_path() if config.model.source == "smollm2" else config.model.source
+  source = _source_path(config.model.source)
+  env = make_env_spec(config.env)
+  if config.sft.steps > 0 and env.demonstration is None:
+    raise ValueError(f"config.sft.steps={config.sft.steps}, but environment {config.env.name!r} has no "
+                     f"demonstrations for a warm start; set config.sft.steps=0")
   t0 = time.time()
   model, _ = load(source, cache_dir=cache_dir, dtype=config.model.dtype or None, mesh=mesh,
                   config_overrides=model_overrides_dict(config))
@@ -96,16 +134,15 @@ def build(config: ml_collections.ConfigDict) -> Run:
   graphdef, params, rest = step_lib.split_model(model)
   p_sh = sharding.param_shardings(params, mesh, param_logical_axes(model.cfg))
   params = jax.device_put(params, p_sh)
-  sampler = Sampler(model, max_len=config.sampling.max_len, pad_id=tok.pad_id,
-                    chunk_size=config.sampling.chunk_size, prompt_bucket=config.sampling.prompt_bucket,
-                    batch_buckets=tuple(sorted({config.rollout.prompts_per_step * config.rollout.group_size,
-                                                config.eval.batch_size})))
-  train_tasks = arithmetic.make_tasks("train", config.env.num_train_tasks, seed=config.seed)
-  eval_tasks = arithmetic.make_tasks("eval", config.eval.num_tasks)
+  sampler = _make_sampler(config, model, tok)
+  train_tasks = env.make_tasks("train", config.env.num_train_tasks, config.seed)
+  eval_tasks = env.make_tasks("eval", config.eval.num_tasks, None)
+  teacher = _load_teacher(config, mesh, tok, model.cfg)
   ckpt_lib.check_or_write_config(config.workdir, config.to_dict())
   return Run(config=config, mesh=mesh, tok=tok, fmt=ChatFormat.from_tokenizer(tok), graphdef=graphdef,
-             rest=rest, params=params, params_shardings=p_sh, sampler=sampler, train_tasks=train_tasks,
-             eval_tasks=eval_tasks, writer=metrics_lib.MetricsWriter(config.workdir, tensorboard=config.tensorboard,
+             rest=rest, params=params, params_shardings=p_sh, sampler=sampler, env=env, train_tasks=train_tasks,
+             eval_tasks=eval_tasks, teacher=teacher,
+             pass_fns=passes_lib.PassFns(mesh, config.sampling.temperature), writer=metrics_lib.MetricsWriter(config.workdir, tensorboard=config.tensorboard,
                                                     enabled=jax.process_index() == 0),
              ckpt=ckpt_lib.Checkpointer(config.workdir, max_to_keep=config.max_checkpoints_to_keep),
              key=jax.random.key(config.seed))
@@ -120,7 +157,7 @@ def _sampling_params(run: Run, *, greedy: bool = False) -> SamplingParams:
   s = run.config.sampling
   return SamplingParams(temperature=1.0 if greedy else s.temperature, top_p=1e-6 if greedy else s.top_p,
                         max_new_tokens=s.max_new_tokens, stop_token_ids=(run.tok.eos_id,),
-                        stop_strings=STOP_STRINGS)
+                        stop_strings=run.env.stop_strings)
 
 
 def _model(run: Run, params):
@@ -129,10 +166,10 @@ def _model(run: Run, params):
 
 def rollouts(run: Run, params, tasks, key, *, greedy=False, desc=None):
   run.sampler.update_model(_model(run, params))
-  envs = [arithmetic.ArithmeticEnv(t, max_tool_calls=run.config.env.max_tool_calls) for t in tasks]
-  prompts = [arithmetic.initial_messages(t) for t in tasks]
+  envs = [run.env.make_env(t) for t in tasks]
+  prompts = [run.env.initial_messages(t) for t in tasks]
   return run_rollouts(run.sampler, run.tok, run.fmt, envs, prompts, _sampling_params(run, greedy=greedy), key,
-                      max_turns=run.config.env.max_tool_calls + 1, max_len=run.config.sampling.max_len)
+                      max_turns=run.env.max_turns, max_len=run.config.sampling.max_len)
 
 
 def evaluate(run: Run, params, stage: str, step: int) -> dict:
@@ -144,7 +181,7 @@ def evaluate(run: Run, params, stage: str, step: int) -> dict:
     results += rollouts(run, params, run.eval_tasks[i:i + bs], jax.random.key(0), greedy=True)
   m = {
       "stage": stage,
-      "success_rate": float(np.mean([r.reward > 0.5 for r in results])),
+      "success_rate": float(np.mean([run.env.is_success(r.reward) for r in results])),
       "tool_calls": float(np.mean([r.tool_calls for r in results])),
       "mean_turns": float(np.mean([r.builder.num_turns for r in results])),
       "answered_frac": float(np.mean([r.finish == "answer" for r in results])),
@@ -164,19 +201,18 @@ def warm_start(run: Run, params) -> Any:
                                       max_grad_norm=c.optim.max_grad_norm)
   opt_state = optimizer.init(params)
   opt_sh = step_lib.opt_state_shardings(optimizer, params, run.params_shardings, run.mesh)
-  update = step_lib.make_update_fn(step_lib.sft_token_loss, run.graphdef, run.rest, optimizer,
-                                   step_lib.PolicyLossConfig(), run.mesh, run.params_shardings, opt_sh,
-                                   num_micro=c.train.num_micro_batches)
+  update = step_lib.make_update_fn(step_lib.pg_token_loss, run.graphdef, run.rest, optimizer, step_lib.SFT_LOSS,
+                                   run.mesh, run.params_shardings, opt_sh, num_micro=c.train.num_micro_batches)
   data = _data_iterator(len(run.train_tasks), c.sft.batch_size, seed=c.seed + 1)
   rng = np.random.default_rng(c.seed)
   params = jax.tree_util.tree_map(jnp.copy, params)  # the update donates its input
   for s in _bar(c, iterable=range(1, c.sft.steps + 1), desc="warm start"):
     t0 = time.time()
-    demos = [build_demonstration(run.tok, run.fmt, arithmetic.demonstration(run.train_tasks[int(i)], rng))
+    demos = [build_demonstration(run.tok, run.fmt, run.env.demonstration(run.train_tasks[int(i)], rng))
              for i in next(data)]
-    traj = pack(demos, [0.0] * len(demos), list(range(len(demos))), max_turns=c.env.max_tool_calls + 1,
+    traj = pack(demos, [0.0] * len(demos), list(range(len(demos))), max_turns=run.env.max_turns,
                 pad_id=run.tok.pad_id, length_bucket=c.sft.length_bucket)
-    batch = _batch(traj, np.zeros(traj.tokens_BxL.shape, np.float32), None)
+    batch = _batch(traj, {})
     params, opt_state, m = update(params, opt_state, sharding.shard_batch(batch, run.mesh))
     m = jax.device_get(m)
     dt = time.time() - t0
@@ -187,14 +223,41 @@ def warm_start(run: Run, params) -> Any:
   return params
 
 
-def _batch(traj, adv_BxL, ref_logp_BxL) -> dict:
+def _batch(traj, extra: dict) -> dict:
+  """The update's batch: the trajectory's token arrays plus what the loss terms read (`LossTerm.batch_keys`)."""
   return {
       "tokens_BxL": traj.tokens_BxL, "token_mask_BxL": traj.token_mask_BxL,
       "action_mask_BxL": traj.action_mask_BxL & traj.sample_mask_B[:, None],
-      "behavior_logp_BxL": traj.behavior_logp_BxL, "adv_BxL": adv_BxL.astype(np.float32),
-      "ref_logp_BxL": (np.zeros(traj.tokens_BxL.shape, np.float32) if ref_logp_BxL is None
-                       else np.asarray(ref_logp_BxL, np.float32)),
+      "behavior_logp_BxL": traj.behavior_logp_BxL,
+      **{k: np.asarray(v, np.float32) for k, v in extra.items()},
   }
+
+
+def _loss_config(c: ml_collections.ConfigDict) -> step_lib.PolicyLossConfig:
+  method = METHODS[c.credit.method]
+  return step_lib.PolicyLossConfig(
+      eps_low=c.loss.eps_low, eps_high=c.loss.eps_high, aggregation=c.loss.aggregation, kl_coef=c.loss.kl_coef,
+      kl_estimator=c.loss.kl_estimator, temperature=c.sampling.temperature, terms=("policy",) + method.loss_terms,
+      distill_coef=float(c.credit[c.credit.method].get("distill_coef", 0.0)))
+
+
+def _fresh_start(run: Run, optimizer, opt_sh, data):
+  """Eval, warm start, eval; then the reference and the step-0 checkpoint, written together: a reference left
+  by a run that died before its step-0 checkpoint is removed first, so such a workdir always starts over."""
+  c = run.config
+  params = run.params
+  if c.eval.before_sft and c.sft.steps > 0:
+    evaluate(run, params, "before_warm_start", 0)
+  if c.sft.steps > 0:
+    params = warm_start(run, params)
+    if c.eval.after_sft:
+      evaluate(run, params, "after_warm_start", 0)
+  ref_params = jax.tree_util.tree_map(jnp.copy, params)
+  run.ckpt.remove_reference()
+  run.ckpt.save_reference(ref_params)
+  opt_state = jax.jit(optimizer.init, out_shardings=opt_sh)(params)
+  run.ckpt.save(0, params, opt_state, {"rl_step": 0, "data_state": data.get_state(), "phase": "rl", "seed": c.seed})
+  return params, opt_state, ref_params
 
 
 def train(config: ml_collections.ConfigDict, *, sft_only: bool = False) -> dict:
@@ -204,9 +267,7 @@ def train(config: ml_collections.ConfigDict, *, sft_only: bool = False) -> dict:
   optimizer = step_lib.make_optimizer(c.optim.learning_rate, warmup_steps=c.optim.warmup_steps,
                                       weight_decay=c.optim.weight_decay, max_grad_norm=c.optim.max_grad_norm)
   opt_sh = step_lib.opt_state_shardings(optimizer, run.params, run.params_shardings, run.mesh)
-  loss_cfg = step_lib.PolicyLossConfig(eps_low=c.loss.eps_low, eps_high=c.loss.eps_high, aggregation=c.loss.aggregation,
-                                       kl_coef=c.loss.kl_coef, kl_estimator=c.loss.kl_estimator,
-                                       temperature=c.sampling.temperature)
+  loss_cfg = _loss_config(c)
   data = _data_iterator(len(run.train_tasks), c.rollout.prompts_per_step, seed=c.seed)
   latest = run.ckpt.latest_step()
   if latest is not None:
@@ -218,19 +279,8 @@ def train(config: ml_collections.ConfigDict, *, sft_only: bool = False) -> dict:
           + (f" (dropped {dropped} metric rows past the checkpoint)" if dropped else ""))
     ref_params = run.ckpt.restore_reference(run.params)
   else:
-    params = run.params
-    if c.eval.before_sft and c.sft.steps > 0:
-      evaluate(run, params, "before_warm_start", 0)
-    if c.sft.steps > 0:
-      params = warm_start(run, params)
-      if c.eval.after_sft:
-        evaluate(run, params, "after_warm_start", 0)
-    ref_params = jax.tree_util.tree_map(jnp.copy, params)
-    run.ckpt.save_reference(ref_params)
-    opt_state = jax.jit(optimizer.init, out_shardings=opt_sh)(params)
+    params, opt_state, ref_params = _fresh_start(run, optimizer, opt_sh, data)
     rl_step = 0
-    run.ckpt.save(0, params, opt_state, {"rl_step": 0, "data_state": data.get_state(), "phase": "rl",
-                                         "seed": c.seed})
   if sft_only:
     print(f"[jaxcredit] warm start done; checkpoint in {run.ckpt.directory}")
     run.writer.close()
@@ -238,11 +288,10 @@ def train(config: ml_collections.ConfigDict, *, sft_only: bool = False) -> dict:
 
   update = step_lib.make_update_fn(step_lib.pg_token_loss, run.graphdef, run.rest, optimizer, loss_cfg, run.mesh,
                                    run.params_shardings, opt_sh, num_micro=c.train.num_micro_batches)
-  ref_logp = step_lib.make_logp_fn(run.graphdef, run.rest, 1.0)
-  g = c.rollout.group_size
+  ref_logp = step_lib.make_logp_fn(run.graphdef, run.rest, c.sampling.temperature) if c.loss.kl_coef > 0 else None
   bar = _bar(c, total=c.total_steps, initial=rl_step, desc="RL")
   for rl_step in range(rl_step + 1, c.total_steps + 1):
-    params, opt_state, row = rl_step_fn(run, params, opt_state, ref_params, data, update, ref_logp, rl_step, g)
+    params, opt_state, row = rl_step_fn(run, params, opt_state, ref_params, data, update, ref_logp, rl_step)
     if not (np.isfinite(row["loss"]) and np.isfinite(row["grad_norm"])):
       raise FloatingPointError(
           f"RL step {rl_step}: loss {row['loss']}, grad norm {row['grad_norm']}; stopping before this state is "
@@ -263,56 +312,97 @@ def train(config: ml_collections.ConfigDict, *, sft_only: bool = False) -> dict:
   return last
 
 
-def rl_step_fn(run: Run, params, opt_state, ref_params, data, update, ref_logp, rl_step: int, g: int):
+def _sampler_for(run: Run):
+  """Binds the policy's sampler to a model of the policy's graph, or builds (once) a sampler for a teacher
+  checkpoint. The next rollouts rebind the policy's sampler to the policy (`rollouts`)."""
+  def bind(model: passes_lib.Model):
+    merged = nnx.merge(model.graphdef, model.params, model.rest)
+    if model.graphdef is run.graphdef:
+      run.sampler.update_model(merged)
+      return run.sampler
+    if run.teacher_sampler is None:
+      run.teacher_sampler = _make_sampler(run.config, merged, run.tok)
+    run.teacher_sampler.update_model(merged)
+    return run.teacher_sampler
+  return bind
+
+
+def run_passes(run: Run, traj, results, tasks, params, ref_params, key) -> dict:
+  """Runs the chosen method's passes in order, filling `traj.passes`; returns their metrics."""
   c = run.config
+  method = METHODS[c.credit.method]
+  models = {"policy": passes_lib.Model(run.graphdef, run.rest, params),
+            "reference": passes_lib.Model(run.graphdef, run.rest, ref_params)}
+  if run.teacher is not None:
+    models["checkpoint"] = run.teacher
+  source = config_lib.teacher_source(c)
+  ctx = passes_lib.PassContext(
+      config=c, knobs=c.credit[c.credit.method], tok=run.tok, env=run.env, tasks=tasks, results=results, key=key,
+      models=models, teacher=source if source in ("policy", "reference") else "checkpoint", fns=run.pass_fns,
+      sampler_for=_sampler_for(run))
+  row = {}
+  for name in method.passes:
+    t0 = time.time()
+    traj.passes[name] = passes_lib.PASSES[name](ctx, traj)
+    row.update(passes_lib.pass_metrics(name, traj.passes[name], time.time() - t0))
+  return row
+
+
+def rl_step_fn(run: Run, params, opt_state, ref_params, data, update, ref_logp, rl_step: int):
+  """One RL step: rollouts, passes, advantages, update. Returns (params, opt_state, metrics row)."""
+  c = run.config
+  method = METHODS[c.credit.method]
+  g = c.rollout.group_size
   t0 = time.time()
   idx = [int(i) for i in next(data)]
   tasks = [run.train_tasks[i] for i in idx for _ in range(g)]
   key = jax.random.fold_in(run.key, rl_step)
   results = rollouts(run, params, tasks, key)
   t_roll = time.time() - t0
+  unit_rewards = ([list(run.env.unit_rewards(r.env)) for r in results] if run.env.unit_rewards is not None else None)
   traj = pack([r.builder for r in results], [r.reward for r in results], [k // g for k in range(len(results))],
-              max_turns=c.env.max_tool_calls + 1, pad_id=run.tok.pad_id, length_bucket=c.train.length_bucket)
+              max_turns=run.env.max_turns, pad_id=run.tok.pad_id, length_bucket=c.train.length_bucket,
+              unit_rewards=unit_rewards)
   t1 = time.time()
-  gold, gold_mask = None, None
-  logp_fn = lambda t, m: np.asarray(ref_logp(ref_params, t, m))
-  if c.credit.method == "trace":
-    gold_ids = [run.tok.encode(arithmetic.gold_answer_text(t)) + [run.tok.eos_id] for t in tasks]
-    gold, gold_mask = score_gold_answers(logp_fn, traj, gold_ids, pad_id=run.tok.pad_id,
-                                         reduce=c.credit.gold_reduce, length_bucket=c.train.length_bucket,
-                                         rows_bucket=16)
-  ref_lp = logp_fn(traj.tokens_BxL, traj.token_mask_BxL) if c.loss.kl_coef > 0 else None
-  adv_BxL, turn_adv, td = adv_lib.compute(traj, gold, gold_mask, c.credit, g)
+  pass_row = run_passes(run, traj, results, tasks, params, ref_params, jax.random.fold_in(key, 1))
+  out = method.advantages(traj, c.credit[c.credit.method])
   t_score = time.time() - t1
   t2 = time.time()
-  batch = sharding.shard_batch(_batch(traj, adv_BxL, ref_lp), run.mesh)
+  extra = {"adv_BxL": out.adv_BxL}
+  if "distill" in method.loss_terms:
+    extra.update(distill_weight_BxL=out.distill_weight_BxL, distill_target_BxL=out.distill_target_BxL)
+  if ref_logp is not None:
+    extra["ref_logp_BxL"] = np.asarray(ref_logp(ref_params, traj.tokens_BxL, traj.token_mask_BxL))
+  batch = sharding.shard_batch(_batch(traj, extra), run.mesh)
   params, opt_state, m = update(params, opt_state, batch)
   m = jax.device_get(m)
   t_update = time.time() - t2
   act = traj.action_mask_BxL & traj.sample_mask_B[:, None]
-  a = adv_BxL[act]
+  a = out.adv_BxL[act]
   tm = traj.turn_mask_BxT
   row = {
+      "method": c.credit.method,
       "reward_mean": float(np.mean(traj.rewards_B)),
-      "success_rate": float(np.mean(traj.rewards_B > 0.5)),
+      "success_rate": float(np.mean([run.env.is_success(r.reward) for r in results])),
       "mean_turns": float(np.mean([r.builder.num_turns for r in results])),
       "tool_calls": float(np.mean([r.tool_calls for r in results])),
       "tool_errors": float(np.mean([r.tool_errors for r in results])),
       "answered_frac": float(np.mean([r.finish == "answer" for r in results])),
       "adv_mean": float(a.mean()) if a.size else 0.0,
       "adv_std": float(a.std()) if a.size else 0.0,
-      "turn_adv_abs_mean": float(np.abs(turn_adv[tm]).mean()) if tm.any() else 0.0,
       "loss": float(m["loss"]), "clip_frac": float(m["clip"]),
       "ratio_dev": float(m["ratio_dev"]), "grad_norm": float(m["grad_norm"]),
       "action_tokens": int(act.sum()), "tokens": int(traj.token_mask_BxL.sum()),
       "tokens_per_s": float(traj.token_mask_BxL.sum() / max(t_update, 1e-9)),
       "rollout_s": t_roll, "score_s": t_score, "update_s": t_update, "step_s": time.time() - t0,
   }
-  if c.loss.kl_coef > 0:
+  if out.turn_adv_BxT is not None and tm.any():
+    row["turn_adv_abs_mean"] = float(np.abs(out.turn_adv_BxT[tm]).mean())
+  row.update({k: float(v) for k, v in m.items() if k.startswith("loss_")})
+  if "kl" in m and c.loss.kl_coef > 0:
     row["kl"] = float(m["kl"])
-  if c.credit.method == "trace":
-    row["td_reward_abs_mean"] = float(np.abs(td[tm]).mean()) if tm.any() else 0.0
-    row["gold_boundaries"] = int(gold_mask.sum())
+  row.update(out.metrics)
+  row.update(pass_row)
   if rl_step % c.log_every == 0:
     run.writer.write("rl", rl_step, row)
   return params, opt_state, row

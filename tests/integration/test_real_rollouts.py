@@ -18,7 +18,6 @@ from jaxcredit.rollout.multiturn import run_rollouts
 from jaxcredit.trajectory import pack
 from jaxcredit.sampling import Sampler, SamplingParams
 from jaxcredit.train import step as step_lib
-from jaxcredit.train.trainer import STOP_STRINGS
 
 from tests.shared_cases import case
 
@@ -61,7 +60,7 @@ def real_rollouts(smollm2):
   forced = [tok.encode(arithmetic.demonstration(t, rng)[2]["content"]) for t in tasks]
   sampler = RecordingSampler(Sampler(model, max_len=320, pad_id=tok.pad_id, chunk_size=8), forced)
   params = SamplingParams(temperature=0.6, top_p=0.9, max_new_tokens=24, stop_token_ids=(tok.eos_id,),
-                          stop_strings=STOP_STRINGS)
+                          stop_strings=arithmetic.env_spec().stop_strings)
   envs = [arithmetic.ArithmeticEnv(t, max_tool_calls=2) for t in tasks]
   results = run_rollouts(sampler, tok, fmt, envs, [arithmetic.initial_messages(t) for t in tasks], params,
                          jax.random.key(0), max_turns=3, max_len=320)

@@ -67,3 +67,29 @@ def test_train_resume_and_refusal(tmp_path):
     trainer.train(c)
   assert open(os.path.join(c.workdir, "metrics.jsonl")).read() == before
   assert "3" in os.listdir(os.path.join(c.workdir, "checkpoints"))
+
+
+def test_a_crash_between_reference_and_step0_checkpoint_still_resumes(tmp_path, monkeypatch):
+  """The reference is written right before the step-0 checkpoint; a run that died between the two leaves a
+  `reference/` but no checkpoint, and the rerun starts over instead of failing on orbax's refusal to overwrite."""
+  from jaxcredit.train import checkpoint as ckpt_lib
+
+  gguf_path = write_gguf(tmp_path / "tiny.gguf", "llama", CFG, random_params(CFG))
+  c = _config(tmp_path, gguf_path)
+  c.sft.steps = 0
+  c.total_steps = 1
+  c.eval.before_sft = c.eval.after_sft = c.eval.at_end = False
+  real_save = ckpt_lib.Checkpointer.save
+
+  def dying_save(self, step, *a, **kw):
+    raise KeyboardInterrupt("killed before the step-0 checkpoint")
+
+  monkeypatch.setattr(ckpt_lib.Checkpointer, "save", dying_save)
+  with pytest.raises(KeyboardInterrupt):
+    trainer.train(c)
+  assert os.path.isdir(os.path.join(c.workdir, "reference"))
+  assert not os.listdir(os.path.join(c.workdir, "checkpoints"))
+  monkeypatch.setattr(ckpt_lib.Checkpointer, "save", real_save)
+  trainer.train(c)
+  assert [r["step"] for r in _rows(c.workdir) if r["phase"] == "rl"] == [1]
+  assert sorted(os.listdir(os.path.join(c.workdir, "checkpoints"))) == ["0", "1"]

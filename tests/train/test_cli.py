@@ -22,11 +22,19 @@ def test_unknown_config_key_is_rejected_by_name(tmp_path):
   assert not os.path.exists(tmp_path / "w")
 
 
-def test_method_without_teacher_pass_is_refused(tmp_path):
-  p = _cli("train", "--config", "configs/quickstart.py", "--config.credit.method=gear",
-           f"--config.workdir={tmp_path}/w")
-  assert p.returncode == 1
-  assert "gear" in p.stderr and "teacher" in p.stderr
+@pytest.mark.parametrize("overrides,words", [
+    (["--config.credit.method=opd"], ["config.teacher.source", "opd"]),            # OPD has no default teacher
+    (["--config.credit.method=nope"], ["config.credit.method", "nope"]),
+    (["--config.credit.method=hsd", "--config.credit.hsd.fallback=maybe"], ["config.credit.hsd.fallback"]),
+    (["--config.credit.method=crest", "--config.credit.crest.tau=nan"], ["config.credit.crest.tau"]),
+    (["--config.teacher.context_wrapper=no placeholder"], ["config.teacher.context_wrapper"]),
+    (["--config.env.name=bfcl"], ["config.env.name", "arithmetic"]),
+])
+def test_bad_method_teacher_and_env_settings_are_refused_by_name(tmp_path, overrides, words):
+  p = _cli("train", "--config", "configs/quickstart.py", *overrides, f"--config.workdir={tmp_path}/w")
+  assert p.returncode == 1, p.stderr[-2000:]
+  assert all(w in p.stderr for w in words), p.stderr[-2000:]
+  assert not os.path.exists(tmp_path / "w")
 
 
 def test_unknown_command_and_help():
@@ -47,7 +55,7 @@ def test_config_that_fails_to_build_leaves_nothing_behind(tmp_path):
     ("--config.loss.aggregation=bogus", "loss.aggregation"),
     ("--config.sampling.temperature=nan", "sampling.temperature"),
     ("--config.optim.learning_rate=-1", "optim.learning_rate"),
-    ("--config.credit.gold_reduce=max", "credit.gold_reduce"),
+    ("--config.credit.trace.gold_reduce=max", "credit.trace.gold_reduce"),
 ])
 def test_bad_values_are_refused_before_anything_is_written(tmp_path, override, key):
   p = _cli("train", "--config", "configs/quickstart.py", override, f"--config.workdir={tmp_path}/w")

@@ -1,57 +1,177 @@
-"""The trainer's per-method dispatch: group-major batches give the credit functions' values on action tokens."""
+"""METHODS: each method's advantage function on a small trajectory, with its pass outputs filled by hand."""
 
-import ml_collections
 import numpy as np
 import pytest
 
-from jaxcredit.trajectory import RolloutBuilder, pack
-from jaxcredit.train import advantages
+from jaxcredit import credit
 from jaxcredit.train.config import base_config
+from jaxcredit.train.methods import METHODS, gigpo_state_ids
+from jaxcredit.trajectory import RolloutBuilder, pack
+
+B, L = 4, 16
 
 
-def _traj():
+def _traj(rewards=(1.0, 0.0, 0.0, 0.0), group_ids=(0, 0, 0, 0)):
   rollouts = []
-  for g in range(4):
+  for g in range(len(rewards)):
     b = RolloutBuilder.from_prompt([1, 2, 3])
     b.append_action([10 + g, 11], [-0.5, -0.5])   # turn 0: tool call
     b.append_context([4, 5])
     b.mark_boundary()
     b.append_action([12, 13, 14], [-0.1] * 3)     # turn 1: answer
     rollouts.append(b)
-  return pack(rollouts, [1.0, 0.0, 0.0, 0.0, ], [0, 0, 0, 0], max_turns=3, pad_id=0, length_bucket=16)
+  return pack(rollouts, list(rewards), list(group_ids), max_turns=3, pad_id=0, length_bucket=L)
 
 
-def _cfg(method):
-  c = base_config().credit
-  c.method = method
-  return c
+def _knobs(method, **kw):
+  k = dict(base_config().credit[method])
+  k.update(kw)
+  return k
+
+
+def _teacher(traj, logp=None, entropy=None, valid=None, **extra):
+  b = traj.batch_size
+  out = {"logp_BxL": np.where(traj.action_mask_BxL, traj.behavior_logp_BxL if logp is None else logp, 0.0),
+         "entropy_BxL": np.where(traj.action_mask_BxL, 0.5 if entropy is None else entropy, 0.0),
+         "valid_B": np.ones(b, bool) if valid is None else np.asarray(valid), "reasons": [""] * b}
+  out.update(extra)
+  return out
+
+
+GRPO = np.asarray([1.5, -0.5, -0.5, -0.5])
+
+
+def _assert_seq(adv, traj, expect):
+  for b in range(traj.batch_size):
+    np.testing.assert_allclose(adv[b][traj.action_mask_BxL[b]], expect[b], atol=1e-5)
+    assert np.all(adv[b][~traj.action_mask_BxL[b]] == 0.0)
 
 
 def test_grpo_broadcasts_group_advantage_on_action_tokens_only():
   traj = _traj()
-  adv, _, _ = advantages.compute(traj, None, None, _cfg("grpo"), group_size=4)
-  expect = np.asarray([1.5, -0.5, -0.5, -0.5])
-  for b in range(4):
-    np.testing.assert_allclose(adv[b][traj.action_mask_BxL[b]], expect[b], atol=1e-5)
-    assert np.all(adv[b][~traj.action_mask_BxL[b]] == 0.0)
+  _assert_seq(METHODS["grpo"].advantages(traj, _knobs("grpo")).adv_BxL, traj, GRPO)
+  _assert_seq(METHODS["drgrpo"].advantages(traj, _knobs("drgrpo")).adv_BxL, traj, [0.75, -0.25, -0.25, -0.25])
+  _assert_seq(METHODS["rloo"].advantages(traj, _knobs("rloo")).adv_BxL, traj, [1, -1 / 3, -1 / 3, -1 / 3])
+
+
+def test_group_ids_are_honoured_whatever_the_batch_order():
+  """Two groups interleaved (0, 1, 0, 1) give each rollout the advantage of its own group."""
+  traj = _traj(rewards=(1.0, 0.0, 0.0, 3.0), group_ids=(0, 1, 0, 1))
+  adv = METHODS["drgrpo"].advantages(traj, _knobs("drgrpo")).adv_BxL
+  _assert_seq(adv, traj, [0.5, -1.5, -0.5, 1.5])
+
+
+def test_unequal_groups_are_refused():
+  traj = _traj(group_ids=(0, 0, 0, 1))
+  with pytest.raises(ValueError, match="groups have different sizes"):
+    METHODS["grpo"].advantages(traj, _knobs("grpo"))
 
 
 def test_trace_adds_td_rewards_per_turn():
   traj = _traj()
   gold = np.tile(np.asarray([[-5.0, -3.0, 0.0, 0.0]], np.float32), (4, 1))
   gold[1, 1] = -5.0   # rollout 1's tool call did not help: TD reward 0
-  mask = traj.boundary_mask_BxT1.copy()
-  adv, turn_adv, td = advantages.compute(traj, gold, mask, _cfg("trace"), group_size=4)
-  np.testing.assert_allclose(td[:, 0], [2.0, 0.0, 2.0, 2.0], atol=1e-6)
-  np.testing.assert_allclose(td[:, 1], 0.0, atol=1e-6)   # the answer turn has no next boundary
-  # turn 0 of rollout 0 = outcome 1.5 + beta * 2 / rms(2, 0, 2, 2 over dense turns)
+  traj.passes["gold_answer"] = {"gold_logp_BxT1": gold, "boundary_mask_BxT1": traj.boundary_mask_BxT1.copy(),
+                                "valid_B": np.ones(4, bool), "reasons": [""] * 4}
+  out = METHODS["trace"].advantages(traj, _knobs("trace"))
   rms = np.sqrt(np.mean(np.asarray([2.0, 0.0, 2.0, 2.0]) ** 2))
-  assert turn_adv[0, 0] == pytest.approx(1.5 + 2.0 / (rms + 1e-6), abs=1e-5)
-  assert turn_adv[1, 0] == pytest.approx(-0.5, abs=1e-5)
-  np.testing.assert_allclose(adv[0][traj.turn_ids_BxL[0] == 0], turn_adv[0, 0], atol=1e-6)
+  assert out.turn_adv_BxT[0, 0] == pytest.approx(1.5 + 2.0 / (rms + 1e-6), abs=1e-5)
+  assert out.turn_adv_BxT[1, 0] == pytest.approx(-0.5, abs=1e-5)
+  np.testing.assert_allclose(out.adv_BxL[0][traj.turn_ids_BxL[0] == 0], out.turn_adv_BxT[0, 0], atol=1e-6)
+  assert out.metrics["gold_boundaries"] == 8
+  assert out.metrics["td_reward_abs_mean"] == pytest.approx(6.0 / 8, abs=1e-6)
 
 
-def test_methods_without_a_teacher_pass_are_refused_by_name():
-  for method in ("crest", "toolopd", "hsd", "gear", "opd"):
-    with pytest.raises(NotImplementedError, match=method):
-      advantages.compute(_traj(), None, None, _cfg(method), group_size=4)
+def test_crest_with_teacher_equal_to_policy_is_grpo_and_modulates_otherwise():
+  traj = _traj()
+  traj.passes["teacher_privileged"] = _teacher(traj)
+  out = METHODS["crest"].advantages(traj, _knobs("crest"))
+  _assert_seq(out.adv_BxL, traj, GRPO)      # U = 1 and teacher == policy: w = 1
+  # A confident teacher (entropy 0.1 < tau) that endorses rollout 0's tokens more than the policy does.
+  logp = np.where(np.arange(L)[None, :] % 2 == 0, traj.behavior_logp_BxL + 1.0, traj.behavior_logp_BxL)
+  traj.passes["teacher_privileged"] = _teacher(traj, logp=logp, entropy=0.1, valid=[True, True, False, True])
+  out = METHODS["crest"].advantages(traj, _knobs("crest"))
+  a0 = out.adv_BxL[0][traj.action_mask_BxL[0]]
+  assert a0.max() > 1.5 + 1e-3 and a0.min() < 1.5 - 1e-3 and np.all(a0 > 0)   # scaled, never flipped
+  np.testing.assert_allclose(a0.mean(), 1.5, atol=1e-5)                         # mean weight 1 per unit
+  np.testing.assert_allclose(out.adv_BxL[2][traj.action_mask_BxL[2]], -0.5, atol=1e-6)  # invalid pass: unmodulated
+  assert out.metrics["crest_gate_open_frac"] == pytest.approx(1.0)
+
+
+def test_toolopd_weights_only_valid_rollouts_and_keeps_grpo_advantage():
+  traj = _traj()
+  base = traj.behavior_logp_BxL
+  skill = np.where(traj.action_mask_BxL, base + 0.5, 0.0)
+  traj.passes["hindsight_skill"] = {"skills": ["s"] * 4, "skill_tokens_B": np.full(4, 3), "valid_B": np.ones(4, bool),
+                                    "success_B": np.asarray([True, False, False, False]), "reasons": [""] * 4}
+  traj.passes["teacher_plain"] = _teacher(traj, logp=base)
+  traj.passes["teacher_skill"] = _teacher(traj, logp=skill, valid=[True, True, False, True])
+  out = METHODS["toolopd"].advantages(traj, _knobs("toolopd"))
+  _assert_seq(out.adv_BxL, traj, GRPO)
+  w = out.distill_weight_BxL
+  assert np.all(w[0][traj.action_mask_BxL[0]] > 0)     # success, the skill raised every token: all credited
+  assert np.all(w[1] == 0) and np.all(w[2] == 0)        # failure with raised tokens: no credit; invalid: none
+  np.testing.assert_array_equal(out.distill_target_BxL, skill)
+  assert out.metrics["toolopd_credited_frac"] == pytest.approx(1 / 3)
+
+
+def test_hsd_adds_clipped_peer_teacher_ratio():
+  traj = _traj()
+  logp = np.where(traj.action_mask_BxL, traj.behavior_logp_BxL + 3.0, 0.0)
+  traj.passes["teacher_peer"] = _teacher(traj, logp=logp, valid=[True, True, True, False],
+                                         peer_B=np.asarray([-1, 0, 0, 0]))
+  k = _knobs("hsd", dense_coef=0.5, clip=1.0)
+  out = METHODS["hsd"].advantages(traj, k)
+  _assert_seq(out.adv_BxL, traj, GRPO + np.asarray([0.5, 0.5, 0.5, 0.0]))   # clip(3) = 1; invalid: 0
+  assert out.metrics["hsd_peers_found_frac"] == pytest.approx(0.75)
+
+
+def test_gear_with_zero_divergence_is_grpo():
+  traj = _traj()
+  traj.passes["teacher_divergence"] = _teacher(traj, divergence_BxL=np.zeros((B, L), np.float32))
+  out = METHODS["gear"].advantages(traj, _knobs("gear"))
+  _assert_seq(out.adv_BxL, traj, GRPO)
+  assert out.metrics["gear_spikes_per_rollout"] == 0.0
+
+
+def test_gear_redistributes_toward_a_spike():
+  traj = _traj()
+  div = np.where(traj.action_mask_BxL, 0.01, 0.0).astype(np.float32)
+  first = np.flatnonzero(traj.action_mask_BxL[0])[0]
+  div[:, first] = 5.0
+  traj.passes["teacher_divergence"] = _teacher(traj, entropy=0.0, divergence_BxL=div)
+  out = METHODS["gear"].advantages(traj, _knobs("gear", k_sigma=1.0))
+  a0 = out.adv_BxL[0][traj.action_mask_BxL[0]]
+  assert a0[0] > a0[1:].max() and a0.mean() == pytest.approx(1.5, abs=1e-5)
+  assert out.metrics["gear_spikes_per_rollout"] == 1.0
+
+
+def test_opd_is_teacher_minus_policy_and_zero_on_invalid():
+  traj = _traj()
+  logp = np.where(traj.action_mask_BxL, traj.behavior_logp_BxL - 0.25, 0.0)
+  traj.passes["teacher_plain"] = _teacher(traj, logp=logp, valid=[True, False, True, True])
+  out = METHODS["opd"].advantages(traj, _knobs("opd"))
+  _assert_seq(out.adv_BxL, traj, [-0.25, 0.0, -0.25, -0.25])
+  assert out.metrics["teacher_policy_gap"] == pytest.approx(-0.25, abs=1e-6)
+
+
+def test_gigpo_state_ids_and_omega_zero_is_grpo():
+  traj = _traj()
+  ids = gigpo_state_ids(traj, "observation")
+  assert np.all(ids[:, 0] == ids[0, 0])                  # turn 0: the shared prompt
+  assert np.all(ids[:, 1] == ids[0, 1]) and ids[0, 1] != ids[0, 0]   # same observation [4, 5] after turn 0
+  assert np.all(ids[:, 2] == -1)
+  hist = gigpo_state_ids(traj, "history")
+  assert len(set(hist[:, 1].tolist())) == 4               # histories differ by each rollout's first action
+  out = METHODS["gigpo"].advantages(traj, _knobs("gigpo", omega=0.0))
+  _assert_seq(out.adv_BxL, traj, GRPO)
+  out = METHODS["gigpo"].advantages(traj, _knobs("gigpo"))
+  expect = credit.gigpo_advantages(traj.rewards_B, ids, traj.turn_mask_BxT, traj.sample_mask_B, gamma=0.95,
+                                   omega=1.0)
+  np.testing.assert_allclose(out.turn_adv_BxT, expect, atol=1e-6)
+
+
+def test_every_method_row_is_complete():
+  for name, m in METHODS.items():
+    assert callable(m.advantages) and m.summary, name
+    assert isinstance(m.knobs, dict) and all(isinstance(p, str) for p in m.passes), name

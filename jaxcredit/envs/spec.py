@@ -1,0 +1,44 @@
+"""What the trainer needs from an environment, as one record (`EnvSpec`); `jaxcredit.envs.ENVS` maps names to
+the functions that build them.
+
+The trainer imports no environment module: it asks `ENVS[config.env.name](config.env)` for an `EnvSpec` and
+uses only its fields. Tasks are opaque to the trainer; every function here takes the task it was given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvSpec:
+  """Everything the trainer needs from one environment.
+
+  Attributes:
+    make_tasks: (split "train" | "eval", num, seed | None) -> list of tasks (seed is None for eval).
+    make_env: task -> a fresh environment (one per rollout, never shared) with `step(assistant_text)` ->
+      (.observation, .done, .info) and `reward()`, as `jaxcredit.rollout.multiturn.EnvLike`.
+    initial_messages: task -> the prompt's chat messages (system?, user).
+    stop_strings: strings that end an assistant turn (the closing tags of a tool call and of an answer).
+    max_turns: the most assistant turns a rollout may take (T).
+    is_success: reward -> whether the rollout solved the task (for success rates, HSD peers, ToolOPD outcomes).
+    demonstration: (task, rng) -> a full chat for the supervised warm start, or None when the environment has
+      no demonstrations (then `config.sft.steps` must be 0).
+    gold_answer_text: task -> the gold answer written as the next assistant message (TRACE scores it).
+    privileged_info: task -> the verified ground truth a teacher may see and the policy never does (CrEST,
+      GEAR, HSD's fallback): the gold answer, a reference solution, or BFCL's ground-truth calls.
+    unit_rewards: env -> per-unit verified rewards of a finished rollout (CrEST); None means the environment
+      verifies only the outcome (U = 1, the outcome reward).
+  """
+
+  make_tasks: Callable[[str, int, int | None], list]
+  make_env: Callable[[Any], Any]
+  initial_messages: Callable[[Any], list[dict]]
+  stop_strings: tuple[str, ...]
+  max_turns: int
+  is_success: Callable[[float], bool]
+  demonstration: Callable[[Any, Any], list[dict]] | None
+  gold_answer_text: Callable[[Any], str]
+  privileged_info: Callable[[Any], str]
+  unit_rewards: Callable[[Any], Sequence[float]] | None = None

@@ -1,0 +1,317 @@
+"""`METHODS`: every credit method the trainer can run, as one table.
+
+    method = METHODS[config.credit.method]
+    traj.passes[name] = PASSES[name](...) for name in method.passes     # jaxcredit.train.passes
+    out = method.advantages(traj, config.credit[config.credit.method])  # -> MethodOutput
+    loss = PPO-clip(out.adv_BxL) + Σ the method's loss terms             # jaxcredit.train.step
+
+A method is a `Method` record: the passes it needs, a function from (trajectory with pass outputs, its knobs) to
+token advantages, the knobs' defaults (they become `config.credit.<name>.*`, with the credit functions' own
+argument names) and the extra loss terms it adds. Adding a method is one function and one row; the trainer never
+names a method.
+
+Group functions of `jaxcredit.credit` are applied per group (`jaxcredit.trajectory.group_index`, so the batch
+need not be group-major), per-rollout functions over the whole batch; both jitted with the knobs static.
+
+Shape letters: B rollouts, P groups, G rollouts per group, L tokens, T turns, U verified units.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+from typing import Any, Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxcredit import credit
+from jaxcredit.trajectory import Trajectory, group_index
+
+
+@dataclasses.dataclass
+class MethodOutput:
+  """What a method's advantage function returns (numpy, host side).
+
+  Attributes:
+    adv_BxL: float32 token advantages, 0 off action tokens and on invalid rollouts.
+    turn_adv_BxT: float32 per-turn advantages where the method has them (for metrics), else None.
+    distill_weight_BxL: float32 per-token weights of the distillation loss term (methods whose `loss_terms`
+      include "distill"), else None.
+    distill_target_BxL: float32 teacher log-probs of the sampled tokens the distillation term pulls toward.
+    metrics: scalars for metrics.jsonl (method-specific: gate-open fraction, spikes per rollout, ...).
+  """
+
+  adv_BxL: np.ndarray
+  turn_adv_BxT: np.ndarray | None = None
+  distill_weight_BxL: np.ndarray | None = None
+  distill_target_BxL: np.ndarray | None = None
+  metrics: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+  """One row of `METHODS`.
+
+  Attributes:
+    advantages: (trajectory with `passes` filled, knobs mapping) -> `MethodOutput`.
+    knobs: default knobs, `config.credit.<name>.*`.
+    passes: names in `jaxcredit.train.passes.PASSES` to run before `advantages`, in order.
+    loss_terms: extra loss terms in `jaxcredit.train.step.LOSS_TERMS` ("distill"); the PPO-clip term is always
+      there and the KL term when `config.loss.kl_coef > 0`.
+    teacher: the default `config.teacher.source` of its teacher passes ("policy", "reference", or "" when it
+      needs a checkpoint that the config must name).
+    min_group_size: the smallest `config.rollout.group_size` it can use (2 for a group baseline).
+    summary: one line for `docs` and errors.
+  """
+
+  advantages: Callable[[Trajectory, Mapping[str, Any]], MethodOutput]
+  knobs: dict
+  passes: tuple[str, ...] = ()
+  loss_terms: tuple[str, ...] = ()
+  teacher: str = "policy"
+  min_group_size: int = 2
+  summary: str = ""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Batching helpers.
+
+@functools.lru_cache(maxsize=None)
+def _jit_vmap(fn: Callable, knobs: tuple) -> Callable:
+  return jax.jit(jax.vmap(functools.partial(fn, **dict(knobs))))
+
+
+def per_group(fn: Callable, knobs: Mapping[str, Any], traj: Trajectory, *arrays_B) -> np.ndarray:
+  """fn(*[G, ...] arrays, **knobs) applied to every group, results scattered back to batch order: [B, ...]."""
+  idx_PxG = group_index(traj.group_ids_B)
+  out = np.asarray(_jit_vmap(fn, tuple(sorted(knobs.items())))(*[np.asarray(a)[idx_PxG] for a in arrays_B]))
+  res = np.zeros((traj.batch_size,) + out.shape[2:], out.dtype)
+  res[idx_PxG.ravel()] = out.reshape((-1,) + out.shape[2:])
+  return res
+
+
+def per_rollout(fn: Callable, knobs: Mapping[str, Any], *arrays_B) -> np.ndarray:
+  """fn(*[...] arrays of one rollout, **knobs) vmapped over the batch: [B, ...]."""
+  return np.asarray(_jit_vmap(fn, tuple(sorted(knobs.items())))(*[np.asarray(a) for a in arrays_B]))
+
+
+def _pick(knobs: Mapping[str, Any], *names: str) -> dict:
+  return {n: knobs[n] for n in names}
+
+
+def _on_actions(seq_B: np.ndarray, traj: Trajectory) -> np.ndarray:
+  return (seq_B[:, None] * traj.action_mask_BxL).astype(np.float32)
+
+
+def _turns(values_BxT: np.ndarray, traj: Trajectory) -> np.ndarray:
+  return per_rollout(credit.turn_to_token, {}, values_BxT, traj.turn_ids_BxL, traj.action_mask_BxL)
+
+
+def _outcome(traj: Trajectory, scale: str, eps: float) -> np.ndarray:
+  return per_group(credit.grpo_advantages, {"scale": scale, "eps": eps}, traj, traj.rewards_B, traj.sample_mask_B)
+
+
+def _action_mean(x_BxL: np.ndarray, mask_BxL: np.ndarray) -> float:
+  return float(x_BxL[mask_BxL].mean()) if mask_BxL.any() else 0.0
+
+
+def pass_valid(traj: Trajectory, name: str) -> np.ndarray:
+  """valid_B of pass `name`, and-ed with the sample mask."""
+  return np.asarray(traj.passes[name]["valid_B"], bool) & traj.sample_mask_B
+
+
+def _teacher_gap(traj: Trajectory, name: str) -> float:
+  """Mean teacher - policy log-prob of the sampled tokens over the pass's valid rollouts (nats)."""
+  m = traj.action_mask_BxL & pass_valid(traj, name)[:, None]
+  return _action_mean(traj.passes[name]["logp_BxL"] - traj.behavior_logp_BxL, m)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Outcome baselines.
+
+def grpo(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
+  """GRPO: the group-normalised outcome on every action token (credit.grpo_advantages)."""
+  seq = _outcome(traj, k["scale"], k["eps"])
+  return MethodOutput(_on_actions(seq, traj), seq[:, None] * traj.turn_mask_BxT)
+
+
+def drgrpo(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
+  """Dr.GRPO: the outcome minus the group mean, no std normalisation (credit.grpo_advantages, scale="none")."""
+  seq = _outcome(traj, "none", k["eps"])
+  return MethodOutput(_on_actions(seq, traj), seq[:, None] * traj.turn_mask_BxT)
+
+
+def rloo(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
+  """RLOO: leave-one-out baseline (credit.rloo_advantages)."""
+  seq = per_group(credit.rloo_advantages, {}, traj, traj.rewards_B, traj.sample_mask_B)
+  return MethodOutput(_on_actions(seq, traj), seq[:, None] * traj.turn_mask_BxT)
+
+
+def _hash32(ids: np.ndarray) -> int:
+  return int.from_bytes(hashlib.blake2b(np.ascontiguousarray(ids, np.int32).tobytes(), digest_size=4).digest(),
+                        "little") & 0x7FFFFFFF
+
+
+def gigpo_state_ids(traj: Trajectory, state_key: str) -> np.ndarray:
+  """state_ids_BxT int32 for GiGPO: a 31-bit hash of the tokens that define the state turn t is taken in.
+
+  "observation": the context tokens right before turn t (turn 0: the prompt, shared by the group; turn t >= 1:
+  the tool observation and scaffolding since turn t-1's last action token). "history": every token before turn t.
+  -1 where turn t does not exist. Hashes are of token ids, so equal text tokenized alike gives equal ids.
+
+  Raises:
+    ValueError: for an unknown `state_key`.
+  """
+  if state_key not in ("observation", "history"):
+    raise ValueError(f"config.credit.gigpo.state_key must be 'observation' or 'history', got {state_key!r}")
+  b, t = traj.turn_mask_BxT.shape
+  out = np.full((b, t), -1, np.int32)
+  for i in range(b):
+    ids = traj.turn_ids_BxL[i]
+    prev_end = 0
+    for turn in range(t):
+      if not traj.turn_mask_BxT[i, turn]:
+        continue
+      pos = np.flatnonzero(ids == turn)
+      if pos.size == 0:
+        continue
+      start = int(pos[0])
+      lo = 0 if (state_key == "history" or turn == 0) else prev_end
+      out[i, turn] = _hash32(traj.tokens_BxL[i, lo:start])
+      prev_end = int(pos[-1]) + 1
+  return out
+
+
+def gigpo(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
+  """GiGPO: episode advantage plus a step advantage among turns taken in the same state (credit.gigpo_advantages)."""
+  state_ids = gigpo_state_ids(traj, k["state_key"])
+  turn = per_group(credit.gigpo_advantages, _pick(k, "gamma", "omega", "scale", "eps"), traj, traj.rewards_B,
+                   state_ids, traj.turn_mask_BxT, traj.sample_mask_B)
+  real = state_ids[traj.turn_mask_BxT]
+  return MethodOutput(_turns(turn, traj), turn,
+                      metrics={"gigpo_states_per_rollout": float(len(set(real.tolist()))) / max(traj.batch_size, 1)})
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Dense methods.
+
+def trace(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
+  """TRACE: outcome + beta * normalised TD log-ratio rewards of the reference's gold-answer scores."""
+  gold = traj.passes["gold_answer"]
+  turn = per_group(credit.trace_advantages, _pick(k, "beta", "scale", "dense_norm", "eps"), traj, traj.rewards_B,
+                   gold["gold_logp_BxT1"], gold["boundary_mask_BxT1"], traj.turn_mask_BxT, traj.sample_mask_B)
+  td = per_rollout(credit.trace_td_rewards, {}, gold["gold_logp_BxT1"], gold["boundary_mask_BxT1"])
+  tm = traj.turn_mask_BxT
+  return MethodOutput(_turns(turn, traj), turn, metrics={
+      "td_reward_abs_mean": float(np.abs(td[tm]).mean()) if tm.any() else 0.0,
+      "gold_boundaries": int(np.asarray(gold["boundary_mask_BxT1"]).sum())})
+
+
+def _teacher_or_nan(traj: Trajectory, name: str, key: str) -> np.ndarray:
+  """The pass's array with NaN on its invalid rollouts (the credit functions then skip them, never read 0)."""
+  valid = pass_valid(traj, name)
+  return np.where(valid[:, None], traj.passes[name][key], np.nan).astype(np.float32)
+
+
+def crest(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
+  """CrEST: per-unit verified advantages, token magnitudes modulated by the entropy-gated privileged self-teacher."""
+  unit_adv = per_group(credit.crest_turn_advantages, _pick(k, "scale", "eps"), traj, traj.unit_rewards_BxU,
+                       traj.unit_mask_BxU, traj.sample_mask_B)
+  name = "teacher_privileged"
+  teacher_logp = _teacher_or_nan(traj, name, "logp_BxL")
+  entropy = _teacher_or_nan(traj, name, "entropy_BxL")
+  w = per_rollout(credit.crest_token_weights, _pick(k, "tau", "temperature", "max_log_ratio"), unit_adv,
+                  traj.unit_ids_BxL, traj.action_mask_BxL, teacher_logp, traj.behavior_logp_BxL, entropy)
+  adv = per_rollout(credit.turn_to_token, {}, unit_adv, traj.unit_ids_BxL, traj.action_mask_BxL) * w
+  act = traj.action_mask_BxL & pass_valid(traj, name)[:, None]
+  return MethodOutput(adv.astype(np.float32), metrics={
+      "teacher_policy_gap": _teacher_gap(traj, name),
+      "crest_gate_open_frac": _action_mean((entropy < k["tau"]).astype(np.float32), act),
+      "crest_weight_std": float(w[act].std()) if act.any() else 0.0})
+
+
+def toolopd(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
+  """ToolOPD: GRPO plus a distillation term toward the skilled teacher, weighted by outcome-aware hindsight credit."""
+  seq = _outcome(traj, k["scale"], k["eps"])
+  valid = pass_valid(traj, "teacher_skill") & pass_valid(traj, "teacher_plain")
+  skill = traj.passes["teacher_skill"]["logp_BxL"]
+  base = traj.passes["teacher_plain"]["logp_BxL"]
+  success = traj.passes["hindsight_skill"]["success_B"]
+  w = per_rollout(credit.toolopd_token_weights, _pick(k, "max_credit", "normalize"), skill, base, success,
+                  traj.action_mask_BxL)
+  w = np.where(valid[:, None], w, 0.0).astype(np.float32)
+  act = traj.action_mask_BxL & valid[:, None]
+  return MethodOutput(_on_actions(seq, traj), seq[:, None] * traj.turn_mask_BxT, distill_weight_BxL=w,
+                      distill_target_BxL=np.asarray(skill, np.float32), metrics={
+                          "teacher_policy_gap": _teacher_gap(traj, "teacher_skill"),
+                          "toolopd_credited_frac": _action_mean((w > 0).astype(np.float32), act),
+                          "toolopd_skill_tokens": float(np.mean(traj.passes["hindsight_skill"]["skill_tokens_B"]))})
+
+
+def hsd(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
+  """HSD: GRPO plus dense_coef * the clipped log-ratio of the peer-conditioned self-teacher to the policy."""
+  seq = _outcome(traj, k["scale"], k["eps"])
+  name = "teacher_peer"
+  a = per_rollout(credit.hsd_token_advantages, _pick(k, "clip"), _teacher_or_nan(traj, name, "logp_BxL"),
+                  traj.behavior_logp_BxL, traj.action_mask_BxL)
+  adv = _on_actions(seq, traj) + k["dense_coef"] * a
+  return MethodOutput(adv.astype(np.float32), seq[:, None] * traj.turn_mask_BxT, metrics={
+      "teacher_policy_gap": _teacher_gap(traj, name),
+      "hsd_peers_found_frac": float(np.mean(np.asarray(traj.passes[name]["peer_B"]) >= 0))})
+
+
+def gear(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
+  """GEAR: the GRPO advantage redistributed over divergence-anchored segments (ground-truth-conditioned teacher)."""
+  seq = _outcome(traj, k["scale"], k["eps"])
+  name = "teacher_divergence"
+  valid = pass_valid(traj, name)
+  # An invalid pass has divergence 0 everywhere: GEAR then equals GRPO for that rollout (credit.md, GEAR).
+  div = np.where(valid[:, None], traj.passes[name]["divergence_BxL"], 0.0).astype(np.float32)
+  ent = np.asarray(traj.passes[name]["entropy_BxL"], np.float32)
+  seg_knobs = _pick(k, "k_sigma", "tau_low", "entropy_floor", "eps")
+  adv = per_rollout(credit.gear_advantages, dict(seg_knobs, alpha=k["alpha"], normalize=k["normalize"]), seq, div,
+                    ent, traj.action_mask_BxL)
+  seg_start = per_rollout(credit.gear_segments, seg_knobs, div, ent, traj.action_mask_BxL)
+  spikes = (seg_start == np.arange(seg_start.shape[1])[None, :]).sum(axis=1)
+  in_seg = (seg_start >= 0).sum(axis=1)
+  return MethodOutput(adv.astype(np.float32), seq[:, None] * traj.turn_mask_BxT, metrics={
+      "gear_spikes_per_rollout": float(spikes.mean()),
+      "gear_segment_tokens_per_rollout": float(in_seg.mean()),
+      "gear_divergence_mean": _action_mean(div, traj.action_mask_BxL & valid[:, None])})
+
+
+def opd(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
+  """On-policy distillation: token advantage = teacher - policy log-prob of the sampled token."""
+  name = "teacher_plain"
+  a = per_rollout(credit.opd_token_advantages, {}, traj.passes[name]["logp_BxL"], traj.behavior_logp_BxL,
+                  traj.action_mask_BxL)
+  adv = np.where(pass_valid(traj, name)[:, None], a, 0.0).astype(np.float32)
+  return MethodOutput(adv, metrics={"teacher_policy_gap": _teacher_gap(traj, name)})
+
+
+_OUTCOME = {"scale": "group", "eps": 1e-6}
+
+METHODS: dict[str, Method] = {
+    "grpo": Method(grpo, dict(_OUTCOME), summary="outcome-only group-normalised baseline"),
+    "drgrpo": Method(drgrpo, {"eps": 1e-6}, summary="GRPO without std normalisation"),
+    "rloo": Method(rloo, {}, summary="leave-one-out baseline"),
+    "gigpo": Method(gigpo, dict(_OUTCOME, gamma=0.95, omega=1.0, state_key="observation"),
+                    summary="episode + step-group advantages at shared anchor states"),
+    "trace": Method(trace, dict(_OUTCOME, beta=1.0, dense_norm="group_rms", gold_reduce="sum"), ("gold_answer",),
+                    teacher="reference", summary="TD log-ratio turn rewards from the reference's gold-answer scores"),
+    "crest": Method(crest, dict(_OUTCOME, tau=1.0, temperature=0.25, max_log_ratio=2.0), ("teacher_privileged",),
+                    summary="verified unit advantages, entropy-gated privileged self-teacher modulation"),
+    "toolopd": Method(toolopd, dict(_OUTCOME, max_credit=2.0, normalize=True, distill_coef=0.1, skill_max_tokens=48,
+                                    skill_template=""),
+                      ("hindsight_skill", "teacher_plain", "teacher_skill"), ("distill",), teacher="reference",
+                      summary="GRPO + hindsight-skill-weighted distillation"),
+    "hsd": Method(hsd, dict(_OUTCOME, clip=1.0, dense_coef=0.1, success_threshold=0.5, fallback="gold"),
+                  ("teacher_peer",), summary="self-teacher conditioned on a successful peer rollout"),
+    "gear": Method(gear, dict(_OUTCOME, alpha=1.0, k_sigma=2.0, tau_low=0.1, entropy_floor=1.0, normalize=True),
+                   ("teacher_divergence",), summary="divergence-anchored segments rescale the GRPO advantage"),
+    "opd": Method(opd, {}, ("teacher_plain",), teacher="", min_group_size=1,
+                  summary="on-policy distillation from a teacher checkpoint"),
+}

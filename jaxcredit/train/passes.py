@@ -1,0 +1,273 @@
+"""`PASSES`: the extra forward passes dense methods need, as one table.
+
+    traj.passes[name] = PASSES[name](ctx, traj)      for name in METHODS[config.credit.method].passes
+
+Each pass returns a dict of numpy arrays aligned to the trajectory, always with `valid_B` (bool) and `reasons`
+(one string per rollout: "" when valid, else why the pass could not be made: "no_context", "over_budget",
+"non_finite", "no_boundary", "empty_skill", "no_peer"). A rollout whose pass is invalid loses only its dense term
+(the method falls back to its outcome term); it never reads log p = 0 as a score. Gradients never flow through a
+pass. Who the teacher is, what context it sees and how the context is inserted: docs/teacher-passes.md.
+
+| pass | teacher | context | outputs |
+|---|---|---|---|
+| gold_answer | reference | none: scores the gold answer at every boundary (packed) | gold_logp_BxT1, boundary_mask_BxT1 |
+| teacher_plain | config.teacher.source | none (the rollout's own prompt) | logp_BxL, entropy_BxL |
+| teacher_privileged | config.teacher.source | the environment's verified ground truth | logp_BxL, entropy_BxL |
+| teacher_peer | config.teacher.source | a successful peer's transcript + gold answer | logp_BxL, entropy_BxL, peer_B |
+| hindsight_skill | config.teacher.source | writes a skill from task, transcript and outcome | skills, skill_tokens_B, success_B |
+| teacher_skill | config.teacher.source | the rollout's hindsight skill | logp_BxL, entropy_BxL |
+| teacher_divergence | config.teacher.source | the environment's verified ground truth | + divergence_BxL (vs the policy) |
+
+Adding a pass is one function `(PassContext, Trajectory) -> dict` and one row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import numpy as np
+
+from jaxcredit import credit
+from jaxcredit.rollout.multiturn import transcript
+from jaxcredit.sampling import SamplingParams
+from jaxcredit.scoring import teacher as teacher_lib
+from jaxcredit.scoring.gold import score_gold_answers_packed
+from jaxcredit.train import step as step_lib
+from jaxcredit.trajectory import Trajectory, group_index
+
+DEFAULT_SKILL_TEMPLATE = (
+    "Here is a task, an attempt at it and its outcome.\n\nTask: {task}\n\nAttempt:\n{transcript}\n\n"
+    "Outcome: {outcome}\n\nIn one or two sentences, write advice that would help on similar tasks.")
+
+
+@dataclasses.dataclass
+class Model:
+  """A model the passes can run: its graph, non-trainable state and parameters."""
+
+  graphdef: Any
+  rest: Any
+  params: Any
+
+
+@dataclasses.dataclass
+class PassContext:
+  """What a pass may use. Built by the trainer once per RL step.
+
+  Attributes:
+    config: the training config.
+    knobs: the method's knobs (`config.credit.<method>`).
+    tok: the tokenizer (shared by policy and every teacher).
+    env: the `EnvSpec`.
+    tasks: one task per rollout.
+    results: one `RolloutResult` per rollout (messages, env).
+    key: PRNG key of this step's passes.
+    models: "policy", "reference" and, when `config.teacher.source` names a checkpoint, "checkpoint".
+    teacher: the key in `models` of this method's teacher.
+    fns: the jitted pass functions (`PassFns`), compiled once per run.
+    sampler_for: `Model` -> a sampler bound to that model's parameters (the hindsight skill is generated with it).
+  """
+
+  config: Any
+  knobs: Mapping[str, Any]
+  tok: Any
+  env: Any
+  tasks: Sequence[Any]
+  results: Sequence[Any]
+  key: jax.Array
+  models: dict
+  teacher: str
+  fns: "PassFns"
+  sampler_for: Callable[[Model], Any]
+
+
+class PassFns:
+  """Jitted pass functions, built lazily and cached per (teacher model, student model) graph."""
+
+  def __init__(self, mesh, temperature: float):
+    self.mesh, self.temperature = mesh, float(temperature)
+    self._cache: dict = {}
+
+  def _get(self, key, build):
+    if key not in self._cache:
+      self._cache[key] = build()
+    return self._cache[key]
+
+  def teacher(self, teacher: Model, student: Model | None):
+    """(teacher_params, TeacherBatch, traj, student_params) -> TeacherPassResult, run under the mesh."""
+    key = ("teacher", id(teacher.graphdef), None if student is None else id(student.graphdef))
+    fn = self._get(key, lambda: teacher_lib.make_teacher_pass_fn(
+        teacher.graphdef, teacher.rest, self.temperature,
+        student_graphdef=None if student is None else student.graphdef,
+        student_rest=None if student is None else student.rest))
+    return self._under_mesh(fn)
+
+  def gold(self, model: Model):
+    """(params, packed arrays...) -> gold log-probs at temperature 1 (step.make_packed_gold_fn), under the mesh."""
+    return self._under_mesh(self._get(("gold", id(model.graphdef)),
+                                      lambda: step_lib.make_packed_gold_fn(model.graphdef, model.rest)))
+
+  def _under_mesh(self, fn):
+    def call(*args):
+      with jax.set_mesh(self.mesh):
+        return fn(*args)
+    return call
+
+
+def _reasons_count(reasons: Sequence[str]) -> dict[str, int]:
+  out: dict[str, int] = {}
+  for r in reasons:
+    if r:
+      out[r] = out.get(r, 0) + 1
+  return out
+
+
+def pass_metrics(name: str, outputs: Mapping[str, Any], seconds: float) -> dict:
+  """`pass/<name>/seconds`, `pass/<name>/dropped` and `pass/<name>/dropped_<reason>` for metrics.jsonl."""
+  row = {f"pass/{name}/seconds": seconds, f"pass/{name}/dropped": int(np.sum(~np.asarray(outputs["valid_B"])))}
+  for reason, n in _reasons_count(outputs["reasons"]).items():
+    row[f"pass/{name}/dropped_{reason}"] = n
+  return row
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The passes.
+
+def gold_answer(ctx: PassContext, traj: Trajectory) -> dict:
+  """TRACE: log p_ref(y* | s_t) at every boundary, all boundaries of a rollout in one packed forward."""
+  ref = ctx.models["reference"]
+  gold_ids = [ctx.tok.encode(ctx.env.gold_answer_text(t)) + [ctx.tok.eos_id] for t in ctx.tasks]
+  fn = ctx.fns.gold(ref)
+  gold, mask = score_gold_answers_packed(lambda *a: np.asarray(fn(ref.params, *a)), traj, gold_ids,
+                                         pad_id=ctx.tok.pad_id, reduce=ctx.knobs["gold_reduce"],
+                                         length_bucket=ctx.config.train.length_bucket)
+  valid = mask[:, 0] & traj.sample_mask_B
+  return {"gold_logp_BxT1": gold, "boundary_mask_BxT1": mask, "valid_B": valid,
+          "reasons": ["" if v else "no_boundary" for v in valid]}
+
+
+def _teacher_prompts(ctx: PassContext, contexts: Sequence[str | None]) -> list[list[int] | None]:
+  t = ctx.config.teacher
+  return [None if c is None else teacher_lib.teacher_prompt_ids(
+      ctx.tok, ctx.env.initial_messages(task), c, wrapper=t.context_wrapper,
+      max_context_tokens=int(t.max_context_tokens)) for task, c in zip(ctx.tasks, contexts)]
+
+
+def run_teacher(ctx: PassContext, traj: Trajectory, prompts: Sequence[list[int] | None], *,
+                divergence: bool = False) -> dict:
+  """The teacher's log-probs and entropies (and divergence from the policy) on the rollouts' own action tokens,
+  with each rollout's prompt replaced by `prompts[b]` (None: no context, the pass is invalid for it)."""
+  teacher = ctx.models[ctx.teacher]
+  student = ctx.models["policy"] if divergence else None
+  batch = teacher_lib.build_teacher_batch(traj, prompts, max_len=int(ctx.config.teacher.max_len),
+                                          pad_id=ctx.tok.pad_id, length_bucket=ctx.config.train.length_bucket)
+  result = ctx.fns.teacher(teacher, student)(teacher.params, batch, traj,
+                                             None if student is None else student.params)
+  return dict(result.arrays(), reasons=result.reasons)
+
+
+def teacher_plain(ctx: PassContext, traj: Trajectory) -> dict:
+  """The teacher on the rollout as it is (OPD; ToolOPD's base pass)."""
+  return run_teacher(ctx, traj, teacher_lib.rollout_prompt_ids(traj))
+
+
+def teacher_privileged(ctx: PassContext, traj: Trajectory) -> dict:
+  """The teacher shown the environment's verified ground truth (CrEST)."""
+  return run_teacher(ctx, traj, _teacher_prompts(ctx, [ctx.env.privileged_info(t) for t in ctx.tasks]))
+
+
+def teacher_divergence(ctx: PassContext, traj: Trajectory) -> dict:
+  """The ground-truth-conditioned teacher, with the full-vocabulary reverse KL from the policy (GEAR)."""
+  return run_teacher(ctx, traj, _teacher_prompts(ctx, [ctx.env.privileged_info(t) for t in ctx.tasks]),
+                     divergence=True)
+
+
+def teacher_peer(ctx: PassContext, traj: Trajectory) -> dict:
+  """The teacher shown a successful peer rollout of the same group, then the gold answer (HSD).
+
+  Peers come from `credit.hsd_select_peers` per group. Without a peer the context is the gold answer alone
+  (`fallback="gold"`) or the pass is invalid for that rollout (`fallback="skip"`, reason "no_peer").
+  """
+  k = ctx.knobs
+  if k["fallback"] not in ("gold", "skip"):
+    raise ValueError(f"config.credit.hsd.fallback must be 'gold' or 'skip', got {k['fallback']!r}")
+  idx_PxG = group_index(traj.group_ids_B)
+  keys = jax.random.split(ctx.key, idx_PxG.shape[0])
+  select = jax.jit(jax.vmap(lambda r, m, key: credit.hsd_select_peers(
+      r, m, key, success_threshold=float(k["success_threshold"]))))
+  local_PxG = np.asarray(select(traj.rewards_B[idx_PxG], traj.sample_mask_B[idx_PxG], keys))
+  peer_B = np.full(traj.batch_size, -1, np.int32)
+  for p in range(idx_PxG.shape[0]):
+    for g in range(idx_PxG.shape[1]):
+      if local_PxG[p, g] >= 0:
+        peer_B[idx_PxG[p, g]] = idx_PxG[p, local_PxG[p, g]]
+  contexts: list[str | None] = []
+  for i, task in enumerate(ctx.tasks):
+    gold = ctx.env.gold_answer_text(task)
+    if peer_B[i] >= 0:
+      contexts.append(f"A successful attempt at this task:\n{transcript(ctx.results[peer_B[i]].messages)}\n"
+                      f"The correct final answer: {gold}")
+    else:
+      contexts.append(f"The correct final answer: {gold}" if k["fallback"] == "gold" else None)
+  out = run_teacher(ctx, traj, _teacher_prompts(ctx, contexts))
+  out["reasons"] = ["no_peer" if (c is None and r == "no_context") else r for c, r in zip(contexts, out["reasons"])]
+  out["peer_B"] = peer_B
+  return out
+
+
+def hindsight_skill(ctx: PassContext, traj: Trajectory) -> dict:
+  """ToolOPD's hindsight skills: the teacher writes one or two sentences of advice from the task, the rollout's
+  transcript and its outcome; greedy, at most `skill_max_tokens` tokens, batched over the rollouts.
+
+  The transcript is cut from its start so that the prompt and the skill fit the sampler's `sampling.max_len`.
+  An empty skill, or a prompt that cannot fit, makes the rollout's skill passes invalid.
+  """
+  k, tok = ctx.knobs, ctx.tok
+  template = k["skill_template"] or DEFAULT_SKILL_TEMPLATE
+  max_new = int(k["skill_max_tokens"])
+  budget = int(ctx.config.sampling.max_len) - max_new
+  success = np.asarray([bool(ctx.env.is_success(r.reward)) for r in ctx.results])
+  prompts, fits = [], []
+  for task, res, ok in zip(ctx.tasks, ctx.results, success):
+    question = next(m["content"] for m in reversed(ctx.env.initial_messages(task)) if m["role"] == "user")
+    fill = dict(task=question, outcome="success" if ok else "failure")
+    empty = tok.encode(tok.apply_chat_template([{"role": "user", "content": template.format(transcript="", **fill)}],
+                                               add_generation_prompt=True))
+    room = budget - len(empty)
+    ids = tok.encode(transcript(res.messages))
+    text = tok.decode(ids[-room:]) if room > 0 else ""
+    prompt = tok.encode(tok.apply_chat_template(
+        [{"role": "user", "content": template.format(transcript=text, **fill)}], add_generation_prompt=True))
+    fits.append(room > 0 and len(prompt) <= budget)
+    prompts.append(prompt[-budget:] if budget > 0 else prompt[:1])
+  sampler = ctx.sampler_for(ctx.models[ctx.teacher])
+  params = SamplingParams(temperature=1.0, top_p=1e-6, max_new_tokens=max_new, stop_token_ids=(tok.eos_id,))
+  out = sampler.generate(prompts, params, ctx.key)
+  skills, lengths, reasons = [], [], []
+  for ids, fit in zip(out.tokens, fits):
+    text = tok.decode(list(ids), skip_special_tokens=True).strip() if fit else ""
+    skills.append(text)
+    lengths.append(len(ids) if fit else 0)
+    reasons.append("" if text else ("over_budget" if not fit else "empty_skill"))
+  valid = np.asarray([not r for r in reasons]) & traj.sample_mask_B
+  return {"skills": skills, "skill_tokens_B": np.asarray(lengths, np.int32), "success_B": success,
+          "valid_B": valid, "reasons": reasons}
+
+
+def teacher_skill(ctx: PassContext, traj: Trajectory) -> dict:
+  """The teacher shown the rollout's own hindsight skill (ToolOPD); needs `hindsight_skill` first."""
+  skills = traj.passes["hindsight_skill"]
+  contexts = [s if v else None for s, v in zip(skills["skills"], skills["valid_B"])]
+  return run_teacher(ctx, traj, _teacher_prompts(ctx, contexts))
+
+
+PASSES: dict[str, Callable[[PassContext, Trajectory], dict]] = {
+    "gold_answer": gold_answer,
+    "teacher_plain": teacher_plain,
+    "teacher_privileged": teacher_privileged,
+    "teacher_peer": teacher_peer,
+    "hindsight_skill": hindsight_skill,
+    "teacher_skill": teacher_skill,
+    "teacher_divergence": teacher_divergence,
+}

@@ -1,0 +1,143 @@
+"""`jaxcredit train --config configs/X.py` for every method: 2 RL steps on the quickstart task with a tiny random
+model (a GGUF written here), through the same configs users run; then a toy method added as one function, one
+METHODS row and one config trains a step without touching any other module."""
+
+import importlib.util
+import json
+import os
+
+import numpy as np
+import pytest
+
+from jaxcredit.train import trainer
+from jaxcredit.train.methods import METHODS, Method, MethodOutput
+
+from tests.models.test_gguf import CFG, random_params, write_gguf
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+  d = tmp_path_factory.mktemp("tiny")
+  return write_gguf(d / "tiny.gguf", "llama", CFG, random_params(CFG)), d / "converted", d / "xla"
+
+
+def _config(name, workdir, tiny, config_dir=os.path.join(ROOT, "configs")):
+  gguf_path, cache, xla_cache = tiny
+  spec = importlib.util.spec_from_file_location(f"cfg_{name}", os.path.join(config_dir, f"{name}.py"))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  c = mod.get_config()
+  c.workdir = str(workdir)
+  c.model.source = str(gguf_path)
+  c.model.cache_dir = str(cache)
+  if c.teacher.source not in ("", "policy", "reference"):
+    c.teacher.source = str(gguf_path)        # OPD: a teacher checkpoint with the policy's tokenizer
+  c.compilation_cache_dir = str(xla_cache)   # the methods share the sampler's and most steps' executables
+  c.progress = False
+  c.tensorboard = False
+  c.total_steps = 2
+  c.env.num_train_tasks = 8
+  c.sampling.max_new_tokens = 6
+  c.sampling.max_len = 1024   # the tiny byte-level vocabulary makes prompts long
+  c.sampling.chunk_size = 3
+  c.rollout.prompts_per_step = 2
+  c.rollout.group_size = 2
+  c.sft.steps = 0
+  c.train.length_bucket = 256
+  c.teacher.max_len = 2048
+  c.eval.before_sft = c.eval.after_sft = c.eval.at_end = False
+  if c.credit.method == "toolopd":
+    c.credit.toolopd.skill_max_tokens = 4
+  return c
+
+
+def _rl_rows(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [r for r in map(json.loads, f) if r["phase"] == "rl"]
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_method_trains_two_steps(name, tiny, tmp_path):
+  c = _config(name, tmp_path / name, tiny)
+  trainer.train(c)
+  rows = _rl_rows(c.workdir)
+  assert [r["step"] for r in rows] == [1, 2]
+  for r in rows:
+    assert r["method"] == name and r["action_tokens"] > 0
+    assert np.isfinite(r["loss"]) and np.isfinite(r["grad_norm"])
+    for p in METHODS[name].passes:
+      assert r[f"pass/{p}/seconds"] > 0 and 0 <= r[f"pass/{p}/dropped"] <= 4
+  assert sorted(os.listdir(os.path.join(c.workdir, "checkpoints")))[-1] == "2"
+  if "distill" in METHODS[name].loss_terms:
+    assert all("loss_distill" in r for r in rows)
+
+
+def test_a_toy_method_is_one_function_one_row_one_config(tiny, tmp_path, monkeypatch):
+  """The toy method: every action token gets the rollout's reward minus 0.5. No other module changes."""
+
+  def toy(traj, knobs):
+    adv = (traj.rewards_B[:, None] - knobs["baseline"]) * traj.action_mask_BxL
+    return MethodOutput(adv.astype(np.float32), metrics={"toy_baseline": knobs["baseline"]})
+
+  monkeypatch.setitem(METHODS, "toy", Method(toy, {"baseline": 0.5}, summary="reward minus a constant"))
+  (tmp_path / "toy.py").write_text("from jaxcredit.train.config import base_config\n\n\ndef get_config():\n"
+                                    "  c = base_config()\n  c.credit.method = 'toy'\n  return c\n")
+  c = _config("toy", tmp_path / "run", tiny, config_dir=str(tmp_path))
+  c.total_steps = 1
+  trainer.train(c)
+  rows = _rl_rows(c.workdir)
+  assert len(rows) == 1 and rows[0]["method"] == "toy" and rows[0]["toy_baseline"] == 0.5
+  assert rows[0]["adv_mean"] in (-0.5, 0.5) or -0.5 < rows[0]["adv_mean"] < 0.5   # reward 0 or 1, minus 0.5
+
+
+def test_reference_and_teacher_passes_use_the_sampling_temperature(tiny, tmp_path):
+  """Shared case io-kl-reference-temperature, in the trainer: at RL step 1 the reference equals the policy, so the
+  KL term is 0; a self-teacher without context (OPD with teacher.source="policy") reproduces the log-probs the
+  sampler recorded at temperature 0.8, so the teacher-policy gap is 0 within the sampler's 1e-4."""
+  c = _config("opd", tmp_path / "run", tiny)
+  c.teacher.source = "policy"
+  c.loss.kl_coef = 0.1
+  c.total_steps = 1
+  assert c.sampling.temperature == 0.8
+  trainer.train(c)
+  row = _rl_rows(c.workdir)[0]
+  assert abs(row["kl"]) < 1e-6
+  assert abs(row["teacher_policy_gap"]) < 1e-4
+  assert row["pass/teacher_plain/dropped"] == 0
+
+
+def test_toolopd_with_a_teacher_checkpoint_and_a_refused_vocabulary(tiny, tmp_path):
+  """A separate teacher checkpoint scores and writes the hindsight skills (its own sampler); a teacher whose
+  vocabulary differs from the policy's is refused naming both sizes, before anything is written."""
+  import dataclasses
+  gguf_path = tiny[0]
+  c = _config("toolopd", tmp_path / "run", tiny)
+  c.teacher.source = str(gguf_path)
+  c.total_steps = 1
+  trainer.train(c)
+  row = _rl_rows(c.workdir)[0]
+  assert row["pass/hindsight_skill/seconds"] > 0 and "loss_distill" in row
+
+  other_cfg = dataclasses.replace(CFG, vocab_size=CFG.vocab_size + 16)
+  other = write_gguf(tmp_path / "other.gguf", "llama", other_cfg, random_params(other_cfg))
+  c = _config("toolopd", tmp_path / "run2", tiny)
+  c.teacher.source = str(other)
+  with pytest.raises(ValueError, match=rf"vocabulary of {CFG.vocab_size + 16} tokens.*policy's has {CFG.vocab_size}"):
+    trainer.train(c)
+  assert not os.path.exists(os.path.join(c.workdir, "config.json"))
+
+
+def test_a_pass_over_budget_drops_only_the_dense_term_and_is_counted(tiny, tmp_path):
+  """CrEST with a teacher budget no rollout fits: every teacher pass is dropped as over_budget, counted in the
+  metrics, and the step trains on the unmodulated (GRPO) advantages; nothing reads log p = 0 as a score."""
+  c = _config("crest", tmp_path / "run", tiny)
+  c.teacher.max_len = 64
+  c.total_steps = 1
+  trainer.train(c)
+  row = _rl_rows(c.workdir)[0]
+  assert row["pass/teacher_privileged/dropped"] == 4
+  assert row["pass/teacher_privileged/dropped_over_budget"] == 4
+  assert row["crest_weight_std"] == 0.0 and row["teacher_policy_gap"] == 0.0
+  assert np.isfinite(row["loss"])

@@ -1,0 +1,96 @@
+"""LOSS_TERMS: each term's value and gradient, exact micro-batch accumulation with several terms, and the shared
+case io-kl-reference-temperature (the reference is scored at the sampling temperature, so KL = 0 when reference
+== policy)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxcredit.models.config import ModelConfig
+from jaxcredit.models.decoder import Decoder
+from jaxcredit.train import step as step_lib
+
+CFG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                  head_dim=8, rope_theta=10000.0)
+B, L = 4, 16
+
+
+@pytest.fixture(scope="module")
+def setup():
+  graphdef, params, rest = step_lib.split_model(Decoder(CFG, rngs=nnx.Rngs(0)))
+  rng = np.random.default_rng(0)
+  lengths = np.asarray([16, 9, 12, 6])
+  token_mask = np.arange(L)[None, :] < lengths[:, None]
+  action = token_mask & (np.arange(L)[None, :] >= 3)
+  batch = {
+      "tokens_BxL": rng.integers(0, 64, size=(B, L)).astype(np.int32),
+      "token_mask_BxL": token_mask,
+      "action_mask_BxL": action,
+      "behavior_logp_BxL": np.where(action, rng.normal(-4.0, 0.3, size=(B, L)), 0).astype(np.float32),
+      "adv_BxL": np.where(action, rng.normal(size=(B, 1)), 0).astype(np.float32),
+      "distill_weight_BxL": np.where(action, rng.uniform(0, 2, size=(B, L)), 0).astype(np.float32),
+      "distill_target_BxL": np.where(action, rng.normal(-4.0, 0.5, size=(B, L)), 0).astype(np.float32),
+  }
+  return graphdef, params, rest, batch
+
+
+def _loss(setup, cfg, num_micro=1, batch=None):
+  graphdef, params, rest, b = setup
+  return jax.jit(lambda p, bt: step_lib.loss_and_grads(step_lib.pg_token_loss, graphdef, p, rest, bt, cfg,
+                                                       num_micro))(params, b if batch is None else batch)
+
+
+def test_distill_term_value_and_gradient(setup):
+  graphdef, params, rest, batch = setup
+  cfg = step_lib.PolicyLossConfig(terms=("distill",), distill_coef=0.3, temperature=0.8)
+  loss, grads, m = _loss(setup, cfg)
+  logp_fn = step_lib.make_logp_fn(graphdef, rest, 0.8)
+  logp = np.asarray(logp_fn(params, batch["tokens_BxL"], batch["token_mask_BxL"]))
+  act = batch["action_mask_BxL"]
+  w, tgt = batch["distill_weight_BxL"], batch["distill_target_BxL"]
+  expect = np.sum((w * (logp - tgt) * logp)[act]) / act.sum()
+  assert float(m["loss_distill"]) == pytest.approx(expect, rel=1e-5)
+  assert float(loss) == pytest.approx(0.3 * expect, rel=1e-5)
+  # d/dθ = coef · Σ w (logp - target) ∇logp / N: the same as a surrogate with the gap held fixed.
+  gap = jnp.asarray(w * (logp - tgt))
+
+  def surrogate(p):
+    lp = step_lib._logp(graphdef, p, rest, batch["tokens_BxL"], batch["token_mask_BxL"], 0.8)
+    return 0.3 * jnp.sum(jnp.where(act, gap * lp, 0.0)) / act.sum()
+
+  g2 = jax.grad(surrogate)(params)
+  for a, b in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(g2)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
+
+
+def test_terms_sum_and_micro_batches_are_exact(setup):
+  cfg = step_lib.PolicyLossConfig(terms=("policy", "distill"), distill_coef=0.5, aggregation="seq-mean-token-mean")
+  loss1, g1, m1 = _loss(setup, cfg, 1)
+  loss2, g2, m2 = _loss(setup, cfg, 2)
+  assert float(loss1) == pytest.approx(float(m1["loss_policy"]) + 0.5 * float(m1["loss_distill"]), rel=1e-6)
+  assert float(loss2) == pytest.approx(float(loss1), rel=1e-5)
+  for k in ("loss_policy", "loss_distill"):
+    assert float(m2[k]) == pytest.approx(float(m1[k]), rel=1e-5)
+  for a, b in zip(jax.tree_util.tree_leaves(g1), jax.tree_util.tree_leaves(g2)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
+
+
+def test_unknown_term_is_refused():
+  with pytest.raises(ValueError, match="unknown loss terms"):
+    step_lib.PolicyLossConfig(terms=("policy", "nope"))
+
+
+def test_kl_to_a_reference_equal_to_the_policy_is_zero_at_the_sampling_temperature(setup):
+  """Shared case io-kl-reference-temperature: temperature 0.8, kl_coef 0.1, reference == policy."""
+  graphdef, params, rest, batch = setup
+  ref = step_lib.make_logp_fn(graphdef, rest, 0.8)(params, batch["tokens_BxL"], batch["token_mask_BxL"])
+  cfg = step_lib.PolicyLossConfig(terms=("kl",), kl_coef=0.1, temperature=0.8)
+  loss, grads, m = _loss(setup, cfg, batch=dict(batch, ref_logp_BxL=np.asarray(ref)))
+  assert abs(float(m["loss_kl"])) < 1e-6
+  assert max(float(jnp.max(jnp.abs(g))) for g in jax.tree_util.tree_leaves(grads)) < 1e-6
+  # The fault this guards against: a reference scored at temperature 1 is not the policy (KL > 0 at step 0).
+  ref1 = step_lib.make_logp_fn(graphdef, rest, 1.0)(params, batch["tokens_BxL"], batch["token_mask_BxL"])
+  _, _, m1 = _loss(setup, cfg, batch=dict(batch, ref_logp_BxL=np.asarray(ref1)))
+  assert float(m1["loss_kl"]) > 1e-4
