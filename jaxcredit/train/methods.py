@@ -50,6 +50,13 @@ class MethodOutput:
   distill_target_BxL: np.ndarray | None = None
   metrics: dict = dataclasses.field(default_factory=dict)
 
+  def batch_arrays(self) -> dict[str, np.ndarray]:
+    """The arrays the loss terms read, by batch key (`jaxcredit.train.step.LOSS_TERMS[...].batch_keys`)."""
+    out = {"adv_BxL": self.adv_BxL}
+    if self.distill_weight_BxL is not None:
+      out.update(distill_weight_BxL=self.distill_weight_BxL, distill_target_BxL=self.distill_target_BxL)
+    return out
+
 
 @dataclasses.dataclass(frozen=True)
 class Method:

@@ -4,7 +4,8 @@
 
 Each pass returns a dict of numpy arrays aligned to the trajectory, always with `valid_B` (bool) and `reasons`
 (one string per rollout: "" when valid, else why the pass could not be made: "no_context", "over_budget",
-"non_finite", "no_boundary", "empty_skill", "no_peer"). A rollout whose pass is invalid loses only its dense term
+"non_finite", "no_boundary", "empty_skill", "no_peer"); the methods also drop rollouts whose `sample_mask_B` is
+False. A rollout whose pass is invalid loses only its dense term
 (the method falls back to its outcome term); it never reads log p = 0 as a score. Gradients never flow through a
 pass. Who the teacher is, what context it sees and how the context is inserted: docs/teacher-passes.md.
 
@@ -142,7 +143,7 @@ def gold_answer(ctx: PassContext, traj: Trajectory) -> dict:
   gold, mask = score_gold_answers_packed(lambda *a: np.asarray(fn(ref.params, *a)), traj, gold_ids,
                                          pad_id=ctx.tok.pad_id, reduce=ctx.knobs["gold_reduce"],
                                          length_bucket=ctx.config.train.length_bucket)
-  valid = mask[:, 0] & traj.sample_mask_B
+  valid = mask[:, 0].copy()   # without s_0 TRACE has no dense term for the rollout
   return {"gold_logp_BxT1": gold, "boundary_mask_BxT1": mask, "valid_B": valid,
           "reasons": ["" if v else "no_boundary" for v in valid]}
 
@@ -250,7 +251,7 @@ def hindsight_skill(ctx: PassContext, traj: Trajectory) -> dict:
     skills.append(text)
     lengths.append(len(ids) if fit else 0)
     reasons.append("" if text else ("over_budget" if not fit else "empty_skill"))
-  valid = np.asarray([not r for r in reasons]) & traj.sample_mask_B
+  valid = np.asarray([not r for r in reasons], bool)
   return {"skills": skills, "skill_tokens_B": np.asarray(lengths, np.int32), "success_B": success,
           "valid_B": valid, "reasons": reasons}
 

@@ -136,6 +136,18 @@ def loss_terms(cfg: PolicyLossConfig) -> tuple[str, ...]:
   return terms
 
 
+def check_batch_keys(arrays: dict, cfg: PolicyLossConfig, *, who: str) -> None:
+  """Refuses, naming the term and the key, a batch that lacks an array an active loss term reads.
+
+  Raises:
+    ValueError: e.g. a method that declares the "distill" term but returns no distillation weights.
+  """
+  for name in loss_terms(cfg):
+    missing = [k for k in LOSS_TERMS[name].batch_keys if arrays.get(k) is None]
+    if missing:
+      raise ValueError(f"{who}: loss term {name!r} needs {missing} in the batch, which it did not provide")
+
+
 def pg_token_loss(graphdef, params, rest, mb: dict, cfg: PolicyLossConfig):
   """The active loss terms of one micro-batch: ({name: per-token values}, diagnostics). mb holds *_BxL arrays."""
   logp = _logp(graphdef, params, rest, mb["tokens_BxL"], mb["token_mask_BxL"], cfg.temperature)

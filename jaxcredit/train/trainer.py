@@ -368,11 +368,10 @@ def rl_step_fn(run: Run, params, opt_state, ref_params, data, update, ref_logp, 
   out = method.advantages(traj, c.credit[c.credit.method])
   t_score = time.time() - t1
   t2 = time.time()
-  extra = {"adv_BxL": out.adv_BxL}
-  if "distill" in method.loss_terms:
-    extra.update(distill_weight_BxL=out.distill_weight_BxL, distill_target_BxL=out.distill_target_BxL)
+  extra = out.batch_arrays()
   if ref_logp is not None:
     extra["ref_logp_BxL"] = np.asarray(ref_logp(ref_params, traj.tokens_BxL, traj.token_mask_BxL))
+  step_lib.check_batch_keys(extra, _loss_config(c), who=f"method {c.credit.method!r}")
   batch = sharding.shard_batch(_batch(traj, extra), run.mesh)
   params, opt_state, m = update(params, opt_state, batch)
   m = jax.device_get(m)

@@ -94,3 +94,13 @@ def test_kl_to_a_reference_equal_to_the_policy_is_zero_at_the_sampling_temperatu
   ref1 = step_lib.make_logp_fn(graphdef, rest, 1.0)(params, batch["tokens_BxL"], batch["token_mask_BxL"])
   _, _, m1 = _loss(setup, cfg, batch=dict(batch, ref_logp_BxL=np.asarray(ref1)))
   assert float(m1["loss_kl"]) > 1e-4
+
+
+def test_a_term_whose_batch_array_is_missing_is_refused_by_name():
+  cfg = step_lib.PolicyLossConfig(terms=("policy", "distill"), distill_coef=0.1, kl_coef=0.1)
+  with pytest.raises(ValueError, match=r"method 'x': loss term 'distill' needs \['distill_weight_BxL'"):
+    step_lib.check_batch_keys({"adv_BxL": 1, "ref_logp_BxL": 1, "distill_target_BxL": 1}, cfg, who="method 'x'")
+  with pytest.raises(ValueError, match=r"loss term 'kl' needs \['ref_logp_BxL'\]"):
+    step_lib.check_batch_keys({"adv_BxL": 1, "distill_weight_BxL": 1, "distill_target_BxL": 1}, cfg, who="m")
+  step_lib.check_batch_keys({"adv_BxL": 1, "ref_logp_BxL": 1, "distill_weight_BxL": 1, "distill_target_BxL": 1},
+                            cfg, who="m")
