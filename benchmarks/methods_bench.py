@@ -70,10 +70,16 @@ def main():
     print(f"{name}: step {last['step_s']:.1f}s (rollouts {last['rollout_s']:.1f}, passes+credit "
           f"{last['score_s']:.1f}, update {last['update_s']:.1f}){'; ' + passes if passes else ''}", flush=True)
 
-  out = {"machine": f"{platform.machine()}, {os.cpu_count()} cores", "jax": jax.__version__,
-         "load_avg_at_end": os.getloadavg(), "warm_start_s": warm_s, "steps": args.steps,
+  for r in results.values():
+    r.update(load_avg_at_end=os.getloadavg(), warm_start_s=warm_s, date=time.strftime("%Y-%m-%d %H:%M"))
+  previous = {}
+  if os.path.exists(args.out):   # a run of some methods updates their rows and keeps the others
+    with open(args.out) as f:
+      previous = json.load(f).get("methods", {})
+  out = {"machine": f"{platform.machine()}, {os.cpu_count()} cores", "jax": jax.__version__, "steps": args.steps,
          "config": "configs/<method>.py as shipped (quickstart task: 2 prompts x 4 rollouts, <= 3 turns of 48 "
-                   "tokens); evals off; one shared 10-step warm start", "methods": results}
+                   "tokens); evals off; one shared 10-step warm start per run",
+         "methods": {**previous, **results}}
   os.makedirs(os.path.dirname(args.out), exist_ok=True)
   with open(args.out, "w") as f:
     json.dump(out, f, indent=2)

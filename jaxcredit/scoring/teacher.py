@@ -349,6 +349,7 @@ def teacher_pass(teacher, teacher_tokens_BxS: jax.Array, teacher_mask_BxS: jax.A
       logp_BxL[b, p]       = log softmax(z_t / T)[tokens[b, p]]
       entropy_BxL[b, p]    = -Σ_v q_v log q_v,  q = softmax(z_t / T)
       divergence_BxL[b, p] = Σ_v p_s(v) (log p_s(v) - log q_v),  p_s = softmax(z_s / T)
+      student_entropy_BxL[b, p] = -Σ_v p_s(v) log p_s(v)
       finite_B[b]          = all three finite on every action token of row b
 
   on action tokens (p >= 1) of valid rows whose scores are all finite; 0 elsewhere (non-action positions,
@@ -361,12 +362,14 @@ def teacher_pass(teacher, teacher_tokens_BxS: jax.Array, teacher_mask_BxS: jax.A
     valid_B: bool [B]; invalid rows give 0 everywhere.
     tokens_BxL, token_mask_BxL, action_mask_BxL: the rollouts' int ids and bool masks (a `Trajectory`'s).
     temperature: positive scalar, the sampling temperature T.
-    student: optional `Decoder`, the current policy; when given, "divergence_BxL" is returned. It must share the
+    student: optional `Decoder`, the current policy; when given, "divergence_BxL" and "student_entropy_BxL" (the
+      policy's own entropy on the unmodified rollout, which GEAR's segments read) are returned. It must share the
       teacher's vocabulary size.
     seq_chunk, vocab_chunk: chunk sizes of the vocabulary functions (defaults as `chunked_logprobs_and_entropies`).
 
   Returns:
-    {"logp_BxL", "entropy_BxL", ["divergence_BxL"]: float32 nats [B, L]; "finite_B": bool [B]}.
+    {"logp_BxL", "entropy_BxL", ["divergence_BxL", "student_entropy_BxL"]: float32 nats [B, L];
+     "finite_B": bool [B]}.
 
   Raises:
     ValueError: at trace time, for arrays of the wrong rank or shape, and whatever the chunked functions raise
@@ -405,6 +408,8 @@ def teacher_pass(teacher, teacher_tokens_BxS: jax.Array, teacher_mask_BxS: jax.A
   if student is not None:
     h_s_BxLxD, _ = student.hidden_states(tokens, positions_BxL=_positions(r_mask), token_mask_BxL=r_mask)
     h_s_prev_BxLxD = jnp.pad(h_s_BxLxD[:, :-1], ((0, 0), (1, 0), (0, 0)))
+    _, out["student_entropy_BxL"] = chunked_logprobs_and_entropies(
+        h_s_prev_BxLxD, _output_head_DxV(student), tokens, temperature, seq_chunk=seq_chunk, vocab_chunk=vocab_chunk)
     out["divergence_BxL"] = chunked_reverse_kl(h_s_prev_BxLxD, _output_head_DxV(student), h_t_BxLxD,
                                                _output_head_DxV(teacher), temperature, seq_chunk=seq_chunk,
                                                vocab_chunk=vocab_chunk)
@@ -427,6 +432,7 @@ class TeacherPassResult:
   Attributes:
     logp_BxL, entropy_BxL: float32 nats on action tokens of valid rollouts, 0 elsewhere.
     divergence_BxL: float32 nats (reverse KL student ‖ teacher) likewise, or None when no student was given.
+    student_entropy_BxL: float32 nats, the student's entropy likewise, or None when no student was given.
     valid_B: bool, False where the pass could not be made (its rows are all 0: never read them as scores).
     reasons: per rollout, "" when valid, else one of REASONS.
   """
@@ -436,12 +442,14 @@ class TeacherPassResult:
   divergence_BxL: np.ndarray | None
   valid_B: np.ndarray
   reasons: list[str]
+  student_entropy_BxL: np.ndarray | None = None
 
   def arrays(self) -> dict[str, np.ndarray]:
     """The arrays by name, for `Trajectory.passes[pass_name]`."""
     out = {"logp_BxL": self.logp_BxL, "entropy_BxL": self.entropy_BxL, "valid_B": self.valid_B}
     if self.divergence_BxL is not None:
       out["divergence_BxL"] = self.divergence_BxL
+      out["student_entropy_BxL"] = self.student_entropy_BxL
     return out
 
   def drop_counts(self) -> dict[str, int]:
@@ -473,8 +481,10 @@ def finish_teacher_pass(outputs: Mapping[str, Any], batch: TeacherBatch) -> Teac
     return x
 
   div = outputs.get("divergence_BxL")
+  ent_s = outputs.get("student_entropy_BxL")
   return TeacherPassResult(logp_BxL=clean(outputs["logp_BxL"]), entropy_BxL=clean(outputs["entropy_BxL"]),
-                           divergence_BxL=None if div is None else clean(div), valid_B=valid, reasons=reasons)
+                           divergence_BxL=None if div is None else clean(div), valid_B=valid, reasons=reasons,
+                           student_entropy_BxL=None if ent_s is None else clean(ent_s))
 
 
 def make_teacher_pass_fn(teacher_graphdef, teacher_rest, temperature: float, *, student_graphdef=None,

@@ -14,6 +14,7 @@ from jaxcredit import sharding
 from jaxcredit.envs import ENVS
 from jaxcredit.train.loss import AGGREGATIONS, KL_ESTIMATORS
 from jaxcredit.train.methods import METHODS
+from jaxcredit.train.step import LOSS_TERMS
 
 DEFAULT_CONTEXT_WRAPPER = "\n\nReference (not visible to the assistant being trained): {context}"
 # Knobs whose values are one of a few strings, wherever a method has them.
@@ -174,15 +175,32 @@ def validate(c: ml_collections.ConfigDict) -> None:
   if c.rollout.group_size < need:
     raise ValueError(f"config.rollout.group_size must be >= {need} for {c.credit.method} (a group baseline), "
                      f"got {c.rollout.group_size}")
-  if METHODS[c.credit.method].passes and not teacher_source(c):
+  method = METHODS[c.credit.method]
+  if method.teacher is None and c.teacher.source:
+    raise ValueError(f"config.teacher.source={c.teacher.source!r}, but {c.credit.method} runs no teacher pass "
+                     f"(TRACE always scores with the frozen reference); leave it empty")
+  if method.teacher is not None and not teacher_source(c):
     raise ValueError(f"config.teacher.source must name a teacher checkpoint for {c.credit.method} (a .gguf file, "
                      f"a Hugging Face or converted folder, or 'smollm2'); it has no default teacher")
+  for term in method.loss_terms:
+    knob = LOSS_TERMS[term].knob
+    if knob and knob not in c.credit[c.credit.method]:
+      raise ValueError(f"config.credit.{c.credit.method}.{knob} is missing: {c.credit.method} declares the "
+                       f"{term!r} loss term, whose weight it sets")
   for key in ("teacher.max_context_tokens", "teacher.max_len"):
     v = c.teacher[key.split(".")[1]]
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
       raise ValueError(f"config.{key} must be an int >= 1, got {v!r}")
-  if "{context}" not in c.teacher.context_wrapper:
-    raise ValueError(f"config.teacher.context_wrapper must contain '{{context}}', got {c.teacher.context_wrapper!r}")
+  wrapper = c.teacher.context_wrapper
+  if wrapper != "" and wrapper.count("{context}") != 1:
+    raise ValueError(f"config.teacher.context_wrapper must hold '{{context}}' exactly once (or be '' to insert "
+                     f"nothing), got {wrapper!r}")
+  if int(c.train.length_bucket) < 1:
+    raise ValueError(f"config.train.length_bucket must be >= 1, got {c.train.length_bucket}")
+  batch = c.rollout.prompts_per_step * c.rollout.group_size
+  if batch % c.train.num_micro_batches:
+    raise ValueError(f"config.train.num_micro_batches={c.train.num_micro_batches} must divide the batch of "
+                     f"rollout.prompts_per_step x rollout.group_size = {batch} rollouts")
 
 
 def teacher_source(c: ml_collections.ConfigDict) -> str:
@@ -201,7 +219,25 @@ def _validate_knobs(c: ml_collections.ConfigDict) -> None:
       if not isinstance(v, bool):
         raise ValueError(f"config.credit.{name}.{key} must be True or False, got {v!r}")
     elif isinstance(defaults[key], (int, float)):
-      if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise ValueError(f"config.credit.{name}.{key} must be a finite number, got {v!r}")
+      # ±inf passes here: some knobs take it (CrEST's tau = -inf closes the gate); the credit function that
+      # reads a knob refuses, by name, a value outside its range.
+      if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
+        raise ValueError(f"config.credit.{name}.{key} must be a number, got {v!r}")
+      if isinstance(defaults[key], int) and not isinstance(v, int):
+        raise ValueError(f"config.credit.{name}.{key} must be an int, got {v!r}")
     elif key in _KNOB_CHOICES and v not in _KNOB_CHOICES[key]:
       raise ValueError(f"config.credit.{name}.{key} must be one of {_KNOB_CHOICES[key]}, got {v!r}")
+  k = c.credit[name]
+  for key in ("distill_coef", "dense_coef"):
+    if key in k and not (math.isfinite(k[key]) and k[key] >= 0):
+      raise ValueError(f"config.credit.{name}.{key} must be a finite number >= 0 (a negative weight flips the "
+                       f"term), got {k[key]}")
+  if "skill_max_tokens" in k and not 1 <= k.skill_max_tokens < c.sampling.max_len:
+    raise ValueError(f"config.credit.{name}.skill_max_tokens must be in [1, sampling.max_len = "
+                     f"{c.sampling.max_len}), got {k.skill_max_tokens}")
+  if k.get("skill_template"):
+    try:
+      k.skill_template.format(task="", transcript="", outcome="")
+    except (KeyError, IndexError, ValueError) as e:
+      raise ValueError(f"config.credit.{name}.skill_template may use only {{task}}, {{transcript}} and "
+                       f"{{outcome}}: {e!r} in {k.skill_template!r}") from None

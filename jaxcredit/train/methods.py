@@ -68,8 +68,9 @@ class Method:
     passes: names in `jaxcredit.train.passes.PASSES` to run before `advantages`, in order.
     loss_terms: extra loss terms in `jaxcredit.train.step.LOSS_TERMS` ("distill"); the PPO-clip term is always
       there and the KL term when `config.loss.kl_coef > 0`.
-    teacher: the default `config.teacher.source` of its teacher passes ("policy", "reference", or "" when it
-      needs a checkpoint that the config must name).
+    teacher: the default `config.teacher.source` of its teacher passes ("policy", "reference", "" when it needs a
+      checkpoint that the config must name), or None when it runs no teacher pass (then `teacher.source` must be
+      empty: a teacher it would never use is refused rather than loaded).
     min_group_size: the smallest `config.rollout.group_size` it can use (2 for a group baseline).
     summary: one line for `docs` and errors.
   """
@@ -78,7 +79,7 @@ class Method:
   knobs: dict
   passes: tuple[str, ...] = ()
   loss_terms: tuple[str, ...] = ()
-  teacher: str = "policy"
+  teacher: str | None = "policy"
   min_group_size: int = 2
   summary: str = ""
 
@@ -277,7 +278,8 @@ def gear(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
   valid = pass_valid(traj, name)
   # An invalid pass has divergence 0 everywhere: GEAR then equals GRPO for that rollout (credit.md, GEAR).
   div = np.where(valid[:, None], traj.passes[name]["divergence_BxL"], 0.0).astype(np.float32)
-  ent = np.asarray(traj.passes[name]["entropy_BxL"], np.float32)
+  # The segments extend over tokens where the policy itself is unsure (the student's entropy, docs/credit.md GEAR).
+  ent = np.asarray(traj.passes[name]["student_entropy_BxL"], np.float32)
   seg_knobs = _pick(k, "k_sigma", "tau_low", "entropy_floor", "eps")
   adv = per_rollout(credit.gear_advantages, dict(seg_knobs, alpha=k["alpha"], normalize=k["normalize"]), seq, div,
                     ent, traj.action_mask_BxL)
@@ -302,13 +304,14 @@ def opd(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
 _OUTCOME = {"scale": "group", "eps": 1e-6}
 
 METHODS: dict[str, Method] = {
-    "grpo": Method(grpo, dict(_OUTCOME), summary="outcome-only group-normalised baseline"),
-    "drgrpo": Method(drgrpo, {"eps": 1e-6}, summary="GRPO without std normalisation"),
-    "rloo": Method(rloo, {}, summary="leave-one-out baseline"),
-    "gigpo": Method(gigpo, dict(_OUTCOME, gamma=0.95, omega=1.0, state_key="observation"),
+    "grpo": Method(grpo, dict(_OUTCOME), teacher=None, summary="outcome-only group-normalised baseline"),
+    "drgrpo": Method(drgrpo, {"eps": 1e-6}, teacher=None, summary="GRPO without std normalisation"),
+    "rloo": Method(rloo, {}, teacher=None, summary="leave-one-out baseline"),
+    "gigpo": Method(gigpo, dict(_OUTCOME, gamma=0.95, omega=1.0, state_key="observation"), teacher=None,
                     summary="episode + step-group advantages at shared anchor states"),
+    # TRACE's scorer is always the frozen reference (the gold_answer pass), never config.teacher.source.
     "trace": Method(trace, dict(_OUTCOME, beta=1.0, dense_norm="group_rms", gold_reduce="sum"), ("gold_answer",),
-                    teacher="reference", summary="TD log-ratio turn rewards from the reference's gold-answer scores"),
+                    teacher=None, summary="TD log-ratio turn rewards from the reference's gold-answer scores"),
     "crest": Method(crest, dict(_OUTCOME, tau=1.0, temperature=0.25, max_log_ratio=2.0), ("teacher_privileged",),
                     summary="verified unit advantages, entropy-gated privileged self-teacher modulation"),
     "toolopd": Method(toolopd, dict(_OUTCOME, max_credit=2.0, normalize=True, distill_coef=0.1, skill_max_tokens=48,

@@ -260,7 +260,11 @@ def teacher_skill(ctx: PassContext, traj: Trajectory) -> dict:
   """The teacher shown the rollout's own hindsight skill (ToolOPD); needs `hindsight_skill` first."""
   skills = traj.passes["hindsight_skill"]
   contexts = [s if v else None for s, v in zip(skills["skills"], skills["valid_B"])]
-  return run_teacher(ctx, traj, _teacher_prompts(ctx, contexts))
+  out = run_teacher(ctx, traj, _teacher_prompts(ctx, contexts))
+  # A rollout without a skill is dropped for the skill's reason (empty_skill, over_budget), not "no_context".
+  out["reasons"] = [sr if (c is None and r == "no_context") else r
+                    for c, r, sr in zip(contexts, out["reasons"], skills["reasons"])]
+  return out
 
 
 PASSES: dict[str, Callable[[PassContext, Trajectory], dict]] = {

@@ -117,13 +117,14 @@ class LossTerm:
   coef: Callable[[PolicyLossConfig], float]
   aggregation: Callable[[PolicyLossConfig], str]
   batch_keys: tuple[str, ...] = ()
+  knob: str | None = None   # a method that declares the term sets its weight with this knob (a PolicyLossConfig field)
 
 
 LOSS_TERMS: dict[str, LossTerm] = {
     "policy": LossTerm(policy_term, lambda c: 1.0, lambda c: c.aggregation, ("adv_BxL",)),
     "kl": LossTerm(kl_term, lambda c: c.kl_coef, lambda c: c.aggregation, ("ref_logp_BxL",)),
     "distill": LossTerm(distill_term, lambda c: c.distill_coef, lambda c: "token-mean",
-                        ("distill_weight_BxL", "distill_target_BxL")),
+                        ("distill_weight_BxL", "distill_target_BxL"), knob="distill_coef"),
     "nll": LossTerm(nll_term, lambda c: 1.0, lambda c: "token-mean"),
 }
 

@@ -96,7 +96,7 @@ def _load_teacher(config, mesh, tok, policy_cfg) -> passes_lib.Model | None:
   """The teacher checkpoint `config.teacher.source` names (None for "policy" / "reference"), sharded like the
   policy; a tokenizer whose vocabulary differs from the policy's is refused naming both sizes."""
   source = config_lib.teacher_source(config)
-  if not METHODS[config.credit.method].passes or source in ("policy", "reference"):
+  if METHODS[config.credit.method].teacher is None or source in ("policy", "reference"):
     return None
   cache_dir = config.model.cache_dir or None
   model, _ = load(_source_path(source), cache_dir=cache_dir, dtype=config.model.dtype or None, mesh=mesh,
@@ -234,11 +234,15 @@ def _batch(traj, extra: dict) -> dict:
 
 
 def _loss_config(c: ml_collections.ConfigDict) -> step_lib.PolicyLossConfig:
+  """The loss: PPO-clip, the KL term when `loss.kl_coef > 0`, and the method's own terms weighted by its knobs."""
   method = METHODS[c.credit.method]
+  knobs = c.credit[c.credit.method]
+  weights = {step_lib.LOSS_TERMS[t].knob: float(knobs[step_lib.LOSS_TERMS[t].knob]) for t in method.loss_terms
+             if step_lib.LOSS_TERMS[t].knob}
   return step_lib.PolicyLossConfig(
       eps_low=c.loss.eps_low, eps_high=c.loss.eps_high, aggregation=c.loss.aggregation, kl_coef=c.loss.kl_coef,
       kl_estimator=c.loss.kl_estimator, temperature=c.sampling.temperature, terms=("policy",) + method.loss_terms,
-      distill_coef=float(c.credit[c.credit.method].get("distill_coef", 0.0)))
+      **weights)
 
 
 def _fresh_start(run: Run, optimizer, opt_sh, data):

@@ -217,7 +217,7 @@ def test_pass_matches_plain_forward_over_the_teacher_sequence(tiny):
   z_s = np.asarray(_full_logits(gd_s, st_s, traj.tokens_BxL, traj.token_mask_BxL), np.float64) / TEMP
   log_softmax = lambda z: z - z.max(-1, keepdims=True) - np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1,
                                                                                                      keepdims=True))
-  diffs = {"logp": 0.0, "entropy": 0.0, "divergence": 0.0}
+  diffs = {"logp": 0.0, "entropy": 0.0, "divergence": 0.0, "student_entropy": 0.0}
   for i in range(traj.batch_size):
     ps, qs = mapped_positions(traj, batch, i)
     # the teacher sequence holds the rollout's action tokens verbatim at the mapped positions
@@ -227,14 +227,17 @@ def test_pass_matches_plain_forward_over_the_teacher_sequence(tiny):
     ls, lt = log_softmax(z_s[i, ps - 1]), log_softmax(z_t[i, qs - 1])
     kl = np.sum(np.exp(ls) * (ls - lt), -1)
     diffs["divergence"] = max(diffs["divergence"], np.abs(res.divergence_BxL[i, ps] - kl).max())
+    h_s = -np.sum(np.exp(ls) * ls, -1)
+    diffs["student_entropy"] = max(diffs["student_entropy"], np.abs(res.student_entropy_BxL[i, ps] - h_s).max())
     assert np.all(kl > 1e-3)
+    assert np.abs(h_s - ref_ent[i, qs]).max() > 1e-3   # the student's entropy is not the teacher's
   print("tiny max |diff|:", diffs)
   assert max(diffs.values()) < 1e-5, diffs
   off = ~traj.action_mask_BxL
-  for x in (res.logp_BxL, res.entropy_BxL, res.divergence_BxL):
+  for x in (res.logp_BxL, res.entropy_BxL, res.divergence_BxL, res.student_entropy_BxL):
     assert np.all(x[off] == 0.0)
     assert np.all(x[traj.action_mask_BxL] != 0.0)
-  assert set(res.arrays()) == {"logp_BxL", "entropy_BxL", "divergence_BxL", "valid_B"}
+  assert set(res.arrays()) == {"logp_BxL", "entropy_BxL", "divergence_BxL", "student_entropy_BxL", "valid_B"}
 
 
 def test_invalid_rollouts_get_zero_and_a_reason(tiny):

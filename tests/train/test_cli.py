@@ -68,3 +68,29 @@ def test_missing_config_file_and_missing_flag(tmp_path):
   assert p.returncode == 2 and "config file not found: configs/nope.py" in p.stderr and "Traceback" not in p.stderr
   p = _cli("train", f"--config.workdir={tmp_path}/w")
   assert p.returncode == 2 and "--config is required" in p.stderr
+
+
+@pytest.mark.parametrize("overrides,words", [
+    (["--config.credit.method=grpo", "--config.teacher.source=policy"], ["config.teacher.source", "no teacher pass"]),
+    (["--config.credit.method=toolopd", "--config.credit.toolopd.distill_coef=-0.1"],
+     ["config.credit.toolopd.distill_coef", ">= 0"]),
+    (["--config.credit.method=toolopd", "--config.credit.toolopd.skill_template=Task: {question}"],
+     ["config.credit.toolopd.skill_template", "question"]),
+    (["--config.credit.method=toolopd", "--config.credit.toolopd.skill_max_tokens=288"],
+     ["config.credit.toolopd.skill_max_tokens"]),
+    (["--config.train.num_micro_batches=3"], ["config.train.num_micro_batches", "8 rollouts"]),
+])
+def test_knobs_that_would_fail_late_or_silently_are_refused_up_front(tmp_path, overrides, words):
+  p = _cli("train", "--config", "configs/quickstart.py", *overrides, f"--config.workdir={tmp_path}/w")
+  assert p.returncode == 1, p.stderr[-2000:]
+  assert all(w in p.stderr for w in words), p.stderr[-2000:]
+  assert not os.path.exists(tmp_path / "w")
+
+
+def test_an_infinite_knob_the_credit_function_allows_passes_validation():
+  from jaxcredit.train.config import base_config, validate
+  c = base_config()
+  c.credit.method = "crest"
+  c.credit.crest.tau = float("-inf")     # gate closed: CrEST is plain per-unit GRPO
+  c.teacher.context_wrapper = ""         # no insertion
+  validate(c)

@@ -128,7 +128,8 @@ def test_hsd_adds_clipped_peer_teacher_ratio():
 
 def test_gear_with_zero_divergence_is_grpo():
   traj = _traj()
-  traj.passes["teacher_divergence"] = _teacher(traj, divergence_BxL=np.zeros((B, L), np.float32))
+  traj.passes["teacher_divergence"] = _teacher(traj, divergence_BxL=np.zeros((B, L), np.float32),
+                                               student_entropy_BxL=np.zeros((B, L), np.float32))
   out = METHODS["gear"].advantages(traj, _knobs("gear"))
   _assert_seq(out.adv_BxL, traj, GRPO)
   assert out.metrics["gear_spikes_per_rollout"] == 0.0
@@ -139,11 +140,18 @@ def test_gear_redistributes_toward_a_spike():
   div = np.where(traj.action_mask_BxL, 0.01, 0.0).astype(np.float32)
   first = np.flatnonzero(traj.action_mask_BxL[0])[0]
   div[:, first] = 5.0
-  traj.passes["teacher_divergence"] = _teacher(traj, entropy=0.0, divergence_BxL=div)
+  low = np.zeros((B, L), np.float32)
+  traj.passes["teacher_divergence"] = _teacher(traj, entropy=5.0, divergence_BxL=div, student_entropy_BxL=low)
   out = METHODS["gear"].advantages(traj, _knobs("gear", k_sigma=1.0))
   a0 = out.adv_BxL[0][traj.action_mask_BxL[0]]
   assert a0[0] > a0[1:].max() and a0.mean() == pytest.approx(1.5, abs=1e-5)
   assert out.metrics["gear_spikes_per_rollout"] == 1.0
+  assert out.metrics["gear_segment_tokens_per_rollout"] == 1.0   # the policy is sure: the segment is the spike
+  # An unsure policy (its entropy above the floor) extends the segment over the turn; the teacher's entropy
+  # (5.0 above) never enters.
+  traj.passes["teacher_divergence"]["student_entropy_BxL"] = np.where(traj.action_mask_BxL, 2.0, 0.0)
+  out = METHODS["gear"].advantages(traj, _knobs("gear", k_sigma=1.0))
+  assert out.metrics["gear_segment_tokens_per_rollout"] == 2.0
 
 
 def test_opd_is_teacher_minus_policy_and_zero_on_invalid():
