@@ -7,13 +7,14 @@ Every key is documented where it is set. Unknown keys on the command line are re
 from __future__ import annotations
 
 import math
+import os
 
 import ml_collections
 
 from jaxcredit import sharding
 from jaxcredit.envs import ENVS
 from jaxcredit.train.loss import AGGREGATIONS, KL_ESTIMATORS
-from jaxcredit.train.methods import METHODS
+from jaxcredit.train.methods import METHODS, check_knobs
 from jaxcredit.train.step import LOSS_TERMS
 
 DEFAULT_CONTEXT_WRAPPER = "\n\nReference (not visible to the assistant being trained): {context}"
@@ -191,6 +192,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
     v = c.teacher[key.split(".")[1]]
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
       raise ValueError(f"config.{key} must be an int >= 1, got {v!r}")
+  if os.path.exists(c.workdir) and not os.path.isdir(c.workdir):
+    raise ValueError(f"config.workdir={c.workdir!r} is a file, not a directory")
   wrapper = c.teacher.context_wrapper
   if wrapper != "" and wrapper.count("{context}") != 1:
     raise ValueError(f"config.teacher.context_wrapper must hold '{{context}}' exactly once (or be '' to insert "
@@ -209,7 +212,8 @@ def teacher_source(c: ml_collections.ConfigDict) -> str:
 
 
 def _validate_knobs(c: ml_collections.ConfigDict) -> None:
-  """The chosen method's knobs: numbers finite, strings among their choices, no knob the method lacks."""
+  """The chosen method's knobs: types, strings among their choices, no knob the method lacks, then every value
+  through the credit functions' own range checks (`methods.check_knobs`)."""
   name = c.credit.method
   defaults = METHODS[name].knobs
   for key, v in c.credit[name].items():
@@ -238,6 +242,7 @@ def _validate_knobs(c: ml_collections.ConfigDict) -> None:
   if k.get("skill_template"):
     try:
       k.skill_template.format(task="", transcript="", outcome="")
-    except (KeyError, IndexError, ValueError) as e:
+    except Exception as e:  # KeyError, IndexError, AttributeError, ValueError: any template str.format refuses
       raise ValueError(f"config.credit.{name}.skill_template may use only {{task}}, {{transcript}} and "
                        f"{{outcome}}: {e!r} in {k.skill_template!r}") from None
+  check_knobs(name, k)

@@ -131,10 +131,11 @@ def pass_valid(traj: Trajectory, name: str) -> np.ndarray:
   return np.asarray(traj.passes[name]["valid_B"], bool) & traj.sample_mask_B
 
 
-def _teacher_gap(traj: Trajectory, name: str) -> float:
-  """Mean teacher - policy log-prob of the sampled tokens over the pass's valid rollouts (nats)."""
+def _teacher_gap(traj: Trajectory, name: str) -> float | None:
+  """Mean teacher - policy log-prob of the sampled tokens over the pass's valid rollouts (nats); None (not logged)
+  when the pass dropped every rollout."""
   m = traj.action_mask_BxL & pass_valid(traj, name)[:, None]
-  return _action_mean(traj.passes[name]["logp_BxL"] - traj.behavior_logp_BxL, m)
+  return _action_mean(traj.passes[name]["logp_BxL"] - traj.behavior_logp_BxL, m) if m.any() else None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -325,3 +326,34 @@ METHODS: dict[str, Method] = {
     "opd": Method(opd, {}, ("teacher_plain",), teacher="", min_group_size=1,
                   summary="on-policy distillation from a teacher checkpoint"),
 }
+
+
+def check_knobs(name: str, knobs: Mapping[str, Any]) -> None:
+  """Runs method `name` on a 2-rollout synthetic trajectory (every pass output present, all valid), so that the
+  credit functions refuse a knob outside its range when the run is configured, not at its first RL step.
+
+  Raises:
+    ValueError: "config.credit.<name>: " + the credit function's message, which names the knob.
+  """
+  from jaxcredit.trajectory import RolloutBuilder, pack
+  builders = []
+  for _ in range(2):
+    b = RolloutBuilder.from_prompt([1, 2])
+    b.append_action([3, 4], [-1.0, -1.0])
+    builders.append(b)
+  traj = pack(builders, [1.0, 0.0], [0, 0], max_turns=1, pad_id=0, length_bucket=4)
+  zeros = np.zeros(traj.tokens_BxL.shape, np.float32)
+  outputs = {"gold_logp_BxT1": np.zeros(traj.boundary_mask_BxT1.shape, np.float32),
+             "boundary_mask_BxT1": traj.boundary_mask_BxT1, "logp_BxL": zeros, "entropy_BxL": zeros,
+             "divergence_BxL": zeros, "student_entropy_BxL": zeros, "peer_B": np.full(2, -1, np.int32),
+             "skills": ["s", "s"], "skill_tokens_B": np.ones(2, np.int32), "success_B": np.asarray([True, False]),
+             "valid_B": np.ones(2, bool), "reasons": ["", ""]}
+  traj.passes = {p: outputs for p in METHODS[name].passes}
+  try:
+    with jax.disable_jit():
+      METHODS[name].advantages(traj, knobs)
+      if "success_threshold" in knobs:   # read by the peer pass (HSD), not by the advantage function
+        credit.hsd_select_peers(traj.rewards_B, traj.sample_mask_B, jax.random.key(0),
+                                success_threshold=knobs["success_threshold"])
+  except (ValueError, TypeError) as e:
+    raise ValueError(f"config.credit.{name}: {e}") from None

@@ -99,9 +99,13 @@ def _load_teacher(config, mesh, tok, policy_cfg) -> passes_lib.Model | None:
   if METHODS[config.credit.method].teacher is None or source in ("policy", "reference"):
     return None
   cache_dir = config.model.cache_dir or None
-  model, _ = load(_source_path(source), cache_dir=cache_dir, dtype=config.model.dtype or None, mesh=mesh,
-                  config_overrides=model_overrides_dict(config))
-  teacher_tok = load_tokenizer(_source_path(source), cache_dir=cache_dir)
+  try:
+    model, _ = load(_source_path(source), cache_dir=cache_dir, dtype=config.model.dtype or None, mesh=mesh,
+                    config_overrides=model_overrides_dict(config))
+    teacher_tok = load_tokenizer(_source_path(source), cache_dir=cache_dir)
+  except (OSError, ValueError) as e:
+    raise ValueError(f"config.teacher.source={source!r} could not be loaded as a teacher ({e}); it must be "
+                     f"'policy', 'reference', 'smollm2', a .gguf file, or a Hugging Face or converted folder") from None
   if teacher_tok.vocab_size != tok.vocab_size or model.cfg.vocab_size != policy_cfg.vocab_size:
     raise ValueError(f"config.teacher.source={source!r} has a vocabulary of {teacher_tok.vocab_size} tokens "
                      f"({model.cfg.vocab_size} embedding rows); the policy's has {tok.vocab_size} "
@@ -404,7 +408,7 @@ def rl_step_fn(run: Run, params, opt_state, ref_params, data, update, ref_logp, 
   row.update({k: float(v) for k, v in m.items() if k.startswith("loss_")})
   if "kl" in m and c.loss.kl_coef > 0:
     row["kl"] = float(m["kl"])
-  row.update(out.metrics)
+  row.update({k: v for k, v in out.metrics.items() if v is not None})
   row.update(pass_row)
   if rl_step % c.log_every == 0:
     run.writer.write("rl", rl_step, row)

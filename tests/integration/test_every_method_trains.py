@@ -139,5 +139,5 @@ def test_a_pass_over_budget_drops_only_the_dense_term_and_is_counted(tiny, tmp_p
   row = _rl_rows(c.workdir)[0]
   assert row["pass/teacher_privileged/dropped"] == 4
   assert row["pass/teacher_privileged/dropped_over_budget"] == 4
-  assert row["crest_weight_std"] == 0.0 and row["teacher_policy_gap"] == 0.0
+  assert row["crest_weight_std"] == 0.0 and "teacher_policy_gap" not in row   # no valid pass: no gap to report
   assert np.isfinite(row["loss"])
