@@ -26,7 +26,7 @@ import functools
 import re
 from typing import Any, Iterator, Protocol, Sequence
 
-from jaxcredit.envs import tool_calls
+from jaxcredit.envs import spec, tool_calls
 from jaxcredit.envs.calculator import CalculatorError, evaluate, format_number
 
 DATASETS = ("basic_arithmetic", "chain_sum")
@@ -224,26 +224,15 @@ def gold_answer_text(task: ArithmeticTask) -> str:
   return tool_calls.render_answer(task.answer)
 
 
-@dataclasses.dataclass
-class StepResult:
-  """What `ArithmeticEnv.step` returns.
-
-  Attributes:
-    observation: content of the tool message to append (`<tool_response>...</tool_response>`), or None
-      when the episode is done.
-    done: whether the episode ended with this assistant turn.
-    info: a copy of the environment's running info (see `ArithmeticEnv.info`).
-  """
-
-  observation: str | None
-  done: bool
-  info: dict
+StepResult = spec.StepResult  # the observation is a tool message's content; None when done
 
 
 class ArithmeticEnv:
   """One rollout's environment: answers calculator calls until an answer or the end.
 
-  Per assistant turn (`step`), whichever comes first in the text decides:
+  Per assistant turn (`step`), text inside `<think>...</think>` is dropped (`tool_calls.strip_thinking`; an
+  unclosed think block gives an error observation and nothing else happens), then whichever comes first in the
+  visible text decides:
     * `<tool_call>` with calls left: the call runs (malformed calls give an "error: ..." result and still
       count as a call); returns the observation, not done.
     * `<tool_call>` with no calls left: done, info["budget_exhausted"] = True, no answer.
@@ -288,6 +277,11 @@ class ArithmeticEnv:
       raise RuntimeError("step() called on a finished episode")
     info = self.info
     info["turns"] += 1
+    assistant_text, think_error = tool_calls.strip_thinking(assistant_text)
+    if think_error is not None:
+      info["tool_errors"] += 1
+      return StepResult(observation=tool_calls.render_tool_response(f"error: {think_error}"), done=False,
+                        info=dict(info))
     call_at = assistant_text.find(tool_calls.TOOL_CALL_OPEN)
     answer_at = assistant_text.find(tool_calls.ANSWER_OPEN)
     if call_at >= 0 and (answer_at < 0 or call_at < answer_at):

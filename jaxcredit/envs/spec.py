@@ -28,8 +28,12 @@ class EnvSpec:
     gold_answer_text: task -> the gold answer written as the next assistant message (TRACE scores it).
     privileged_info: task -> the verified ground truth a teacher may see and the policy never does (CrEST,
       GEAR, HSD's fallback): the gold answer, a reference solution, or BFCL's ground-truth calls.
-    unit_rewards: env -> per-unit verified rewards of a finished rollout (CrEST); None means the environment
-      verifies only the outcome (U = 1, the outcome reward).
+    unit_rewards: env -> per-unit verified rewards of a finished rollout (CrEST), one per unit it reached; None
+      means the environment verifies only the outcome (U = 1, the outcome reward).
+    tools: task -> the tool schemas of the task (OpenAI/Qwen3 function schemas), for exported rollouts and
+      docs; the prompt already lists them. None: the environment describes its tools in its own prompt.
+    metrics: finished envs -> extra scalar metrics for the step's row (e.g. BFCL's official accuracy beside
+      the training reward); None: none.
   """
 
   make_tasks: Callable[[str, int, int | None], list]
@@ -42,3 +46,24 @@ class EnvSpec:
   gold_answer_text: Callable[[Any], str]
   privileged_info: Callable[[Any], str]
   unit_rewards: Callable[[Any], Sequence[float]] | None = None
+  tools: Callable[[Any], list[dict]] | None = None
+  metrics: Callable[[Sequence[Any]], dict[str, float]] | None = None
+
+
+@dataclasses.dataclass
+class StepResult:
+  """What an environment's `step(assistant_text)` returns.
+
+  Attributes:
+    observation: the next message's content, or None when the episode is done.
+    done: whether the episode ended with this assistant message.
+    info: the environment's running counters (a copy): "tool_calls", "tool_errors", "answered" (ended as the
+      task asks: an answer, or the last request of a session handled), "budget_exhausted".
+    role: who speaks next: "tool" (the results of this message's calls) or "user" (the next request of a
+      multi-request session: it opens a new verified unit).
+  """
+
+  observation: str | None
+  done: bool
+  info: dict
+  role: str = "tool"

@@ -12,6 +12,11 @@ missing fields, unknown tool, arguments not an object, missing expression, calcu
 output) becomes an error observation such as `error: unknown tool 'foo'; available: calculator`, which the
 model sees in place of a result. `render_tool_call` writes the exact syntax the parser reads, so
 demonstrations and the parser agree.
+
+Environments with several tools per message (BFCL, search) use `parse_message`: it drops `<think>...</think>`
+blocks first (text inside a think block is never an action: Qwen3's thinking mode), then finds every
+`<tool_call>` in the visible text and the `<answer>`. `Tool` + `run_calls` validate arguments against each tool's
+JSON schema and dispatch to a Python callable with keyword arguments: model text is never `eval`ed.
 """
 
 from __future__ import annotations
@@ -29,8 +34,12 @@ TOOL_RESPONSE_CLOSE = "</tool_response>"
 ANSWER_OPEN = "<answer>"
 ANSWER_CLOSE = "</answer>"
 
-MAX_CALL_CHARS = 1000          # characters of JSON between the tool-call tags
-MAX_OUTPUT_CHARS = 200         # characters of a tool's output
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+
+MAX_CALL_CHARS = 1000          # characters of JSON between the tool-call tags (calculator syntax)
+MAX_OUTPUT_CHARS = 200         # characters of a tool's output kept in the observation (the rest is cut)
+TRUNCATION_MARKER = "...[truncated {n} characters]"
 
 
 class ToolError(ValueError):
@@ -158,25 +167,41 @@ def parse_tool_call(text: str) -> ParsedToolCall | None:
   name = obj.get("name")
   if not isinstance(name, str) or not name:
     return bad('tool call has no "name" string')
-  if "arguments" not in obj:
-    return bad('tool call has no "arguments" object')
-  arguments = obj["arguments"]
-  if not isinstance(arguments, dict):
-    return bad('"arguments" must be a JSON object, e.g. {"expression": "2*(3+4)"}')
+  arguments, error = _arguments(obj)
+  if error is not None:
+    return bad(error)
   return ParsedToolCall(call=ToolCall(name=name, arguments=arguments), error=None, start=start)
 
 
-def run_tool_call(call: ToolCall, tools: Mapping[str, Callable[[Mapping[str, Any]], str]] | None = None
-                  ) -> ToolOutcome:
+def _arguments(obj: dict) -> tuple[dict | None, str | None]:
+  """The call's arguments: an object, a JSON string holding an object, or absent ({}); "parameters" is read
+  when "arguments" is absent (a spelling small models use)."""
+  key = "arguments" if "arguments" in obj else ("parameters" if "parameters" in obj else None)
+  if key is None:
+    return {}, None
+  arguments = obj[key]
+  if isinstance(arguments, str):
+    try:
+      arguments = json.loads(arguments) if arguments.strip() else {}
+    except (ValueError, RecursionError):
+      return None, '"arguments" is a string that is not a JSON object'
+  if not isinstance(arguments, dict):
+    return None, '"arguments" must be a JSON object, e.g. {"expression": "2*(3+4)"}'
+  return arguments, None
+
+
+def run_tool_call(call: ToolCall, tools: Mapping[str, Callable[[Mapping[str, Any]], str]] | None = None,
+                  max_output_chars: int = MAX_OUTPUT_CHARS) -> ToolOutcome:
   """Runs a parsed call; never raises for bad arguments or tool failures.
 
   Args:
     call: a well-formed call.
     tools: name -> function; defaults to `TOOLS` (the calculator).
+    max_output_chars: output beyond this many characters is cut and `TRUNCATION_MARKER` appended (`truncate`).
 
   Returns:
-    `ToolOutcome(content=output, ok=True)`, or `ok=False` with "error: ..." content for an unknown tool, a
-    `ToolError`, or an output longer than `MAX_OUTPUT_CHARS`.
+    `ToolOutcome(content=output, ok=True)`, or `ok=False` with "error: ..." content for an unknown tool or a
+    `ToolError`.
   """
   tools = TOOLS if tools is None else tools
   fn = tools.get(call.name)
@@ -189,14 +214,11 @@ def run_tool_call(call: ToolCall, tools: Mapping[str, Callable[[Mapping[str, Any
     return ToolOutcome(f"error: {e}", ok=False)
   if not isinstance(out, str):
     return ToolOutcome(f"error: tool {call.name!r} returned no text", ok=False)
-  if len(out) > MAX_OUTPUT_CHARS:
-    return ToolOutcome(f"error: tool output too long ({len(out)} characters; max {MAX_OUTPUT_CHARS})",
-                       ok=False)
-  return ToolOutcome(out, ok=True)
+  return ToolOutcome(truncate(out, max_output_chars), ok=True)
 
 
-def execute_tool_call(text: str, tools: Mapping[str, Callable[[Mapping[str, Any]], str]] | None = None
-                      ) -> ToolOutcome | None:
+def execute_tool_call(text: str, tools: Mapping[str, Callable[[Mapping[str, Any]], str]] | None = None,
+                      max_output_chars: int = MAX_OUTPUT_CHARS) -> ToolOutcome | None:
   """Parses the first tool call in `text` and runs it.
 
   Returns:
@@ -208,7 +230,7 @@ def execute_tool_call(text: str, tools: Mapping[str, Callable[[Mapping[str, Any]
     return None
   if parsed.call is None:
     return ToolOutcome(f"error: {parsed.error}", ok=False)
-  return run_tool_call(parsed.call, tools)
+  return run_tool_call(parsed.call, tools, max_output_chars)
 
 
 def extract_answer(text: str) -> str | None:
@@ -226,3 +248,274 @@ def extract_answer(text: str) -> str | None:
 
 def _short(s: str, n: int = 40) -> str:
   return s if len(s) <= n else s[:n] + "..."
+
+
+def truncate(text: str, max_chars: int) -> str:
+  """`text` cut to `max_chars` characters with `TRUNCATION_MARKER` appended (naming how many were cut); text that
+  fits is returned unchanged. Long tool output (search results, file contents) is cut, never turned into an error.
+
+  Raises:
+    ValueError: for `max_chars` < 1.
+  """
+  if max_chars < 1:
+    raise ValueError(f"max_chars (the tool-output limit) must be >= 1, got {max_chars}")
+  if len(text) <= max_chars:
+    return text
+  return text[:max_chars] + TRUNCATION_MARKER.format(n=len(text) - max_chars)
+
+
+def strip_thinking(text: str) -> tuple[str, str | None]:
+  """The visible part of an assistant message: `<think>...</think>` blocks removed.
+
+  Text before a `</think>` with no `<think>` before it is thinking too (the generation prompt opened the block,
+  as Qwen3's template does). An unclosed `<think>` hides everything after it and is reported.
+
+  Returns:
+    (visible text, error): error is "unclosed <think> block" when a `<think>` has no `</think>`, else None.
+  """
+  close = text.find(THINK_CLOSE)
+  open_ = text.find(THINK_OPEN)
+  if close >= 0 and (open_ < 0 or close < open_):
+    text = text[close + len(THINK_CLOSE):]
+  parts, pos = [], 0
+  while True:
+    open_ = text.find(THINK_OPEN, pos)
+    if open_ < 0:
+      parts.append(text[pos:])
+      return "".join(parts), None
+    parts.append(text[pos:open_])
+    close = text.find(THINK_CLOSE, open_ + len(THINK_OPEN))
+    if close < 0:
+      return "".join(parts), "unclosed <think> block: its text is not read; close it with </think>"
+    pos = close + len(THINK_CLOSE)
+
+
+@dataclasses.dataclass(frozen=True)
+class ParsedMessage:
+  """What an assistant message asks for, read outside its think blocks.
+
+  Attributes:
+    calls: every `<tool_call>` in the visible text, in order, each a `ParsedToolCall` holding a call or an error.
+    answer: the stripped `<answer>` content of the visible text, or None.
+    error: a problem with the whole message ("unclosed <think> block ..."), or None.
+    visible: the text outside think blocks.
+  """
+
+  calls: tuple[ParsedToolCall, ...]
+  answer: str | None
+  error: str | None
+  visible: str
+
+
+def parse_message(text: str, *, max_calls: int = 16, max_call_chars: int = 20_000) -> ParsedMessage:
+  """Reads an assistant message: think blocks dropped (`strip_thinking`), then all tool calls and the answer.
+
+  Each `<tool_call>...</tool_call>` (the last may be unclosed: generation cut short) holds a JSON object with a
+  "name" string and "arguments" (an object, a JSON string holding one, or absent). Calls past `max_calls` are
+  reported as errors, never run.
+
+  Args:
+    text: one decoded assistant message.
+    max_calls: the most calls one message may run.
+    max_call_chars: the longest payload read as JSON (longer ones are errors).
+
+  Returns:
+    A `ParsedMessage`. Never raises for any string input.
+  """
+  visible, error = strip_thinking(text)
+  calls: list[ParsedToolCall] = []
+  pos = 0
+  while True:
+    start = visible.find(TOOL_CALL_OPEN, pos)
+    if start < 0:
+      break
+    body = start + len(TOOL_CALL_OPEN)
+    end = visible.find(TOOL_CALL_CLOSE, body)
+    stop = len(visible) if end < 0 else end
+    if len(calls) >= max_calls:
+      calls.append(ParsedToolCall(None, f"too many tool calls in one message (max {max_calls})", start))
+    else:
+      calls.append(_parse_payload(visible[body:stop].strip(), start, max_call_chars))
+    pos = len(visible) if end < 0 else end + len(TOOL_CALL_CLOSE)
+  return ParsedMessage(calls=tuple(calls), answer=extract_answer(visible), error=error, visible=visible)
+
+
+def _parse_payload(payload: str, start: int, max_chars: int) -> ParsedToolCall:
+  def bad(msg: str) -> ParsedToolCall:
+    return ParsedToolCall(call=None, error=msg, start=start)
+
+  if not payload:
+    return bad("empty tool call")
+  if len(payload) > max_chars:
+    return bad(f"tool call too long ({len(payload)} characters; max {max_chars})")
+  try:
+    obj = json.loads(payload)
+  except json.JSONDecodeError as e:
+    return bad(f"tool call is not valid JSON ({e.msg} at character {e.pos})")
+  except (ValueError, RecursionError):
+    return bad("tool call is not valid JSON")
+  if not isinstance(obj, dict):
+    return bad('tool call must be a JSON object with "name" and "arguments"')
+  name = obj.get("name")
+  if not isinstance(name, str) or not name:
+    return bad('tool call has no "name" string')
+  arguments, error = _arguments(obj)
+  if error is not None:
+    return bad(error)
+  return ParsedToolCall(call=ToolCall(name=name, arguments=arguments), error=None, start=start)
+
+
+@dataclasses.dataclass(frozen=True)
+class Tool:
+  """A tool the model may call: its JSON schema and the Python callable it dispatches to.
+
+  Attributes:
+    name: the function name the model writes.
+    description: one paragraph shown to the model.
+    parameters: JSON schema of the arguments ({"type": "object", "properties": {...}, "required": [...]}).
+    fn: called as `fn(**arguments)` after `check_arguments`; its return value becomes the observation (strings as
+      they are, anything else through `format_result`). A `ToolError` (or, with `errors_as_results`, any exception)
+      becomes an error observation.
+  """
+
+  name: str
+  description: str
+  parameters: dict
+  fn: Callable[..., Any]
+
+  def schema(self) -> dict:
+    """The OpenAI/Qwen3 function schema: {"type": "function", "function": {name, description, parameters}}."""
+    return {"type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
+
+
+_JSON_TYPES = {
+    "string": (str,), "integer": (int,), "number": (int, float), "float": (int, float), "boolean": (bool,),
+    "array": (list,), "tuple": (list,), "object": (dict,), "dict": (dict,), "any": (object,),
+}
+
+
+def check_arguments(parameters: Mapping[str, Any], arguments: Mapping[str, Any]) -> str | None:
+  """Checks call arguments against a JSON schema's top level: required names present, no unknown names, and each
+  value of its declared type (JSON "string", "integer", "number"/"float", "boolean", "array", "object"/"dict").
+
+  Returns:
+    None when they fit, else a short error message naming the argument.
+  """
+  props = dict(parameters.get("properties") or {})
+  required = [r for r in (parameters.get("required") or []) if r in props or not props]
+  missing = [r for r in required if r not in arguments]
+  if missing:
+    return "missing required argument(s): " + ", ".join(repr(_short(m)) for m in missing)
+  unknown = [k for k in arguments if k not in props]
+  if unknown:
+    known = ", ".join(sorted(props)) or "none"
+    return "unexpected argument(s): " + ", ".join(repr(_short(k)) for k in unknown) + f" (known: {known})"
+  for k, v in arguments.items():
+    t = props[k].get("type") if isinstance(props[k], Mapping) else None
+    types = _JSON_TYPES.get(t) if isinstance(t, str) else None
+    if types is None or types == (object,):
+      continue
+    if isinstance(v, bool) and bool not in types:
+      return f"argument {k!r} must be of type {t}, got a boolean"
+    if not isinstance(v, types):
+      return f"argument {k!r} must be of type {t}, got {type(v).__name__ if v is not None else 'null'}"
+  return None
+
+
+def format_result(value: Any) -> str:
+  """A tool's return value as observation text: a string as is, a dict as JSON (str() if not serialisable),
+  anything else through str() (BFCL's executor does the same, so its response checker compares equal strings)."""
+  if isinstance(value, str):
+    return value
+  if isinstance(value, dict):
+    try:
+      return json.dumps(value)
+    except (TypeError, ValueError):
+      return str(value)
+  return str(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class CallOutcome:
+  """One call of a message after it ran (or failed to).
+
+  Attributes:
+    call: the parsed call, or None when the text did not parse.
+    content: the observation for this call ("error: ..." for parse and argument errors), truncated.
+    ok: False for parse errors, unknown tools, bad arguments and `ToolError`s.
+    dispatched: whether the callable ran (BFCL's checker reads the results of dispatched calls only).
+    result: the full, untruncated result text of a dispatched call ("" otherwise).
+  """
+
+  call: ToolCall | None
+  content: str
+  ok: bool
+  dispatched: bool
+  result: str = ""
+
+
+def run_calls(parsed: Sequence[ParsedToolCall], tools: Mapping[str, Tool], *,
+              max_output_chars: int = MAX_OUTPUT_CHARS, errors_as_results: Callable[[Exception], str] | None = None
+              ) -> list[CallOutcome]:
+  """Runs the parsed calls of one message in order; never raises for bad model output.
+
+  Args:
+    parsed: `ParsedMessage.calls`.
+    tools: the tools available now, by name.
+    max_output_chars: each observation is cut to this (`truncate`).
+    errors_as_results: when given, an exception other than `ToolError` raised by a tool is turned into a result
+      string by it (BFCL: "Error during execution: ..."); otherwise it propagates (a bug in the tool).
+
+  Returns:
+    One `CallOutcome` per parsed call.
+  """
+  out = []
+  for p in parsed:
+    if p.call is None:
+      out.append(CallOutcome(None, f"error: {p.error}", ok=False, dispatched=False))
+      continue
+    tool = tools.get(p.call.name)
+    if tool is None:
+      names = ", ".join(sorted(tools)) or "none"
+      out.append(CallOutcome(p.call, _short_error(f"unknown tool {_short(p.call.name)!r}; available: {names}"),
+                             ok=False, dispatched=False))
+      continue
+    problem = check_arguments(tool.parameters, p.call.arguments)
+    if problem is not None:
+      out.append(CallOutcome(p.call, f"error: {tool.name}: {problem}", ok=False, dispatched=False))
+      continue
+    try:
+      result = format_result(tool.fn(**p.call.arguments))
+      ok = True
+    except ToolError as e:
+      out.append(CallOutcome(p.call, f"error: {e}", ok=False, dispatched=True, result=f"error: {e}"))
+      continue
+    except Exception as e:  # noqa: BLE001 - the tool's own failure, shown to the model when asked to
+      if errors_as_results is None:
+        raise
+      result, ok = errors_as_results(e), True
+    out.append(CallOutcome(p.call, truncate(result, max_output_chars), ok=ok, dispatched=True, result=result))
+  return out
+
+
+def _short_error(msg: str, n: int = 2000) -> str:
+  return "error: " + (msg if len(msg) <= n else msg[:n] + "...")
+
+
+TOOLS_PROMPT = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{tools}\n</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within <tool_call></tool_call> "
+    "XML tags:\n<tool_call>\n{{\"name\": <function-name>, \"arguments\": <args-json-object>}}\n</tool_call>"
+)
+"""Qwen3's tool prompt (the text its chat template writes for `tools=`), used for every template alike."""
+
+
+def render_tools_prompt(schemas: Sequence[Mapping[str, Any]]) -> str:
+  """The system-prompt text that lists the tools (one JSON schema per line, as Qwen3's template writes them).
+
+  The tools go in as plain text in the system message, so a template without tool support renders them too and the
+  prompt stays token-in/token-out.
+  """
+  return TOOLS_PROMPT.format(tools="\n".join(json.dumps(dict(s), ensure_ascii=False) for s in schemas))
