@@ -5,6 +5,8 @@
   sft      --config configs/X.py [...]: the supervised warm start alone (a later `train` goes straight to RL)
   convert  --hf DIR | --gguf FILE, --out DIR [--dtype bf16|f32|f16]: a converted checkpoint (streamed)
   export   --checkpoint DIR --out DIR: Hugging Face safetensors + config.json from a converted checkpoint
+  credit   --config configs/X.py --in rollouts.jsonl --out credited.jsonl: the config's method's advantages for
+           rollouts made elsewhere (docs/rollouts-jsonl.md), running the passes it needs with the config's models
   plan     --config configs/X.py --topology v5p:4x4x4 --mesh fsdp=N,tensor=M[,expert=E]: compile the training
            step ahead of time for a TPU topology (libtpu, no TPU needed) and print memory, FLOPs and MFU
 
@@ -99,6 +101,45 @@ def _load_config(command: str, args: list[str]):
     print(f"jaxcredit {command}: --config is required\n\n{_usage()}", file=sys.stderr)
     return 2
   return config
+
+
+def _credit(command: str, args: list[str]) -> int:
+  """credit: --in and --out, then the config arguments of `_load_config`."""
+  paths, rest, i = {}, [], 0
+  while i < len(args):
+    a = args[i]
+    key = next((k for k in ("--in", "--out") if a == k or a.startswith(k + "=")), None)
+    if key is None:
+      rest.append(a)
+      i += 1
+      continue
+    if a == key:
+      if i + 1 >= len(args):
+        print(f"jaxcredit {command}: {key} needs a path", file=sys.stderr)
+        return 2
+      paths[key], i = args[i + 1], i + 2
+    else:
+      paths[key], i = a.split("=", 1)[1], i + 1
+  for key in ("--in", "--out"):
+    if not paths.get(key):
+      print(f"jaxcredit {command}: {key} is required\n\n{_usage()}", file=sys.stderr)
+      return 2
+  if not os.path.isfile(paths["--in"]):
+    print(f"jaxcredit {command}: --in file not found: {paths['--in']}", file=sys.stderr)
+    return 2
+  config = _load_config(command, rest)
+  if isinstance(config, int):
+    return config
+  from jaxcredit.train import trainer
+
+  try:
+    info = trainer.credit_file(config, paths["--in"], paths["--out"])
+  except (ValueError, FileNotFoundError) as e:
+    print(f"jaxcredit {command}: error: {e}", file=sys.stderr)
+    return 2
+  print(f"[jaxcredit] {info['method']} advantages of {info['rollouts']} rollouts ({info['groups']} groups) -> "
+        f"{paths['--out']}")
+  return 0
 
 
 def _train(command: str, args: list[str]) -> int:
@@ -272,6 +313,8 @@ COMMANDS: dict[str, Command] = {
                        _convert),
     "export": Command("--checkpoint DIR --out DIR [--max-shard-size GB]",
                       "write a converted checkpoint as Hugging Face safetensors + config.json", _export),
+    "credit": Command("--config configs/X.py --in rollouts.jsonl --out credited.jsonl [--config.key=value ...]",
+                      "the method's advantages for rollouts made elsewhere (JSONL; groups from group ids)", _credit),
     "plan": Command("--config configs/X.py --topology v5p:4x4x4 [--mesh fsdp=N,tensor=M,expert=E] [--json FILE]",
                     "compile the training step for a TPU topology without a TPU: memory per chip, FLOPs, MFU",
                     _plan),

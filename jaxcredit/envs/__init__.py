@@ -1,35 +1,120 @@
 """Tool-use environments. They know no model and no tokenizer: they work on text and chat messages.
 
 - `calculator`: a safe evaluator of + - * / ( ) on integers and decimals (ast allow-list, never `eval`).
-- `tool_calls`: the hermes/Qwen3 `<tool_call>` syntax, `<tool_response>` observations, `<answer>` tags.
-- `arithmetic`: reasoning-gym arithmetic tasks, `ArithmeticEnv` (step/reward), warm-start demonstrations.
+- `tool_calls`: the hermes/Qwen3 `<tool_call>` syntax (several per message, think blocks skipped), schema-checked
+  dispatch, `<tool_response>` observations, `<answer>` tags.
+- `arithmetic`: reasoning-gym arithmetic tasks with a calculator (the quickstart).
+- `math_tools`: math word problems from more reasoning-gym generators or from files, with the calculator.
+- `bfcl_multi_turn`: BFCL V3 multi-turn sessions, one verified unit per user request (CrEST's setting).
+- `bfcl_single`: BFCL single-turn function calling scored by BFCL's AST checker.
+- `search`: search QA over a JSONL corpus with BM25 `search` and `open` tools (TRACE's BrowseComp-Plus setting).
+- `sources`: tasks from JSONL files, Hugging Face `datasets` folders and TFDS folders, as grain data sources.
+- `spec`: `EnvSpec` and `StepResult`, what the trainer reads from an environment.
 
-- `spec`: `EnvSpec`, the one record the trainer reads from an environment.
-
-`ENVS` is the table of environments: `config.env.name` -> a function from the `config.env` node to an `EnvSpec`.
-Adding an environment is one such function and one row. Submodules are imported on use; `arithmetic` imports
-reasoning-gym and math-verify lazily.
+`ENVS` is the table of environments: `config.env.name` -> an `Env` row, whose `make_spec(node)` builds the
+`EnvSpec` from the environment's own config node `config.env.<name>` (its keys and defaults are the row's
+`defaults`). Adding an environment is one module with a function and one row here (README: "Your own environment").
+Submodules are imported on use, so an environment's dependencies (bfcl-eval, bm25s) are needed only when it runs.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+import dataclasses
+from typing import Any, Callable, Mapping
 
-from jaxcredit.envs.spec import EnvSpec
+from jaxcredit.envs.spec import EnvSpec, StepResult  # noqa: F401 - re-exported
 
 
-def _arithmetic(env_config) -> EnvSpec:
+@dataclasses.dataclass(frozen=True)
+class Env:
+  """One row of `ENVS`.
+
+  Attributes:
+    make_spec: the environment's config node (`config.env.<name>`, a ConfigDict or dict with `defaults`' keys) ->
+      `EnvSpec`; raises ValueError naming the bad key.
+    defaults: the node's keys and default values (their types are enforced when the config is validated).
+    summary: one line for `jaxcredit envs` and the docs.
+  """
+
+  make_spec: Callable[[Any], EnvSpec]
+  defaults: Mapping[str, Any]
+  summary: str
+
+
+def _arithmetic(c) -> EnvSpec:
   from jaxcredit.envs import arithmetic
-  return arithmetic.env_spec(max_tool_calls=int(env_config.max_tool_calls))
+  if int(c.max_tool_calls) < 0:
+    raise ValueError(f"config.env.arithmetic.max_tool_calls must be >= 0, got {c.max_tool_calls}")
+  return arithmetic.env_spec(max_tool_calls=int(c.max_tool_calls))
 
 
-ENVS: dict[str, Callable[..., EnvSpec]] = {
-    "arithmetic": _arithmetic,
+def _bfcl_multi_turn(c) -> EnvSpec:
+  from jaxcredit.envs import bfcl_multi_turn
+  return bfcl_multi_turn.env_spec(categories=str(c.categories).split(","), max_turns=int(c.max_turns),
+                                  max_steps_per_unit=int(c.max_steps_per_unit),
+                                  max_output_chars=int(c.max_output_chars), reward=str(c.reward),
+                                  max_calls_per_message=int(c.max_calls_per_message),
+                                  compact_tools=bool(c.compact_tools))
+
+
+def _bfcl_single(c) -> EnvSpec:
+  from jaxcredit.envs import bfcl_single
+  return bfcl_single.env_spec(c)
+
+
+def _math_tools(c) -> EnvSpec:
+  from jaxcredit.envs import math_tools
+  return math_tools.env_spec(c)
+
+
+def _search(c) -> EnvSpec:
+  from jaxcredit.envs import search
+  return search.env_spec(c)
+
+
+def _defaults(module: str) -> dict:
+  import importlib
+  return dict(importlib.import_module(f"jaxcredit.envs.{module}").CONFIG_DEFAULTS)
+
+
+ENVS: dict[str, Env] = {
+    "arithmetic": Env(_arithmetic, {"max_tool_calls": 2},
+                      "reasoning-gym arithmetic with a calculator tool; reward: math-verify on <answer> (quickstart)"),
+    "bfcl_multi_turn": Env(
+        _bfcl_multi_turn,
+        {"categories": "base,miss_func,miss_param,long_context", "max_turns": 16, "max_steps_per_unit": 4,
+         "max_output_chars": 2000, "reward": "all_units", "max_calls_per_message": 64, "compact_tools": False},
+        "BFCL V3 multi-turn sessions on BFCL's backends; one verified unit per user request (BFCL's checkers)"),
+    "bfcl_single": Env(_bfcl_single, {"categories": "simple,multiple,parallel,parallel_multiple"},
+                       "BFCL single-turn function calling; reward: BFCL's AST checker"),
+    "math_tools": Env(_math_tools, _defaults("math_tools"),
+                      "math word problems (reasoning-gym generators or JSONL / datasets / TFDS files) with a "
+                      "calculator; reward: the generator's checker or math-verify"),
+    "search": Env(_search, _defaults("search"),
+                  "search QA over a JSONL corpus (BrowseComp-Plus layout or generated fictional facts) with BM25 "
+                  "search and open tools; reward: normalised answer match"),
 }
 
 
 def make_env_spec(env_config) -> EnvSpec:
-  """`ENVS[env_config.name](env_config)`; an unknown name is refused listing the known ones."""
+  """`ENVS[env_config.name].make_spec(env_config[env_config.name])`.
+
+  Raises:
+    ValueError: an unknown name (listing the known ones), or what the environment refuses in its node.
+  """
   if env_config.name not in ENVS:
     raise ValueError(f"config.env.name={env_config.name!r} is not an environment; known: {sorted(ENVS)}")
-  return ENVS[env_config.name](env_config)
+  node = env_config.get(env_config.name) if hasattr(env_config, "get") else getattr(env_config, env_config.name)
+  if node is None:
+    node = _Node(ENVS[env_config.name].defaults)
+  return ENVS[env_config.name].make_spec(node)
+
+
+class _Node(dict):
+  """A dict read by attribute, for an environment's defaults when the config has no node for it."""
+
+  def __getattr__(self, key):
+    try:
+      return self[key]
+    except KeyError:
+      raise AttributeError(key) from None

@@ -410,7 +410,7 @@ def env_spec(max_tool_calls: int = 2):
   """
   from jaxcredit.envs.spec import EnvSpec
   if max_tool_calls < 0:
-    raise ValueError(f"config.env.max_tool_calls must be >= 0, got {max_tool_calls}")
+    raise ValueError(f"config.env.arithmetic.max_tool_calls must be >= 0, got {max_tool_calls}")
   return EnvSpec(
       make_tasks=lambda split, num, seed: make_tasks(split, num, seed),
       make_env=lambda task: ArithmeticEnv(task, max_tool_calls=max_tool_calls),

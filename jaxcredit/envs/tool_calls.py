@@ -395,9 +395,11 @@ _JSON_TYPES = {
 }
 
 
-def check_arguments(parameters: Mapping[str, Any], arguments: Mapping[str, Any]) -> str | None:
-  """Checks call arguments against a JSON schema's top level: required names present, no unknown names, and each
-  value of its declared type (JSON "string", "integer", "number"/"float", "boolean", "array", "object"/"dict").
+def check_arguments(parameters: Mapping[str, Any], arguments: Mapping[str, Any], *, check_types: bool = True
+                    ) -> str | None:
+  """Checks call arguments against a JSON schema's top level: required names present, no unknown names, and (with
+  `check_types`) each value of its declared type (JSON "string", "integer", "number"/"float", "boolean", "array",
+  "object"/"dict").
 
   Returns:
     None when they fit, else a short error message naming the argument.
@@ -411,6 +413,8 @@ def check_arguments(parameters: Mapping[str, Any], arguments: Mapping[str, Any])
   if unknown:
     known = ", ".join(sorted(props)) or "none"
     return "unexpected argument(s): " + ", ".join(repr(_short(k)) for k in unknown) + f" (known: {known})"
+  if not check_types:
+    return None
   for k, v in arguments.items():
     t = props[k].get("type") if isinstance(props[k], Mapping) else None
     types = _JSON_TYPES.get(t) if isinstance(t, str) else None
@@ -456,8 +460,8 @@ class CallOutcome:
 
 
 def run_calls(parsed: Sequence[ParsedToolCall], tools: Mapping[str, Tool], *,
-              max_output_chars: int = MAX_OUTPUT_CHARS, errors_as_results: Callable[[Exception], str] | None = None
-              ) -> list[CallOutcome]:
+              max_output_chars: int = MAX_OUTPUT_CHARS, errors_as_results: Callable[[Exception], str] | None = None,
+              check_types: bool = True) -> list[CallOutcome]:
   """Runs the parsed calls of one message in order; never raises for bad model output.
 
   Args:
@@ -466,6 +470,8 @@ def run_calls(parsed: Sequence[ParsedToolCall], tools: Mapping[str, Tool], *,
     max_output_chars: each observation is cut to this (`truncate`).
     errors_as_results: when given, an exception other than `ToolError` raised by a tool is turned into a result
       string by it (BFCL: "Error during execution: ..."); otherwise it propagates (a bug in the tool).
+    check_types: whether argument values are checked against their declared types (`check_arguments`); names are
+      always checked.
 
   Returns:
     One `CallOutcome` per parsed call.
@@ -481,7 +487,7 @@ def run_calls(parsed: Sequence[ParsedToolCall], tools: Mapping[str, Tool], *,
       out.append(CallOutcome(p.call, _short_error(f"unknown tool {_short(p.call.name)!r}; available: {names}"),
                              ok=False, dispatched=False))
       continue
-    problem = check_arguments(tool.parameters, p.call.arguments)
+    problem = check_arguments(tool.parameters, p.call.arguments, check_types=check_types)
     if problem is not None:
       out.append(CallOutcome(p.call, f"error: {tool.name}: {problem}", ok=False, dispatched=False))
       continue

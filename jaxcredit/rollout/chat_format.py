@@ -8,13 +8,14 @@ by rendering a conversation whose contents are sentinels and cutting the text be
 from __future__ import annotations
 
 import dataclasses
-from typing import Protocol, Sequence
+from typing import Any, Mapping, Protocol, Sequence
+
+from jaxcredit.plain_text import encode_chat, encode_with_plain_spans  # noqa: F401 - encode_chat re-exported
 
 _ASSISTANT = "\u2063ASSISTANT\u2063"
 _TOOL = "\u2063TOOL\u2063"
 _USER = "\u2063USER\u2063"
-
-
+_USER2 = "\u2063NEXTUSER\u2063"
 class ChatTokenizerLike(Protocol):
   eos_id: int
 
@@ -27,7 +28,7 @@ class ChatTokenizerLike(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class ChatFormat:
-  """Text around a tool observation, cut from the chat template.
+  """Text around an observation (a tool message or the next user message), cut from the chat template.
 
   Attributes:
     after_assistant: text from the end of an assistant message's content to the start of the tool
@@ -36,11 +37,15 @@ class ChatFormat:
       (e.g. "<|im_end|>\\n<|im_start|>assistant\\n").
     eos_text: the text of the end-of-message token; when the policy emitted it itself, it is not
       appended again.
+    before_user: text from the end of an assistant message's content to the start of a user message's content.
+    after_user: text from the end of that user content through the next generation prompt.
   """
 
   after_assistant: str
   after_tool: str
   eos_text: str
+  before_user: str = ""
+  after_user: str = ""
 
   @classmethod
   def from_tokenizer(cls, tok: ChatTokenizerLike, tool_role: str = "tool") -> "ChatFormat":
@@ -54,15 +59,42 @@ class ChatFormat:
                        "token-in/token-out rollouts need a template that does")
     a_end = text.index(_ASSISTANT) + len(_ASSISTANT)
     t_start = text.index(_TOOL)
+    user_msgs = msgs[:3] + [{"role": "user", "content": _USER2}]
+    u_text = tok.apply_chat_template(user_msgs, add_generation_prompt=True)
+    if _USER2 not in u_text or _ASSISTANT not in u_text:
+      raise ValueError("the chat template does not render a user message after an assistant message verbatim; "
+                       "multi-request sessions need a template that does")
+    ua_end = u_text.index(_ASSISTANT) + len(_ASSISTANT)
+    u_start = u_text.index(_USER2)
     return cls(after_assistant=text[a_end:t_start], after_tool=text[t_start + len(_TOOL):],
-               eos_text=tok.decode([tok.eos_id]))
+               eos_text=tok.decode([tok.eos_id]), before_user=u_text[ua_end:u_start],
+               after_user=u_text[u_start + len(_USER2):])
 
-  def observation_text(self, content: str, policy_emitted_eos: bool) -> str:
-    """Text appended after an assistant turn: close it, the tool message, the next generation prompt."""
-    head = self.after_assistant
+  def _scaffold(self, role: str) -> tuple[str, str]:
+    if role == "tool":
+      return self.after_assistant, self.after_tool
+    if role == "user":
+      return self.before_user, self.after_user
+    raise ValueError(f"an observation's role must be 'tool' or 'user', got {role!r}")
+
+  def observation_text(self, content: str, policy_emitted_eos: bool, role: str = "tool") -> str:
+    """Text appended after an assistant turn: close it, the tool (or user) message, the next generation prompt."""
+    head, tail = self._scaffold(role)
     if policy_emitted_eos and head.startswith(self.eos_text):
       head = head[len(self.eos_text):]
-    return head + content + self.after_tool
+    return head + content + tail
+
+  def observation_ids(self, tok, content: str, policy_emitted_eos: bool, role: str = "tool") -> list[int]:
+    """`observation_text` tokenized, with `content` (environment text) read as plain text: only the template's
+    scaffolding makes control tokens (`jaxcredit.plain_text`).
+
+    Raises:
+      ValueError: for a role other than "tool" or "user".
+    """
+    head, tail = self._scaffold(role)
+    if policy_emitted_eos and head.startswith(self.eos_text):
+      head = head[len(self.eos_text):]
+    return encode_with_plain_spans(tok, head + content + tail, [(len(head), len(head) + len(content))])
 
   def closing_text(self, policy_emitted_eos: bool) -> str:
     """Text that closes a final assistant message (used in demonstrations)."""

@@ -2,7 +2,10 @@
 
 The sampler knows no tools and the environment knows no tokens; this module joins them. Every rollout
 grows token-in, token-out (`RolloutBuilder`): sampled ids are appended as actions, the environment's
-observation is rendered through the chat template's tool-message scaffolding and appended as context.
+observation is rendered through the chat template's scaffolding and appended as context. An observation is a
+tool message (`StepResult.role == "tool"`) or the next user request of a multi-request session ("user"), which
+opens a new verified unit (`RolloutBuilder.next_unit`). Environment and dataset text (prompts, observations) is
+tokenized as plain text: only the template's scaffolding makes control tokens (`jaxcredit.plain_text`).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 import jax
 
-from jaxcredit.rollout.chat_format import ChatFormat, ChatTokenizerLike
+from jaxcredit.rollout.chat_format import ChatFormat, ChatTokenizerLike, encode_chat
 from jaxcredit.trajectory import RolloutBuilder
 
 
@@ -39,7 +42,8 @@ def transcript(messages: Sequence[dict]) -> str:
 
 
 def encode_prompt(tok: ChatTokenizerLike, messages: list[dict]) -> list[int]:
-  return tok.encode(tok.apply_chat_template(messages, add_generation_prompt=True))
+  """The prompt's token ids: the chat rendered with the generation prompt, contents read as plain text."""
+  return encode_chat(tok, messages, add_generation_prompt=True)
 
 
 def run_rollouts(
@@ -111,8 +115,11 @@ def run_rollouts(
         done[i], finish[i] = True, "tool_budget"
         continue
       emitted_eos = bool(ids) and ids[-1] == tok.eos_id
-      messages[i].append({"role": "tool", "content": result.observation})
-      builders[i].append_context(tok.encode(fmt.observation_text(result.observation, emitted_eos)))
+      role = getattr(result, "role", "tool")
+      if role == "user":
+        builders[i].next_unit()
+      messages[i].append({"role": role, "content": result.observation})
+      builders[i].append_context(fmt.observation_ids(tok, result.observation, emitted_eos, role))
       builders[i].mark_boundary()
   return [
       RolloutResult(builder=builders[i], env=envs[i], reward=float(envs[i].reward()), finish=finish[i],
@@ -134,13 +141,14 @@ def _finish_reason(info: dict, sampler_reason: str) -> str:
 def build_demonstration(tok: ChatTokenizerLike, fmt: ChatFormat, messages: list[dict]) -> RolloutBuilder:
   """Tokenizes a demonstration chat exactly as a rollout would have produced it.
 
-  `messages` is [system?, user, assistant, tool, assistant, ...]. The prompt is everything before the
-  first assistant message; each assistant message (its content, then the end-of-message token) becomes an
-  action turn; each tool message is appended through the same scaffolding a rollout uses.
+  `messages` is [system?, user, assistant, tool, assistant, ..., user, assistant, ...]. The prompt is
+  everything before the first assistant message; each assistant message (its content, then the
+  end-of-message token) becomes an action turn; each tool or user message after it is appended through the
+  same scaffolding a rollout uses (a user message opens the next verified unit).
 
   Raises:
-    ValueError: if the chat has no assistant message or a role other than system/user/assistant/tool
-      after the first assistant message.
+    ValueError: if the chat has no assistant message or a role other than assistant/tool/user after the
+      first assistant message.
   """
   first = next((k for k, m in enumerate(messages) if m["role"] == "assistant"), None)
   if first is None:
@@ -149,8 +157,10 @@ def build_demonstration(tok: ChatTokenizerLike, fmt: ChatFormat, messages: list[
   for m in messages[first:]:
     if m["role"] == "assistant":
       b.append_action(tok.encode(m["content"]) + [tok.eos_id])
-    elif m["role"] == "tool":
-      b.append_context(tok.encode(fmt.observation_text(m["content"], policy_emitted_eos=True)))
+    elif m["role"] in ("tool", "user"):
+      if m["role"] == "user":
+        b.next_unit()
+      b.append_context(fmt.observation_ids(tok, m["content"], True, m["role"]))
       b.mark_boundary()
     else:
       raise ValueError(f"unexpected role {m['role']!r} after the first assistant message")

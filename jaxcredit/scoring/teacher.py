@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import weakref
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
@@ -49,6 +48,7 @@ import numpy as np
 from flax import nnx
 
 from jaxcredit.sampling.logprobs import _output_head_DxV, chunked_logprobs_and_entropies, chunked_reverse_kl
+from jaxcredit.plain_text import encode_chat, encode_plain
 from jaxcredit.trajectory import Trajectory, pad_length
 
 DEFAULT_CONTEXT_WRAPPER = "\n\nReference (not visible to the assistant being trained): {context}"
@@ -58,91 +58,10 @@ REASONS = ("no_context", "over_budget", "non_finite")
 """Why a rollout's pass can be invalid (its reason string; "" when valid)."""
 
 _SENTINEL = "\u2063CONTEXT\u2063"
-_PLAIN_TOKENIZERS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Host side: the teacher prompt.
-
-
-def _hf_tokenizer(tok):
-  """The underlying `tokenizers.Tokenizer` of a `ChatTokenizer`, or None for another tokenizer-like object."""
-  try:
-    from tokenizers import Tokenizer
-  except ImportError:  # pragma: no cover - tokenizers is a dependency
-    return None
-  hf = getattr(tok, "tokenizer", None)
-  return hf if isinstance(hf, Tokenizer) else None
-
-
-def _plain_tokenizer(tok, hf):
-  """A copy of `hf` that encodes control-token strings as plain text (cached per tokenizer object)."""
-  try:
-    plain = _PLAIN_TOKENIZERS.get(tok)
-  except TypeError:
-    plain = None
-  if plain is None:
-    from tokenizers import Tokenizer
-
-    plain = Tokenizer.from_str(hf.to_str())
-    plain.encode_special_tokens = True
-    try:
-      _PLAIN_TOKENIZERS[tok] = plain
-    except TypeError:
-      pass
-  return plain
-
-
-def encode_plain(tok, text: str) -> list[int]:
-  """Token ids of `text` read as plain text: a control-token string in it (e.g. "<|im_end|>") is split into
-  ordinary tokens instead of mapping to the control token's id. No BOS/EOS is added.
-
-  For a `jaxcredit.models.ChatTokenizer` (anything whose `.tokenizer` is a `tokenizers.Tokenizer`) this encodes
-  with special-token matching off; another tokenizer-like object is used through its own `encode_plain` when it
-  has one, else through `encode` (its control-token handling is then its own).
-  """
-  hf = _hf_tokenizer(tok)
-  if hf is not None:
-    return list(_plain_tokenizer(tok, hf).encode(text, add_special_tokens=False).ids)
-  if hasattr(tok, "encode_plain"):
-    return list(tok.encode_plain(text))
-  return list(tok.encode(text))
-
-
-def _encode_with_plain_span(tok, text: str, start: int, end: int) -> list[int]:
-  """tok.encode(text), except that text[start:end] is read as plain text (control-token strings in it stay text).
-
-  The tokenizer splits a text at control tokens and encodes each piece between them on its own; this does the
-  same outside the span, and encodes the piece that holds the span (with the text around it up to the nearest
-  control tokens) as plain text. Without control-token strings in the span the ids equal tok.encode(text).
-  """
-  hf = _hf_tokenizer(tok)
-  if hf is None:  # a tokenizer-like object without a `tokenizers.Tokenizer`: its own encode, unprotected
-    return list(tok.encode(text))
-  specials = sorted({t.content for t in hf.get_added_tokens_decoder().values() if t.special and t.content},
-                    key=len, reverse=True)
-  pattern = re.compile("|".join(re.escape(s) for s in specials)) if specials else None
-
-  def split(s: str) -> list:
-    parts, pos = [], 0
-    if pattern is not None:
-      for m in pattern.finditer(s):
-        parts.append(s[pos:m.start()])
-        parts.append(int(hf.token_to_id(m.group())))
-        pos = m.end()
-    parts.append(s[pos:])
-    return parts
-
-  head, tail = split(text[:start]), split(text[end:])
-  parts = head[:-1] + [head[-1] + text[start:end] + tail[0]] + tail[1:]
-  plain = _plain_tokenizer(tok, hf)
-  ids: list[int] = []
-  for part in parts:
-    if isinstance(part, int):
-      ids.append(part)
-    elif part:
-      ids.extend(plain.encode(part, add_special_tokens=False).ids)
-  return ids
 
 
 def cut_context(tok, context: str, max_context_tokens: int) -> str:
@@ -210,7 +129,7 @@ def teacher_prompt_ids(tok, prompt_messages: Sequence[Mapping[str, Any]], contex
     raise ValueError(f"the last user message's content must be a string, got "
                      f"{type(messages[last].get('content')).__name__}")
   if wrapper == "":
-    return list(tok.encode(tok.apply_chat_template(messages, add_generation_prompt=True)))
+    return encode_chat(tok, messages, add_generation_prompt=True)
   if wrapper.count("{context}") != 1:
     raise ValueError(f"wrapper (config teacher.context_wrapper) must hold '{{context}}' exactly once, "
                      f"got {wrapper!r}")
@@ -220,9 +139,8 @@ def teacher_prompt_ids(tok, prompt_messages: Sequence[Mapping[str, Any]], contex
   if rendered.count(_SENTINEL) != 1:
     raise ValueError("the chat template does not render the user message's content verbatim; the context "
                      "cannot be placed")
-  start = rendered.index(_SENTINEL)
-  text = rendered[:start] + kept + rendered[start + len(_SENTINEL):]
-  return _encode_with_plain_span(tok, text, start, start + len(kept))
+  messages[last]["content"] = messages[last]["content"].replace(_SENTINEL, kept)
+  return encode_chat(tok, messages, add_generation_prompt=True)
 
 
 def rollout_prompt_ids(traj: Trajectory) -> list[list[int]]:

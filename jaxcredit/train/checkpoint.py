@@ -44,12 +44,20 @@ def _other_method_knob(key: str, method: str | None) -> bool:
   return len(parts) >= 3 and parts[0] == "credit" and parts[1] != method
 
 
+def _other_env_key(key: str, env: str | None) -> bool:
+  """`env.<name>.<key>` of an environment other than the one trained on."""
+  parts = key.split(".")
+  return len(parts) >= 3 and parts[0] == "env" and parts[1] != env
+
+
 def training_key_diff(saved: dict, current: dict) -> list[str]:
-  """Training keys whose values differ between two config dicts (run-length keys and the knobs of methods
-  other than the trained one ignored)."""
+  """Training keys whose values differ between two config dicts (run-length keys, the knobs of methods other
+  than the trained one and the keys of other environments ignored)."""
   a, b = _flatten(saved), _flatten(current)
   method = b.get("credit.method")
-  keys = sorted(k for k in set(a) | set(b) if not _is_run_length(k) and not _other_method_knob(k, method))
+  env = b.get("env.name")
+  keys = sorted(k for k in set(a) | set(b) if not _is_run_length(k) and not _other_method_knob(k, method)
+                and not _other_env_key(k, env))
   return [k for k in keys if a.get(k, "<missing>") != b.get(k, "<missing>")]
 
 
@@ -122,6 +130,12 @@ class Checkpointer:
         opt_state=ocp.args.StandardRestore(abstract(opt_state_like)),
         meta=ocp.args.JsonRestore()))
     return out["params"], out["opt_state"], out["meta"]
+
+  def restore_params(self, step: int, params_like):
+    """Restores only the parameters of a step (e.g. for `jaxcredit credit`)."""
+    abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, params_like)
+    out = self.manager.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract)))
+    return out["params"]
 
   def has_reference(self) -> bool:
     return os.path.isdir(self.reference_dir)

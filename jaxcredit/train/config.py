@@ -54,9 +54,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.sharding_rules = ml_collections.ConfigDict(sharding.rules_to_config())
 
   c.env = ml_collections.ConfigDict()
-  c.env.name = "arithmetic"
-  c.env.num_train_tasks = 2000
-  c.env.max_tool_calls = 2            # tool turns; a rollout has at most max_tool_calls + 1 assistant turns
+  c.env.name = "arithmetic"           # a name in jaxcredit.envs.ENVS
+  c.env.num_train_tasks = 2000        # training tasks drawn from the environment (its train split)
+  # One node per environment with its own keys (jaxcredit/envs/__init__.py ENVS; docs/environments.md), e.g.
+  # config.env.arithmetic.max_tool_calls (a rollout has at most max_tool_calls + 1 assistant turns).
+  for name, row in ENVS.items():
+    c.env[name] = ml_collections.ConfigDict(dict(row.defaults))
 
   c.sampling = ml_collections.ConfigDict()
   c.sampling.temperature = 0.8
@@ -69,6 +72,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.rollout = ml_collections.ConfigDict()
   c.rollout.prompts_per_step = 2      # P groups per RL step
   c.rollout.group_size = 4            # G rollouts per prompt
+  c.rollout.export_jsonl = False      # write each step's rollouts, credited, to workdir/rollouts/step_N.jsonl
 
   c.credit = ml_collections.ConfigDict()
   c.credit.method = "trace"           # a name in jaxcredit.train.methods.METHODS
@@ -152,8 +156,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
       raise ValueError(f"config.{key} must be >= 1, got {v}")
   if c.sft.steps < 0:
     raise ValueError(f"config.sft.steps must be >= 0, got {c.sft.steps}")
-  if c.env.max_tool_calls < 0:
-    raise ValueError(f"config.env.max_tool_calls must be >= 0, got {c.env.max_tool_calls}")
+  _validate_env_keys(c)
   # Written as `not (x > 0)` so that NaN fails too.
   if not 0 < c.sampling.top_p <= 1:
     raise ValueError(f"config.sampling.top_p must be in (0, 1], got {c.sampling.top_p}")
@@ -204,6 +207,30 @@ def validate(c: ml_collections.ConfigDict) -> None:
   if batch % c.train.num_micro_batches:
     raise ValueError(f"config.train.num_micro_batches={c.train.num_micro_batches} must divide the batch of "
                      f"rollout.prompts_per_step x rollout.group_size = {batch} rollouts")
+
+
+def _validate_env_keys(c: ml_collections.ConfigDict) -> None:
+  """The chosen environment's node: no key it lacks, each value of its default's type. Ranges are the
+  environment's own to check (`ENVS[name].make_spec` raises naming the key)."""
+  name = c.env.name
+  defaults = ENVS[name].defaults
+  node = c.env.get(name) or {}
+  for key, v in node.items():
+    if key not in defaults:
+      raise ValueError(f"config.env.{name}.{key} is not a key of environment {name}; its keys: {sorted(defaults)}")
+    d = defaults[key]
+    if isinstance(d, bool):
+      ok = isinstance(v, bool)
+    elif isinstance(d, int):
+      ok = isinstance(v, int) and not isinstance(v, bool)
+    elif isinstance(d, float):
+      ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    elif isinstance(d, str):
+      ok = isinstance(v, str)
+    else:
+      ok = True
+    if not ok:
+      raise ValueError(f"config.env.{name}.{key} must be a {type(d).__name__} like its default {d!r}, got {v!r}")
 
 
 def teacher_source(c: ml_collections.ConfigDict) -> str:

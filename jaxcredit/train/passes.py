@@ -31,6 +31,7 @@ import jax
 import numpy as np
 
 from jaxcredit import credit
+from jaxcredit.plain_text import encode_chat, encode_plain
 from jaxcredit.rollout.multiturn import transcript
 from jaxcredit.sampling import SamplingParams
 from jaxcredit.scoring import teacher as teacher_lib
@@ -138,7 +139,7 @@ def pass_metrics(name: str, outputs: Mapping[str, Any], seconds: float) -> dict:
 def gold_answer(ctx: PassContext, traj: Trajectory) -> dict:
   """TRACE: log p_ref(y* | s_t) at every boundary, all boundaries of a rollout in one packed forward."""
   ref = ctx.models["reference"]
-  gold_ids = [ctx.tok.encode(ctx.env.gold_answer_text(t)) + [ctx.tok.eos_id] for t in ctx.tasks]
+  gold_ids = [encode_plain(ctx.tok, ctx.env.gold_answer_text(t)) + [ctx.tok.eos_id] for t in ctx.tasks]
   fn = ctx.fns.gold(ref)
   gold, mask = score_gold_answers_packed(lambda *a: np.asarray(fn(ref.params, *a)), traj, gold_ids,
                                          pad_id=ctx.tok.pad_id, reduce=ctx.knobs["gold_reduce"],
@@ -233,13 +234,11 @@ def hindsight_skill(ctx: PassContext, traj: Trajectory) -> dict:
   for task, res, ok in zip(ctx.tasks, ctx.results, success):
     question = next(m["content"] for m in reversed(ctx.env.initial_messages(task)) if m["role"] == "user")
     fill = dict(task=question, outcome="success" if ok else "failure")
-    empty = tok.encode(tok.apply_chat_template([{"role": "user", "content": template.format(transcript="", **fill)}],
-                                               add_generation_prompt=True))
+    empty = encode_chat(tok, [{"role": "user", "content": template.format(transcript="", **fill)}])
     room = budget - len(empty)
-    ids = tok.encode(transcript(res.messages))
+    ids = encode_plain(tok, transcript(res.messages))
     text = tok.decode(ids[-room:]) if room > 0 else ""
-    prompt = tok.encode(tok.apply_chat_template(
-        [{"role": "user", "content": template.format(transcript=text, **fill)}], add_generation_prompt=True))
+    prompt = encode_chat(tok, [{"role": "user", "content": template.format(transcript=text, **fill)}])
     fits.append(room > 0 and len(prompt) <= budget)
     prompts.append(prompt[-budget:] if budget > 0 else prompt[:1])
   sampler = ctx.sampler_for(ctx.models[ctx.teacher])

@@ -31,7 +31,8 @@ from jaxcredit.envs import EnvSpec, make_env_spec
 from jaxcredit.models import load, load_tokenizer, smollm2_gguf_path
 from jaxcredit.models.decoder import param_logical_axes
 from jaxcredit.rollout.chat_format import ChatFormat
-from jaxcredit.rollout.multiturn import build_demonstration, run_rollouts
+from jaxcredit.rollout import jsonl as jsonl_lib
+from jaxcredit.rollout.multiturn import RolloutResult, build_demonstration, run_rollouts
 from jaxcredit.sampling import Sampler, SamplingParams
 from jaxcredit.train import checkpoint as ckpt_lib
 from jaxcredit.train import config as config_lib
@@ -115,9 +116,12 @@ def _load_teacher(config, mesh, tok, policy_cfg) -> passes_lib.Model | None:
   return passes_lib.Model(graphdef, rest, params)
 
 
-def build(config: ml_collections.ConfigDict) -> Run:
+def build(config: ml_collections.ConfigDict, *, write_config: bool = True) -> Run:
+  """Validates the config and loads everything a run needs. With `write_config=False` (e.g. `credit_file`) nothing
+  is written to the workdir."""
   config_lib.validate(config)
-  ckpt_lib.check_or_write_config(config.workdir, config.to_dict(), write=False)
+  if write_config:
+    ckpt_lib.check_or_write_config(config.workdir, config.to_dict(), write=False)
   if config.compilation_cache_dir:
     jax.config.update("jax_compilation_cache_dir", os.path.expanduser(config.compilation_cache_dir))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
@@ -142,7 +146,8 @@ def build(config: ml_collections.ConfigDict) -> Run:
   train_tasks = env.make_tasks("train", config.env.num_train_tasks, config.seed)
   eval_tasks = env.make_tasks("eval", config.eval.num_tasks, None)
   teacher = _load_teacher(config, mesh, tok, model.cfg)
-  ckpt_lib.check_or_write_config(config.workdir, config.to_dict())
+  if write_config:
+    ckpt_lib.check_or_write_config(config.workdir, config.to_dict())
   return Run(config=config, mesh=mesh, tok=tok, fmt=ChatFormat.from_tokenizer(tok), graphdef=graphdef,
              rest=rest, params=params, params_shardings=p_sh, sampler=sampler, env=env, train_tasks=train_tasks,
              eval_tasks=eval_tasks, teacher=teacher,
@@ -189,6 +194,7 @@ def evaluate(run: Run, params, stage: str, step: int) -> dict:
       "tool_calls": float(np.mean([r.tool_calls for r in results])),
       "mean_turns": float(np.mean([r.builder.num_turns for r in results])),
       "answered_frac": float(np.mean([r.finish == "answer" for r in results])),
+      **_env_metrics(run, results),
       "num_tasks": len(results),
       "seconds": time.time() - t0,
   }
@@ -196,6 +202,13 @@ def evaluate(run: Run, params, stage: str, step: int) -> dict:
   print(f"[jaxcredit] eval {stage}: success {m['success_rate']:.3f}, tool calls {m['tool_calls']:.2f}, "
         f"answered {m['answered_frac']:.2f} ({m['seconds']:.0f}s)")
   return m
+
+
+def _env_metrics(run: Run, results) -> dict:
+  """The environment's own metrics of these rollouts (`EnvSpec.metrics`), as "env/<name>"."""
+  if run.env.metrics is None:
+    return {}
+  return {f"env/{k}": float(v) for k, v in run.env.metrics([r.env for r in results]).items()}
 
 
 def warm_start(run: Run, params) -> Any:
@@ -403,6 +416,10 @@ def rl_step_fn(run: Run, params, opt_state, ref_params, data, update, ref_logp, 
       "tokens_per_s": float(traj.token_mask_BxL.sum() / max(t_update, 1e-9)),
       "rollout_s": t_roll, "score_s": t_score, "update_s": t_update, "step_s": time.time() - t0,
   }
+  row.update(_env_metrics(run, results))
+  if traj.unit_mask_BxU.shape[1] > 1:
+    row["units_mean"] = float(traj.unit_mask_BxU.sum(1).mean())
+    row["unit_reward_mean"] = float(traj.unit_rewards_BxU[traj.unit_mask_BxU].mean())
   if out.turn_adv_BxT is not None and tm.any():
     row["turn_adv_abs_mean"] = float(np.abs(out.turn_adv_BxT[tm]).mean())
   row.update({k: float(v) for k, v in m.items() if k.startswith("loss_")})
@@ -412,4 +429,95 @@ def rl_step_fn(run: Run, params, opt_state, ref_params, data, update, ref_logp, 
   row.update(pass_row)
   if rl_step % c.log_every == 0:
     run.writer.write("rl", rl_step, row)
+  if c.rollout.export_jsonl and jax.process_index() == 0:
+    export_rollouts(run, os.path.join(c.workdir, "rollouts", f"step_{rl_step}.jsonl"), results, tasks, traj, out,
+                    rollout_ids=[f"step{rl_step}_{i}" for i in range(len(results))])
   return params, opt_state, row
+
+
+def export_rollouts(run: Run, path: str, results, tasks, traj, out, *, rollout_ids) -> None:
+  """Writes rollouts as JSONL (jaxcredit/rollout/jsonl.py; docs/rollouts-jsonl.md), with the advantages computed for
+  them: one line per rollout, its group id the index of its prompt group."""
+  records = []
+  for i, (res, task) in enumerate(zip(results, tasks)):
+    records.append(jsonl_lib.rollout_to_record(
+        res, rollout_id=rollout_ids[i], group_id=int(traj.group_ids_B[i]),
+        unit_rewards=[float(x) for x in traj.unit_rewards_BxU[i][traj.unit_mask_BxU[i]]],
+        task_id=_task_id(task), tools=run.env.tools(task) if run.env.tools is not None else None))
+  records = jsonl_lib.attach_credit(records, out.adv_BxL, out.turn_adv_BxT, method=run.config.credit.method)
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  jsonl_lib.write_jsonl(path, records)
+
+
+def _task_id(task) -> str | None:
+  for key in ("task_id", "query_id", "id"):
+    v = getattr(task, key, None)
+    if v is not None:
+      return str(v)
+  return None
+
+
+def credit_file(config: ml_collections.ConfigDict, in_path: str, out_path: str) -> dict:
+  """Computes the config's method's advantages for rollouts made elsewhere (`jaxcredit credit`).
+
+  Reads `in_path` (rollouts JSONL, any order: groups come from their group ids), runs the passes the method needs
+  with the config's models (the latest checkpoint of config.workdir and its reference when there is one, else
+  config.model.source for both), computes the advantages and writes the records with "advantages",
+  "turn_advantages" and "method" to `out_path`. Passes that need the task (privileged info, gold answers) find it by
+  the record's task_id among the environment's train and eval tasks. The workdir's config.json is neither checked
+  nor written.
+
+  Returns:
+    {"rollouts": B, "groups": number of groups, "method": name}.
+
+  Raises:
+    ValueError: a bad record (file and line named), a group smaller than the method needs, or a task_id the
+      environment does not have when a pass needs the task.
+  """
+  c = config
+  method = METHODS[c.credit.method]
+  records = jsonl_lib.read_jsonl(in_path)
+  if not records:
+    raise ValueError(f"{in_path} holds no rollouts")
+  env = make_env_spec(c.env)
+  max_turns = max(env.max_turns, max(jsonl_lib.record_to_builder(r).num_turns for r in records))
+  traj, groups = None, None
+  sizes = {}
+  for r in records:
+    sizes[r["group_id"]] = sizes.get(r["group_id"], 0) + 1
+  small = {g: n for g, n in sizes.items() if n < method.min_group_size}
+  if small:
+    raise ValueError(f"{c.credit.method} needs groups of at least {method.min_group_size} rollouts; in {in_path} "
+                     f"group(s) {sorted(small, key=str)[:5]} have {sorted(set(small.values()))}")
+  if method.passes:
+    run = build(c, write_config=False)
+    pad_id = run.tok.pad_id
+  else:
+    run, pad_id = None, 0
+  traj, groups = jsonl_lib.records_to_trajectory(records, max_turns=max_turns, pad_id=pad_id,
+                                                 length_bucket=c.train.length_bucket)
+  if method.passes:
+    index = {}
+    for t in list(run.train_tasks) + list(run.eval_tasks):
+      index.setdefault(_task_id(t), t)
+    tasks = []
+    for r in records:
+      if r.get("task_id") not in index:
+        raise ValueError(f"{in_path}: rollout {r['rollout_id']!r} has task_id {r.get('task_id')!r}, which environment "
+                         f"{c.env.name!r} does not have among its {len(index)} train and eval tasks; "
+                         f"{c.credit.method}'s passes need the task")
+      tasks.append(index[r["task_id"]])
+    results = [RolloutResult(builder=jsonl_lib.record_to_builder(r), env=None, reward=float(r["reward"]),
+                             finish=r.get("finish") or "", tool_calls=0, tool_errors=0,
+                             messages=list(r.get("messages") or [])) for r in records]
+    params, ref_params = run.params, run.params
+    latest = run.ckpt.latest_step()
+    if latest is not None:
+      params = run.ckpt.restore_params(latest, run.params)
+    if run.ckpt.has_reference():
+      ref_params = run.ckpt.restore_reference(run.params)
+    run_passes(run, traj, results, tasks, params, ref_params, jax.random.key(c.seed))
+  out = method.advantages(traj, c.credit[c.credit.method])
+  credited = jsonl_lib.attach_credit(records, out.adv_BxL, out.turn_adv_BxT, method=c.credit.method)
+  jsonl_lib.write_jsonl(out_path, credited)
+  return {"rollouts": len(records), "groups": len(groups), "method": c.credit.method}

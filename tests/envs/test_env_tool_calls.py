@@ -70,8 +70,8 @@ def test_whitespace_inside_tags():
     ('"1+1"', 'error: tool call must be a JSON object'),
     ('{"arguments": {"expression": "1+1"}}', 'error: tool call has no "name" string'),
     ('{"name": 3, "arguments": {"expression": "1+1"}}', 'error: tool call has no "name" string'),
-    ('{"name": "calculator"}', 'error: tool call has no "arguments" object'),
-    ('{"name": "calculator", "arguments": "1+1"}', 'error: "arguments" must be a JSON object'),
+    ('{"name": "calculator"}', 'error: calculator needs an "expression" string argument'),  # no arguments: {}
+    ('{"name": "calculator", "arguments": "1+1"}', 'error: "arguments" is a string that is not a JSON object'),
     ('{"name": "calculator", "arguments": ["1+1"]}', 'error: "arguments" must be a JSON object'),
     ('{"name": "foo", "arguments": {"expression": "1+1"}}', "error: unknown tool 'foo'; available: calculator"),
     ('{"name": "calculator", "arguments": {}}', 'error: calculator needs an "expression" string argument'),
@@ -101,12 +101,22 @@ def test_unknown_tool_name_is_truncated():
   assert outcome.content == "error: unknown tool '" + "x" * 40 + "...'; available: calculator"
 
 
-def test_over_long_output_becomes_error():
+def test_over_long_output_is_truncated_with_a_marker():
   tools = {"echo": lambda args: args["text"] * 3}
   ok = tc.execute_tool_call(call_text(json.dumps({"name": "echo", "arguments": {"text": "ab"}})), tools)
   assert ok == tc.ToolOutcome("ababab", ok=True)
   long = tc.execute_tool_call(call_text(json.dumps({"name": "echo", "arguments": {"text": "a" * 100}})), tools)
-  assert long == tc.ToolOutcome("error: tool output too long (300 characters; max 200)", ok=False)
+  assert long == tc.ToolOutcome("a" * 200 + "...[truncated 100 characters]", ok=True)
+  short = tc.execute_tool_call(call_text(json.dumps({"name": "echo", "arguments": {"text": "abc"}})), tools,
+                               max_output_chars=4)
+  assert short.content == "abca...[truncated 5 characters]"
+
+
+def test_arguments_as_a_json_string_or_absent():
+  text = call_text(json.dumps({"name": "calculator", "arguments": json.dumps({"expression": "6*7"})}))
+  assert tc.execute_tool_call(text) == tc.ToolOutcome("42", ok=True)
+  assert tc.parse_tool_call(call_text('{"name": "pwd"}')).call == tc.ToolCall("pwd", {})
+  assert tc.parse_tool_call(call_text('{"name": "f", "parameters": {"x": 1}}')).call == tc.ToolCall("f", {"x": 1})
 
 
 def test_tool_error_from_custom_tool():

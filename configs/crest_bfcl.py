@@ -1,0 +1,36 @@
+"""CrEST on BFCL V3 multi-turn: each user request of a session is a verified unit (BFCL's state and response
+checkers), so CrEST's turn-segmented advantages credit each request's own tokens; the privileged self-teacher sees
+the ground-truth calls of every request. Needs bfcl-eval (`pip install --no-deps bfcl-eval mpmath`).
+
+Sized for a first look on one host with SmolLM2-135M (whose success on BFCL is about 0: the point is that units are
+verified and credited); on a pod, raise rollout.*, sampling.max_new_tokens and use a Qwen3 policy:
+
+  jaxcredit train --config configs/crest_bfcl.py
+  jaxcredit train --config configs/crest_bfcl.py --config.env.bfcl_multi_turn.categories=base,miss_param \\
+      --config.credit.crest.tau=0.8
+"""
+
+from jaxcredit.train.config import base_config
+
+
+def get_config():
+  c = base_config()
+  c.workdir = "runs/crest_bfcl"
+  c.credit.method = "crest"
+  c.env.name = "bfcl_multi_turn"
+  c.env.num_train_tasks = 719                  # the train split of the 800 tasks (eval: 81)
+  c.env.bfcl_multi_turn.compact_tools = True   # tool descriptions without BFCL's repeated class paragraph
+  c.env.bfcl_multi_turn.max_turns = 8          # assistant messages per session
+  c.env.bfcl_multi_turn.max_steps_per_unit = 2
+  c.env.bfcl_multi_turn.max_output_chars = 400
+  c.sampling.max_new_tokens = 96
+  c.sampling.max_len = 6144                    # prompts with the tools take 1.6k-4.3k SmolLM2 tokens
+  c.teacher.max_context_tokens = 512           # the ground-truth calls of every request
+  c.teacher.max_len = 6656
+  c.train.length_bucket = 256
+  c.sft.steps = 0                              # demonstrations exist (the ground truth replayed), but are long
+  c.eval.num_tasks = 16
+  c.eval.batch_size = 8
+  c.eval.before_sft = False
+  c.eval.after_sft = False
+  return c

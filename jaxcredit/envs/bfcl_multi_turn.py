@@ -1,0 +1,593 @@
+"""BFCL V3 multi-turn: sessions of several user requests against stateful tool backends, each request verified.
+
+The 800 tasks of `bfcl-eval`'s multi-turn categories (base, miss_func, miss_param, long_context; 200 each) run
+against BFCL's own backends (GorillaFileSystem, MathAPI, MessageAPI, TwitterAPI, TicketAPI, TradingBot, TravelAPI,
+VehicleControlAPI) and are checked with BFCL's own state and response checkers.
+
+A session (one rollout):
+  * The prompt is a system message listing the tools (`tool_calls.render_tools_prompt`) and the first request.
+  * Each assistant message may hold several `<tool_call>{json}</tool_call>` blocks (outside `<think>` blocks). They
+    are parsed to a function name and keyword arguments, checked against the function's schema and dispatched to
+    the backend method directly (`getattr(instance, name)(**arguments)`): model text is never `eval`ed. Their
+    results come back in one tool message.
+  * A message without a tool call ends the current request (a unit). The unit is verified at once: BFCL's
+    ground-truth calls for that request run on a second set of backends, then BFCL's `state_checker` (public
+    attributes of every backend equal) and `response_checker` (every ground-truth result appears among the results
+    of the model's calls so far) decide. A request whose ground truth is empty (miss_func / miss_param: the
+    function or a parameter is missing) passes when the model made no well-formed call in it (BFCL's
+    `multi_turn_irrelevance_checker` rule). The next request then arrives as a user message (role "user"); in
+    miss_func it brings the docs of the held-out functions, as BFCL's prompt does.
+  * A request also ends after `max_steps_per_unit` messages with calls (BFCL's step limit, smaller here).
+  * The outcome reward is 1.0 when every request passed ("all_units"), or the fraction that passed
+    ("unit_fraction"). `unit_rewards` gives each reached request's 0/1 verdict (CrEST's verified units).
+    `info["official_valid"]` is BFCL's own verdict, which skips the empty-ground-truth requests; the trainer logs its
+    mean as `env/bfcl_official_accuracy`.
+
+Each rollout owns fresh backend instances (`BfclSession`): nothing lives in module globals across rollouts, unlike
+`bfcl-eval`'s executor, which caches instances in `globals()` keyed by model name and task id and builds calls as
+strings it `eval`s.
+
+Install: `pip install --no-deps bfcl-eval mpmath` (its declared dependencies pin numpy 1.26 and pull API clients;
+the backends and checkers need none of them).
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import dataclasses
+import functools
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import json
+import pathlib
+from typing import Any, Sequence
+
+from jaxcredit.envs import spec, tool_calls
+
+CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
+REWARDS = ("all_units", "unit_fraction")
+EVAL_EVERY = 10   # every 10th task by a stable hash of its id is held out for eval
+
+SYSTEM_PROMPT = (
+    "You are an assistant that completes the user's requests by calling functions. At each turn, call the "
+    "functions needed for the current request (several calls may go in one message); their results come back in "
+    "<tool_response> tags. When the request is done, or cannot be done with the functions you have, reply in "
+    "plain text without a tool call.\n\n"
+)
+ADDITIONAL_FUNCTIONS_PROMPT = "I have updated some more functions you can choose from. What about now?"
+"""BFCL's user message for the turn where held-out functions arrive (`DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC`),
+after the new functions' schemas."""
+DONE_TEXT = "Done."
+"""What a demonstration says to end a request."""
+REFUSAL_TEXT = "I cannot do that with the functions and information I have."
+"""What a demonstration says for a request whose ground truth is empty."""
+
+
+def _package_dir() -> pathlib.Path:
+  spec_ = importlib.util.find_spec("bfcl_eval")
+  if spec_ is None or not spec_.submodule_search_locations:
+    raise ImportError("the BFCL environments need bfcl-eval: pip install --no-deps bfcl-eval mpmath")
+  return pathlib.Path(list(spec_.submodule_search_locations)[0])
+
+
+def _read_jsonl(path: pathlib.Path) -> list[dict]:
+  """bfcl-eval's data files are JSON Lines despite the .json name; the last line has no newline."""
+  with open(path, encoding="utf-8") as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+@dataclasses.dataclass(frozen=True)
+class BfclTask:
+  """One multi-turn session.
+
+  Attributes:
+    task_id: BFCL's id, e.g. "multi_turn_base_0".
+    category: one of `CATEGORIES`.
+    requests: the user messages of each request (a request is a list of messages; a held-out-function request
+      has none: its message is made from `held_out`).
+    ground_truth: per request, BFCL's ground-truth calls as Python call strings, e.g. "cd(folder='document')".
+    initial_config: the backends' initial state, by class name (JSON text, so the task stays hashable).
+    involved_classes: backend class names.
+    held_out: request index -> names of the functions that become available at that request (miss_func).
+    excluded: functions never offered.
+  """
+
+  task_id: str
+  category: str
+  requests: tuple[tuple[dict, ...], ...]
+  ground_truth: tuple[tuple[str, ...], ...]
+  initial_config: str
+  involved_classes: tuple[str, ...]
+  held_out: tuple[tuple[int, tuple[str, ...]], ...] = ()
+  excluded: tuple[str, ...] = ()
+
+  @property
+  def num_units(self) -> int:
+    return len(self.requests)
+
+  @property
+  def long_context(self) -> bool:
+    return "long_context" in self.category
+
+
+@functools.lru_cache(maxsize=None)
+def load_tasks(categories: tuple[str, ...] = CATEGORIES) -> tuple[BfclTask, ...]:
+  """All tasks of the given categories, in BFCL's order.
+
+  Raises:
+    ValueError: for an unknown category, or a data file whose questions and answers disagree.
+    ImportError: when bfcl-eval is not installed.
+  """
+  for c in categories:
+    if c not in CATEGORIES:
+      raise ValueError(f"unknown BFCL multi-turn category {c!r}; known: {', '.join(CATEGORIES)}")
+  data = _package_dir() / "data"
+  tasks = []
+  for c in categories:
+    questions = _read_jsonl(data / f"BFCL_v4_multi_turn_{c}.json")
+    answers = {a["id"]: a["ground_truth"] for a in _read_jsonl(data / "possible_answer" / f"BFCL_v4_multi_turn_{c}.json")}
+    for q in questions:
+      gt = answers.get(q["id"])
+      if gt is None or len(gt) != len(q["question"]):
+        raise ValueError(f"bfcl-eval data: task {q['id']} has {len(q['question'])} requests but "
+                         f"{'no' if gt is None else len(gt)} ground-truth turns")
+      held = tuple(sorted((int(k), tuple(v)) for k, v in (q.get("missed_function") or {}).items()))
+      tasks.append(BfclTask(
+          task_id=q["id"], category=c, requests=tuple(tuple(turn) for turn in q["question"]),
+          ground_truth=tuple(tuple(t) for t in gt), initial_config=json.dumps(q.get("initial_config", {})),
+          involved_classes=tuple(q["involved_classes"]), held_out=held,
+          excluded=tuple(q.get("excluded_function") or ())))
+  return tuple(tasks)
+
+
+def _is_eval(task_id: str) -> bool:
+  return int(hashlib.sha256(task_id.encode()).hexdigest(), 16) % EVAL_EVERY == 0
+
+
+def make_tasks(split: str, num: int | None = None, seed: int | None = None, *,
+               categories: Sequence[str] = CATEGORIES) -> list[BfclTask]:
+  """Tasks of one split: eval is a fixed tenth (by a hash of the id), train the rest, shuffled by `seed`.
+
+  Raises:
+    ValueError: unknown split or category, or `num` larger than the split (naming config.env.num_train_tasks or
+      config.eval.num_tasks).
+  """
+  if split not in ("train", "eval"):
+    raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+  pool = [t for t in load_tasks(tuple(categories)) if _is_eval(t.task_id) == (split == "eval")]
+  if split == "train":
+    import random
+    random.Random(0 if seed is None else int(seed)).shuffle(pool)
+  num = len(pool) if num is None else int(num)
+  if not 0 <= num <= len(pool):
+    key = "config.env.num_train_tasks" if split == "train" else "config.eval.num_tasks"
+    raise ValueError(f"{key}={num}, but the BFCL multi-turn {split} split of {list(categories)} has {len(pool)} "
+                     f"tasks")
+  return pool[:num]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Function docs and backends.
+
+
+@functools.lru_cache(maxsize=None)
+def _class_docs(class_name: str) -> tuple[dict, ...]:
+  from bfcl_eval.constants.executable_backend_config import MULTI_TURN_FUNC_DOC_FILE_MAPPING
+  return tuple(_read_jsonl(_package_dir() / "data" / "multi_turn_func_doc" / MULTI_TURN_FUNC_DOC_FILE_MAPPING[class_name]))
+
+
+_TYPE_NAMES = {"dict": "object", "float": "number", "tuple": "array", "any": None}
+
+
+def json_schema(bfcl_parameters: Any) -> Any:
+  """BFCL's parameter docs as standard JSON schema: "dict" -> "object", "float" -> "number", "tuple" -> "array",
+  "any" -> no type; applied recursively."""
+  if isinstance(bfcl_parameters, dict):
+    out = {}
+    for k, v in bfcl_parameters.items():
+      if k == "type" and isinstance(v, str) and v in _TYPE_NAMES:
+        if _TYPE_NAMES[v] is not None:
+          out[k] = _TYPE_NAMES[v]
+      else:
+        out[k] = json_schema(v)
+    return out
+  if isinstance(bfcl_parameters, list):
+    return [json_schema(v) for v in bfcl_parameters]
+  return bfcl_parameters
+
+
+def function_docs(task: BfclTask, unit: int, *, compact: bool = False) -> list[dict]:
+  """The docs of the functions available at request `unit` (BFCL's order): the involved classes' functions, without
+  excluded ones and without held-out ones whose request has not come yet.
+
+  With `compact`, each description keeps only its "Tool description:" part (BFCL repeats a paragraph about the
+  class before it in every function: about 30% of the prompt), for small models and short contexts.
+  """
+  held = {name: k for k, names in task.held_out for name in names}
+  docs = []
+  for c in task.involved_classes:
+    for d in _class_docs(c):
+      if d["name"] in task.excluded or held.get(d["name"], -1) > unit:
+        continue
+      if compact and "Tool description:" in d.get("description", ""):
+        d = dict(d, description=d["description"].split("Tool description:", 1)[1].strip())
+      docs.append(d)
+  return docs
+
+
+def schemas(docs: Sequence[dict]) -> list[dict]:
+  """Function schemas in the OpenAI/Qwen3 layout, parameters as standard JSON schema."""
+  return [{"type": "function", "function": {"name": d["name"], "description": d.get("description", ""),
+                                            "parameters": json_schema(d.get("parameters", {}))}} for d in docs]
+
+
+def make_backends(task: BfclTask) -> dict[str, Any]:
+  """Fresh backend instances of the task's classes, loaded with its initial state (never shared)."""
+  from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING, STATELESS_CLASSES
+  config = json.loads(task.initial_config)
+  out = {}
+  for name in task.involved_classes:
+    cls = getattr(importlib.import_module(CLASS_FILE_PATH_MAPPING[name]), name)
+    instance = cls()
+    if name not in STATELESS_CLASSES:
+      instance._load_scenario(copy.deepcopy(config.get(name, {})), long_context=task.long_context)
+    out[name] = instance
+  return out
+
+
+def _methods(backends: dict[str, Any]) -> dict[str, Any]:
+  """Public method name -> bound method over the backends (BFCL's mapping: a later class wins a name clash)."""
+  out = {}
+  for instance in backends.values():
+    for name, method in inspect.getmembers(instance, predicate=inspect.ismethod):
+      if not name.startswith("_"):
+        out[name] = method
+  return out
+
+
+def parse_python_call(text: str) -> tuple[str, tuple, dict]:
+  """A ground-truth call string such as "mv(source='a.txt', destination='tmp')" as (name, args, kwargs).
+
+  Arguments must be Python literals (`ast.literal_eval`); nothing is evaluated.
+
+  Raises:
+    ValueError: when the text is not one call of a plain name with literal arguments.
+  """
+  try:
+    node = ast.parse(text.strip(), mode="eval").body
+  except SyntaxError as e:
+    raise ValueError(f"not a call: {text!r} ({e.msg})") from None
+  if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
+    raise ValueError(f"not a call of a plain function name: {text!r}")
+  try:
+    args = tuple(ast.literal_eval(a) for a in node.args)
+    kwargs = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
+  except ValueError:
+    raise ValueError(f"call arguments are not literals: {text!r}") from None
+  if any(k is None for k in kwargs):
+    raise ValueError(f"**kwargs in a call: {text!r}")
+  return node.func.id, args, kwargs
+
+
+@functools.lru_cache(maxsize=None)
+def _class_methods(class_name: str) -> dict[str, Any]:
+  """Public method name -> the (unbound) function of a backend class."""
+  from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING
+  cls = getattr(importlib.import_module(CLASS_FILE_PATH_MAPPING[class_name]), class_name)
+  return {n: f for n, f in inspect.getmembers(cls, predicate=inspect.isfunction) if not n.startswith("_")}
+
+
+def keyword_arguments(function, args: tuple, kwargs: dict) -> dict:
+  """Positional arguments of a ground-truth call named by the function's signature (`self` skipped; tuples become
+  lists, as JSON has them)."""
+  params = list(inspect.signature(function).parameters.values())
+  names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name != "self"]
+  if len(args) > len(names):
+    raise ValueError(f"{function.__name__} takes {len(names)} positional arguments, got {len(args)}")
+  out = dict(zip(names, args))
+  out.update(kwargs)
+  return _lists(out)
+
+
+def _lists(x):
+  if isinstance(x, tuple):
+    return [_lists(v) for v in x]
+  if isinstance(x, list):
+    return [_lists(v) for v in x]
+  if isinstance(x, dict):
+    return {k: _lists(v) for k, v in x.items()}
+  return x
+
+
+def execution_error(e: Exception) -> str:
+  """BFCL's executor's text for a call that raised."""
+  return f"Error during execution: {e}"
+
+
+def ground_truth_calls(task: BfclTask, unit: int) -> list[tuple[str, dict]]:
+  """Request `unit`'s ground-truth calls as (name, keyword arguments), positional arguments named.
+
+  Raises:
+    ValueError: for a call string that does not parse or names no method of the task's backends.
+  """
+  methods = {}
+  for c in task.involved_classes:
+    methods.update(_class_methods(c))
+  out = []
+  for text in task.ground_truth[unit]:
+    name, args, kwargs = parse_python_call(text)
+    if name not in methods:
+      raise ValueError(f"{task.task_id}: ground-truth call {text!r} names no method of {task.involved_classes}")
+    out.append((name, keyword_arguments(methods[name], args, kwargs)))
+  return out
+
+
+def render_calls(calls: Sequence[tuple[str, dict]]) -> str:
+  """Calls as one assistant message of `<tool_call>` blocks (the syntax the parser reads)."""
+  return "\n".join(tool_calls.render_tool_call(name, arguments) for name, arguments in calls)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The session.
+
+
+class BfclSession:
+  """One rollout of a multi-turn task (`step` / `reward`, as `jaxcredit.rollout.multiturn.EnvLike`).
+
+  Which functions run: the prompt lists the functions available at the current request (held-out ones appear at
+  their request, excluded ones never), but, as in BFCL's own executor, any public method of the task's backends runs
+  when called; argument names are checked against its doc, values are not type-checked (BFCL's ground truth passes
+  strings where docs say integer, e.g. close_ticket(ticket_id='ticket_001')). BFCL's data needs this: in
+  multi_turn_miss_func_49 the ground truth of request 2 calls `tail`, which is held out until request 4.
+
+  `info` keys: "tool_calls" (well-formed calls dispatched), "tool_errors" (calls that gave an error observation:
+  malformed, unknown function, bad arguments, the backend raised or returned {"error": ...}), "answered" (every request
+  reached and verified), "budget_exhausted", "turns", "finish", "unit" (the current request), "unit_rewards",
+  "official_valid" (BFCL's verdict once the session ended, else None).
+  """
+
+  def __init__(self, task: BfclTask, *, max_steps_per_unit: int = 4, max_output_chars: int = 2000,
+               reward: str = "all_units", max_calls_per_message: int = 64, compact_tools: bool = False):
+    """Raises: ValueError for a limit < 1 or an unknown reward (naming the config.env.bfcl_multi_turn key)."""
+    if max_calls_per_message < 1:
+      raise ValueError(f"config.env.bfcl_multi_turn.max_calls_per_message must be >= 1, got {max_calls_per_message}")
+    if max_steps_per_unit < 1:
+      raise ValueError(f"config.env.bfcl_multi_turn.max_steps_per_unit must be >= 1, got {max_steps_per_unit}")
+    if max_output_chars < 1:
+      raise ValueError(f"config.env.bfcl_multi_turn.max_output_chars must be >= 1, got {max_output_chars}")
+    if reward not in REWARDS:
+      raise ValueError(f"config.env.bfcl_multi_turn.reward must be one of {REWARDS}, got {reward!r}")
+    self.task = task
+    self.max_steps_per_unit = int(max_steps_per_unit)
+    self.max_output_chars = int(max_output_chars)
+    self.reward_kind = reward
+    self.model_backends = make_backends(task)
+    self.truth_backends = make_backends(task)
+    self._model_methods = _methods(self.model_backends)
+    self._tools: dict[str, tool_calls.Tool] | None = None
+    self.max_calls_per_message = int(max_calls_per_message)
+    self.compact_tools = bool(compact_tools)
+    self.unit = 0
+    self.steps_in_unit = 0
+    self.calls_in_unit = 0            # well-formed calls in the current request (dispatched or not)
+    self.model_results: list[str] = []  # results of every dispatched call so far (BFCL's response list)
+    self.unit_passed: list[bool] = []
+    self.official: list[bool] = []
+    self.done = False
+    self.info: dict[str, Any] = {"tool_calls": 0, "tool_errors": 0, "answered": False, "budget_exhausted": False,
+                                 "turns": 0, "finish": None, "unit": 0, "unit_rewards": [], "official_valid": None}
+
+  def callable_tools(self) -> dict[str, tool_calls.Tool]:
+    """Every public method of the task's backends, with its doc's schema (see `BfclSession` on availability)."""
+    if self._tools is None:
+      docs = {d["name"]: d for c in self.task.involved_classes for d in _class_docs(c)}
+      self._tools = {}
+      for name, method in self._model_methods.items():
+        d = docs.get(name, {})
+        params = json_schema(d.get("parameters")) if d else {"type": "object", "properties": {
+            p: {} for p in inspect.signature(method).parameters}}
+        self._tools[name] = tool_calls.Tool(name, d.get("description", ""), params, method)
+    return self._tools
+
+  def step(self, assistant_text: str) -> spec.StepResult:
+    """Consumes one assistant message: runs its calls, or ends the current request.
+
+    Returns:
+      role "tool" with the calls' results; role "user" with the next request after a request ended; or done.
+
+    Raises:
+      RuntimeError: if the session is already done.
+    """
+    if self.done:
+      raise RuntimeError("step() called on a finished session")
+    info = self.info
+    info["turns"] += 1
+    msg = tool_calls.parse_message(assistant_text, max_calls=self.max_calls_per_message)
+    if msg.error is not None and not msg.calls:
+      info["tool_errors"] += 1
+      self.steps_in_unit += 1
+      if self.steps_in_unit >= self.max_steps_per_unit:
+        return self._end_unit()
+      return spec.StepResult(tool_calls.render_tool_response(f"error: {msg.error}"), False, dict(info), "tool")
+    if not msg.calls:
+      return self._end_unit()
+    outcomes = tool_calls.run_calls(msg.calls, self.callable_tools(), max_output_chars=self.max_output_chars,
+                                    errors_as_results=execution_error, check_types=False)
+    self.calls_in_unit += sum(o.call is not None for o in outcomes)
+    for o in outcomes:
+      if o.dispatched:
+        info["tool_calls"] += 1
+        self.model_results.append(o.result)
+      if not o.ok or o.result.startswith(("Error during execution", '{"error"')):
+        info["tool_errors"] += 1
+    self.steps_in_unit += 1
+    observation = "\n".join(tool_calls.render_tool_response(o.content) for o in outcomes)
+    if self.steps_in_unit >= self.max_steps_per_unit:
+      return self._end_unit()
+    return spec.StepResult(observation, False, dict(info), "tool")
+
+  def _end_unit(self) -> spec.StepResult:
+    passed, official = self._verify(self.unit)
+    self.unit_passed.append(passed)
+    self.official.append(official)
+    self.info["unit_rewards"] = [float(p) for p in self.unit_passed]
+    self.unit += 1
+    self.steps_in_unit = 0
+    self.calls_in_unit = 0
+    self.info["unit"] = self.unit
+    if self.unit >= self.task.num_units:
+      self.done = True
+      self.info["answered"] = True
+      self.info["finish"] = "answer"
+      self.info["official_valid"] = all(self.official)
+      return spec.StepResult(None, True, dict(self.info))
+    return spec.StepResult(self.request_text(self.unit), False, dict(self.info), "user")
+
+  def _verify(self, unit: int) -> tuple[bool, bool]:
+    """(training verdict, BFCL's official verdict) of request `unit`, running its ground truth."""
+    from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import response_checker, state_checker
+    truth_methods = _methods(self.truth_backends)
+    truth_results = []
+    for name, kwargs in ground_truth_calls(self.task, unit):
+      try:
+        truth_results.append(tool_calls.format_result(truth_methods[name](**kwargs)))
+      except Exception as e:  # noqa: BLE001 - BFCL records the error text as the result
+        truth_results.append(execution_error(e))
+    if not self.task.ground_truth[unit]:
+      return self.calls_in_unit == 0, True   # BFCL's official checker does not check these requests
+    if self.calls_in_unit == 0:
+      return False, False
+    ok = (state_checker(self.model_backends, self.truth_backends)["valid"]
+          and response_checker(self.model_results, truth_results, unit)["valid"])
+    return ok, ok
+
+  def request_text(self, unit: int) -> str:
+    """The user message of request `unit` (for a held-out-function request: the new functions, then BFCL's line)."""
+    held = dict(self.task.held_out)
+    if unit in held:
+      new = [d for d in function_docs(self.task, unit, compact=self.compact_tools) if d["name"] in held[unit]]
+      return "\n".join(json.dumps(s, ensure_ascii=False) for s in schemas(new)) + "\n" + ADDITIONAL_FUNCTIONS_PROMPT
+    return "\n".join(m["content"] for m in self.task.requests[unit] if m.get("role") == "user")
+
+  def unit_rewards(self) -> list[float]:
+    """0/1 per request reached: verified ones, then 0 for a request left unfinished when the rollout stopped."""
+    out = [float(p) for p in self.unit_passed]
+    if not self.done and self.unit < self.task.num_units:
+      out.append(0.0)
+    return out
+
+  def reward(self) -> float:
+    """1.0 when every request passed ("all_units"), or the fraction of the task's requests that passed."""
+    passed = sum(self.unit_passed)
+    if self.reward_kind == "unit_fraction":
+      return passed / self.task.num_units
+    return float(self.done and passed == self.task.num_units)
+
+
+def initial_messages(task: BfclTask, *, compact_tools: bool = False) -> list[dict]:
+  """[system (instructions + tools of request 0), user (request 0)]."""
+  system = SYSTEM_PROMPT + tool_calls.render_tools_prompt(schemas(function_docs(task, 0, compact=compact_tools)))
+  first = [m for m in task.requests[0] if m.get("role") == "user"]
+  extra_system = [m["content"] for m in task.requests[0] if m.get("role") == "system"]
+  if extra_system:
+    system = "\n\n".join(extra_system) + "\n\n" + system
+  return [{"role": "system", "content": system},
+          {"role": "user", "content": "\n".join(m["content"] for m in first)}]
+
+
+def demonstration(task: BfclTask, rng=None, *, max_calls_per_message: int = 64, **session_kwargs) -> list[dict]:
+  """The ground-truth session as a chat: per request, assistant messages holding its calls (at most
+  `max_calls_per_message` each; their results come back in one tool message each), then "Done."; a request with an
+  empty ground truth gets `REFUSAL_TEXT`. It is replayed through `BfclSession` (our parser and executor).
+
+  Raises:
+    RuntimeError: when the replay does not pass every request (a data or backend problem).
+  """
+  del rng
+  chunks = [[c[i:i + max_calls_per_message] for i in range(0, len(c), max_calls_per_message)]
+            for c in (ground_truth_calls(task, u) for u in range(task.num_units))]
+  steps = max(len(c) for c in chunks) + 1
+  session = BfclSession(task, **{**session_kwargs, "max_steps_per_unit": steps,
+                                 "max_calls_per_message": max_calls_per_message})
+  messages = initial_messages(task, compact_tools=session.compact_tools)
+  for unit in range(task.num_units):
+    for calls in chunks[unit]:
+      text = render_calls(calls)
+      messages.append({"role": "assistant", "content": text})
+      r = session.step(text)
+      if r.role != "tool" or r.done:
+        raise RuntimeError(f"{task.task_id}: request {unit}'s calls ended the request early")
+      messages.append({"role": "tool", "content": r.observation})
+    text = DONE_TEXT if chunks[unit] else REFUSAL_TEXT
+    messages.append({"role": "assistant", "content": text})
+    r = session.step(text)
+    if not r.done:
+      messages.append({"role": "user", "content": r.observation})
+  if session.reward() < 1.0:
+    raise RuntimeError(f"{task.task_id}: the ground-truth replay passed {session.unit_passed}")
+  return messages
+
+
+def privileged_info(task: BfclTask) -> str:
+  """The ground-truth calls of every request, in the tool-call syntax (what CrEST's / GEAR's teacher sees)."""
+  lines = []
+  for unit in range(task.num_units):
+    calls = ground_truth_calls(task, unit)
+    lines.append(f"Request {unit + 1}: " + (render_calls(calls) if calls else "(no call: it cannot be done)"))
+  return "\n".join(lines)
+
+
+def gold_answer_text(task: BfclTask) -> str:
+  """The first request's ground-truth calls as the next assistant message (what TRACE scores)."""
+  calls = ground_truth_calls(task, 0)
+  return render_calls(calls) if calls else REFUSAL_TEXT
+
+
+def env_metrics(envs: Sequence[BfclSession]) -> dict[str, float]:
+  """BFCL's official accuracy and the fraction of requests passed, over finished and unfinished sessions."""
+  units = [p for e in envs for p in e.unit_rewards()]
+  return {"bfcl_official_accuracy": sum(bool(e.done and all(e.official)) for e in envs) / max(1, len(envs)),
+          "bfcl_unit_pass_rate": sum(units) / max(1, len(units))}
+
+
+def env_spec(*, categories: Sequence[str] = CATEGORIES, max_turns: int = 16, max_steps_per_unit: int = 4,
+             max_output_chars: int = 2000, reward: str = "all_units", max_calls_per_message: int = 64,
+             compact_tools: bool = False) -> spec.EnvSpec:
+  """The BFCL multi-turn `EnvSpec` (config keys: config.env.bfcl_multi_turn.*).
+
+  Raises:
+    ValueError: for an unknown category or reward, or a limit < 1 (naming the config key).
+  """
+  categories = tuple(c.strip() for c in categories if c.strip())
+  for c in categories:
+    if c not in CATEGORIES:
+      raise ValueError(f"config.env.bfcl_multi_turn.categories: unknown category {c!r}; known: "
+                       f"{', '.join(CATEGORIES)}")
+  if not categories:
+    raise ValueError("config.env.bfcl_multi_turn.categories is empty")
+  if max_turns < 1:
+    raise ValueError(f"config.env.bfcl_multi_turn.max_turns must be >= 1, got {max_turns}")
+  session_kwargs = {"max_steps_per_unit": max_steps_per_unit, "max_output_chars": max_output_chars,
+                    "reward": reward, "max_calls_per_message": max_calls_per_message,
+                    "compact_tools": compact_tools}
+  if reward not in REWARDS or min(max_steps_per_unit, max_output_chars, max_calls_per_message) < 1:
+    BfclSession(load_tasks(("base",))[0], **session_kwargs)  # raises the named error
+  return spec.EnvSpec(
+      make_tasks=lambda split, num, seed: make_tasks(split, num, seed, categories=categories),
+      make_env=lambda task: BfclSession(task, **session_kwargs),
+      initial_messages=lambda task: initial_messages(task, compact_tools=compact_tools),
+      stop_strings=(),
+      max_turns=int(max_turns),
+      is_success=lambda r: r >= 1.0,
+      demonstration=lambda task, rng: demonstration(task, rng, max_output_chars=max_output_chars,
+                                                    max_calls_per_message=max_calls_per_message,
+                                                    compact_tools=compact_tools),
+      gold_answer_text=gold_answer_text,
+      privileged_info=privileged_info,
+      unit_rewards=lambda env: env.unit_rewards(),
+      tools=lambda task: schemas(function_docs(task, task.num_units)),
+      metrics=env_metrics,
+  )
