@@ -11,6 +11,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -18,3 +19,14 @@ settings.register_profile(
 settings.register_profile(
     "ci", max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+def pytest_collection_modifyitems(config, items):
+  """Tests marked `slow` (minutes of a real model on long prompts) run when JAXCREDIT_RUN_SLOW=1, as .ci/run sets
+  it; `pytest -m slow` selects them alone."""
+  if os.environ.get("JAXCREDIT_RUN_SLOW") == "1" or "slow" in (config.getoption("-m") or ""):
+    return
+  skip = pytest.mark.skip(reason="slow: set JAXCREDIT_RUN_SLOW=1 (CI does) or run pytest -m slow")
+  for item in items:
+    if "slow" in item.keywords:
+      item.add_marker(skip)

@@ -554,7 +554,8 @@ class Decoder(nnx.Module):
     def hidden_states(self, tokens_BxL: jax.Array, *, positions_BxL: jax.Array | None = None,
                       token_mask_BxL: jax.Array | None = None,
                       cache: KVCache | None = None, segment_ids_BxL: jax.Array | None = None,
-                      prefix_limit_BxL: jax.Array | None = None) -> tuple[jax.Array, KVCache | None]:
+                      prefix_limit_BxL: jax.Array | None = None,
+                      cache_is_empty: bool = False) -> tuple[jax.Array, KVCache | None]:
         """Runs the blocks and the final norm.
 
         Args:
@@ -580,6 +581,9 @@ class Decoder(nnx.Module):
           prefix_limit_BxL: int, per token of a segment k >= 1 the number of prefix slots it may attend to (slots
             [0, limit)); ignored on segment 0. Default: 0 (segments see only themselves). Only with
             segment_ids_BxL.
+          cache_is_empty: static; the caller promises the cache holds nothing yet (index 0, no real slot: a
+            prefill). The L tokens then attend only to each other with the cache-free attention (chunked for long
+            prompts: never a [L, capacity] score matrix) and their keys/values are written to the cache as usual.
 
         Packed (segment) calls always run the "full" attention, whatever cfg.attention_impl says: the chunked and
         splash kernels know only a causal-and-padding mask (splash's segment ids cannot express "also the prefix up
@@ -680,13 +684,24 @@ class Decoder(nnx.Module):
             # the L new keys/values without writing them into a copy of the slice, and emits only the new
             # keys/values. One dynamic_update_slice after the scan writes them into the [N, ...] cache, in place
             # when the caller donates it. Carrying the whole cache through the scan cost a full copy per layer.
+            fresh_impl = attention_impl(cfg, l) if cache_is_empty else None
+
             def body(x_BxLxD, layer):
                 p, k_cache_BxSxKxDh, v_cache_BxSxKxDh = layer
                 q_BxLxHxDh, k_BxLxKxDh, v_BxLxKxDh = _qkv(cfg, x_BxLxD, p, cos_BxLxDh, sin_BxLxDh)
                 k_new = k_BxLxKxDh.astype(k_cache_BxSxKxDh.dtype)
                 v_new = v_BxLxKxDh.astype(v_cache_BxSxKxDh.dtype)
-                attn_BxLxHxDh = two_part_attention(q_BxLxHxDh, k_cache_BxSxKxDh, v_cache_BxSxKxDh, mask_old_BxLxS,
-                                                   k_BxLxKxDh, v_BxLxKxDh, mask_new_BxLxL)
+                if fresh_impl == "chunked":
+                    attn_BxLxHxDh = chunked_causal_attention(q_BxLxHxDh, k_BxLxKxDh, v_BxLxKxDh, token_mask_BxL,
+                                                             cfg.attention_chunk)
+                elif fresh_impl == "splash":
+                    from jaxcredit.models.splash import splash_causal_attention
+                    attn_BxLxHxDh = splash_causal_attention(q_BxLxHxDh, k_BxLxKxDh, v_BxLxKxDh, token_mask_BxL)
+                elif fresh_impl is not None:
+                    attn_BxLxHxDh = attention(q_BxLxHxDh, k_BxLxKxDh, v_BxLxKxDh, mask_new_BxLxL)
+                else:
+                    attn_BxLxHxDh = two_part_attention(q_BxLxHxDh, k_cache_BxSxKxDh, v_cache_BxSxKxDh,
+                                                       mask_old_BxLxS, k_BxLxKxDh, v_BxLxKxDh, mask_new_BxLxL)
                 return _finish(cfg, x_BxLxD, p, attn_BxLxHxDh), (k_new, v_new)
 
             if cfg.remat:

@@ -165,7 +165,7 @@ def _prefill(graphdef, traces, state, cache, tokens_BxP, mask_BxP):
     # would spend seconds constant-folding attention over its all-masked slots.
     positions_BxP = jnp.maximum(jnp.cumsum(mask_BxP.astype(jnp.int32), axis=-1) - 1, 0)
     h_BxPxD, cache = model.hidden_states(tokens_BxP, positions_BxL=positions_BxP, token_mask_BxL=mask_BxP,
-                                         cache=cache)
+                                         cache=cache, cache_is_empty=True)
     # Only the last position's logits are needed: skipping the head on the other P-1 saves a [P, D] x [D, V]
     # matmul and a [B, P, V] buffer. Left padding puts every row's last prompt token there.
     return model.logits(h_BxPxD[:, -1]).astype(jnp.float32), cache

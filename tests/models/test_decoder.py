@@ -215,3 +215,32 @@ def test_bfloat16_runs_with_float32_logits_and_cache_errors():
         model(jnp.asarray([[1], [2]], jnp.int32), cache=cache)
     with pytest.raises(ValueError, match="max_len"):
         init_cache(model.cfg, 1, 0)
+
+
+@pytest.mark.parametrize("attention_impl, chunk", [("full", 512), ("chunked", 4)])
+def test_prefill_into_an_empty_cache_equals_the_two_part_path(attention_impl, chunk):
+    """cache_is_empty=True (the sampler's prefill) attends among the new tokens only, with the cache-free attention
+    (chunked for long prompts: no [L, capacity] scores); its logits, cache and the decode after it are unchanged."""
+    import dataclasses
+    import functools
+    model = make(qk_norm=True)
+    randomize_norms(model)
+    model.cfg = dataclasses.replace(model.cfg, attention_impl=attention_impl, attention_chunk=chunk)
+    graphdef, state = nnx.split(model)
+    rng = np.random.default_rng(1)
+    tokens = rng.integers(1, BASE["vocab_size"], (2, 11)).astype(np.int32)
+    mask = np.ones((2, 11), bool)
+    mask[0, :3] = False
+
+    @functools.partial(jax.jit, static_argnums=2)
+    def prefill(state, cache, empty):
+        m = nnx.merge(graphdef, state)
+        h, cache = m.hidden_states(jnp.asarray(tokens), token_mask_BxL=jnp.asarray(mask), cache=cache,
+                                   cache_is_empty=empty)
+        return m.logits(h), cache
+
+    outs = [prefill(state, init_cache(model.cfg, 2, 32), empty) for empty in (False, True)]
+    np.testing.assert_allclose(np.asarray(outs[0][0])[mask], np.asarray(outs[1][0])[mask], atol=1e-5, rtol=0)
+    np.testing.assert_allclose(np.asarray(outs[0][1].k_NxBxSxKxDh), np.asarray(outs[1][1].k_NxBxSxKxDh),
+                               atol=1e-5, rtol=0)
+    np.testing.assert_array_equal(np.asarray(outs[0][1].mask_BxS), np.asarray(outs[1][1].mask_BxS))

@@ -1,0 +1,108 @@
+"""Environments and rollout files in the trainer: the README's one-file environment trains; exported rollouts, shuffled,
+get from `jaxcredit credit` the advantages the trainer computed for them."""
+
+import itertools
+import json
+import os
+import random
+import re
+
+import numpy as np
+import pytest
+
+from jaxcredit import cli
+from jaxcredit.envs import ENVS
+from jaxcredit.rollout import jsonl
+from jaxcredit.train import trainer
+
+from tests.integration.test_every_method_trains import ROOT, _config, _rl_rows, tiny  # noqa: F401 - fixture
+
+
+def _readme_block(title: str) -> str:
+  with open(os.path.join(ROOT, "README.md")) as f:
+    text = f.read()
+  after = text[text.index(title):]
+  return re.search(r"```python\n(.*?)```", after, re.S).group(1)
+
+
+def test_the_readme_environment_is_one_file_and_trains(tiny, tmp_path):
+  (tmp_path / "reverse_word.py").write_text(_readme_block("**Your own environment**"))
+  try:
+    c = _config("reverse_word", tmp_path / "run", tiny, config_dir=str(tmp_path))
+    assert c.env.name == "reverse_word" and c.env.reverse_word.max_turns == 3
+    c.total_steps = 1
+    c.env.num_train_tasks = 4
+    trainer.train(c)
+    rows = _rl_rows(c.workdir)
+    assert len(rows) == 1 and rows[0]["action_tokens"] > 0 and np.isfinite(rows[0]["loss"])
+  finally:
+    ENVS.pop("reverse_word", None)
+
+
+@pytest.fixture
+def alternating_rewards(monkeypatch):
+  """A random tiny model never solves a task: rollouts get rewards 1, 0, 1, 0, ... in creation order instead, so
+  groups have advantages to compare."""
+  from jaxcredit.envs.arithmetic import ArithmeticEnv
+  counter = itertools.count()
+  init = ArithmeticEnv.__init__
+
+  def init_with_reward(self, *args, **kwargs):
+    init(self, *args, **kwargs)
+    self.test_reward = float(next(counter) % 2)
+
+  monkeypatch.setattr(ArithmeticEnv, "__init__", init_with_reward)
+  monkeypatch.setattr(ArithmeticEnv, "reward", lambda self: self.test_reward)
+
+
+@pytest.mark.parametrize("method", ["trace", "gigpo"])
+def test_credit_on_shuffled_exported_rollouts_matches_the_trainer(method, tiny, tmp_path, alternating_rewards):
+  c = _config(method, tmp_path / "run", tiny)
+  c.total_steps = 1
+  c.rollout.prompts_per_step = 2
+  c.rollout.group_size = 3
+  c.rollout.export_jsonl = True
+  trainer.train(c)
+  exported = jsonl.read_jsonl(os.path.join(c.workdir, "rollouts", "step_1.jsonl"))
+  assert len(exported) == 6 and all(r["method"] == method for r in exported)
+  assert sorted(r["group_id"] for r in exported) == [0, 0, 0, 1, 1, 1]
+  assert any(any(a != 0 for a in r["advantages"]) for r in exported)
+
+  shuffled = [{k: v for k, v in r.items() if k not in ("advantages", "turn_advantages", "method")}
+              for r in exported]
+  random.Random(0).shuffle(shuffled)
+  assert [r["group_id"] for r in shuffled] != sorted(r["group_id"] for r in shuffled)   # not group-major
+  src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+  jsonl.write_jsonl(src, shuffled)
+  argv = ["jaxcredit", "credit", "--config", os.path.join(ROOT, "configs", f"{method}.py"), "--in", str(src),
+          "--out", str(out), f"--config.workdir={c.workdir}", f"--config.model.source={c.model.source}",
+          f"--config.model.cache_dir={c.model.cache_dir}", f"--config.sampling.max_len={c.sampling.max_len}",
+          f"--config.teacher.max_len={c.teacher.max_len}", f"--config.env.num_train_tasks={c.env.num_train_tasks}",
+          "--config.eval.num_tasks=4", f"--config.train.length_bucket={c.train.length_bucket}",
+          f"--config.compilation_cache_dir={c.compilation_cache_dir}"]
+  assert cli.main(argv) == 0
+  credited = {r["rollout_id"]: r for r in jsonl.read_jsonl(out)}
+  for r in exported:
+    np.testing.assert_allclose(credited[r["rollout_id"]]["advantages"], r["advantages"], atol=2e-5, rtol=0)
+    assert credited[r["rollout_id"]]["method"] == method
+
+
+def test_credit_refuses_small_groups_and_unknown_tasks(tiny, tmp_path):
+  c = _config("trace", tmp_path / "run", tiny)
+  c.total_steps = 1
+  c.rollout.export_jsonl = True
+  trainer.train(c)
+  records = jsonl.read_jsonl(os.path.join(c.workdir, "rollouts", "step_1.jsonl"))
+  lonely = [dict(records[0], group_id="alone")] + records[1:]
+  jsonl.write_jsonl(tmp_path / "lonely.jsonl", lonely)
+  with pytest.raises(ValueError, match="groups of at least 2"):
+    trainer.credit_file(c, str(tmp_path / "lonely.jsonl"), str(tmp_path / "o.jsonl"))
+  unknown = [dict(r, task_id="no/such/task") for r in records]
+  jsonl.write_jsonl(tmp_path / "unknown.jsonl", unknown)
+  with pytest.raises(ValueError, match="no/such/task"):
+    trainer.credit_file(c, str(tmp_path / "unknown.jsonl"), str(tmp_path / "o.jsonl"))
+  assert not os.path.exists(tmp_path / "o.jsonl")
+  bad = tmp_path / "bad.jsonl"
+  bad.write_text(json.dumps(records[0]) + "\n{not json\n")
+  assert cli.main(["jaxcredit", "credit", "--config", os.path.join(ROOT, "configs", "trace.py"), "--in", str(bad),
+                   "--out", str(tmp_path / "o.jsonl")]) == 2
