@@ -114,8 +114,9 @@ def render_tool_call(name: str, arguments: Mapping[str, Any]) -> str:
     TypeError: if `arguments` is not JSON-serializable.
   """
   payload = json.dumps({"name": name, "arguments": dict(arguments)})
-  # "</" inside strings is written "<\/" (valid JSON for "</"), so a value can never close the tag early
-  return TOOL_CALL_OPEN + payload.replace("</", "<\\/") + TOOL_CALL_CLOSE
+  # "<" inside strings is written "\u003c" (valid JSON for "<"), so a value can never close the tag early or open
+  # a think block
+  return TOOL_CALL_OPEN + payload.replace("<", "\\u003c") + TOOL_CALL_CLOSE
 
 
 def render_tool_response(content: str) -> str:

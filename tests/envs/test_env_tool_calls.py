@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jaxcredit.envs import tool_calls as tc
@@ -150,3 +150,70 @@ def test_render_tool_response_and_answer():
 ])
 def test_extract_answer(text, expected):
   assert tc.extract_answer(text) == expected
+
+
+# --- parse_message: several calls, think blocks, fuzzing -------------------------------------------------------
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-10**12, 10**12) | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=12)
+_CALLS = st.tuples(st.text(min_size=1, max_size=24), st.dictionaries(st.text(max_size=12), _JSON_VALUES, max_size=5))
+
+
+def _near_valid(draw_text: str, mutation: int, pos: int) -> str:
+  """A valid call text damaged by one edit: a character dropped, a brace or quote added, a tag cut."""
+  pos = pos % (len(draw_text) + 1)
+  if mutation == 0:
+    return draw_text[:pos] + draw_text[pos + 1:]
+  if mutation == 1:
+    return draw_text[:pos] + "{" + draw_text[pos:]
+  if mutation == 2:
+    return draw_text[:pos] + '"' + draw_text[pos:]
+  if mutation == 3:
+    return draw_text[:pos]
+  return draw_text.replace(tc.TOOL_CALL_CLOSE, "", 1)
+
+
+@settings(max_examples=2500, deadline=None)
+@given(calls=st.lists(_CALLS, min_size=1, max_size=4), noise=st.text(max_size=30), think=st.booleans(),
+       mutation=st.integers(0, 5), pos=st.integers(0, 10**6), raw=st.text(max_size=200))
+def test_fuzz_parse_message_never_raises_and_valid_calls_round_trip(calls, noise, think, mutation, pos, raw):
+  text = noise.replace("<", "(") + "".join(tc.render_tool_call(n, a) for n, a in calls)
+  hidden = tc.render_tool_call("hidden", {"x": 1})
+  msg = tc.parse_message(("<think>" + hidden + "</think>" if think else "") + text)
+  assert [(p.call.name, p.call.arguments) for p in msg.calls] == [(n, a) for n, a in calls]
+  assert msg.error is None
+  for s in (_near_valid(text, mutation, pos), raw, tc.TOOL_CALL_OPEN + raw, "<think>" + raw):
+    m = tc.parse_message(s)      # never raises; every entry is a call or an error
+    assert all((p.call is None) != (p.error is None) for p in m.calls)
+    tc.run_calls(m.calls, {})    # unknown tools and parse errors become observations
+
+
+def test_parse_message_reads_every_call_outside_think_blocks():
+  text = ("<think>" + tc.render_tool_call("a", {}) + "</think>first " + tc.render_tool_call("b", {"x": 1})
+          + " then " + tc.render_tool_call("c", {"s": "\u00e9\u4e2d"}) + "<tool_call>{bad}</tool_call>"
+          + '<tool_call>{"name": "d", "arguments": "{\\"k\\": 2}"}')
+  msg = tc.parse_message(text)
+  assert [p.call.name if p.call else p.error.split(" (")[0] for p in msg.calls] == [
+      "b", "c", "tool call is not valid JSON", "d"]
+  assert msg.calls[1].call.arguments == {"s": "\u00e9\u4e2d"} and msg.calls[3].call.arguments == {"k": 2}
+  many = tc.parse_message(tc.render_tool_call("f", {}) * 5, max_calls=3)
+  assert [p.error for p in many.calls[3:]] == ["too many tool calls in one message (max 3)"] * 2
+
+
+def test_run_calls_checks_the_schema():
+  tool = tc.Tool("add", "adds", {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "number"}},
+                                 "required": ["a"]}, lambda a, b=0: a + b)
+  calls = tc.parse_message("".join(tc.render_tool_call("add", args) for args in (
+      {"a": 1, "b": 2.5}, {"b": 1}, {"a": 1, "c": 2}, {"a": "1"}, {"a": True}))).calls
+  out = tc.run_calls(calls, {"add": tool})
+  assert out[0].content == "3.5" and out[0].ok and out[0].dispatched
+  assert [o.content for o in out[1:]] == [
+      "error: add: missing required argument(s): 'a'", "error: add: unexpected argument(s): 'c' (known: a, b)",
+      "error: add: argument 'a' must be of type integer, got str",
+      "error: add: argument 'a' must be of type integer, got a boolean"]
+  assert not any(o.dispatched for o in out[1:])
+  lenient = tc.run_calls(calls[3:4], {"add": tool}, check_types=False, errors_as_results=lambda e: f"E: {e}")
+  assert lenient[0].dispatched and lenient[0].content.startswith("E: ")   # "1" + 0 raised inside the tool
