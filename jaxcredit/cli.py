@@ -121,11 +121,15 @@ def _credit(command: str, args: list[str]) -> int:
     else:
       paths[key], i = a.split("=", 1)[1], i + 1
   for key in ("--in", "--out"):
-    if not paths.get(key):
-      print(f"jaxcredit {command}: {key} is required\n\n{_usage()}", file=sys.stderr)
+    if not paths.get(key) or paths[key].startswith("--"):
+      print(f"jaxcredit {command}: {key} needs a path\n\n{_usage()}", file=sys.stderr)
       return 2
   if not os.path.isfile(paths["--in"]):
-    print(f"jaxcredit {command}: --in file not found: {paths['--in']}", file=sys.stderr)
+    what = "is a directory, not a file" if os.path.isdir(paths["--in"]) else "not found"
+    print(f"jaxcredit {command}: --in {paths['--in']}: {what}", file=sys.stderr)
+    return 2
+  if os.path.isdir(paths["--out"]):
+    print(f"jaxcredit {command}: --out {paths['--out']} is a directory; give a file path", file=sys.stderr)
     return 2
   config = _load_config(command, rest)
   if isinstance(config, int):
@@ -134,7 +138,7 @@ def _credit(command: str, args: list[str]) -> int:
 
   try:
     info = trainer.credit_file(config, paths["--in"], paths["--out"])
-  except (ValueError, FileNotFoundError) as e:
+  except (ValueError, OSError) as e:
     print(f"jaxcredit {command}: error: {e}", file=sys.stderr)
     return 2
   print(f"[jaxcredit] {info['method']} advantages of {info['rollouts']} rollouts ({info['groups']} groups) -> "

@@ -46,6 +46,16 @@ def _plain_tokenizer(tok, hf):
   return plain
 
 
+def clean_text(text: str) -> str:
+  """`text` with lone UTF-16 surrogates (which no tokenizer accepts; a tool may echo one a model wrote as a JSON
+  escape) replaced by U+FFFD; surrogate pairs become their character. Valid text is returned unchanged."""
+  try:
+    text.encode("utf-8")
+    return text
+  except UnicodeEncodeError:
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
 def encode_plain(tok, text: str) -> list[int]:
   """Token ids of `text` read as plain text: a control-token string in it (e.g. "<|im_end|>") is split into
   ordinary tokens instead of mapping to the control token's id. No BOS/EOS is added."""
@@ -126,7 +136,7 @@ def encode_chat(tok, messages: Sequence[Mapping[str, Any]], add_generation_promp
                                                      add_generation_prompt=add_generation_prompt)))
     out.append(text[pos:at])
     start = sum(len(x) for x in out)
-    content = str(m.get("content", ""))
+    content = clean_text(str(m.get("content", "")))
     out.append(content)
     spans.append((start, start + len(content)))
     pos = at + len(_MESSAGE.format(i))

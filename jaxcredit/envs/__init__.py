@@ -54,7 +54,7 @@ def _bfcl_multi_turn(c) -> EnvSpec:
                                   max_steps_per_unit=int(c.max_steps_per_unit),
                                   max_output_chars=int(c.max_output_chars), reward=str(c.reward),
                                   max_calls_per_message=int(c.max_calls_per_message),
-                                  compact_tools=bool(c.compact_tools))
+                                  compact_tools=bool(c.compact_tools), classes=str(c.classes).split(","))
 
 
 def _bfcl_single(c) -> EnvSpec:
@@ -83,7 +83,8 @@ ENVS: dict[str, Env] = {
     "bfcl_multi_turn": Env(
         _bfcl_multi_turn,
         {"categories": "base,miss_func,miss_param,long_context", "max_turns": 16, "max_steps_per_unit": 4,
-         "max_output_chars": 2000, "reward": "all_units", "max_calls_per_message": 64, "compact_tools": False},
+         "max_output_chars": 2000, "reward": "all_units", "max_calls_per_message": 64, "compact_tools": False,
+         "classes": ""},
         "BFCL V3 multi-turn sessions on BFCL's backends; one verified unit per user request (BFCL's checkers)"),
     "bfcl_single": Env(_bfcl_single, {"categories": "simple,multiple,parallel,parallel_multiple"},
                        "BFCL single-turn function calling; reward: BFCL's AST checker"),

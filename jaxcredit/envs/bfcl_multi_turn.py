@@ -147,25 +147,37 @@ def _is_eval(task_id: str) -> bool:
   return int(hashlib.sha256(task_id.encode()).hexdigest(), 16) % EVAL_EVERY == 0
 
 
+BACKENDS = ("GorillaFileSystem", "MathAPI", "MessageAPI", "TwitterAPI", "TicketAPI", "TradingBot", "TravelAPI",
+            "VehicleControlAPI")
+
+
 def make_tasks(split: str, num: int | None = None, seed: int | None = None, *,
-               categories: Sequence[str] = CATEGORIES) -> list[BfclTask]:
+               categories: Sequence[str] = CATEGORIES, classes: Sequence[str] = ()) -> list[BfclTask]:
   """Tasks of one split: eval is a fixed tenth (by a hash of the id), train the rest, shuffled by `seed`.
 
+  Args:
+    classes: when given, only sessions whose backends are all among these classes (e.g. ("TradingBot",) for short
+      prompts); empty: every session.
+
   Raises:
-    ValueError: unknown split or category, or `num` larger than the split (naming config.env.num_train_tasks or
-      config.eval.num_tasks).
+    ValueError: unknown split, category or class, or `num` larger than the split (naming config.env.num_train_tasks
+      or config.eval.num_tasks).
   """
   if split not in ("train", "eval"):
     raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
-  pool = [t for t in load_tasks(tuple(categories)) if _is_eval(t.task_id) == (split == "eval")]
+  unknown = [c for c in classes if c not in BACKENDS]
+  if unknown:
+    raise ValueError(f"config.env.bfcl_multi_turn.classes: unknown backend(s) {unknown}; known: {', '.join(BACKENDS)}")
+  pool = [t for t in load_tasks(tuple(categories)) if _is_eval(t.task_id) == (split == "eval")
+          and (not classes or set(t.involved_classes) <= set(classes))]
   if split == "train":
     import random
     random.Random(0 if seed is None else int(seed)).shuffle(pool)
   num = len(pool) if num is None else int(num)
   if not 0 <= num <= len(pool):
     key = "config.env.num_train_tasks" if split == "train" else "config.eval.num_tasks"
-    raise ValueError(f"{key}={num}, but the BFCL multi-turn {split} split of {list(categories)} has {len(pool)} "
-                     f"tasks")
+    raise ValueError(f"{key}={num}, but the BFCL multi-turn {split} split of {list(categories)}"
+                     + (f" on {list(classes)}" if classes else "") + f" has {len(pool)} tasks")
   return pool[:num]
 
 
@@ -473,9 +485,11 @@ class BfclSession:
     return "\n".join(m["content"] for m in self.task.requests[unit] if m.get("role") == "user")
 
   def unit_rewards(self) -> list[float]:
-    """0/1 per request reached: verified ones, then 0 for a request left unfinished when the rollout stopped."""
+    """0/1 per request the policy acted in: the verified ones, then 0 for a request it had started (made at least
+    one call message in) when the rollout stopped. A request shown with no turn left to act is not a unit of the
+    rollout (no token of it would carry its credit); the outcome reward still counts it as not passed."""
     out = [float(p) for p in self.unit_passed]
-    if not self.done and self.unit < self.task.num_units:
+    if not self.done and self.unit < self.task.num_units and self.steps_in_unit > 0:
       out.append(0.0)
     return out
 
@@ -555,7 +569,7 @@ def env_metrics(envs: Sequence[BfclSession]) -> dict[str, float]:
 
 def env_spec(*, categories: Sequence[str] = CATEGORIES, max_turns: int = 16, max_steps_per_unit: int = 4,
              max_output_chars: int = 2000, reward: str = "all_units", max_calls_per_message: int = 64,
-             compact_tools: bool = False) -> spec.EnvSpec:
+             compact_tools: bool = False, classes: Sequence[str] = ()) -> spec.EnvSpec:
   """The BFCL multi-turn `EnvSpec` (config keys: config.env.bfcl_multi_turn.*).
 
   Raises:
@@ -570,13 +584,15 @@ def env_spec(*, categories: Sequence[str] = CATEGORIES, max_turns: int = 16, max
     raise ValueError("config.env.bfcl_multi_turn.categories is empty")
   if max_turns < 1:
     raise ValueError(f"config.env.bfcl_multi_turn.max_turns must be >= 1, got {max_turns}")
+  classes = tuple(c.strip() for c in classes if c.strip())
+  make_tasks("eval", 0, None, categories=categories, classes=classes)  # refuses unknown classes by name
   session_kwargs = {"max_steps_per_unit": max_steps_per_unit, "max_output_chars": max_output_chars,
                     "reward": reward, "max_calls_per_message": max_calls_per_message,
                     "compact_tools": compact_tools}
   if reward not in REWARDS or min(max_steps_per_unit, max_output_chars, max_calls_per_message) < 1:
     BfclSession(load_tasks(("base",))[0], **session_kwargs)  # raises the named error
   return spec.EnvSpec(
-      make_tasks=lambda split, num, seed: make_tasks(split, num, seed, categories=categories),
+      make_tasks=lambda split, num, seed: make_tasks(split, num, seed, categories=categories, classes=classes),
       make_env=lambda task: BfclSession(task, **session_kwargs),
       initial_messages=lambda task: initial_messages(task, compact_tools=compact_tools),
       stop_strings=(),

@@ -313,7 +313,7 @@ def parse_message(text: str, *, max_calls: int = 16, max_call_chars: int = 20_00
 
   Each `<tool_call>...</tool_call>` (the last may be unclosed: generation cut short) holds a JSON object with a
   "name" string and "arguments" (an object, a JSON string holding one, or absent). Calls past `max_calls` are
-  reported as errors, never run.
+  reported as one error, never run.
 
   Args:
     text: one decoded assistant message.
@@ -334,9 +334,11 @@ def parse_message(text: str, *, max_calls: int = 16, max_call_chars: int = 20_00
     end = visible.find(TOOL_CALL_CLOSE, body)
     stop = len(visible) if end < 0 else end
     if len(calls) >= max_calls:
-      calls.append(ParsedToolCall(None, f"too many tool calls in one message (max {max_calls})", start))
-    else:
-      calls.append(_parse_payload(visible[body:stop].strip(), start, max_call_chars))
+      rest = visible.count(TOOL_CALL_OPEN, start)
+      calls.append(ParsedToolCall(None, f"too many tool calls in one message: {rest} past the first {max_calls} "
+                                        f"were not run", start))
+      break
+    calls.append(_parse_payload(visible[body:stop].strip(), start, max_call_chars))
     pos = len(visible) if end < 0 else end + len(TOOL_CALL_CLOSE)
   return ParsedMessage(calls=tuple(calls), answer=extract_answer(visible), error=error, visible=visible)
 

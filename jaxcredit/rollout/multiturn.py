@@ -15,6 +15,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 import jax
 
+from jaxcredit.plain_text import clean_text
 from jaxcredit.rollout.chat_format import ChatFormat, ChatTokenizerLike, encode_chat
 from jaxcredit.trajectory import RolloutBuilder
 
@@ -118,8 +119,9 @@ def run_rollouts(
       role = getattr(result, "role", "tool")
       if role == "user":
         builders[i].next_unit()
-      messages[i].append({"role": role, "content": result.observation})
-      builders[i].append_context(fmt.observation_ids(tok, result.observation, emitted_eos, role))
+      observation = clean_text(result.observation)
+      messages[i].append({"role": role, "content": observation})
+      builders[i].append_context(fmt.observation_ids(tok, observation, emitted_eos, role))
       builders[i].mark_boundary()
   return [
       RolloutResult(builder=builders[i], env=envs[i], reward=float(envs[i].reward()), finish=finish[i],

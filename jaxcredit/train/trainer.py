@@ -134,6 +134,8 @@ def build(config: ml_collections.ConfigDict, *, write_config: bool = True) -> Ru
   if config.sft.steps > 0 and env.demonstration is None:
     raise ValueError(f"config.sft.steps={config.sft.steps}, but environment {config.env.name!r} has no "
                      f"demonstrations for a warm start; set config.sft.steps=0")
+  train_tasks = env.make_tasks("train", config.env.num_train_tasks, config.seed)  # bad sizes fail before the load
+  eval_tasks = env.make_tasks("eval", config.eval.num_tasks, None)
   t0 = time.time()
   model, _ = load(source, cache_dir=cache_dir, dtype=config.model.dtype or None, mesh=mesh,
                   config_overrides=model_overrides_dict(config))
@@ -143,8 +145,6 @@ def build(config: ml_collections.ConfigDict, *, write_config: bool = True) -> Ru
   p_sh = sharding.param_shardings(params, mesh, param_logical_axes(model.cfg))
   params = jax.device_put(params, p_sh)
   sampler = _make_sampler(config, model, tok)
-  train_tasks = env.make_tasks("train", config.env.num_train_tasks, config.seed)
-  eval_tasks = env.make_tasks("eval", config.eval.num_tasks, None)
   teacher = _load_teacher(config, mesh, tok, model.cfg)
   if write_config:
     ckpt_lib.check_or_write_config(config.workdir, config.to_dict())
@@ -457,6 +457,10 @@ def _task_id(task) -> str | None:
   return None
 
 
+MAX_CREDIT_TURNS = 4096
+"""The most turns a rollout of a `jaxcredit credit` file may have (the per-turn arrays are [B, T])."""
+
+
 def credit_file(config: ml_collections.ConfigDict, in_path: str, out_path: str) -> dict:
   """Computes the config's method's advantages for rollouts made elsewhere (`jaxcredit credit`).
 
@@ -480,8 +484,18 @@ def credit_file(config: ml_collections.ConfigDict, in_path: str, out_path: str) 
   if not records:
     raise ValueError(f"{in_path} holds no rollouts")
   env = make_env_spec(c.env)
-  max_turns = max(env.max_turns, max(jsonl_lib.record_to_builder(r).num_turns for r in records))
-  traj, groups = None, None
+  turns = {r["rollout_id"]: jsonl_lib.record_to_builder(r).num_turns for r in records}
+  if len(turns) != len(records):
+    seen, dup = set(), None
+    for r in records:
+      dup = r["rollout_id"] if r["rollout_id"] in seen else dup
+      seen.add(r["rollout_id"])
+    raise ValueError(f"{in_path}: rollout_id {dup!r} appears more than once (rollout ids must be unique)")
+  longest = max(turns, key=turns.get)
+  if turns[longest] > max(env.max_turns, MAX_CREDIT_TURNS):
+    raise ValueError(f"{in_path}: rollout {longest!r} has num_turns={turns[longest]}, more than the environment's "
+                     f"max_turns ({env.max_turns}) and the {MAX_CREDIT_TURNS} a credit run accepts")
+  max_turns = max(env.max_turns, turns[longest])
   sizes = {}
   for r in records:
     sizes[r["group_id"]] = sizes.get(r["group_id"], 0) + 1

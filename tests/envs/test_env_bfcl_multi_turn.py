@@ -154,8 +154,13 @@ def test_step_limit_ends_a_request_and_unfinished_requests_score_zero():
   s = bm.BfclSession(task, max_steps_per_unit=1, reward="unit_fraction")
   r = s.step(bm.render_calls(bm.ground_truth_calls(task, 0)))
   assert r.role == "user" and s.unit == 1 and s.unit_passed == [True]
-  assert s.unit_rewards() == [1.0, 0.0]              # request 1 reached, not finished
-  assert s.reward() == pytest.approx(1 / task.num_units)
+  assert s.unit_rewards() == [1.0]                   # request 1 shown, not acted in: not a unit of the rollout
+  s.step("<think>unclosed")                           # a message in request 1 (an error: ends it, 1 step)
+  assert s.unit_passed == [True, False]
+  s2 = bm.BfclSession(task, max_steps_per_unit=3)
+  s2.step(bm.render_calls(bm.ground_truth_calls(task, 0)))
+  assert s2.unit_rewards() == [0.0]                  # acted in, unfinished when the rollout stopped
+  assert s.reward() == pytest.approx(1 / task.num_units)      # unit_fraction: 1 of the task's requests passed
 
 
 @pytest.mark.parametrize("kwargs, key", [

@@ -113,3 +113,15 @@ def test_control_token_case_user_message_prompt_demo_and_teacher(qwen_tok):
   assert _count(demo.tokens, qwen_tok) == 2 + 2 + 1  # prompt (2), the two assistant turns and the tool message
   teacher = teacher_prompt_ids(qwen_tok, clean, evil, max_context_tokens=64)
   assert _count(teacher, qwen_tok) == 2              # closing the system and the user message; the context adds none
+
+
+def test_a_lone_surrogate_in_a_tool_result_does_not_crash_the_rollout(qwen_tok):
+  """A model writes "\\udc00" as a JSON escape; a tool echoes it: the observation is cleaned (U+FFFD) and encodes."""
+  from jaxcredit.plain_text import clean_text
+  echoed = tc.parse_message('<tool_call>{"name": "r", "arguments": {"text": "ab\\udc00"}}</tool_call>').calls[0]
+  text = echoed.call.arguments["text"]
+  assert text == "ab\udc00" and clean_text(text) == "ab\ufffd" and clean_text("ok \U0001F600") == "ok \U0001F600"
+  fmt = ChatFormat.from_tokenizer(qwen_tok)
+  ids = fmt.observation_ids(qwen_tok, clean_text(text), policy_emitted_eos=True)
+  assert "ab\ufffd" in qwen_tok.decode(ids)
+  assert encode_chat(qwen_tok, [{"role": "user", "content": text}])   # prompts are cleaned too

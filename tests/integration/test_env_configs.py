@@ -69,8 +69,11 @@ def test_trace_search_two_steps(tmp_path):
 def test_bfcl_configs_two_steps(name, tmp_path):
   c = _config(name, tmp_path)
   c.sampling.max_new_tokens = 12
-  c.sampling.max_len = 4608                      # the longest compact BFCL prompt (4.3k) and 2 short turns
-  c.teacher.max_len = 5120
+  c.env.bfcl_multi_turn.classes = "TradingBot"   # the shortest prompts (1.7k-1.9k tokens with compact tools)
+  c.env.num_train_tasks = 40
+  c.eval.num_tasks = 4                           # the TradingBot eval split has 7
+  c.sampling.max_len = 2560
+  c.teacher.max_len = 3072
   c.env.bfcl_multi_turn.max_turns = 3
   c.env.bfcl_multi_turn.max_steps_per_unit = 1  # every message ends a request: units are reached and verified
   trainer.train(c)
@@ -85,7 +88,7 @@ def test_bfcl_configs_two_steps(name, tmp_path):
       assert len(rec["unit_rewards"]) == max(units) + 1          # every unit the rollout acted in was verified
       assert rec["num_turns"] >= 1 and set(rec["unit_rewards"]) <= {0.0, 1.0}
       roles = [m["role"] for m in rec["messages"]]
-      assert roles[:2] == ["system", "user"] and roles.count("user") == len(rec["unit_rewards"])
+      assert roles[:2] == ["system", "user"] and roles.count("user") >= len(rec["unit_rewards"])
   if name == "crest_bfcl":
     assert rows[0]["units_mean"] >= 2 and "pass/teacher_privileged/seconds" in rows[0]
     rec = _exported(c, 1)[0]

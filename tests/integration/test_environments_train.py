@@ -106,3 +106,45 @@ def test_credit_refuses_small_groups_and_unknown_tasks(tiny, tmp_path):
   bad.write_text(json.dumps(records[0]) + "\n{not json\n")
   assert cli.main(["jaxcredit", "credit", "--config", os.path.join(ROOT, "configs", "trace.py"), "--in", str(bad),
                    "--out", str(tmp_path / "o.jsonl")]) == 2
+
+
+def _records(rewards_by_group, **extra):
+  from jaxcredit.trajectory import RolloutBuilder
+  out = []
+  for g, rewards in rewards_by_group.items():
+    for k, r in enumerate(rewards):
+      b = RolloutBuilder.from_prompt([1, 2, 3])
+      b.append_action([4, 5], [-0.5, -0.25])
+      out.append(jsonl.rollout_to_record(b, rollout_id=f"{g}-{k}", group_id=g, reward=r, **extra))
+  return out
+
+
+def test_credit_without_passes_loads_no_model_and_refuses_bad_files(tmp_path):
+  """GRPO needs no pass: credit reads, groups and writes without a model. Duplicate ids, absurd turn counts and a
+  directory as --out are refused with exit code 2 and one line."""
+  from jaxcredit.train.config import base_config
+  records = _records({"g2": [0.0, 0.0], "g1": [1.0, 0.0]})
+  records = [records[2], records[0], records[3], records[1]]           # g1, g2, g1, g2
+  jsonl.write_jsonl(tmp_path / "in.jsonl", records)
+  c = base_config()
+  c.credit.method = "grpo"
+  c.workdir = str(tmp_path / "never_written")
+  info = trainer.credit_file(c, str(tmp_path / "in.jsonl"), str(tmp_path / "out.jsonl"))
+  assert info == {"rollouts": 4, "groups": 2, "method": "grpo"}
+  adv = {r["rollout_id"]: r["advantages"] for r in jsonl.read_jsonl(tmp_path / "out.jsonl")}
+  s = 1 / np.sqrt(2)                                                   # (1 - 0.5) / std([1, 0], ddof=1)
+  np.testing.assert_allclose(adv["g1-0"], [0, 0, 0, s, s], atol=1e-6)
+  np.testing.assert_allclose(adv["g1-1"], [0, 0, 0, -s, -s], atol=1e-6)
+  assert adv["g2-0"] == adv["g2-1"] == [0.0] * 5
+  assert not os.path.exists(c.workdir)
+
+  jsonl.write_jsonl(tmp_path / "dup.jsonl", records + [records[0]])
+  with pytest.raises(ValueError, match="appears more than once"):
+    trainer.credit_file(c, str(tmp_path / "dup.jsonl"), str(tmp_path / "o.jsonl"))
+  jsonl.write_jsonl(tmp_path / "turns.jsonl", [dict(records[0], num_turns=10**9)] + records[1:])
+  with pytest.raises(ValueError, match="num_turns=1000000000"):
+    trainer.credit_file(c, str(tmp_path / "turns.jsonl"), str(tmp_path / "o.jsonl"))
+  base = ["jaxcredit", "credit", "--config", os.path.join(ROOT, "configs", "grpo.py")]
+  assert cli.main(base + ["--in", str(tmp_path / "in.jsonl"), "--out", str(tmp_path)]) == 2
+  assert cli.main(base + ["--in", "--out", str(tmp_path / "o.jsonl")]) == 2
+  assert cli.main(base + ["--in", str(tmp_path), "--out", str(tmp_path / "o.jsonl")]) == 2
