@@ -66,14 +66,19 @@ REFUSAL_TEXT = "I cannot do that with the functions and information I have."
 """What a demonstration says for a request whose ground truth is empty."""
 
 
-def _package_dir() -> pathlib.Path:
+def package_dir() -> pathlib.Path:
+  """bfcl-eval's package folder (its data, backends and checkers).
+
+  Raises:
+    ImportError: naming the install command when bfcl-eval is missing.
+  """
   spec_ = importlib.util.find_spec("bfcl_eval")
   if spec_ is None or not spec_.submodule_search_locations:
     raise ImportError("the BFCL environments need bfcl-eval: pip install --no-deps bfcl-eval mpmath")
   return pathlib.Path(list(spec_.submodule_search_locations)[0])
 
 
-def _read_jsonl(path: pathlib.Path) -> list[dict]:
+def read_jsonl(path: pathlib.Path) -> list[dict]:
   """bfcl-eval's data files are JSON Lines despite the .json name; the last line has no newline."""
   with open(path, encoding="utf-8") as f:
     return [json.loads(line) for line in f if line.strip()]
@@ -124,11 +129,11 @@ def load_tasks(categories: tuple[str, ...] = CATEGORIES) -> tuple[BfclTask, ...]
   for c in categories:
     if c not in CATEGORIES:
       raise ValueError(f"unknown BFCL multi-turn category {c!r}; known: {', '.join(CATEGORIES)}")
-  data = _package_dir() / "data"
+  data = package_dir() / "data"
   tasks = []
   for c in categories:
-    questions = _read_jsonl(data / f"BFCL_v4_multi_turn_{c}.json")
-    answers = {a["id"]: a["ground_truth"] for a in _read_jsonl(data / "possible_answer" / f"BFCL_v4_multi_turn_{c}.json")}
+    questions = read_jsonl(data / f"BFCL_v4_multi_turn_{c}.json")
+    answers = {a["id"]: a["ground_truth"] for a in read_jsonl(data / "possible_answer" / f"BFCL_v4_multi_turn_{c}.json")}
     for q in questions:
       gt = answers.get(q["id"])
       if gt is None or len(gt) != len(q["question"]):
@@ -143,7 +148,8 @@ def load_tasks(categories: tuple[str, ...] = CATEGORIES) -> tuple[BfclTask, ...]
   return tuple(tasks)
 
 
-def _is_eval(task_id: str) -> bool:
+def is_eval(task_id: str) -> bool:
+  """Whether a task is in the eval split: every `EVAL_EVERY`-th by a stable hash (sha256) of its id."""
   return int(hashlib.sha256(task_id.encode()).hexdigest(), 16) % EVAL_EVERY == 0
 
 
@@ -168,7 +174,7 @@ def make_tasks(split: str, num: int | None = None, seed: int | None = None, *,
   unknown = [c for c in classes if c not in BACKENDS]
   if unknown:
     raise ValueError(f"config.env.bfcl_multi_turn.classes: unknown backend(s) {unknown}; known: {', '.join(BACKENDS)}")
-  pool = [t for t in load_tasks(tuple(categories)) if _is_eval(t.task_id) == (split == "eval")
+  pool = [t for t in load_tasks(tuple(categories)) if is_eval(t.task_id) == (split == "eval")
           and (not classes or set(t.involved_classes) <= set(classes))]
   if split == "train":
     import random
@@ -188,7 +194,7 @@ def make_tasks(split: str, num: int | None = None, seed: int | None = None, *,
 @functools.lru_cache(maxsize=None)
 def _class_docs(class_name: str) -> tuple[dict, ...]:
   from bfcl_eval.constants.executable_backend_config import MULTI_TURN_FUNC_DOC_FILE_MAPPING
-  return tuple(_read_jsonl(_package_dir() / "data" / "multi_turn_func_doc" / MULTI_TURN_FUNC_DOC_FILE_MAPPING[class_name]))
+  return tuple(read_jsonl(package_dir() / "data" / "multi_turn_func_doc" / MULTI_TURN_FUNC_DOC_FILE_MAPPING[class_name]))
 
 
 _TYPE_NAMES = {"dict": "object", "float": "number", "tuple": "array", "any": None}

@@ -47,7 +47,6 @@ import hashlib
 import importlib
 import importlib.util
 import json
-import pathlib
 import random
 import re
 import sys
@@ -55,13 +54,13 @@ import types
 from typing import Any, Sequence
 
 from jaxcredit.envs import spec, tool_calls
+from jaxcredit.envs.bfcl_multi_turn import EVAL_EVERY, is_eval, package_dir, read_jsonl  # noqa: F401 - re-exported
 
 CATEGORIES = ("simple", "multiple", "parallel", "parallel_multiple", "irrelevance")
 DEFAULT_CATEGORIES = ("simple", "multiple", "parallel", "parallel_multiple")
 BFCL_CATEGORY = {"simple": "simple_python", "multiple": "multiple", "parallel": "parallel",
                  "parallel_multiple": "parallel_multiple", "irrelevance": "irrelevance"}
 """Our category name -> BFCL's test category (its data file `BFCL_v4_{name}.json` and the checker's category)."""
-EVAL_EVERY = 10   # every 10th task by a stable hash of its id is held out for eval
 CHECKER_MODEL_NAME = "jaxcredit"
 """The model name given to BFCL's checker (the stand-in `MODEL_CONFIG_MAPPING`'s one key)."""
 
@@ -73,19 +72,6 @@ REFUSAL_TEXT = "None of the available functions can do this."
 _TYPE_NAMES = {"dict": "object", "float": "number", "tuple": "array", "any": "string", "bool": "boolean",
                "list": "array"}
 _OFFICIAL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-
-
-def _package_dir() -> pathlib.Path:
-  spec_ = importlib.util.find_spec("bfcl_eval")
-  if spec_ is None or not spec_.submodule_search_locations:
-    raise ImportError("the BFCL environments need bfcl-eval: pip install --no-deps bfcl-eval mpmath")
-  return pathlib.Path(list(spec_.submodule_search_locations)[0])
-
-
-def _read_jsonl(path: pathlib.Path) -> list[dict]:
-  """bfcl-eval's data files are JSON Lines despite the .json name; the last line has no newline."""
-  with open(path, encoding="utf-8") as f:
-    return [json.loads(line) for line in f if line.strip()]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,14 +120,14 @@ def load_tasks(categories: tuple[str, ...] = DEFAULT_CATEGORIES) -> tuple[BfclSi
     ImportError: when bfcl-eval is not installed.
   """
   categories = _check_categories(categories)
-  data = _package_dir() / "data"
+  data = package_dir() / "data"
   tasks = []
   for c in categories:
     name = BFCL_CATEGORY[c]
-    questions = _read_jsonl(data / f"BFCL_v4_{name}.json")
+    questions = read_jsonl(data / f"BFCL_v4_{name}.json")
     answers = {}
     if c != "irrelevance":
-      answers = {a["id"]: a["ground_truth"] for a in _read_jsonl(data / "possible_answer" / f"BFCL_v4_{name}.json")}
+      answers = {a["id"]: a["ground_truth"] for a in read_jsonl(data / "possible_answer" / f"BFCL_v4_{name}.json")}
     for q in questions:
       if len(q["question"]) != 1:
         raise ValueError(f"bfcl-eval data: single-turn task {q['id']} has {len(q['question'])} turns")
@@ -155,11 +141,6 @@ def load_tasks(categories: tuple[str, ...] = DEFAULT_CATEGORIES) -> tuple[BfclSi
 
 def _hash(task_id: str) -> int:
   return int(hashlib.sha256(task_id.encode()).hexdigest(), 16)
-
-
-def is_eval(task_id: str) -> bool:
-  """Whether a task is in the eval split: every `EVAL_EVERY`-th by a stable hash (sha256) of its id."""
-  return _hash(task_id) % EVAL_EVERY == 0
 
 
 def make_tasks(split: str, num: int | None = None, seed: int | None = None, *,
@@ -328,7 +309,7 @@ def _ast_checker():
     ImportError: when bfcl-eval is not installed.
     RuntimeError: when the checker's `MODEL_CONFIG_MAPPING` has no entry that keeps dotted names.
   """
-  _package_dir()
+  package_dir()
   name = "bfcl_eval.constants.model_config"
   if name not in sys.modules:
     try:
@@ -517,7 +498,7 @@ def env_spec(env_config=None) -> spec.EnvSpec:
     raw = ",".join(DEFAULT_CATEGORIES)
   names = raw.split(",") if isinstance(raw, str) else list(raw)
   categories = _check_categories([str(c).strip() for c in names if str(c).strip()], key="config.env.bfcl_single.categories")
-  _package_dir()
+  package_dir()
   return spec.EnvSpec(
       make_tasks=lambda split, num, seed: make_tasks(split, num, seed, categories=categories),
       make_env=BfclSingleEnv,

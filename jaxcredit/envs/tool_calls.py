@@ -150,28 +150,7 @@ def parse_tool_call(text: str) -> ParsedToolCall | None:
   end = text.find(TOOL_CALL_CLOSE, body_start)
   payload = (text[body_start:] if end < 0 else text[body_start:end]).strip()
 
-  def bad(msg: str) -> ParsedToolCall:
-    return ParsedToolCall(call=None, error=msg, start=start)
-
-  if not payload:
-    return bad("empty tool call")
-  if len(payload) > MAX_CALL_CHARS:
-    return bad(f"tool call too long ({len(payload)} characters; max {MAX_CALL_CHARS})")
-  try:
-    obj = json.loads(payload)
-  except json.JSONDecodeError as e:
-    return bad(f"tool call is not valid JSON ({e.msg} at character {e.pos})")
-  except (ValueError, RecursionError):
-    return bad("tool call is not valid JSON")
-  if not isinstance(obj, dict):
-    return bad('tool call must be a JSON object with "name" and "arguments"')
-  name = obj.get("name")
-  if not isinstance(name, str) or not name:
-    return bad('tool call has no "name" string')
-  arguments, error = _arguments(obj)
-  if error is not None:
-    return bad(error)
-  return ParsedToolCall(call=ToolCall(name=name, arguments=arguments), error=None, start=start)
+  return _parse_payload(payload, start, MAX_CALL_CHARS)
 
 
 def _arguments(obj: dict) -> tuple[dict | None, str | None]:

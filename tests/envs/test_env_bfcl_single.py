@@ -41,7 +41,7 @@ def _step(task, text):
 
 def _bfcl_functions(relpath, names, namespace):
   """Compiles the named functions (or `Class.method`) of a bfcl-eval source file, decorators dropped."""
-  path = b._package_dir() / relpath
+  path = b.package_dir() / relpath
   tree = ast.parse(path.read_text())
   out = {}
   for name in names:
