@@ -2,8 +2,8 @@
 (shrunk in batch and turn length, never in model). Success may be 0; the checks are that the rollouts reach the
 environment, its units are verified and the method credits them.
 
-The BFCL runs are `slow` (a BFCL prompt with its tools is 1.7k-4.3k SmolLM2 tokens, re-read every turn on a CPU):
-they run in CI (.ci/run sets JAXCREDIT_RUN_SLOW=1) or with `pytest -m slow`.
+All three are `slow` (minutes of SmolLM2 on a CPU; a BFCL prompt with its tools is 1.7k-4.3k tokens, re-read every
+turn): they run in CI (.ci/run sets JAXCREDIT_RUN_SLOW=1) or with `pytest -m slow`.
 """
 
 import importlib.util
@@ -48,6 +48,7 @@ def _exported(c, step):
     return [json.loads(line) for line in f]
 
 
+@pytest.mark.slow
 def test_trace_search_two_steps(tmp_path):
   c = _config("trace_search", tmp_path)
   c.sampling.max_new_tokens = 24
