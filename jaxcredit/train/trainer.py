@@ -484,7 +484,8 @@ def credit_file(config: ml_collections.ConfigDict, in_path: str, out_path: str) 
   if not records:
     raise ValueError(f"{in_path} holds no rollouts")
   env = make_env_spec(c.env)
-  turns = {r["rollout_id"]: jsonl_lib.record_to_builder(r).num_turns for r in records}
+  builders = [jsonl_lib.record_to_builder(r) for r in records]
+  turns = {r["rollout_id"]: b.num_turns for r, b in zip(records, builders)}
   if len(turns) != len(records):
     seen, dup = set(), None
     for r in records:
@@ -521,9 +522,9 @@ def credit_file(config: ml_collections.ConfigDict, in_path: str, out_path: str) 
                          f"{c.env.name!r} does not have among its {len(index)} train and eval tasks; "
                          f"{c.credit.method}'s passes need the task")
       tasks.append(index[r["task_id"]])
-    results = [RolloutResult(builder=jsonl_lib.record_to_builder(r), env=None, reward=float(r["reward"]),
+    results = [RolloutResult(builder=b, env=None, reward=float(r["reward"]),
                              finish=r.get("finish") or "", tool_calls=0, tool_errors=0,
-                             messages=list(r.get("messages") or [])) for r in records]
+                             messages=list(r.get("messages") or [])) for r, b in zip(records, builders)]
     params, ref_params = run.params, run.params
     latest = run.ckpt.latest_step()
     if latest is not None:
