@@ -541,21 +541,24 @@ class Decoder(nnx.Module):
     def __call__(self, tokens_BxL: jax.Array, *, positions_BxL: jax.Array | None = None,
                  token_mask_BxL: jax.Array | None = None,
                  cache: KVCache | None = None, segment_ids_BxL: jax.Array | None = None,
-                 prefix_limit_BxL: jax.Array | None = None) -> tuple[jax.Array, KVCache | None]:
+                 prefix_limit_BxL: jax.Array | None = None,
+                 cache_window: int | None = None) -> tuple[jax.Array, KVCache | None]:
         """Float32 logits_BxLxV for every token, and the updated cache (None without one).
 
         See `hidden_states` for the arguments and errors.
         """
         h_BxLxD, cache = self.hidden_states(tokens_BxL, positions_BxL=positions_BxL,
                                             token_mask_BxL=token_mask_BxL, cache=cache,
-                                            segment_ids_BxL=segment_ids_BxL, prefix_limit_BxL=prefix_limit_BxL)
+                                            segment_ids_BxL=segment_ids_BxL, prefix_limit_BxL=prefix_limit_BxL,
+                                            cache_window=cache_window)
         return self.logits(h_BxLxD), cache
 
     def hidden_states(self, tokens_BxL: jax.Array, *, positions_BxL: jax.Array | None = None,
                       token_mask_BxL: jax.Array | None = None,
                       cache: KVCache | None = None, segment_ids_BxL: jax.Array | None = None,
                       prefix_limit_BxL: jax.Array | None = None,
-                      cache_is_empty: bool = False) -> tuple[jax.Array, KVCache | None]:
+                      cache_is_empty: bool = False,
+                      cache_window: int | None = None) -> tuple[jax.Array, KVCache | None]:
         """Runs the blocks and the final norm.
 
         Args:
@@ -584,6 +587,9 @@ class Decoder(nnx.Module):
           cache_is_empty: static; the caller promises the cache holds nothing yet (index 0, no real slot: a
             prefill). The L tokens then attend only to each other with the cache-free attention (chunked for long
             prompts: never a [L, capacity] score matrix) and their keys/values are written to the cache as usual.
+          cache_window: static; with a cache, read only slots [0, cache_window) of it as old keys (default: all
+            of them). The caller promises cache.index <= cache_window (no real slot at or after the window). A
+            decode step then reads the part of the cache that holds tokens, not its whole capacity.
 
         Packed (segment) calls always run the "full" attention, whatever cfg.attention_impl says: the chunked and
         splash kernels know only a causal-and-padding mask (splash's segment ids cannot express "also the prefix up
@@ -632,6 +638,11 @@ class Decoder(nnx.Module):
                 if int(cache.index) + l > cache.capacity:
                     raise ValueError(f"cache.index {int(cache.index)} + {l} tokens exceeds the cache's "
                                      f"{cache.capacity} slots; pass a larger max_len to init_cache")
+            if cache_window is not None and not (isinstance(cache_window, int) and 1 <= cache_window
+                                                 <= cache.capacity):
+                raise ValueError(f"cache_window must be an int in [1, {cache.capacity}], got {cache_window!r}")
+        elif cache_window is not None:
+            raise ValueError("cache_window needs a cache")
 
         if positions_BxL is None:
             seen_B = (jnp.zeros((b,), jnp.int32) if cache is None
@@ -650,10 +661,11 @@ class Decoder(nnx.Module):
         else:
             index = cache.index.astype(jnp.int32)
             new_mask_BxS = jax.lax.dynamic_update_slice(cache.mask_BxS, token_mask_BxL, (0, index))
-            slot_S = jnp.arange(cache.capacity, dtype=jnp.int32)
+            window = cache.capacity if cache_window is None else cache_window
+            slot_S = jnp.arange(window, dtype=jnp.int32)
             # Keys come in two parts: the cache's slots before `index` (old tokens) and the L new tokens.
-            old_mask_BxS = cache.mask_BxS & (slot_S < index)[None, :]
-            mask_old_BxLxS = jnp.broadcast_to(old_mask_BxS[:, None, :], (b, l, cache.capacity))
+            old_mask_BxS = cache.mask_BxS[:, :window] & (slot_S < index)[None, :]
+            mask_old_BxLxS = jnp.broadcast_to(old_mask_BxS[:, None, :], (b, l, window))
             mask_new_BxLxL = jnp.tril(jnp.ones((l, l), jnp.bool_))[None, :, :] & token_mask_BxL[:, None, :]
 
         x_BxLxD = constrain(jnp.take(self.embedding[...], tokens_BxL, axis=0), ACTIVATION_AXES)
@@ -700,8 +712,9 @@ class Decoder(nnx.Module):
                 elif fresh_impl is not None:
                     attn_BxLxHxDh = attention(q_BxLxHxDh, k_BxLxKxDh, v_BxLxKxDh, mask_new_BxLxL)
                 else:
-                    attn_BxLxHxDh = two_part_attention(q_BxLxHxDh, k_cache_BxSxKxDh, v_cache_BxSxKxDh,
-                                                       mask_old_BxLxS, k_BxLxKxDh, v_BxLxKxDh, mask_new_BxLxL)
+                    attn_BxLxHxDh = two_part_attention(q_BxLxHxDh, k_cache_BxSxKxDh[:, :window],
+                                                       v_cache_BxSxKxDh[:, :window], mask_old_BxLxS, k_BxLxKxDh,
+                                                       v_BxLxKxDh, mask_new_BxLxL)
                 return _finish(cfg, x_BxLxD, p, attn_BxLxHxDh), (k_new, v_new)
 
             if cfg.remat:

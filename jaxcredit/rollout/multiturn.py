@@ -63,7 +63,8 @@ def run_rollouts(
   """Samples one rollout per environment, up to `max_turns` assistant turns each.
 
   Args:
-    sampler: a `jaxcredit.sampling.Sampler` (anything with `generate(prompts, params, key, decode_text=)`).
+    sampler: a `jaxcredit.sampling.Sampler` (anything with `generate(prompts, params, key, decode_text=)`; with a
+      `session()` too, each rollout's cache is kept across turns and only new tokens are prefilled).
     tok: the chat tokenizer.
     fmt: the chat template's scaffolding around tool messages.
     envs: one environment instance per rollout (never shared between rollouts).
@@ -86,6 +87,8 @@ def run_rollouts(
   tool_calls = [0] * len(envs)
   tool_errors = [0] * len(envs)
   budget = sampling_params.max_new_tokens
+  # The cache lives as long as this call (the session is local): another call starts from a fresh one.
+  session = sampler.session() if hasattr(sampler, "session") else None
   for turn in range(max_turns):
     active = [i for i in range(len(envs)) if not done[i]]
     for i in list(active):
@@ -97,8 +100,13 @@ def run_rollouts(
     if on_turn is not None:
       on_turn(turn, len(active))
     key, sub = jax.random.split(key)
-    # The sampler pads the shrinking set of active rows to its batch buckets, bounding compiles.
-    out = sampler.generate([builders[i].tokens for i in active], sampling_params, sub, decode_text=tok.decode)
+    # The sampler pads the shrinking set of active rows to its batch buckets, bounding compiles. Its session keeps
+    # each rollout's KV cache across turns: only the observation tokens added since the last turn are prefilled.
+    histories = [builders[i].tokens for i in active]
+    if session is not None:
+      out = session.generate(histories, sampling_params, sub, decode_text=tok.decode, ids=active)
+    else:
+      out = sampler.generate(histories, sampling_params, sub, decode_text=tok.decode)
     for j, i in enumerate(active):
       ids, logp, reason = out.tokens[j], out.logprobs[j], out.finish_reasons[j]
       builders[i].append_action(ids, [float(x) for x in logp])

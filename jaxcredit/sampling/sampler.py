@@ -53,7 +53,8 @@ class SamplingParams:
             log-prob).
         top_p: in (0, 1]; the draw is restricted to the smallest set of most likely tokens whose probability
             (at this temperature) reaches top_p, tokens tied in probability kept together. Changes the draw only,
-            never the recorded log-prob. 1 disables it; a tiny value (e.g. 1e-6) is greedy (argmax) decoding.
+            never the recorded log-prob. 1 disables it; a value <= 1/V (e.g. 1e-6) is greedy decoding: the first
+            most likely token (argmax), with no random draw.
         max_new_tokens: >= 1, the most tokens generated per row.
         stop_token_ids: a row ends right after drawing one of these ids (the id is kept in the output).
         stop_strings: a row ends right after the token whose addition makes `decode_text(new tokens)` contain one
@@ -159,6 +160,7 @@ def _top_p_keep(logp_BxV: jax.Array, top_p: jax.Array) -> jax.Array:
 
 
 def _prefill(graphdef, traces, state, cache, tokens_BxP, mask_BxP):
+    """Fresh prefill: the left-padded prompts into an empty cache; the last position's float32 logits."""
     traces["prefill"] += 1  # runs at trace time only: counts compilations
     model = nnx.merge(graphdef, state)
     # The empty cache comes in as an argument (donated): built inside the jit it would be a constant, and XLA
@@ -171,35 +173,58 @@ def _prefill(graphdef, traces, state, cache, tokens_BxP, mask_BxP):
     return model.logits(h_BxPxD[:, -1]).astype(jnp.float32), cache
 
 
+def _extend(graphdef, traces, state, cache, tokens_BxW, mask_BxW, positions_BxW):
+    """Appends W (left-padded) tokens per row at slots [index, index + W) of a cache that already holds tokens;
+    they attend to the cache's real slots and to each other. Returns the last position's logits and the cache."""
+    traces["extend"] += 1
+    model = nnx.merge(graphdef, state)
+    h_BxWxD, cache = model.hidden_states(tokens_BxW, positions_BxL=positions_BxW, token_mask_BxL=mask_BxW,
+                                         cache=cache)
+    return model.logits(h_BxWxD[:, -1]).astype(jnp.float32), cache
+
+
+def _relayout(traces, cache, rows_B, slots_BxS, mask_BxS, index):
+    """A new cache whose row b, slot s holds the old cache's row rows_B[b], slot slots_BxS[b, s] (one gather):
+    keeps the rows still in use, drops freed rows and packs each row's kept slots together."""
+    traces["relayout"] += 1
+    k = jnp.take(cache.k_NxBxSxKxDh, rows_B, axis=1)
+    v = jnp.take(cache.v_NxBxSxKxDh, rows_B, axis=1)
+    index_1xBxSx1x1 = slots_BxS[None, :, :, None, None]
+    k = jnp.take_along_axis(k, index_1xBxSx1x1, axis=2)
+    v = jnp.take_along_axis(v, index_1xBxSx1x1, axis=2)
+    return KVCache(k_NxBxSxKxDh=k, v_NxBxSxKxDh=v, mask_BxS=mask_BxS, index=index)
+
+
 def _decode_chunk(graphdef, num_steps, pad_id, traces, state, carry, temperature, top_p, stop_ids_I, max_new_tokens,
-                  key):
+                  key, *, window):
+    """C decode steps under `lax.scan`; every step draws a token per row and feeds it (a done row feeds a masked
+    pad), so the cache is written once per step, in place, with no branch around the model call. Each step reads
+    only the cache slots [0, window) (`window` static, >= index + C)."""
     traces["decode"] += 1  # runs at trace time only: counts compilations
+    vocab = carry.logits_BxV.shape[-1]
+    # 0: the full distribution; 1: greedy (top_p <= 1/V keeps only the most likely tokens, so the top-p search is
+    # skipped); 2: the top-p nucleus. A runtime switch: one compilation serves every top_p.
+    mode = jnp.where(top_p >= 1.0, 0, jnp.where(top_p * vocab <= 1.0, 1, 2))
 
     def step_fn(carry: _Carry, key_step):
         logp_BxV = temperature_log_softmax(carry.logits_BxV, temperature)
-        # A runtime branch rather than a static flag: one compilation serves every top_p, and top_p = 1 skips
-        # the nucleus search.
-        draw_BxV = jax.lax.cond(top_p < 1.0,
-                                lambda lp: jnp.where(_top_p_keep(lp, top_p), lp, -jnp.inf),
-                                lambda lp: lp, logp_BxV)
-        token_B = jax.random.categorical(key_step, draw_BxV, axis=-1).astype(jnp.int32)
+        # Greedy takes the first most likely token (no random draw over V: the Gumbel noise of a categorical
+        # draw costs about as much as the log-softmax).
+        token_B = jax.lax.switch(mode, [
+            lambda lp: jax.random.categorical(key_step, lp, axis=-1),
+            lambda lp: jnp.argmax(lp, axis=-1),
+            lambda lp: jax.random.categorical(key_step, jnp.where(_top_p_keep(lp, top_p), lp, -jnp.inf), axis=-1),
+        ], logp_BxV).astype(jnp.int32)
         logp_B = jnp.take_along_axis(logp_BxV, token_B[:, None], axis=-1)[:, 0]
         kept_B = ~carry.done_B
         token_B = jnp.where(kept_B, token_B, pad_id)
         is_stop_B = jnp.any(token_B[:, None] == stop_ids_I[None, :], axis=-1)
         step = carry.step + 1
         done_B = carry.done_B | is_stop_B | (step >= max_new_tokens)
-
-        def feed(cache):
-            model = nnx.merge(graphdef, state)
-            logits_Bx1xV, cache = model(token_B[:, None], positions_BxL=carry.position_B[:, None],
-                                        token_mask_BxL=kept_B[:, None], cache=cache)
-            return logits_Bx1xV[:, 0].astype(jnp.float32), cache
-
-        # Skipping the call once every row is done saves the tail of the last chunk and keeps the cache
-        # from being written past max_len.
-        logits_BxV, cache = jax.lax.cond(jnp.all(done_B), lambda c: (carry.logits_BxV, c), feed, carry.cache)
-        new_carry = _Carry(cache, logits_BxV, done_B, step, carry.position_B + 1)
+        model = nnx.merge(graphdef, state)
+        logits_Bx1xV, cache = model(token_B[:, None], positions_BxL=carry.position_B[:, None],
+                                    token_mask_BxL=kept_B[:, None], cache=carry.cache, cache_window=window)
+        new_carry = _Carry(cache, logits_Bx1xV[:, 0].astype(jnp.float32), done_B, step, carry.position_B + 1)
         return new_carry, (token_B, logp_B, kept_B)
 
     carry, (tokens_CxB, logp_CxB, kept_CxB) = jax.lax.scan(step_fn, carry, jax.random.split(key, num_steps))
@@ -207,34 +232,46 @@ def _decode_chunk(graphdef, num_steps, pad_id, traces, state, carry, temperature
 
 
 class Sampler:
-    """Batched sampling from a `jaxcredit.models.Decoder` with a KV cache of `max_len` slots.
+    """Batched sampling from a `jaxcredit.models.Decoder` with a KV cache.
 
-    Compilations: the prefill compiles once per (padded batch, padded prompt length), the decode chunk once per
-    (padded batch, number of stop token ids rounded up to a multiple of 8); temperature, top_p, max_new_tokens
-    and new parameters (`update_model`) reuse them. `trace_counts` reports how often each was traced.
+    `generate` samples a continuation of each prompt. A `session()` keeps its KV cache between calls: a multi-turn
+    rollout then prefills only the tokens added since its last call (the tool observation), not its whole history.
+
+    Compilations: the fresh prefill once per (padded batch, padded prompt length); the extension of a kept cache
+    once per (padded batch, padded number of new tokens); the decode chunk once per (padded batch, attention
+    window, number of stop token ids rounded up to a multiple of 8); the cache re-layout once per (old, new)
+    padded batch. Temperature, top_p, max_new_tokens and new parameters (`update_model`) reuse them.
+    `trace_counts` reports how often each was traced; `stats` counts prefilled tokens.
 
     Args:
         model: the decoder; it must expose its ModelConfig as `model.cfg`.
-        max_len: cache capacity in tokens; every row needs len(prompt) + max_new_tokens <= max_len.
+        max_len: the longest row: every row needs len(prompt) + max_new_tokens <= max_len.
         pad_id: token id used for padding (its value never matters: padded slots are masked out).
         chunk_size: decode steps per jitted chunk, between host checks of stop strings.
-        prompt_bucket: prompts are left-padded to a multiple of this (at most max_len - max_new_tokens).
+        prompt_bucket: prompts (and the new tokens of a session's rows) are left-padded to a multiple of this.
         batch_buckets: increasing batch sizes; a batch is padded with finished dummy rows to the smallest one that
             holds it (a batch larger than all of them runs at its own size). A shrinking set of active rollouts
             (8, 7, 5, 3 rows) then compiles once per bucket rather than once per size. Dummy rows cost compute, so
             the default powers of two waste less than 2x; () runs exactly the rows given.
         cache_dtype: dtype of the cached keys/values; defaults to the model's dtype.
+        window_bucket: a decode step reads the cache slots that hold tokens, rounded up to a multiple of this
+            (one decode compilation per multiple reached), not the whole capacity.
+        capacity: cache slots per row; default max_len + prompt_bucket + chunk_size, which leaves room for the
+            padding of a session's new tokens and for the last decode chunk. A session whose next call does not
+            fit re-prefills its rows from scratch (`stats["rebuilds"]`).
 
     Raises:
-        ValueError: naming the argument, for a non-positive max_len / chunk_size / prompt_bucket, batch_buckets
-            that are not increasing positive ints, or a pad_id outside [0, vocab_size).
+        ValueError: naming the argument, for a non-positive max_len / chunk_size / prompt_bucket / window_bucket,
+            batch_buckets that are not increasing positive ints, a pad_id outside [0, vocab_size), or a capacity
+            below max_len + chunk_size.
     """
 
     def __init__(self, model, *, max_len: int, pad_id: int, chunk_size: int = 8, prompt_bucket: int = 64,
-                 batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64), cache_dtype=None):
+                 batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64), cache_dtype=None,
+                 window_bucket: int = 256, capacity: int | None = None):
         self.cfg = _model_config(model)
         for name, value, low in (("max_len", max_len, 2), ("chunk_size", chunk_size, 1),
-                                 ("prompt_bucket", prompt_bucket, 1)):
+                                 ("prompt_bucket", prompt_bucket, 1), ("window_bucket", window_bucket, 1)):
             if not _is_int(value) or value < low:
                 raise ValueError(f"Sampler {name} must be an int >= {low}, got {value!r}")
         if not _is_int(pad_id) or not 0 <= pad_id < self.cfg.vocab_size:
@@ -243,6 +280,13 @@ class Sampler:
         self.pad_id = int(pad_id)
         self.chunk_size = int(chunk_size)
         self.prompt_bucket = int(prompt_bucket)
+        self.window_bucket = int(window_bucket)
+        default_capacity = self.max_len + self.prompt_bucket + self.chunk_size
+        self.capacity = default_capacity if capacity is None else capacity
+        if not _is_int(self.capacity) or self.capacity < self.max_len + self.chunk_size:
+            raise ValueError(f"Sampler capacity must be an int >= max_len + chunk_size = "
+                             f"{self.max_len + self.chunk_size}, got {capacity!r}")
+        self.capacity = int(self.capacity)
         buckets = tuple(batch_buckets)
         if not all(_is_int(b) and b >= 1 for b in buckets) or list(buckets) != sorted(set(buckets)):
             raise ValueError(f"Sampler batch_buckets must be strictly increasing positive ints, got {batch_buckets!r}")
@@ -250,15 +294,22 @@ class Sampler:
         self._graphdef, self._state = nnx.split(model)
         self._shardings = jax.tree.map(lambda x: x.sharding, self._state)
         self._traces = collections.Counter()
+        self._version = 0
+        self.stats = collections.Counter()
         self._cache_dtype = jnp.dtype(cache_dtype if cache_dtype is not None else self.cfg.dtype)
         self._prefill = jax.jit(functools.partial(_prefill, self._graphdef, self._traces), donate_argnums=(1,))
+        self._extend = jax.jit(functools.partial(_extend, self._graphdef, self._traces), donate_argnums=(1,))
+        # The old cache is donated when the new one has its shape (same padded batch); a shrinking batch gets a new
+        # buffer (a donation it could not use would only warn).
+        self._relayout_in_place = jax.jit(functools.partial(_relayout, self._traces), donate_argnums=(0,))
+        self._relayout = jax.jit(functools.partial(_relayout, self._traces))
         self._decode = jax.jit(functools.partial(_decode_chunk, self._graphdef, self.chunk_size, self.pad_id,
                                                  self._traces),
-                               donate_argnums=(1,))
+                               donate_argnums=(1,), static_argnames=("window",))
 
     @property
     def trace_counts(self) -> dict[str, int]:
-        """How many times the prefill and decode functions were traced (= compiled) so far."""
+        """How many times each jitted function (prefill, extend, decode, relayout) was traced (= compiled)."""
         return dict(self._traces)
 
     def update_model(self, model) -> None:
@@ -284,30 +335,18 @@ class Sampler:
             raise ValueError("update_model: parameter shapes or dtypes differ from the Sampler's; build a new "
                              "Sampler")
         self._state = jax.device_put(state, self._shardings)
+        self._version += 1  # sessions drop caches computed with the old parameters
 
-    def _padded_prompt_len(self, longest: int, max_new_tokens: int) -> int:
-        bucketed = -(-longest // self.prompt_bucket) * self.prompt_bucket
-        return min(bucketed, self.max_len - max_new_tokens)
+    def session(self) -> "SamplerSession":
+        """A KV cache kept across `generate` calls (see `SamplerSession`)."""
+        return SamplerSession(self)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams, key: jax.Array, *,
                  decode_text: Callable[[list[int]], str] | None = None) -> SampleOutput:
-        """Samples a continuation of every prompt.
+        """Samples a continuation of every prompt (a fresh cache; see `SamplerSession.generate`)."""
+        return self.session().generate(prompts, params, key, decode_text=decode_text)
 
-        Args:
-            prompts: B >= 1 non-empty lists of token ids in [0, vocab_size).
-            params: temperature, top_p, max_new_tokens and stop conditions.
-            key: a jax.random key; the same key, prompts and parameters give the same output.
-            decode_text: maps a row's new token ids to text; required when params.stop_strings is non-empty.
-
-        Returns:
-            SampleOutput with tokens, float32 log-probs (nats) and finish reasons per row. A stop token completing a
-            stop string at the same position counts as "stop_token".
-
-        Raises:
-            ValueError: for an empty batch, an empty prompt or an out-of-range id (naming the row), a row with
-                len(prompt) + max_new_tokens > max_len (naming the row and the lengths), stop_strings without
-                decode_text, or a stop token id >= vocab_size.
-        """
+    def _check(self, prompts, params: SamplingParams, decode_text) -> None:
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
         if len(prompts) == 0:
@@ -329,22 +368,83 @@ class Sampler:
         if bad_stop:
             raise ValueError(f"SamplingParams.stop_token_ids {bad_stop} are >= vocab_size={vocab_size}; they could "
                              "never be drawn")
-        batch = len(prompts)
-        # Dummy rows (one pad token, done from the start) fill the batch up to its bucket.
-        padded_batch = next((b for b in self.batch_buckets if b >= batch), batch)
-        rows = [list(p) for p in prompts] + [[self.pad_id]] * (padded_batch - batch)
-        lengths_B = np.array([len(r) for r in rows], np.int32)
-        width = self._padded_prompt_len(int(lengths_B.max()), params.max_new_tokens)
-        tokens_BxP = np.full((padded_batch, width), self.pad_id, np.int32)
-        mask_BxP = np.zeros((padded_batch, width), bool)
-        for i, row in enumerate(rows):
-            tokens_BxP[i, width - len(row):] = row
-            mask_BxP[i, width - len(row):] = True
 
-        cache = init_cache(self.cfg, padded_batch, self.max_len, dtype=self._cache_dtype)
-        logits_BxV, cache = self._prefill(self._state, cache, tokens_BxP, mask_BxP)
-        carry = _Carry(cache, logits_BxV, jnp.asarray(np.arange(padded_batch) >= batch), jnp.zeros((), jnp.int32),
-                       jnp.asarray(lengths_B))
+    def _padded_batch(self, batch: int) -> int:
+        return next((b for b in self.batch_buckets if b >= batch), batch)
+
+    def _window(self, end: int) -> int:
+        return min(self.capacity, -(-end // self.window_bucket) * self.window_bucket)
+
+
+class SamplerSession:
+    """Rows whose KV cache is kept between `generate` calls: a prefix cache for multi-turn rollouts.
+
+    Each call names its rows (`ids`); a row's tokens already in the cache (the longest common prefix of what the
+    cache holds for that id and the new prompt) are kept, and only the rest is prefilled. A multi-turn rollout
+    passes its whole history every turn and only the new observation tokens run through the model: the sampled
+    tokens were written to the cache while they were drawn. Rows not named in a call are freed; the batch shrinks
+    to the smallest bucket that holds the named rows (one gather of the cache, which also packs each row's slots).
+
+    The cache is rebuilt from scratch (every row's whole prompt prefilled) when the kept prefixes and the new
+    tokens would not fit the capacity, or after `Sampler.update_model` (a cache computed with the old parameters
+    never serves the new ones). Outputs are those of a fresh `Sampler.generate` up to float rounding: same tokens
+    under greedy decoding, log-probs within float32 noise.
+
+    Attributes:
+        stats: reads the Sampler's counters: "prefill_tokens" (real tokens run through a prefill or an extension),
+            "decode_tokens" (sampled tokens kept), "rebuilds", "extends".
+    """
+
+    def __init__(self, sampler: Sampler):
+        self.sampler = sampler
+        self.stats = sampler.stats
+        self._cache: KVCache | None = None
+        self._version = -1
+        self._row_ids: list = []                          # id of each cache row (None: free or dummy)
+        self._slot_tokens = np.zeros((0, 0), np.int64)   # [B, S] the token held by each slot, -1 if none
+        self._index = 0                                  # next slot to write (shared by all rows)
+
+    def close(self) -> None:
+        """Frees the cache."""
+        self._cache = None
+        self._row_ids = []
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams, key: jax.Array, *,
+                 decode_text: Callable[[list[int]], str] | None = None, ids: list | None = None) -> SampleOutput:
+        """Samples a continuation of every prompt, reusing the cached prefix of each named row.
+
+        Args:
+            prompts: B >= 1 non-empty lists of token ids in [0, vocab_size).
+            params: temperature, top_p, max_new_tokens and stop conditions.
+            key: a jax.random key; the same key, prompts, parameters and cache state give the same output.
+            decode_text: maps a row's new token ids to text; required when params.stop_strings is non-empty.
+            ids: hashable names of the rows, unique (default 0..B-1). A row named in an earlier call reuses what
+                the cache holds of it.
+
+        Returns:
+            SampleOutput with tokens, float32 log-probs (nats) and finish reasons per row. A stop token completing a
+            stop string at the same position counts as "stop_token".
+
+        Raises:
+            ValueError: for an empty batch, an empty prompt or an out-of-range id (naming the row), a row with
+                len(prompt) + max_new_tokens > max_len (naming the row and the lengths), stop_strings without
+                decode_text, a stop token id >= vocab_size, or ids that are not unique or not one per prompt.
+        """
+        sampler = self.sampler
+        sampler._check(prompts, params, decode_text)
+        ids = list(range(len(prompts))) if ids is None else list(ids)
+        if len(ids) != len(prompts) or len(set(ids)) != len(ids):
+            raise ValueError(f"ids must name each of the {len(prompts)} prompts once, got {ids!r}")
+        prompts = [[int(t) for t in p] for p in prompts]
+        batch = len(prompts)
+        padded_batch = sampler._padded_batch(batch)
+        max_steps = -(-params.max_new_tokens // sampler.chunk_size) * sampler.chunk_size
+        logits_BxV = self._extend_rows(prompts, ids, padded_batch, max_steps)
+
+        carry = _Carry(self._cache, logits_BxV, jnp.asarray(np.arange(padded_batch) >= batch),
+                       jnp.zeros((), jnp.int32),
+                       jnp.asarray([len(p) for p in prompts] + [0] * (padded_batch - batch), jnp.int32))
+        self._cache = None  # donated into the decode
         temperature = jnp.float32(params.temperature)
         top_p = jnp.float32(params.top_p)
         # Padded with -1 (never drawn) to a multiple of 8 so that the number of stop ids rarely recompiles.
@@ -357,11 +457,17 @@ class Sampler:
         tokens: list[list[int]] = [[] for _ in range(batch)]
         logprobs: list[list[float]] = [[] for _ in range(batch)]
         reasons: list[str | None] = [None] * batch
+        chunk = sampler.chunk_size
         while True:
             key, key_chunk = jax.random.split(key)
-            carry, tokens_CxB, logp_CxB, kept_CxB = self._decode(
-                self._state, carry, temperature, top_p, stop_ids_I, max_new_tokens, key_chunk)
+            window = sampler._window(self._index + chunk)
+            carry, tokens_CxB, logp_CxB, kept_CxB = sampler._decode(
+                sampler._state, carry, temperature, top_p, stop_ids_I, max_new_tokens, key_chunk, window=window)
             tokens_CxB, logp_CxB, kept_CxB, done_B = jax.device_get((tokens_CxB, logp_CxB, kept_CxB, carry.done_B))
+            # Every step fed its token: slot index + t holds step t's token in the rows that kept it.
+            slots = self._slot_tokens[:, self._index:self._index + chunk]
+            slots[:] = np.where(kept_CxB.T, tokens_CxB.T, -1)
+            self._index += chunk
             newly_stopped = False
             for i in range(batch):
                 if reasons[i] is not None:
@@ -386,8 +492,97 @@ class Sampler:
                 done_B = np.arange(padded_batch) >= batch
                 done_B[:batch] = [r is not None for r in reasons]
                 carry = carry._replace(done_B=jnp.asarray(done_B))
+        self._cache = carry.cache
+        self.stats["decode_tokens"] += sum(len(t) for t in tokens)
         return SampleOutput(tokens=tokens, logprobs=[np.asarray(lp, np.float32) for lp in logprobs],
                             finish_reasons=list(reasons))
+
+    def _extend_rows(self, prompts: list[list[int]], ids: list, padded_batch: int, max_steps: int) -> jax.Array:
+        """Brings the cache to hold every prompt (the kept prefixes, then the rest prefilled); returns the logits
+        after each prompt's last token, [padded_batch, V]."""
+        sampler = self.sampler
+        batch = len(prompts)
+        kept_slots: list[np.ndarray] = []
+        if self._cache is not None and self._version == sampler._version:
+            row_of = {row_id: r for r, row_id in enumerate(self._row_ids) if row_id is not None}
+            for row_id, prompt in zip(ids, prompts):
+                r = row_of.get(row_id)
+                if r is None:
+                    kept_slots.append(np.zeros((0,), np.int64))
+                    continue
+                slots = np.flatnonzero(self._slot_tokens[r] >= 0)
+                cached = self._slot_tokens[r, slots]
+                n = min(len(cached), len(prompt))
+                differ = np.flatnonzero(cached[:n] != np.asarray(prompt[:n]))
+                keep = int(differ[0]) if len(differ) else n
+                # At least one token is run again: its logits start the draw.
+                kept_slots.append(slots[:min(keep, len(prompt) - 1)])
+        kept = max((len(k) for k in kept_slots), default=0)
+        new = max(len(p) - len(k) for p, k in zip(prompts, kept_slots)) if kept_slots else 0
+        width = -(-new // sampler.prompt_bucket) * sampler.prompt_bucket
+        if kept == 0 or kept + width + max_steps > sampler.capacity:
+            if kept:
+                self.stats["rebuilds"] += 1
+            return self._fresh_prefill(prompts, ids, padded_batch, max_steps)
+
+        # Gather the kept rows into the new batch, each row's kept slots packed to end at slot `kept`.
+        old_rows = {row_id: r for r, row_id in enumerate(self._row_ids) if row_id is not None}
+        capacity = sampler.capacity
+        rows_B = np.zeros((padded_batch,), np.int32)
+        src_BxS = np.zeros((padded_batch, capacity), np.int32)
+        slot_tokens = np.full((padded_batch, capacity), -1, np.int64)
+        for j, (row_id, slots) in enumerate(zip(ids, kept_slots)):
+            if len(slots) == 0:
+                continue
+            r = old_rows[row_id]
+            rows_B[j] = r
+            src_BxS[j, kept - len(slots):kept] = slots
+            slot_tokens[j, kept - len(slots):kept] = self._slot_tokens[r, slots]
+        same_shape = len(self._row_ids) == padded_batch
+        relayout = sampler._relayout_in_place if same_shape else sampler._relayout
+        cache = relayout(self._cache, rows_B, src_BxS, slot_tokens >= 0, jnp.int32(kept))
+        self._cache = None
+
+        # Extend: every row's remaining tokens, left-padded to `width`, at slots [kept, kept + width).
+        tokens_BxW = np.full((padded_batch, width), sampler.pad_id, np.int32)
+        mask_BxW = np.zeros((padded_batch, width), bool)
+        positions_BxW = np.zeros((padded_batch, width), np.int32)
+        for j, (prompt, slots) in enumerate(zip(prompts, kept_slots)):
+            rest = prompt[len(slots):]
+            tokens_BxW[j, width - len(rest):] = rest
+            mask_BxW[j, width - len(rest):] = True
+            positions_BxW[j, width - len(rest):] = np.arange(len(slots), len(prompt))
+            slot_tokens[j, kept + width - len(rest):kept + width] = rest
+        logits_BxV, self._cache = sampler._extend(sampler._state, cache, tokens_BxW, mask_BxW, positions_BxW)
+        self._slot_tokens = slot_tokens
+        self._row_ids = list(ids) + [None] * (padded_batch - batch)
+        self._index = kept + width
+        self.stats["prefill_tokens"] += int(mask_BxW.sum())
+        self.stats["extends"] += 1
+        return logits_BxV
+
+    def _fresh_prefill(self, prompts: list[list[int]], ids: list, padded_batch: int, max_steps: int) -> jax.Array:
+        sampler = self.sampler
+        batch = len(prompts)
+        # Dummy rows (one pad token, done from the start) fill the batch up to its bucket.
+        rows = prompts + [[sampler.pad_id]] * (padded_batch - batch)
+        longest = max(len(r) for r in rows)
+        width = min(-(-longest // sampler.prompt_bucket) * sampler.prompt_bucket, sampler.capacity - max_steps)
+        tokens_BxP = np.full((padded_batch, width), sampler.pad_id, np.int32)
+        mask_BxP = np.zeros((padded_batch, width), bool)
+        for i, row in enumerate(rows):
+            tokens_BxP[i, width - len(row):] = row
+            mask_BxP[i, width - len(row):] = True
+        self._cache = None
+        cache = init_cache(sampler.cfg, padded_batch, sampler.capacity, dtype=sampler._cache_dtype)
+        logits_BxV, self._cache = sampler._prefill(sampler._state, cache, tokens_BxP, mask_BxP)
+        self._slot_tokens = np.full((padded_batch, sampler.capacity), -1, np.int64)
+        self._slot_tokens[:batch, :width] = np.where(mask_BxP[:batch], tokens_BxP[:batch], -1)
+        self._row_ids = list(ids) + [None] * (padded_batch - batch)
+        self._index = width
+        self._version = sampler._version
+        self.stats["prefill_tokens"] += int(mask_BxP[:batch].sum())
+        return logits_BxV
 
 
 def _stop_string_end(row_tokens: list[int], start: int, stop_strings: tuple[str, ...],
