@@ -159,6 +159,46 @@ def _top_p_keep(logp_BxV: jax.Array, top_p: jax.Array) -> jax.Array:
     return u_BxV <= lo_B[:, None]
 
 
+def sample_inverse_cdf(key: jax.Array, logp_BxV: jax.Array, block: int = 128) -> jax.Array:
+    """One draw per row from the distribution exp(logp_BxV), by inverse transform sampling: int32 ids [B].
+
+    With one uniform u per row scaled to the row's total mass, the drawn id is the first whose cumulative
+    probability exceeds u: first the block of `block` ids whose cumulative mass passes u, then the id within it
+    (two short cumulative sums instead of one over V). Ids of probability 0 (logp = -inf, e.g. outside a top-p
+    nucleus) are never drawn, also when rounding puts u at the very end of the mass.
+
+    The same distribution as `jax.random.categorical(key, logp_BxV)` (up to float32 rounding of the cumulative
+    sums), at about a fifth of its cost on CPU: categorical adds Gumbel noise to every one of the B x V logits,
+    which costs as much as the log-softmax itself.
+
+    Args:
+        key: a jax.random key.
+        logp_BxV: float32 log-probabilities (normalised or not; -inf allowed), at least one finite per row.
+        block: ids per block.
+    """
+    b, v = logp_BxV.shape
+    num_blocks = -(-v // block)
+    probs_BxV = jnp.exp(logp_BxV.astype(jnp.float32) - jnp.max(logp_BxV, axis=-1, keepdims=True))
+    blocks_BxNxK = jnp.pad(probs_BxV, ((0, 0), (0, num_blocks * block - v))).reshape(b, num_blocks, block)
+    mass_BxN = jnp.sum(blocks_BxNxK, axis=-1)
+    cum_BxN = jnp.cumsum(mass_BxN, axis=-1)
+    u_B = jax.random.uniform(key, (b,), jnp.float32) * cum_BxN[:, -1]
+
+    def first_above(cum_BxX, value_B, weight_BxX):
+        # The first index whose cumulative value exceeds value (>= 0): it has positive weight; past the end
+        # (rounding), the last index with positive weight.
+        index_B = jnp.sum(cum_BxX <= value_B[:, None], axis=-1)
+        last_B = cum_BxX.shape[-1] - 1 - jnp.argmax((weight_BxX > 0)[:, ::-1], axis=-1)
+        return jnp.minimum(index_B, last_B)
+
+    block_B = first_above(cum_BxN, u_B, mass_BxN)
+    within_BxK = jnp.take_along_axis(blocks_BxNxK, block_B[:, None, None], axis=1)[:, 0]
+    before_B = jnp.take_along_axis(cum_BxN - mass_BxN, block_B[:, None], axis=1)[:, 0]
+    rest_B = jnp.maximum(u_B - before_B, 0.0)
+    column_B = first_above(jnp.cumsum(within_BxK, axis=-1), rest_B, within_BxK)
+    return (block_B * block + column_B).astype(jnp.int32)
+
+
 def _prefill(graphdef, traces, state, cache, tokens_BxP, mask_BxP):
     """Fresh prefill: the left-padded prompts into an empty cache; the last position's float32 logits."""
     traces["prefill"] += 1  # runs at trace time only: counts compilations
@@ -208,13 +248,12 @@ def _decode_chunk(graphdef, num_steps, pad_id, traces, state, carry, temperature
 
     def step_fn(carry: _Carry, key_step):
         logp_BxV = temperature_log_softmax(carry.logits_BxV, temperature)
-        # Greedy takes the first most likely token (no random draw over V: the Gumbel noise of a categorical
-        # draw costs about as much as the log-softmax).
+        # Draws use one uniform per row (`sample_inverse_cdf`); greedy takes the first most likely token.
         token_B = jax.lax.switch(mode, [
-            lambda lp: jax.random.categorical(key_step, lp, axis=-1),
-            lambda lp: jnp.argmax(lp, axis=-1),
-            lambda lp: jax.random.categorical(key_step, jnp.where(_top_p_keep(lp, top_p), lp, -jnp.inf), axis=-1),
-        ], logp_BxV).astype(jnp.int32)
+            lambda lp: sample_inverse_cdf(key_step, lp),
+            lambda lp: jnp.argmax(lp, axis=-1).astype(jnp.int32),
+            lambda lp: sample_inverse_cdf(key_step, jnp.where(_top_p_keep(lp, top_p), lp, -jnp.inf)),
+        ], logp_BxV)
         logp_B = jnp.take_along_axis(logp_BxV, token_B[:, None], axis=-1)[:, 0]
         kept_B = ~carry.done_B
         token_B = jnp.where(kept_B, token_B, pad_id)

@@ -275,3 +275,25 @@ def test_top_p_keep_matches_sorted_reference():
                 assert expected.sum() == max(1, int(np.sum(mass_before < top_p)))
     tie_row = np.asarray(keep(jnp.asarray(logp_BxV), jnp.float32(1e-6)))[3]
     assert np.flatnonzero(tie_row).tolist() == [7, 20]
+
+
+@pytest.mark.parametrize("vocab, block", [(300, 128), (1000, 128), (7, 4)])
+def test_inverse_cdf_draws_follow_the_distribution_and_never_a_zero_probability_id(vocab, block):
+    """20,000 draws per row: every id's frequency within 5 standard errors of its probability; -inf ids never."""
+    from jaxcredit.sampling.sampler import sample_inverse_cdf
+    rng = np.random.default_rng(vocab)
+    logits = rng.normal(0, 2, (3, vocab)).astype(np.float32)
+    logits[0, rng.choice(vocab, vocab // 2, replace=False)] = -np.inf   # a masked nucleus
+    logits[1, :] = -np.inf
+    logits[1, vocab - 1] = 0.0                                           # all the mass on the last id
+    logits[2, : vocab - 2] = -np.inf                                     # mass in the last two ids only
+    logp = jax.nn.log_softmax(jnp.asarray(logits), axis=-1)
+    draws = 20_000
+    keys = jax.random.split(jax.random.key(vocab), draws)
+    ids = np.asarray(jax.jit(jax.vmap(lambda k: sample_inverse_cdf(k, logp, block)))(keys))   # [draws, 3]
+    probs = np.exp(np.asarray(logp, np.float64))
+    for row in range(3):
+        counts = np.bincount(ids[:, row], minlength=vocab)
+        assert counts[probs[row] == 0].sum() == 0
+        stderr = np.sqrt(probs[row] * (1 - probs[row]) / draws)
+        np.testing.assert_array_less(np.abs(counts / draws - probs[row]), 5 * stderr + 1e-9)
