@@ -65,7 +65,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.sampling.temperature = 0.8
   c.sampling.top_p = 1.0
   c.sampling.max_new_tokens = 48      # per assistant turn
-  c.sampling.max_len = 288            # KV-cache capacity (prompt + all turns); a rollout that cannot fit another turn ends
+  c.sampling.max_len = 288            # longest rollout (prompt + all turns); a rollout that cannot fit another turn ends
   c.sampling.chunk_size = 8           # decode steps per jitted chunk between stop-string checks
   c.sampling.prompt_bucket = 32       # prompts are left-padded to a multiple (fewer wasted prefill tokens)
 

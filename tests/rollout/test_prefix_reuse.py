@@ -91,3 +91,18 @@ def test_four_turn_rollouts_prefill_each_context_token_once(tok):
   assert sampler.stats["rebuilds"] == 0
   # Without the session every turn re-reads the history: the first turn's prompt alone is prefilled 4 times.
   assert plain_sampler.stats["prefill_tokens"] > 2 * context
+
+
+def test_the_readme_session_example_prefills_nothing_twice(capsys):
+  import os
+  import re
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  with open(os.path.join(root, "README.md")) as f:
+    text = f.read()
+  block = re.search(r"```python\n(.*?)```", text[text.index("## Sampling: the KV cache stays"):], re.S).group(1)
+  scope: dict = {}
+  exec(compile(block, "README.md", "exec"), scope)
+  tok = scope["tok"]
+  question = tok.encode("What is 17 * 23? Use the calculator.")
+  assert capsys.readouterr().out.strip() == str(len(question) + len(tok.encode(" 391")))
+  assert scope["sampler"].stats["rebuilds"] == 0
