@@ -1,0 +1,143 @@
+"""The training forward+backward of SmolLM2-135M-Instruct (float32) against transformers + torch eager, same weights.
+
+  python benchmarks/step_bench.py [--batch 4] [--length 256] [--repeats 3]
+
+Measured alternately in one process (median of `--repeats` rounds each):
+  - jaxcredit: the jitted gradient of the policy-gradient loss (`train.step.loss_and_grads` with PPO-clip on token
+    advantages; chunked log-probs over the vocabulary), at [batch, length];
+  - transformers: `AutoModelForCausalLM` on the exported weights, train mode, log-softmax of the logits gathered at
+    the next tokens, mean, `backward()`;
+  - the floor: 6 · N · tokens FLOPs at the best 2048^3 float32 matmul rate measured here (XLA's and torch's);
+  - where the jitted step's time goes: `--profile` adds the top XLA:CPU ops of one traced step (`jax.profiler`).
+
+Writes benchmarks/results/step_bench.json.
+"""
+
+import argparse
+import collections
+import glob
+import gzip
+import json
+import os
+import platform
+import shutil
+import tempfile
+import time
+
+import numpy as np
+
+
+def _timed(fn, repeats):
+  out = []
+  for _ in range(repeats):
+    t = time.perf_counter()
+    fn()
+    out.append(time.perf_counter() - t)
+  return out
+
+
+def matmul_rates():
+  import jax
+  import jax.numpy as jnp
+  import torch
+
+  a = jax.random.normal(jax.random.key(0), (2048, 2048))
+  mm = jax.jit(lambda x: x @ x)
+  mm(a).block_until_ready()
+  xla = min(_timed(lambda: mm(a).block_until_ready(), 10))
+  at = torch.randn(2048, 2048)
+  at @ at
+  tt = min(_timed(lambda: at @ at, 10))
+  flops = 2 * 2048 ** 3
+  return {"xla_GFLOPs": flops / xla / 1e9, "torch_GFLOPs": flops / tt / 1e9}
+
+
+def main():
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--batch", type=int, default=4)
+  ap.add_argument("--length", type=int, default=256)
+  ap.add_argument("--repeats", type=int, default=3)
+  ap.add_argument("--profile", action="store_true")
+  ap.add_argument("--out", default="benchmarks/results/step_bench.json")
+  args = ap.parse_args()
+
+  import jax
+  import torch
+  from transformers import AutoModelForCausalLM
+
+  from jaxcredit.models import converted_cache_dir, load_model, smollm2_gguf_path
+  from jaxcredit.models.hf import export_hf
+  from jaxcredit.train import step as step_lib
+
+  results = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "jax": jax.__version__,
+                         "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+                         "load_avg_before": os.getloadavg()}}
+  results["machine"].update(matmul_rates())
+  b, length = args.batch, args.length
+  model, cfg = load_model(smollm2_gguf_path())
+  num_params = sum(x.size for x in jax.tree.leaves(model))
+  graphdef, params, rest = step_lib.split_model(model)
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(0, cfg.vocab_size, (b, length)).astype(np.int32)
+  batch = {"tokens_BxL": tokens, "token_mask_BxL": np.ones((b, length), bool),
+           "action_mask_BxL": np.ones((b, length), bool), "behavior_logp_BxL": np.full((b, length), -5.0, np.float32),
+           "adv_BxL": np.ones((b, length), np.float32), "ref_logp_BxL": np.zeros((b, length), np.float32)}
+  grad = jax.jit(lambda p, bt: step_lib.loss_and_grads(step_lib.pg_token_loss, graphdef, p, rest, bt,
+                                                       step_lib.PolicyLossConfig())[1])
+  t = time.perf_counter()
+  jax.block_until_ready(grad(params, batch))
+  results["jaxcredit_first_call_s"] = time.perf_counter() - t
+
+  hf_dir = tempfile.mkdtemp(prefix="step_bench_hf_")
+  shutil.rmtree(hf_dir)
+  export_hf(converted_cache_dir(smollm2_gguf_path()), hf_dir)
+  hf = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).train()
+  shutil.rmtree(hf_dir, ignore_errors=True)
+  ids = torch.tensor(tokens.astype(np.int64))
+
+  def torch_step():
+    logits = hf(ids).logits
+    logp = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None])[..., 0]
+    (-logp.mean()).backward()
+    hf.zero_grad(set_to_none=True)
+
+  torch_step()
+  runs = {"jaxcredit": [], "transformers": []}
+  for _ in range(args.repeats):
+    runs["jaxcredit"] += _timed(lambda: jax.block_until_ready(grad(params, batch)), 1)
+    runs["transformers"] += _timed(torch_step, 1)
+  flops = 6 * num_params * b * length
+  best = max(results["machine"]["xla_GFLOPs"], results["machine"]["torch_GFLOPs"])
+  results["fwd_bwd"] = {
+      "batch": b, "length": length, "params": int(num_params), "flops": flops,
+      "floor_s": flops / best / 1e9,
+      **{f"{k}_s": float(np.median(v)) for k, v in runs.items()},
+      "runs_s": runs}
+  r = results["fwd_bwd"]
+  print(f"fwd+bwd [{b}, {length}]: jaxcredit {r['jaxcredit_s']:.2f} s, transformers {r['transformers_s']:.2f} s "
+        f"({r['transformers_s'] / r['jaxcredit_s']:.2f}x), floor {r['floor_s']:.2f} s at {best:.0f} GFLOP/s "
+        f"(XLA {results['machine']['xla_GFLOPs']:.0f}, torch {results['machine']['torch_GFLOPs']:.0f})")
+
+  if args.profile:
+    trace_dir = tempfile.mkdtemp(prefix="step_bench_trace_")
+    jax.profiler.start_trace(trace_dir)
+    jax.block_until_ready(grad(params, batch))
+    jax.profiler.stop_trace()
+    trace = json.load(gzip.open(glob.glob(f"{trace_dir}/**/*.trace.json.gz", recursive=True)[0]))
+    by_kind = collections.Counter()
+    for e in trace["traceEvents"]:
+      if e.get("ph") == "X" and "dur" in e and not e["name"].startswith(("ThunkExecutor", "$", "Slinky")):
+        by_kind[e["name"].split(".")[0]] += e["dur"]
+    total = sum(by_kind.values())
+    results["profile_share"] = {k: v / total for k, v in by_kind.most_common(12)}
+    for k, v in by_kind.most_common(8):
+      print(f"  {100 * v / total:5.1f}%  {k}")
+    shutil.rmtree(trace_dir, ignore_errors=True)
+  results["machine"]["load_avg_after"] = os.getloadavg()
+  os.makedirs(os.path.dirname(args.out), exist_ok=True)
+  with open(args.out, "w") as f:
+    json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+  main()
