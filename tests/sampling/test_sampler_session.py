@@ -130,7 +130,7 @@ def test_a_call_that_does_not_fit_rebuilds_the_cache(model, sampler, prompts):
 
 def test_ids_must_name_each_prompt_once(fresh_sampler, prompts):
     session = fresh_sampler.session()
-    for ids in ([0, 0, 1], [0, 1]):
+    for ids in ([0, 0, 1], [0, 1], [0, None, 2], [0, [1], 2]):
         with pytest.raises(ValueError, match="ids must name each"):
             session.generate(prompts, GREEDY, jax.random.key(0), ids=ids)
 
