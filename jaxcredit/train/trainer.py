@@ -378,8 +378,10 @@ def rl_step_fn(run: Run, params, opt_state, ref_params, data, update, ref_logp, 
   idx = [int(i) for i in next(data)]
   tasks = [run.train_tasks[i] for i in idx for _ in range(g)]
   key = jax.random.fold_in(run.key, rl_step)
+  stats_before = dict(run.sampler.stats)
   results = rollouts(run, params, tasks, key)
   t_roll = time.time() - t0
+  sampler_stats = {f"sampler_{k}": int(v - stats_before.get(k, 0)) for k, v in run.sampler.stats.items()}
   unit_rewards = ([list(run.env.unit_rewards(r.env)) for r in results] if run.env.unit_rewards is not None else None)
   traj = pack([r.builder for r in results], [r.reward for r in results], [k // g for k in range(len(results))],
               max_turns=run.env.max_turns, pad_id=run.tok.pad_id, length_bucket=c.train.length_bucket,
@@ -417,6 +419,7 @@ def rl_step_fn(run: Run, params, opt_state, ref_params, data, update, ref_logp, 
       "rollout_s": t_roll, "score_s": t_score, "update_s": t_update, "step_s": time.time() - t0,
   }
   row.update(_env_metrics(run, results))
+  row.update(sampler_stats)  # prefill_tokens, decode_tokens, extends, rebuilds of this step's rollouts
   if traj.unit_mask_BxU.shape[1] > 1:
     row["units_mean"] = float(traj.unit_mask_BxU.sum(1).mean())
     row["unit_reward_mean"] = float(traj.unit_rewards_BxU[traj.unit_mask_BxU].mean())

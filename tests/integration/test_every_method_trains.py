@@ -69,6 +69,9 @@ def test_method_trains_two_steps(name, tiny, tmp_path):
     assert np.isfinite(r["loss"]) and np.isfinite(r["grad_norm"])
     for p in METHODS[name].passes:
       assert r[f"pass/{p}/seconds"] > 0 and 0 <= r[f"pass/{p}/dropped"] <= 4
+    # The sampler kept each rollout's cache across turns: every context token prefilled once, every action token
+    # decoded once, unless a turn did not fit the cache and was prefilled again.
+    assert r["sampler_prefill_tokens"] + r["sampler_decode_tokens"] == r["tokens"] or r["sampler_rebuilds"] > 0
   assert sorted(os.listdir(os.path.join(c.workdir, "checkpoints")))[-1] == "2"
   if "distill" in METHODS[name].loss_terms:
     assert all("loss_distill" in r for r in rows)
