@@ -542,7 +542,7 @@ class Decoder(nnx.Module):
                  token_mask_BxL: jax.Array | None = None,
                  cache: KVCache | None = None, segment_ids_BxL: jax.Array | None = None,
                  prefix_limit_BxL: jax.Array | None = None,
-                 cache_window: int | None = None) -> tuple[jax.Array, KVCache | None]:
+                 cache_window: int | None = None, merge_write: bool = False) -> tuple[jax.Array, KVCache | None]:
         """Float32 logits_BxLxV for every token, and the updated cache (None without one).
 
         See `hidden_states` for the arguments and errors.
@@ -550,7 +550,7 @@ class Decoder(nnx.Module):
         h_BxLxD, cache = self.hidden_states(tokens_BxL, positions_BxL=positions_BxL,
                                             token_mask_BxL=token_mask_BxL, cache=cache,
                                             segment_ids_BxL=segment_ids_BxL, prefix_limit_BxL=prefix_limit_BxL,
-                                            cache_window=cache_window)
+                                            cache_window=cache_window, merge_write=merge_write)
         return self.logits(h_BxLxD), cache
 
     def hidden_states(self, tokens_BxL: jax.Array, *, positions_BxL: jax.Array | None = None,
@@ -558,7 +558,8 @@ class Decoder(nnx.Module):
                       cache: KVCache | None = None, segment_ids_BxL: jax.Array | None = None,
                       prefix_limit_BxL: jax.Array | None = None,
                       cache_is_empty: bool = False,
-                      cache_window: int | None = None) -> tuple[jax.Array, KVCache | None]:
+                      cache_window: int | None = None,
+                      merge_write: bool = False) -> tuple[jax.Array, KVCache | None]:
         """Runs the blocks and the final norm.
 
         Args:
@@ -590,6 +591,12 @@ class Decoder(nnx.Module):
           cache_window: static; with a cache, read only slots [0, cache_window) of it as old keys (default: all
             of them). The caller promises cache.index <= cache_window (no real slot at or after the window). A
             decode step then reads the part of the cache that holds tokens, not its whole capacity.
+          merge_write: static; with a cache, the L tokens' keys/values are written only where token_mask_BxL is
+            True, and the slots of [index, index + L) where it is False keep what the cache holds (their mask bits
+            too); the old keys are the cache's real slots wherever they lie (its mask alone, not slot < index).
+            A sampler uses it to extend rows whose histories end together: a short row's cached tokens may sit
+            inside the block, before its new tokens. The caller promises that every real slot of a row precedes
+            that row's new tokens and that no new token's slot is already real.
 
         Packed (segment) calls always run the "full" attention, whatever cfg.attention_impl says: the chunked and
         splash kernels know only a causal-and-padding mask (splash's segment ids cannot express "also the prefix up
@@ -641,8 +648,11 @@ class Decoder(nnx.Module):
             if cache_window is not None and not (isinstance(cache_window, int) and 1 <= cache_window
                                                  <= cache.capacity):
                 raise ValueError(f"cache_window must be an int in [1, {cache.capacity}], got {cache_window!r}")
-        elif cache_window is not None:
-            raise ValueError("cache_window needs a cache")
+        elif cache_window is not None or merge_write:
+            raise ValueError("cache_window and merge_write need a cache")
+        if merge_write and cache_is_empty:
+            raise ValueError("merge_write extends a cache that holds tokens; it cannot be combined with "
+                             "cache_is_empty")
 
         if positions_BxL is None:
             seen_B = (jnp.zeros((b,), jnp.int32) if cache is None
@@ -660,11 +670,17 @@ class Decoder(nnx.Module):
             index = None
         else:
             index = cache.index.astype(jnp.int32)
-            new_mask_BxS = jax.lax.dynamic_update_slice(cache.mask_BxS, token_mask_BxL, (0, index))
+            written_BxL = token_mask_BxL
+            if merge_write:
+                written_BxL = token_mask_BxL | jax.lax.dynamic_slice(cache.mask_BxS, (0, index), (b, l))
+            new_mask_BxS = jax.lax.dynamic_update_slice(cache.mask_BxS, written_BxL, (0, index))
             window = cache.capacity if cache_window is None else cache_window
             slot_S = jnp.arange(window, dtype=jnp.int32)
-            # Keys come in two parts: the cache's slots before `index` (old tokens) and the L new tokens.
-            old_mask_BxS = cache.mask_BxS[:, :window] & (slot_S < index)[None, :]
+            # Keys come in two parts: the cache's slots before `index` (old tokens; with merge_write every real
+            # slot) and the L new tokens.
+            old_mask_BxS = cache.mask_BxS[:, :window]
+            if not merge_write:
+                old_mask_BxS = old_mask_BxS & (slot_S < index)[None, :]
             mask_old_BxLxS = jnp.broadcast_to(old_mask_BxS[:, None, :], (b, l, window))
             mask_new_BxLxL = jnp.tril(jnp.ones((l, l), jnp.bool_))[None, :, :] & token_mask_BxL[:, None, :]
 
@@ -722,6 +738,13 @@ class Decoder(nnx.Module):
             x_BxLxD, (k_NxBxLxKxDh, v_NxBxLxKxDh) = jax.lax.scan(
                 body, x_BxLxD, (params, cache.k_NxBxSxKxDh, cache.v_NxBxSxKxDh))
             start = (0, 0, index, 0, 0)
+            if merge_write:
+                keep_1xBxLx1x1 = token_mask_BxL[None, :, :, None, None]
+                size = k_NxBxLxKxDh.shape
+                k_NxBxLxKxDh = jnp.where(keep_1xBxLx1x1, k_NxBxLxKxDh,
+                                         jax.lax.dynamic_slice(cache.k_NxBxSxKxDh, start, size))
+                v_NxBxLxKxDh = jnp.where(keep_1xBxLx1x1, v_NxBxLxKxDh,
+                                         jax.lax.dynamic_slice(cache.v_NxBxSxKxDh, start, size))
             k_NxBxSxKxDh = jax.lax.dynamic_update_slice(cache.k_NxBxSxKxDh, k_NxBxLxKxDh, start)
             v_NxBxSxKxDh = jax.lax.dynamic_update_slice(cache.v_NxBxSxKxDh, v_NxBxLxKxDh, start)
 

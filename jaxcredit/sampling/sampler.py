@@ -217,13 +217,13 @@ def _prefill(graphdef, traces, state, cache, tokens_BxP, mask_BxP):
 
 
 def _extend(graphdef, traces, state, cache, tokens_BxW, mask_BxW, positions_BxW, *, window):
-    """Appends W (left-padded) tokens per row at slots [index, index + W) of a cache that already holds tokens;
-    they attend to the cache's real slots (all before `window`, static) and to each other. Returns the last
-    position's logits and the cache."""
+    """Writes W (left-padded) new tokens per row into slots [index, index + W) of a cache that already holds tokens,
+    keeping the real slots the block overlaps (`merge_write`); they attend to the cache's real slots (all before
+    `window`, static) and to each other. Returns the last position's logits and the cache."""
     traces["extend"] += 1
     model = nnx.merge(graphdef, state)
     h_BxWxD, cache = model.hidden_states(tokens_BxW, positions_BxL=positions_BxW, token_mask_BxL=mask_BxW,
-                                         cache=cache, cache_window=window)
+                                         cache=cache, cache_window=window, merge_write=True)
     return model.logits(h_BxWxD[:, -1]).astype(jnp.float32), cache
 
 
@@ -300,8 +300,8 @@ class Sampler:
         window_bucket: a decode step reads the cache slots that hold tokens, rounded up to a multiple of this
             (one decode compilation per multiple reached), not the whole capacity.
         capacity: cache slots per row; default max_len + prompt_bucket + chunk_size, which leaves room for the
-            padding of a session's new tokens and for the last decode chunk. A session whose next call does not
-            fit re-prefills its rows from scratch (`stats["rebuilds"]`).
+            padding of a session's new tokens and for the last decode chunk, so a session never has to rebuild.
+            With less, a call that does not fit re-prefills its rows from scratch (`stats["rebuilds"]`).
 
     Raises:
         ValueError: naming the argument, for a non-positive max_len / chunk_size / prompt_bucket / window_bucket,
@@ -429,10 +429,12 @@ class SamplerSession:
     tokens were written to the cache while they were drawn. Rows not named in a call are freed; the batch shrinks
     to the smallest bucket that holds the named rows (one gather of the cache, which also packs each row's slots).
 
-    The cache is rebuilt from scratch (every row's whole prompt prefilled) when the kept prefixes and the new
-    tokens would not fit the capacity, or after `Sampler.update_model` (a cache computed with the old parameters
-    never serves the new ones). Outputs are those of a fresh `Sampler.generate` up to float rounding: same tokens
-    under greedy decoding, log-probs within float32 noise.
+    Layout: every row's history ends at the same slot (its kept slots, packed, then its new tokens), so a call
+    needs the longest history (or the padded block of new tokens) plus the decode steps, which the default
+    capacity always holds. With a smaller capacity a call that does not fit is rebuilt from scratch (every row's
+    whole prompt prefilled); so is every call after `Sampler.update_model` (a cache computed with the old
+    parameters never serves the new ones). Outputs are those of a fresh `Sampler.generate` up to float rounding:
+    same tokens under greedy decoding, log-probs within float32 noise.
 
     Attributes:
         stats: the Sampler's counters: "prefill_tokens" (real tokens run through a prefill or an extension),
@@ -569,32 +571,35 @@ class SamplerSession:
                 # At least one token is run again: its logits start the draw.
                 kept_slots.append(slots[:min(keep, len(prompt) - 1)])
         kept = max((len(k) for k in kept_slots), default=0)
-        new = max(len(p) - len(k) for p, k in zip(prompts, kept_slots)) if kept_slots else 0
-        width = -(-new // sampler.prompt_bucket) * sampler.prompt_bucket
-        if kept == 0 or kept + width + max_steps > sampler.capacity:
+        rest_lens = [len(p) - len(k) for p, k in zip(prompts, kept_slots)]
+        width = -(-max(rest_lens, default=0) // sampler.prompt_bucket) * sampler.prompt_bucket
+        # Every row's history ends at slot `end`: its kept slots, then its new tokens. The extension writes the
+        # block [end - width, end), merging (a short row's kept tokens may lie inside the block).
+        end = max([len(p) for p in prompts] + [width])
+        if kept == 0 or end + max_steps > sampler.capacity:
             if kept:
                 self.stats["rebuilds"] += 1
             return self._fresh_prefill(prompts, ids, padded_batch, max_steps)
 
-        # Gather the kept rows into the new batch, each row's kept slots packed to end at slot `kept`.
+        # Gather the kept rows into the new batch, each row's kept slots packed to end where its new tokens start.
         old_rows = {row_id: r for r, row_id in enumerate(self._row_ids) if row_id is not None}
         capacity = sampler.capacity
         rows_B = np.zeros((padded_batch,), np.int32)
         src_BxS = np.zeros((padded_batch, capacity), np.int32)
         slot_tokens = np.full((padded_batch, capacity), -1, np.int64)
-        for j, (row_id, slots) in enumerate(zip(ids, kept_slots)):
+        for j, (row_id, slots, rest) in enumerate(zip(ids, kept_slots, rest_lens)):
             if len(slots) == 0:
                 continue
             r = old_rows[row_id]
             rows_B[j] = r
-            src_BxS[j, kept - len(slots):kept] = slots
-            slot_tokens[j, kept - len(slots):kept] = self._slot_tokens[r, slots]
+            src_BxS[j, end - rest - len(slots):end - rest] = slots
+            slot_tokens[j, end - rest - len(slots):end - rest] = self._slot_tokens[r, slots]
         same_shape = len(self._row_ids) == padded_batch
         relayout = sampler._relayout_in_place if same_shape else sampler._relayout
-        cache = relayout(self._cache, rows_B, src_BxS, slot_tokens >= 0, jnp.int32(kept))
+        cache = relayout(self._cache, rows_B, src_BxS, slot_tokens >= 0, jnp.int32(end - width))
         self._cache = None
 
-        # Extend: every row's remaining tokens, left-padded to `width`, at slots [kept, kept + width).
+        # Extend: every row's remaining tokens, left-padded to `width`, at slots [end - width, end).
         tokens_BxW = np.full((padded_batch, width), sampler.pad_id, np.int32)
         mask_BxW = np.zeros((padded_batch, width), bool)
         positions_BxW = np.zeros((padded_batch, width), np.int32)
@@ -603,12 +608,12 @@ class SamplerSession:
             tokens_BxW[j, width - len(rest):] = rest
             mask_BxW[j, width - len(rest):] = True
             positions_BxW[j, width - len(rest):] = np.arange(len(slots), len(prompt))
-            slot_tokens[j, kept + width - len(rest):kept + width] = rest
+            slot_tokens[j, end - len(rest):end] = rest
         logits_BxV, self._cache = sampler._extend(sampler._state, cache, tokens_BxW, mask_BxW, positions_BxW,
-                                                  window=sampler._window(kept))
+                                                  window=sampler._window(end))
         self._slot_tokens = slot_tokens
         self._row_ids = list(ids) + [None] * (padded_batch - batch)
-        self._index = kept + width
+        self._index = end
         self.stats["prefill_tokens"] += int(mask_BxW.sum())
         self.stats["extends"] += 1
         return logits_BxV

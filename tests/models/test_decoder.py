@@ -244,3 +244,44 @@ def test_prefill_into_an_empty_cache_equals_the_two_part_path(attention_impl, ch
     np.testing.assert_allclose(np.asarray(outs[0][1].k_NxBxSxKxDh), np.asarray(outs[1][1].k_NxBxSxKxDh),
                                atol=1e-5, rtol=0)
     np.testing.assert_array_equal(np.asarray(outs[0][1].mask_BxS), np.asarray(outs[1][1].mask_BxS))
+
+
+def test_cache_window_and_merge_write_are_checked():
+    model = make()
+    tokens = jnp.asarray([[1, 2, 3]], jnp.int32)
+    with pytest.raises(ValueError, match="cache_window and merge_write need a cache"):
+        model.hidden_states(tokens, cache_window=4)
+    with pytest.raises(ValueError, match="cache_window and merge_write need a cache"):
+        model.hidden_states(tokens, merge_write=True)
+    cache = init_cache(model.cfg, 1, 8)
+    with pytest.raises(ValueError, match="cache_window must be an int in"):
+        model.hidden_states(tokens, cache=cache, cache_window=9)
+    with pytest.raises(ValueError, match="cannot be combined with cache_is_empty"):
+        model.hidden_states(tokens, cache=cache, cache_is_empty=True, merge_write=True)
+
+
+def test_merge_write_keeps_the_real_slots_inside_its_block():
+    """Row 0's cache holds 5 tokens at slots [0, 5); a 4-slot block at [2, 6) writes one new token at slot 5 and
+    keeps slots 2-4. Its logits and the cache equal a plain extension of the same token after index 5."""
+    model = make()
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def run(state, prefix, token):
+        m = nnx.merge(graphdef, state)
+        _, cache = m(prefix, cache=init_cache(m.cfg, 1, 8))
+        plain_logits, plain = m(token, positions_BxL=jnp.asarray([[5]]), cache=cache)
+        block = jnp.concatenate([jnp.zeros((1, 3), jnp.int32), token], axis=1)
+        mask = jnp.asarray([[False, False, False, True]])
+        positions = jnp.asarray([[0, 0, 0, 5]])
+        merged_logits, merged = m(block, positions_BxL=positions, token_mask_BxL=mask,
+                                  cache=cache.replace(index=jnp.int32(2)), merge_write=True)
+        return plain_logits[:, -1], plain, merged_logits[:, -1], merged
+
+    plain_logits, plain, merged_logits, merged = run(state, jnp.asarray([[3, 1, 4, 1, 5]], jnp.int32),
+                                                     jnp.asarray([[9]], jnp.int32))
+    np.testing.assert_allclose(np.asarray(merged_logits), np.asarray(plain_logits), atol=1e-5, rtol=0)
+    np.testing.assert_array_equal(np.asarray(merged.mask_BxS), np.asarray(plain.mask_BxS))
+    np.testing.assert_allclose(np.asarray(merged.k_NxBxSxKxDh[:, :, :6]), np.asarray(plain.k_NxBxSxKxDh[:, :, :6]),
+                               atol=1e-6, rtol=0)
+    assert int(merged.index) == int(plain.index) == 6

@@ -115,17 +115,31 @@ def test_new_parameters_never_reuse_the_old_cache(model, other_model, prompts):
     assert_same(after, reference.generate(histories, GREEDY, jax.random.key(9)))
 
 
+def test_a_long_kept_row_and_a_long_new_row_share_one_extension(fresh_sampler, sampler, prompts):
+    """Histories end together: row 0 keeps 40 cached tokens and adds 3, a new row brings 40 tokens of its own. Laid
+    out one after the other they would need 40 + 40 slots before decoding; aligned at their ends, 43."""
+    rng = np.random.default_rng(5)
+    session = fresh_sampler.session()
+    long_prompt = [int(t) for t in rng.integers(1, CFG.vocab_size, 34)]
+    out = session.generate([long_prompt], GREEDY, jax.random.key(14), ids=["a"])
+    histories = [long_prompt + out.tokens[0] + [3, 4, 5], [int(t) for t in rng.integers(1, CFG.vocab_size, 40)]]
+    before = fresh_sampler.stats["prefill_tokens"]
+    again = session.generate(histories, GREEDY, jax.random.key(15), ids=["a", "b"])
+    assert fresh_sampler.stats["prefill_tokens"] - before == 3 + 40
+    assert fresh_sampler.stats["rebuilds"] == 0
+    assert_same(again, sampler.generate(histories, GREEDY, jax.random.key(15)))
+
+
 def test_a_call_that_does_not_fit_rebuilds_the_cache(model, sampler, prompts):
-    small = Sampler(model, max_len=MAX_LEN, pad_id=PAD_ID, chunk_size=4, prompt_bucket=8,
-                    capacity=MAX_LEN + 4)
+    """With the smallest capacity (max_len + chunk_size) a 57-token new row pads to a 64-token block, which with 8
+    decode steps passes the 68 slots: the session prefills every row again, with the same result."""
+    small = Sampler(model, max_len=MAX_LEN, pad_id=PAD_ID, chunk_size=4, prompt_bucket=8, capacity=MAX_LEN + 4)
     session = small.session()
-    rng = np.random.default_rng(3)
-    histories = [list(p) for p in prompts]
-    for turn in range(4):
-        out = session.generate(histories, GREEDY, jax.random.key(10 + turn))
-        assert_same(out, sampler.generate(histories, GREEDY, jax.random.key(10 + turn)))
-        histories = [h + t + o for h, t, o in zip(histories, out.tokens, observations(rng, [5, 9, 2]))]
-    assert small.stats["rebuilds"] >= 1
+    first = session.generate(prompts[:1], GREEDY, jax.random.key(16))
+    histories = [prompts[0] + first.tokens[0] + [7], [int(t) % CFG.vocab_size for t in range(3, 60)]]
+    out = session.generate(histories, GREEDY, jax.random.key(17))
+    assert small.stats["rebuilds"] == 1
+    assert_same(out, sampler.generate(histories, GREEDY, jax.random.key(17)))
 
 
 def test_ids_must_name_each_prompt_once(fresh_sampler, prompts):
