@@ -338,7 +338,8 @@ class Sampler:
         self._shardings = jax.tree.map(lambda x: x.sharding, self._state)
         self._traces = collections.Counter()
         self._version = 0
-        self.stats = collections.Counter()
+        # Every counter present from the start (a metrics row then always has each key).
+        self.stats = collections.Counter(prefill_tokens=0, decode_tokens=0, extends=0, rebuilds=0)
         self._cache_dtype = jnp.dtype(cache_dtype if cache_dtype is not None else self.cfg.dtype)
         self._prefill = jax.jit(functools.partial(_prefill, self._graphdef, self._traces), donate_argnums=(1,))
         self._extend = jax.jit(functools.partial(_extend, self._graphdef, self._traces), donate_argnums=(1,),
