@@ -368,13 +368,30 @@ class DecoderLayers(nnx.Module):
         return {name: getattr(self, name)[...] for name in _LAYER_PARAMS if getattr(self, name) is not None}
 
 
+def _project_heads(h_BxLxD: jax.Array, w_DxHxDh: jax.Array) -> jax.Array:
+    """h · w as one dot with a single contracting dimension: [B, L, D] x [D, H·Dh] -> [B, L, H, Dh].
+
+    Same values as einsum("bld,dhk->blhk"); written with the weight flattened to 2-D because XLA:CPU lowered the
+    rank-3 form to dots with extra layout copies (one SmolLM2 layer's forward+backward took 0.24 s that way
+    against 0.17 s flattened; docs/benchmarks.md, "The training forward+backward").
+    """
+    d, h, dh = w_DxHxDh.shape
+    return _dense(h_BxLxD, w_DxHxDh.reshape(d, h * dh)).reshape(*h_BxLxD.shape[:-1], h, dh)
+
+
+def _dense(x_BxLxD: jax.Array, w_DxN: jax.Array) -> jax.Array:
+    """x · w over the last axis of x, computed as one [B·L, D] x [D, N] matrix product; returns [B, L, N]."""
+    b, l, d = x_BxLxD.shape
+    return jnp.dot(x_BxLxD.reshape(b * l, d), w_DxN).reshape(b, l, w_DxN.shape[-1])
+
+
 def _qkv(cfg: ModelConfig, x_BxLxD: jax.Array, p: Mapping[str, jax.Array], cos_BxLxDh: jax.Array,
          sin_BxLxDh: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The block's attention inputs: q_BxLxHxDh, k_BxLxKxDh, v_BxLxKxDh from RMSNorm(x), qk-norm'd and rotated."""
     h_BxLxD = rms_norm(x_BxLxD, p["attn_norm"], cfg.rms_norm_eps)
-    q_BxLxHxDh = jnp.einsum("bld,dhk->blhk", h_BxLxD, p["wq"])
-    k_BxLxKxDh = jnp.einsum("bld,dhk->blhk", h_BxLxD, p["wk"])
-    v_BxLxKxDh = jnp.einsum("bld,dhk->blhk", h_BxLxD, p["wv"])
+    q_BxLxHxDh = _project_heads(h_BxLxD, p["wq"])
+    k_BxLxKxDh = _project_heads(h_BxLxD, p["wk"])
+    v_BxLxKxDh = _project_heads(h_BxLxD, p["wv"])
     if cfg.qk_norm:
         q_BxLxHxDh = rms_norm(q_BxLxHxDh, p["q_norm"], cfg.rms_norm_eps)
         k_BxLxKxDh = rms_norm(k_BxLxKxDh, p["k_norm"], cfg.rms_norm_eps)
@@ -384,15 +401,17 @@ def _qkv(cfg: ModelConfig, x_BxLxD: jax.Array, p: Mapping[str, jax.Array], cos_B
 
 def _finish(cfg: ModelConfig, x_BxLxD: jax.Array, p: Mapping[str, jax.Array], attn_BxLxHxDh: jax.Array) -> jax.Array:
     """The rest of the block: x += attn · wo; x += MLP(RMSNorm(x)) with a SwiGLU or a mixture of SwiGLU experts."""
-    x_BxLxD = x_BxLxD + jnp.einsum("blhk,hkd->bld", attn_BxLxHxDh, p["wo"])
+    b, l, h, dh = attn_BxLxHxDh.shape
+    wo_HDhxD = p["wo"].reshape(h * dh, p["wo"].shape[-1])
+    x_BxLxD = x_BxLxD + _dense(attn_BxLxHxDh.reshape(b, l, h * dh), wo_HDhxD)
     x_BxLxD = constrain(x_BxLxD, ACTIVATION_AXES)
     h_BxLxD = rms_norm(x_BxLxD, p["mlp_norm"], cfg.rms_norm_eps)
     if cfg.is_moe:
         return x_BxLxD + moe_mlp(cfg, h_BxLxD, p)
-    gate_BxLxF = jnp.einsum("bld,df->blf", h_BxLxD, p["w_gate"])
-    up_BxLxF = jnp.einsum("bld,df->blf", h_BxLxD, p["w_up"])
+    gate_BxLxF = _dense(h_BxLxD, p["w_gate"])
+    up_BxLxF = _dense(h_BxLxD, p["w_up"])
     act_BxLxF = constrain(jax.nn.silu(gate_BxLxF) * up_BxLxF, ("activation_batch", "activation_length", "activation_mlp"))
-    return x_BxLxD + jnp.einsum("blf,fd->bld", act_BxLxF, p["w_down"])
+    return x_BxLxD + _dense(act_BxLxF, p["w_down"])
 
 
 def route(cfg: ModelConfig, h_TxD: jax.Array, router_DxE: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -16,6 +16,8 @@ Letters: B batch, L tokens, V vocabulary, D hidden width.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -124,11 +126,14 @@ def chunked_logprobs_and_entropies(h_BxLxD: jax.Array, head_DxV: jax.Array, targ
     by exp(m_old - m_new) when the maximum grows, and the target's logit picked up in the vocabulary chunk that
     holds it. Then logp = z_target - m - log s and entropy = log s - t / s (both terms >= 0, so entropy >= 0).
 
-    Both chunk bodies are wrapped in `jax.checkpoint`, so reverse-mode differentiation recomputes each
-    [B, seq_chunk, vocab_chunk] block of logits instead of storing it: no [B, L, V] or [B, seq_chunk, V] array
-    exists in the forward or the backward pass, the peak extra memory being O(B · seq_chunk · vocab_chunk) plus a
-    few copies of the head (padding and re-layout) and its gradient. logp and entropy are both differentiable
-    with respect to h, head and temperature.
+    The gradient is a custom VJP: the forward pass keeps only h, the head, the targets and per position the
+    logsumexp and the entropy; the backward pass recomputes each [B, seq_chunk, vocab_chunk] block of logits once
+    and turns it into dz (d logp/dz_u = [u = target] - p_u, d entropy/dz_u = -p_u (log p_u + entropy)), then
+    into dh += dz · head_c and dhead_c += dzᵀ · h. No [B, L, V] or [B, seq_chunk, V] array exists in the forward
+    or the backward pass: the peak extra memory is O(B · seq_chunk · vocab_chunk) plus the head's gradient.
+    Forward plus backward cost four logits-sized matrix products (autodiff through checkpointed chunks cost
+    five: docs/benchmarks.md, "The training forward+backward"). logp and entropy are both differentiable with
+    respect to h, head and temperature (reverse mode only).
 
     L and V need not be multiples of the chunk sizes: the sequence is zero-padded (padded positions are dropped
     from the outputs) and padded vocabulary columns get the logit -1e30, which contributes exactly 0.
@@ -186,12 +191,33 @@ def chunked_logprobs_and_entropies(h_BxLxD: jax.Array, head_DxV: jax.Array, targ
     # Vocabulary chunks as [n_v, Vc, D]: a free reshape of the [V, D] layout (a tied table's own).
     head_VxD = jnp.pad(head_DxV.T, ((0, n_v * vc - v), (0, 0)))
     head_NvxVcxD = head_VxD.reshape(n_v, vc, d)
-    offset_Nv = jnp.arange(n_v, dtype=jnp.int32) * vc
 
     h_BxLpxD = jnp.pad(h_BxLxD, ((0, 0), (0, n_l * lc - l), (0, 0)))
     h_NlxBxLcxD = h_BxLpxD.reshape(b, n_l, lc, d).transpose(1, 0, 2, 3)
     tgt_BxLp = jnp.pad(targets_BxL.astype(jnp.int32), ((0, 0), (0, n_l * lc - l)))
     tgt_NlxBxLc = tgt_BxLp.reshape(b, n_l, lc).transpose(1, 0, 2)
+
+    logp_NlxBxLc, entropy_NlxBxLc = _chunked_logp_entropy(h_NlxBxLcxD, head_NvxVcxD, tgt_NlxBxLc, temperature, v)
+    logp_BxL = logp_NlxBxLc.transpose(1, 0, 2).reshape(b, n_l * lc)[:, :l]
+    entropy_BxL = entropy_NlxBxLc.transpose(1, 0, 2).reshape(b, n_l * lc)[:, :l]
+    return logp_BxL, entropy_BxL
+
+
+def _logits_chunk(h_BxLcxD, head_VcxD, offset, temperature, v):
+    """z = h · head_cᵀ / temperature (float32) for one vocabulary chunk, -1e30 on padded columns; and the columns."""
+    vc = head_VcxD.shape[0]
+    b, lc, d = h_BxLcxD.shape
+    # As one [B·Lc, D] x [D, Vc] product: XLA:CPU runs the rank-3 einsum with extra layout copies.
+    z_BxLcxVc = jnp.einsum("td,vd->tv", h_BxLcxD.reshape(b * lc, d), head_VcxD,
+                           preferred_element_type=jnp.float32).reshape(b, lc, vc) / temperature
+    col_Vc = offset + jnp.arange(vc, dtype=jnp.int32)
+    return jnp.where(col_Vc < v, z_BxLcxVc, _NEG), col_Vc
+
+
+def _chunked_forward(h_NlxBxLcxD, head_NvxVcxD, tgt_NlxBxLc, temperature, v):
+    """(logp, entropy, logsumexp), each [Nl, B, Lc] float32, by an online logsumexp over the vocabulary chunks."""
+    n_v, vc, _ = head_NvxVcxD.shape
+    offset_Nv = jnp.arange(n_v, dtype=jnp.int32) * vc
 
     def seq_body(_, xs):
         h_BxLcxD, tgt_BxLc = xs
@@ -199,11 +225,8 @@ def chunked_logprobs_and_entropies(h_BxLxD: jax.Array, head_DxV: jax.Array, targ
         def vocab_body(carry, xs):
             m_BxLc, s_BxLc, t_BxLc, zt_BxLc = carry
             head_VcxD, offset = xs
-            z_BxLcxVc = jnp.einsum("bld,vd->blv", h_BxLcxD, head_VcxD,
-                                   preferred_element_type=jnp.float32) / temperature
-            col_Vc = offset + jnp.arange(vc, dtype=jnp.int32)
-            z_BxLcxVc = jnp.where(col_Vc < v, z_BxLcxVc, _NEG)
-            m_new = jnp.maximum(m_BxLc, jax.lax.stop_gradient(jnp.max(z_BxLcxVc, axis=-1)))
+            z_BxLcxVc, col_Vc = _logits_chunk(h_BxLcxD, head_VcxD, offset, temperature, v)
+            m_new = jnp.maximum(m_BxLc, jnp.max(z_BxLcxVc, axis=-1))
             alpha = jnp.exp(m_BxLc - m_new)
             zc_BxLcxVc = z_BxLcxVc - m_new[..., None]
             e_BxLcxVc = jnp.exp(zc_BxLcxVc)
@@ -214,23 +237,77 @@ def chunked_logprobs_and_entropies(h_BxLxD: jax.Array, head_DxV: jax.Array, targ
                                jnp.sum(jnp.where(hit_BxLcxVc, z_BxLcxVc, 0.0), axis=-1), zt_BxLc)
             return (m_new, s_new, t_new, zt_new), None
 
+        b, lc = tgt_BxLc.shape
         neg_BxLc = jnp.full((b, lc), _NEG, jnp.float32)
         zero_BxLc = jnp.zeros((b, lc), jnp.float32)
-        (m_BxLc, s_BxLc, t_BxLc, zt_BxLc), _ = jax.lax.scan(jax.checkpoint(vocab_body),
-                                                           (neg_BxLc, zero_BxLc, zero_BxLc, neg_BxLc),
+        (m_BxLc, s_BxLc, t_BxLc, zt_BxLc), _ = jax.lax.scan(vocab_body, (neg_BxLc, zero_BxLc, zero_BxLc, neg_BxLc),
                                                            (head_NvxVcxD, offset_Nv))
         log_s_BxLc = jnp.log(s_BxLc)
-        logp_BxLc = (zt_BxLc - m_BxLc) - log_s_BxLc
-        entropy_BxLc = log_s_BxLc - t_BxLc / s_BxLc
-        return None, (logp_BxLc, entropy_BxLc)
+        return None, ((zt_BxLc - m_BxLc) - log_s_BxLc, log_s_BxLc - t_BxLc / s_BxLc, m_BxLc + log_s_BxLc)
 
-    # The outer checkpoint keeps the inner scan's residuals (its carries, and any per-step slice of the head)
-    # from being stacked over sequence chunks: only each chunk's h and targets are saved.
-    _, (logp_NlxBxLc, entropy_NlxBxLc) = jax.lax.scan(jax.checkpoint(seq_body), None,
-                                                      (h_NlxBxLcxD, tgt_NlxBxLc))
-    logp_BxL = logp_NlxBxLc.transpose(1, 0, 2).reshape(b, n_l * lc)[:, :l]
-    entropy_BxL = entropy_NlxBxLc.transpose(1, 0, 2).reshape(b, n_l * lc)[:, :l]
-    return logp_BxL, entropy_BxL
+    _, (logp, entropy, lse) = jax.lax.scan(seq_body, None, (h_NlxBxLcxD, tgt_NlxBxLc))
+    return logp, entropy, lse
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _chunked_logp_entropy(h_NlxBxLcxD, head_NvxVcxD, tgt_NlxBxLc, temperature, v):
+    logp, entropy, _ = _chunked_forward(h_NlxBxLcxD, head_NvxVcxD, tgt_NlxBxLc, temperature, v)
+    return logp, entropy
+
+
+def _chunked_logp_entropy_fwd(h_NlxBxLcxD, head_NvxVcxD, tgt_NlxBxLc, temperature, v):
+    logp, entropy, lse = _chunked_forward(h_NlxBxLcxD, head_NvxVcxD, tgt_NlxBxLc, temperature, v)
+    return (logp, entropy), (h_NlxBxLcxD, head_NvxVcxD, tgt_NlxBxLc, temperature, entropy, lse)
+
+
+def _chunked_logp_entropy_bwd(v, residuals, cotangents):
+    """Each block of logits is recomputed once; with p = softmax(z) and H the entropy,
+
+        d logp / dz_u    = [u = target] - p_u
+        d entropy / dz_u = -p_u (log p_u + H)
+
+    and z = h · headᵀ / temperature gives dh, dhead and dtemperature = -Σ dz · z / temperature."""
+    h_NlxBxLcxD, head_NvxVcxD, tgt_NlxBxLc, temperature, entropy_NlxBxLc, lse_NlxBxLc = residuals
+    g_logp_NlxBxLc, g_ent_NlxBxLc = cotangents
+    n_v, vc, d = head_NvxVcxD.shape
+    offset_Nv = jnp.arange(n_v, dtype=jnp.int32) * vc
+
+    def seq_body(carry, xs):
+        dhead_NvxVcxD, dtemp = carry
+        h_BxLcxD, tgt_BxLc, ent_BxLc, lse_BxLc, g_logp_BxLc, g_ent_BxLc = xs
+
+        def vocab_body(carry, xs):
+            dh_BxLcxD, dtemp = carry
+            head_VcxD, offset = xs
+            z_BxLcxVc, col_Vc = _logits_chunk(h_BxLcxD, head_VcxD, offset, temperature, v)
+            logp_BxLcxVc = z_BxLcxVc - lse_BxLc[..., None]
+            p_BxLcxVc = jnp.exp(logp_BxLcxVc)
+            hit_BxLcxVc = (col_Vc == tgt_BxLc[..., None]) & (col_Vc < v)
+            dz_BxLcxVc = (g_logp_BxLc[..., None] * (hit_BxLcxVc.astype(jnp.float32) - p_BxLcxVc)
+                          - g_ent_BxLc[..., None] * p_BxLcxVc * (logp_BxLcxVc + ent_BxLc[..., None]))
+            dz_BxLcxVc = jnp.where(col_Vc < v, dz_BxLcxVc, 0.0)
+            dtemp = dtemp - jnp.sum(jnp.where(col_Vc < v, dz_BxLcxVc * z_BxLcxVc, 0.0)) / temperature
+            dzs_TxVc = (dz_BxLcxVc / temperature).reshape(b * lc, vc)
+            dh_BxLcxD = dh_BxLcxD + jnp.einsum("tv,vd->td", dzs_TxVc.astype(head_VcxD.dtype), head_VcxD,
+                                               preferred_element_type=jnp.float32).reshape(b, lc, d)
+            dhead_VcxD = jnp.einsum("tv,td->vd", dzs_TxVc.astype(h_BxLcxD.dtype), h_BxLcxD.reshape(b * lc, d),
+                                    preferred_element_type=jnp.float32)
+            return (dh_BxLcxD, dtemp), dhead_VcxD
+
+        b, lc, _ = h_BxLcxD.shape
+        (dh_BxLcxD, dtemp), dhead_c = jax.lax.scan(vocab_body, (jnp.zeros((b, lc, d), jnp.float32), dtemp),
+                                                   (head_NvxVcxD, offset_Nv))
+        return (dhead_NvxVcxD + dhead_c, dtemp), dh_BxLcxD
+
+    (dhead_NvxVcxD, dtemp), dh_NlxBxLcxD = jax.lax.scan(
+        seq_body, (jnp.zeros(head_NvxVcxD.shape, jnp.float32), jnp.zeros((), jnp.float32)),
+        (h_NlxBxLcxD, tgt_NlxBxLc, entropy_NlxBxLc, lse_NlxBxLc, g_logp_NlxBxLc, g_ent_NlxBxLc))
+    tgt_zero = np.zeros(tgt_NlxBxLc.shape, jax.dtypes.float0)
+    return (dh_NlxBxLcxD.astype(h_NlxBxLcxD.dtype), dhead_NvxVcxD.astype(head_NvxVcxD.dtype), tgt_zero,
+            dtemp.astype(temperature.dtype))
+
+
+_chunked_logp_entropy.defvjp(_chunked_logp_entropy_fwd, _chunked_logp_entropy_bwd)
 
 
 def _output_head_DxV(model) -> jax.Array:
