@@ -775,9 +775,13 @@ class Decoder(nnx.Module):
 
     def logits(self, h_BxLxD: jax.Array) -> jax.Array:
         """Float32 logits_BxLxV = h · embeddingᵀ (tied) or h · lm_head (untied); h may have any leading axes."""
+        lead, d = h_BxLxD.shape[:-1], h_BxLxD.shape[-1]
+        h_TxD = h_BxLxD.reshape(math.prod(lead), d)  # one matrix product (see `_dense`)
         if self.lm_head is None:
-            return jnp.einsum("...d,vd->...v", h_BxLxD, self.embedding[...], preferred_element_type=jnp.float32)
-        return jnp.einsum("...d,dv->...v", h_BxLxD, self.lm_head[...], preferred_element_type=jnp.float32)
+            logits_TxV = jnp.einsum("td,vd->tv", h_TxD, self.embedding[...], preferred_element_type=jnp.float32)
+        else:
+            logits_TxV = jnp.einsum("td,dv->tv", h_TxD, self.lm_head[...], preferred_element_type=jnp.float32)
+        return logits_TxV.reshape(*lead, logits_TxV.shape[-1])
 
 
 def packed_attention_mask(token_mask_BxL: jax.Array, segment_ids_BxL: jax.Array,
