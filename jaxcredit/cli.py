@@ -63,11 +63,64 @@ def main(argv: list[str] | None = None) -> int:
   return COMMANDS[command].run(command, argv[2:])
 
 
+def _command_help(command: str) -> str:
+  entry = COMMANDS[command]
+  lines = [f"usage: jaxcredit {command} {entry.synopsis}", "", entry.summary, "",
+           "With --config, --help lists that config's keys, their values (overrides applied) and what each means:",
+           f"  jaxcredit {command} --config configs/quickstart.py --help"]
+  if os.path.isdir("configs"):
+    names = sorted(n for n in os.listdir("configs") if n.endswith(".py") and not n.startswith("_"))
+    lines += ["", "configs here: " + ", ".join(f"configs/{n}" for n in names)]
+  return "\n".join(lines)
+
+
+def _wants_help(args: list[str]) -> bool:
+  return any(a in ("-h", "--help") for a in args)
+
+
+def _parse_config(path_and_overrides: list[str], command: str):
+  """ml_collections' parse of `--config PATH` plus overrides (raises what it raises)."""
+  from absl import flags
+  from ml_collections import config_flags
+
+  flag_values = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, "experiment config file (configs/X.py)", flag_values=flag_values,
+                                  lock_config=True)
+  argv = [f"jaxcredit {command}"] + path_and_overrides
+  saved_argv, sys.argv = sys.argv, argv  # ml_collections finds --config.key overrides in sys.argv
+  try:
+    flag_values(argv)
+    return flag_values.config
+  finally:
+    sys.argv = saved_argv
+
+
+def _bad_override(command: str, path: str | None, args: list[str], e: BaseException) -> str:
+  """One line for a failed override: the unknown key and its closest match, or the bad value's message."""
+  from jaxcredit.train import config_help
+
+  try:
+    base = _parse_config([f"--config={path}"], command) if path else None
+  except Exception:  # noqa: BLE001 - the file itself is reported by the caller's message below
+    base = None
+  if base is not None:
+    message = config_help.unknown_key_message(base, args)
+    if message:
+      return f"jaxcredit {command}: {message}"
+  text = str(e.args[0]) if getattr(e, "args", None) else str(e)
+  return f"jaxcredit {command}: bad config override: {' '.join(text.split())}"
+
+
 def _load_config(command: str, args: list[str]):
   """The config file plus --config.key=value overrides, through ml_collections config flags; an int exit code
-  (after printing one line) when they are bad."""
+  (after printing one line) when they are bad, or 0 after printing the help (`--help`)."""
+  wants_help = _wants_help(args)
+  args = [a for a in args if a not in ("-h", "--help")]
   if not any(a == "--config" or a.startswith("--config=") for a in args):
-    print(f"jaxcredit {command}: --config is required\n\n{_usage()}", file=sys.stderr)
+    if wants_help:
+      print(_command_help(command))
+      return 0
+    print(f"jaxcredit {command}: --config is required\n\n{_command_help(command)}", file=sys.stderr)
     return 2
 
   path = _config_path(args)
@@ -76,30 +129,31 @@ def _load_config(command: str, args: list[str]):
     return 2
 
   from absl import flags
-  from ml_collections import config_flags
 
-  flag_values = flags.FlagValues()
-  config_flags.DEFINE_config_file("config", None, "experiment config file (configs/X.py)", flag_values=flag_values,
-                                  lock_config=True)
-  argv = [f"jaxcredit {command}"] + args
-  saved_argv, sys.argv = sys.argv, argv  # ml_collections finds --config.key overrides in sys.argv
   try:
-    flag_values(argv)
-    config = flag_values.config
+    config = _parse_config(args, command)
   except flags.Error as e:
-    print(f"jaxcredit {command}: {e}", file=sys.stderr)
+    if "Unknown command line flag 'config." in str(e) or "config." in str(e):
+      print(_bad_override(command, path, args, e), file=sys.stderr)
+    else:
+      print(f"jaxcredit {command}: {e}", file=sys.stderr)
     return 2
   except (KeyError, AttributeError, ValueError, TypeError) as e:
-    print(f"jaxcredit {command}: bad config override: {e}", file=sys.stderr)
+    print(_bad_override(command, path, args, e), file=sys.stderr)
     return 2
   except OSError as e:  # raised by the parse in some versions, on first access in others
     print(f"jaxcredit {command}: cannot load the config file: {e}", file=sys.stderr)
     return 2
-  finally:
-    sys.argv = saved_argv
   if config is None:
-    print(f"jaxcredit {command}: --config is required\n\n{_usage()}", file=sys.stderr)
+    print(f"jaxcredit {command}: --config is required\n\n{_command_help(command)}", file=sys.stderr)
     return 2
+  if wants_help:
+    from jaxcredit.train import config_help
+
+    print(f"usage: jaxcredit {command} {COMMANDS[command].synopsis}\n\n{path}, every key (override any with "
+          f"--config.KEY=VALUE):\n")
+    print(config_help.describe_config(config, path.split(":")[0] if path else None))
+    return 0
   return config
 
 
@@ -120,6 +174,8 @@ def _credit(command: str, args: list[str]) -> int:
       paths[key], i = args[i + 1], i + 2
     else:
       paths[key], i = a.split("=", 1)[1], i + 1
+  if _wants_help(rest):
+    return _load_config(command, rest)
   for key in ("--in", "--out"):
     if not paths.get(key) or paths[key].startswith("--"):
       print(f"jaxcredit {command}: {key} needs a path\n\n{_usage()}", file=sys.stderr)
@@ -162,7 +218,20 @@ def _train(command: str, args: list[str]) -> int:
   except (ValueError, NotImplementedError, FileNotFoundError, FloatingPointError) as e:
     print(f"jaxcredit {command}: error: {e}", file=sys.stderr)
     return 1
+  except KeyboardInterrupt:
+    print(f"\njaxcredit {command}: interrupted; {_last_checkpoint(config.workdir)}", file=sys.stderr)
+    return 130
   return 0
+
+
+def _last_checkpoint(workdir: str) -> str:
+  """Where a rerun of the same command resumes from, in words."""
+  directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
+  steps = sorted(int(n) for n in (os.listdir(directory) if os.path.isdir(directory) else []) if n.isdigit())
+  if not steps:
+    return f"no checkpoint yet in {directory}; a rerun starts over"
+  return (f"the last checkpoint is RL step {steps[-1]} in {directory} (step 0: the warm start); the same command "
+          f"resumes from it")
 
 
 class _UsageError(Exception):
@@ -262,6 +331,13 @@ def _plan(command: str, args: list[str]) -> int:
     else:
       rest.append(args[i])
     i += 1
+  if _wants_help(args):
+    if not any(a == "--config" or a.startswith("--config=") for a in rest):
+      print(_command_help(command) + "\n\n  --topology  a TPU topology, e.g. v5p:4x4x4 or v5e:4x4 (required)\n"
+            "  --mesh      mesh axis sizes, e.g. fsdp=16,tensor=4; `data` takes the chips the named axes leave\n"
+            "  --json      also write the report to this file")
+      return 0
+    return _load_config(command, rest)
   if "topology" not in own:
     print("jaxcredit plan: --topology is required (e.g. v5p:4x4x4)", file=sys.stderr)
     return 2

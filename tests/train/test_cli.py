@@ -94,3 +94,57 @@ def test_an_infinite_knob_the_credit_function_allows_passes_validation():
   c.credit.crest.tau = float("-inf")     # gate closed: CrEST is plain per-unit GRPO
   c.teacher.context_wrapper = ""         # no insertion
   validate(c)
+
+
+def test_a_misspelt_key_is_named_with_the_closest_existing_key(tmp_path):
+  for typo, closest in (("rollout.group_sise", "rollout.group_size"), ("rollut.group_size", "rollout.group_size"),
+                        ("credit.trace.betta", "credit.trace.beta")):
+    p = _cli("train", "--config", "configs/quickstart.py", f"--config.{typo}=1", f"--config.workdir={tmp_path}/w")
+    assert p.returncode == 2, p.stderr[-2000:]
+    lines = p.stderr.strip().splitlines()
+    assert lines[-1] == f"jaxcredit train: unknown config key '{typo}'; the closest key is '{closest}'", lines
+    assert "Traceback" not in p.stderr
+  p = _cli("train", "--config", "configs/quickstart.py", "--config.rollout.group_size=abc")
+  assert p.returncode == 2 and "--config.rollout.group_size=abc" in p.stderr and "\n" not in p.stderr.strip()
+
+
+def test_help_lists_every_config_key_with_its_value_and_description():
+  p = _cli("train", "--config", "configs/quickstart.py", "--config.rollout.group_size=8", "--help")
+  assert p.returncode == 0, p.stderr[-2000:]
+  lines = p.stdout.splitlines()
+  # The override is applied, and the comment that sets the key in the base config is its description.
+  assert any(l.startswith("rollout.group_size = 8 ") and l.endswith("# G rollouts per prompt") for l in lines), lines
+  # A method knob is described by its credit function's docstring.
+  assert any(l.startswith("credit.gear.alpha = 1.0") and "strength of the redistribution" in l for l in lines)
+  from jaxcredit.train import config as config_lib
+  from jaxcredit.train.config_help import config_items
+  every = [k for k, _ in config_items(config_lib.base_config())]
+  listed = {l.split(" = ", 1)[0] for l in lines if " = " in l}
+  assert set(every) <= listed, sorted(set(every) - listed)[:5]
+
+  p = _cli("train", "--help")
+  assert p.returncode == 0 and "usage: jaxcredit train --config" in p.stdout and "configs/quickstart.py" in p.stdout
+  p = _cli("plan", "--help")
+  assert p.returncode == 0 and "--topology" in p.stdout and "required" not in p.stderr
+  for command in ("sft", "credit", "plan"):
+    p = _cli(command, "--config", "configs/quickstart.py", "--help")
+    assert p.returncode == 0 and "\nrollout.group_size = 4 " in p.stdout, (command, p.stderr[-2000:])
+
+
+def test_ctrl_c_stops_with_one_line_naming_the_last_checkpoint(tmp_path, monkeypatch, capsys):
+  from jaxcredit import cli
+  from jaxcredit.train import trainer
+
+  def interrupted(config, sft_only=False):
+    os.makedirs(os.path.join(config.workdir, "checkpoints", "4"))
+    os.makedirs(os.path.join(config.workdir, "checkpoints", "2"))
+    os.makedirs(os.path.join(config.workdir, "checkpoints", "6.orbax-checkpoint-tmp-1"))  # an unfinished save
+    raise KeyboardInterrupt
+
+  monkeypatch.setattr(trainer, "train", interrupted)
+  code = cli.main(["jaxcredit", "train", "--config", os.path.join(ROOT, "configs/quickstart.py"),
+                   f"--config.workdir={tmp_path}/w"])
+  err = capsys.readouterr().err.strip()
+  assert code == 130
+  assert err == (f"jaxcredit train: interrupted; the last checkpoint is RL step 4 in {tmp_path}/w/checkpoints "
+                 f"(step 0: the warm start); the same command resumes from it"), err
