@@ -240,6 +240,41 @@ def warm_start(run: Run, params) -> Any:
   return params
 
 
+def ppo_updates(update, params, opt_state, batch: dict, mesh, *, epochs: int, num_mini_batches: int,
+                seed: tuple[int, int]):
+  """`epochs` passes over one step's rollouts, each split into `num_mini_batches` mini-batches, one optimizer update
+  per mini-batch (PPO's epochs and mini-batches; 1 and 1 is one update on the whole batch).
+
+  Every pass draws a fresh order of the rollouts from `seed` (the run's seed and the RL step, so a resumed run
+  repeats it). The behaviour log-probs stay those of the sampler, so from the second update on the ratio departs
+  from 1 and the PPO clip acts. Each mini-batch's loss is normalised by its own tokens.
+
+  Args:
+    update: `step.make_update_fn`'s (params, opt_state, batch) -> (params, opt_state, metrics).
+    batch: host arrays with a leading [B] axis (`_batch`).
+    mesh: where each mini-batch is placed (`sharding.shard_batch`).
+
+  Returns:
+    (params, opt_state, metrics): metrics are the mean over the updates of each scalar, plus "updates", and
+    "clip_last" / "ratio_dev_last", the clip fraction and ratio deviation of the last update.
+  """
+  b = len(next(iter(batch.values())))
+  size = b // num_mini_batches
+  rng = np.random.default_rng(list(seed))
+  rows = []
+  for _ in range(epochs):
+    order = rng.permutation(b) if epochs * num_mini_batches > 1 else np.arange(b)
+    for k in range(num_mini_batches):
+      idx = np.sort(order[k * size:(k + 1) * size])
+      mini = sharding.shard_batch({name: np.asarray(x)[idx] for name, x in batch.items()}, mesh)
+      params, opt_state, m = update(params, opt_state, mini)
+      rows.append(jax.device_get(m))
+  metrics = {k: float(np.mean([r[k] for r in rows])) for k in rows[0]}
+  metrics["updates"] = len(rows)
+  metrics["clip_last"], metrics["ratio_dev_last"] = float(rows[-1]["clip"]), float(rows[-1]["ratio_dev"])
+  return params, opt_state, metrics
+
+
 def _batch(traj, extra: dict) -> dict:
   """The update's batch: the trajectory's token arrays plus what the loss terms read (`LossTerm.batch_keys`)."""
   return {
@@ -395,9 +430,9 @@ def rl_step_fn(run: Run, params, opt_state, ref_params, data, update, ref_logp, 
   if ref_logp is not None:
     extra["ref_logp_BxL"] = np.asarray(ref_logp(ref_params, traj.tokens_BxL, traj.token_mask_BxL))
   step_lib.check_batch_keys(extra, _loss_config(c), who=f"method {c.credit.method!r}")
-  batch = sharding.shard_batch(_batch(traj, extra), run.mesh)
-  params, opt_state, m = update(params, opt_state, batch)
-  m = jax.device_get(m)
+  params, opt_state, m = ppo_updates(update, params, opt_state, _batch(traj, extra), run.mesh,
+                                     epochs=c.train.ppo_epochs, num_mini_batches=c.train.num_mini_batches,
+                                     seed=(c.seed, rl_step))
   t_update = time.time() - t2
   act = traj.action_mask_BxL & traj.sample_mask_B[:, None]
   a = out.adv_BxL[act]
@@ -413,7 +448,8 @@ def rl_step_fn(run: Run, params, opt_state, ref_params, data, update, ref_logp, 
       "adv_mean": float(a.mean()) if a.size else 0.0,
       "adv_std": float(a.std()) if a.size else 0.0,
       "loss": float(m["loss"]), "clip_frac": float(m["clip"]),
-      "ratio_dev": float(m["ratio_dev"]), "grad_norm": float(m["grad_norm"]),
+      "ratio_dev": float(m["ratio_dev"]), "grad_norm": float(m["grad_norm"]), "updates": int(m["updates"]),
+      "clip_frac_last": m["clip_last"], "ratio_dev_last": m["ratio_dev_last"],
       "action_tokens": int(act.sum()), "tokens": int(traj.token_mask_BxL.sum()),
       "tokens_per_s": float(traj.token_mask_BxL.sum() / max(t_update, 1e-9)),
       "rollout_s": t_roll, "score_s": t_score, "update_s": t_update, "step_s": time.time() - t0,
