@@ -1,8 +1,5 @@
-"""Every case of shared/cases/credit_cases.json whose `fn` is a jaxcredit.credit function, with its exact values.
-
-The file lives outside the repository: $JAXCREDIT_SHARED/cases/credit_cases.json when that variable is set,
-else <repo>/../shared/cases/credit_cases.json.
-"""
+"""Every credit case (tests/data/credit_cases.json, see tests/shared_cases.py) whose `fn` is a jaxcredit.credit
+function, with its exact values."""
 
 import json
 import os
@@ -13,12 +10,7 @@ import numpy as np
 import pytest
 
 from jaxcredit import credit
-
-
-def _cases_path() -> Path:
-  shared = os.environ.get("JAXCREDIT_SHARED")
-  root = Path(shared) if shared else Path(__file__).resolve().parents[2] / ".." / "shared"
-  return root / "cases" / "credit_cases.json"
+from tests import shared_cases
 
 
 def _decode(value):
@@ -31,11 +23,7 @@ def _decode(value):
 
 
 def _load_cases():
-  path = _cases_path()
-  if not path.is_file():
-    return [pytest.param(None, marks=pytest.mark.skip(reason=f"case file not found: {path}"), id="missing")]
-  cases = json.loads(path.read_text())["cases"]
-  mine = [c for c in cases if c.get("fn") in credit.__all__]
+  mine = [c for c in shared_cases.cases() if c.get("fn") in credit.__all__]
   return [pytest.param(c, id=c["id"]) for c in mine]
 
 
@@ -44,10 +32,7 @@ CASES = _load_cases()
 
 def test_every_credit_library_case_is_collected():
   """A case owned by the credit library whose `fn` is not exported would otherwise be silently dropped."""
-  path = _cases_path()
-  if not path.is_file():
-    pytest.skip(f"case file not found: {path}")
-  owned = [c for c in json.loads(path.read_text())["cases"] if "credit library" in c.get("owner", "")]
+  owned = [c for c in shared_cases.cases() if "credit library" in c.get("owner", "")]
   assert owned
   assert [c["id"] for c in owned if c["fn"] not in credit.__all__] == []
 

@@ -13,7 +13,7 @@ from jaxcredit.sampling import SampleOutput, Sampler, SamplingParams
 from jaxcredit.sampling.sampler import _top_p_keep
 from tests.sampling.sampling_reference import (CFG, MAX_LEN, PAD_ID, full_logits, full_logprobs, naive_greedy,
                                                pack_left)
-from tests.shared_cases import case, shared_dir
+from tests.shared_cases import case
 
 NUM_NEW = 20  # crosses the chunk boundaries at 8 and 16 (chunk_size 8) and ends mid-chunk
 GREEDY = SamplingParams(temperature=1.0, top_p=1e-6, max_new_tokens=NUM_NEW)
@@ -25,9 +25,7 @@ def decode_text(ids: list[int]) -> str:
 
 
 def temperature_consistency_tol() -> float:
-    if (shared_dir() / "cases" / "credit_cases.json").exists():
-        return case("temperature-consistency")["tol"]
-    return 1e-4  # the shared case's value, for a checkout without ../shared
+    return case("temperature-consistency")["tol"]
 
 
 def log_softmax_np(x: np.ndarray) -> np.ndarray:
