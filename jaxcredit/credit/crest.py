@@ -43,7 +43,7 @@ def crest_turn_advantages(turn_rewards: ArrayLike, turn_mask: ArrayLike, sample_
   Raises:
     ValueError: `turn_rewards` is not [G, U], `turn_mask` is not [G, U], `sample_mask` is not [G], or a bad knob.
 
-  Source: CrEST ("turn-segmented verified advantages"); specs/credit.md "CrEST".
+  Source: CrEST ("turn-segmented verified advantages"); docs/credit.md, "CrEST".
   """
   fn = "crest_turn_advantages"
   scale = _checks.knob_choice(fn, "scale", scale, outcome.SCALES)
@@ -126,7 +126,7 @@ def crest_token_weights(turn_adv: ArrayLike, turn_ids: ArrayLike, action_mask: A
     ValueError: a token array is not [L] (all must match), `turn_ids` is not integer, `turn_adv` is not [U],
       or temperature <= 0, max_log_ratio outside [0, 80], tau is NaN.
 
-  Source: CrEST ("entropy-gated self-teacher modulation"); specs/credit.md "CrEST".
+  Source: CrEST ("entropy-gated self-teacher modulation"); docs/credit.md, "CrEST".
   """
   fn = "crest_token_weights"
   knobs = _check_modulation_knobs(fn, tau, temperature, max_log_ratio)
@@ -168,7 +168,7 @@ def crest_advantages(turn_rewards: ArrayLike, turn_mask: ArrayLike, turn_ids: Ar
   Raises:
     ValueError: any array not of its shape above (the message names it), or a bad knob.
 
-  Source: CrEST; specs/credit.md "CrEST".
+  Source: CrEST; docs/credit.md, "CrEST".
   """
   fn = "crest_advantages"
   scale = _checks.knob_choice(fn, "scale", scale, outcome.SCALES)

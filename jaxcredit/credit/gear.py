@@ -120,7 +120,9 @@ def gear_segments(divergence: ArrayLike, entropy: ArrayLike, action_mask: ArrayL
   Raises:
     ValueError: the arrays are not all [L]; k_sigma < 0; eps <= 0; tau_low or entropy_floor is NaN.
 
-  Source: GEAR (divergence-anchored adaptive segments); specs/credit.md "GEAR".
+  Source:
+  "GEAR: Granularity-Adaptive Advantage Reweighting for LLM Agents via Self-Distillation" (arXiv 2605.11853),
+  divergence-anchored adaptive segments; docs/credit.md, "GEAR".
   """
   fn = "gear_segments"
   k_sigma, tau_low, entropy_floor, eps = _check_segment_knobs(fn, k_sigma, tau_low, entropy_floor, eps)
@@ -164,7 +166,9 @@ def gear_advantages(seq_adv: ArrayLike, divergence: ArrayLike, entropy: ArrayLik
     ValueError: `seq_adv` is not a scalar, the token arrays are not all [L], alpha < 0, or a knob of
       gear_segments is invalid.
 
-  Source: GEAR ("redistributes local credit" to divergence-anchored segments); specs/credit.md "GEAR".
+  Source:
+  "GEAR: Granularity-Adaptive Advantage Reweighting for LLM Agents via Self-Distillation" (arXiv 2605.11853), which
+  "redistributes local credit" to divergence-anchored segments; docs/credit.md, "GEAR".
   """
   fn = "gear_advantages"
   alpha = _checks.knob_float(fn, "alpha", alpha, ge=0.0)

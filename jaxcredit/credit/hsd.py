@@ -38,7 +38,9 @@ def hsd_select_peers(rewards: ArrayLike, sample_mask: ArrayLike | None, key: Arr
   Raises:
     ValueError: `rewards` / `sample_mask` not [G]; success_threshold not a finite scalar.
 
-  Source: HSD (hindsight self-distillation); specs/credit.md "HSD".
+  Source:
+  "Localizing Credit at the Divergence: Path-Conditioned Self-Distillation for LLM Reasoning" (HSD, arXiv 2606.15576);
+  docs/credit.md, "HSD".
   """
   fn = "hsd_select_peers"
   threshold = _checks.knob_float(fn, "success_threshold", success_threshold)
@@ -77,7 +79,9 @@ def hsd_token_advantages(teacher_logp: ArrayLike, policy_logp: ArrayLike, action
   Raises:
     ValueError: the three arrays are not all [L]; clip <= 0.
 
-  Source: HSD; specs/credit.md "HSD".
+  Source:
+  "Localizing Credit at the Divergence: Path-Conditioned Self-Distillation for LLM Reasoning" (HSD, arXiv 2606.15576);
+  docs/credit.md, "HSD".
   """
   fn = "hsd_token_advantages"
   clip = _checks.knob_float(fn, "clip", clip, gt=0.0, allow_inf=True)

@@ -46,7 +46,7 @@ def toolopd_token_weights(logp_skill: ArrayLike, logp_base: ArrayLike, success: 
       max_credit <= 0; normalize is not a bool.
 
   Source: ToolOPD (outcome-aware hindsight credit for on-policy distillation of tool use);
-  specs/credit.md "ToolOPD".
+  docs/credit.md, "ToolOPD".
   """
   fn = "toolopd_token_weights"
   max_credit = _checks.knob_float(fn, "max_credit", max_credit, gt=0.0)

@@ -55,8 +55,10 @@ def trace_td_rewards(gold_logp: ArrayLike, boundary_mask: ArrayLike) -> Array:
   Raises:
     ValueError: `gold_logp` is not [T+1] with T >= 0 or `boundary_mask` does not match it.
 
-  Source: TRACE (turn-level TD credit from a frozen reference's gold-answer log-probability);
-  specs/credit.md "TRACE".
+  Source:
+  "Of Errors and Echoes: Responsibility-Aware Credit Assignment for Tool-Use Agents" (TRACE):
+  turn-level TD credit from a frozen reference's gold-answer log-probability;
+  docs/credit.md, "TRACE".
   """
   shapes = _checks.Shapes("trace_td_rewards")
   gold_T1 = shapes.float("gold_logp", gold_logp, "T+1")
@@ -97,7 +99,8 @@ def trace_advantages(rewards: ArrayLike, gold_logp: ArrayLike, boundary_mask: Ar
   Raises:
     ValueError: shapes disagree (message names the argument and [G], [G,T+1], [G,T]), or a knob is invalid.
 
-  Source: TRACE; specs/credit.md "TRACE".
+  Source:
+  "Of Errors and Echoes: Responsibility-Aware Credit Assignment for Tool-Use Agents"; docs/credit.md, "TRACE".
   """
   fn = "trace_advantages"
   beta = _checks.knob_float(fn, "beta", beta, ge=0.0)
