@@ -316,6 +316,32 @@ def _fresh_start(run: Run, optimizer, opt_sh, data):
   return params, opt_state, ref_params
 
 
+def run_overview(c: ml_collections.ConfigDict, *, resume_step: int | None, num_eval_tasks: int,
+                 sft_only: bool = False) -> str:
+  """The run's phases and their sizes, in order, as printed when training starts (each phase then has its own
+  progress bar). `resume_step` is the latest checkpoint's RL step, or None for a fresh run."""
+  phases = []
+  if resume_step is None:
+    if c.eval.before_sft and c.sft.steps > 0:
+      phases.append(f"eval ({num_eval_tasks} held-out tasks)")
+    if c.sft.steps > 0:
+      phases.append(f"warm start ({c.sft.steps} steps of {c.sft.batch_size} demonstrations)")
+      if c.eval.after_sft:
+        phases.append(f"eval ({num_eval_tasks})")
+  rl_start = 0 if resume_step is None else resume_step
+  if not sft_only:
+    rollouts = c.rollout.prompts_per_step * c.rollout.group_size
+    updates = c.train.ppo_epochs * c.train.num_mini_batches
+    left = max(c.total_steps - rl_start, 0)
+    phases.append(f"RL steps {rl_start + 1}-{c.total_steps} ({left} x {rollouts} rollouts, {c.credit.method}"
+                  + (f", {updates} updates each" if updates > 1 else "") + ")" if left else
+                  f"RL: none left (checkpoint at step {rl_start} of total_steps={c.total_steps})")
+    if c.eval.at_end:
+      phases.append(f"eval ({num_eval_tasks})")
+  where = "fresh run" if resume_step is None else f"resuming at RL step {resume_step}"
+  return f"[jaxcredit] {c.workdir}, {where}: " + " -> ".join(phases)
+
+
 def train(config: ml_collections.ConfigDict, *, sft_only: bool = False) -> dict:
   """Runs (or resumes) the whole job. Returns the last eval metrics (or {})."""
   run = build(config)
@@ -326,6 +352,7 @@ def train(config: ml_collections.ConfigDict, *, sft_only: bool = False) -> dict:
   loss_cfg = _loss_config(c)
   data = _data_iterator(len(run.train_tasks), c.rollout.prompts_per_step, seed=c.seed)
   latest = run.ckpt.latest_step()
+  print(run_overview(c, resume_step=latest, num_eval_tasks=len(run.eval_tasks), sft_only=sft_only))
   if latest is not None:
     params, opt_state, meta = run.ckpt.restore(latest, run.params, jax.jit(optimizer.init, out_shardings=opt_sh)(run.params))
     rl_step = int(meta["rl_step"])
