@@ -266,7 +266,8 @@ def _convert(command: str, args: list[str]) -> int:
   """convert: an HF folder or a GGUF file into a converted checkpoint; prints a tqdm bar and a summary line."""
   def build(p):
     source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--hf", metavar="DIR", help="Hugging Face folder: config.json + safetensors (+ index)")
+    source.add_argument("--hf", metavar="DIR", help="Hugging Face folder (config.json + safetensors (+ index)) or "
+                                                    "a Hub id org/name[@revision]")
     source.add_argument("--gguf", metavar="FILE", help="llama.cpp GGUF file (llama, qwen3)")
     p.add_argument("--out", metavar="DIR", required=True, help="the converted checkpoint folder to create")
     p.add_argument("--dtype", default=None, help="store parameters in this dtype (bf16, f32, f16); "
@@ -278,8 +279,10 @@ def _convert(command: str, args: list[str]) -> int:
       return 0
     from jaxcredit.models import hf
 
+    from jaxcredit.models import resolve_source
+
     convert = hf.convert_hf if ns.hf is not None else hf.convert_gguf
-    stats = convert(ns.hf if ns.hf is not None else ns.gguf, ns.out, dtype=ns.dtype, progress=True)
+    stats = convert(resolve_source(ns.hf) if ns.hf is not None else ns.gguf, ns.out, dtype=ns.dtype, progress=True)
   except (_UsageError, ValueError, OSError) as e:  # OSError: missing, unreadable or existing paths
     print(f"jaxcredit {command}: error: {_one_line(e)}", file=sys.stderr)
     return 2

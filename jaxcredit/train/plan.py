@@ -283,10 +283,12 @@ def model_config_for(source: str, config=None) -> ModelConfig:
   if source.startswith("preset:") or source.lower() in presets.PRESETS:
     cfg = presets.preset(source)
   else:
-    if source == "smollm2":
-      from jaxcredit.models import smollm2_gguf_path
-      source = str(smollm2_gguf_path())
-    path = Path(source).expanduser()
+    from jaxcredit.models import resolve_source
+    try:
+      path = resolve_source(source, patterns=("config.json",))  # a Hub id: its config is all a plan needs
+    except FileNotFoundError as e:
+      raise FileNotFoundError(f"config.model.source {source!r} is not a preset ({sorted(presets.PRESETS)}), "
+                              f"a checkpoint folder, a GGUF file or a Hub id ({e})") from None
     if (path / "model_config.json").is_file():
       stored = json.loads((path / "model_config.json").read_text())
       if not isinstance(stored, dict):

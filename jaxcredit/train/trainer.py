@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 from jaxcredit import sharding
 from jaxcredit.envs import EnvSpec, make_env_spec
-from jaxcredit.models import load, load_tokenizer, smollm2_gguf_path
+from jaxcredit.models import load, load_tokenizer, resolve_source
 from jaxcredit.models.decoder import param_logical_axes
 from jaxcredit.rollout.chat_format import ChatFormat
 from jaxcredit.rollout import jsonl as jsonl_lib
@@ -90,7 +90,8 @@ def _make_sampler(config, model, tok) -> Sampler:
 
 
 def _source_path(source: str):
-  return smollm2_gguf_path() if source == "smollm2" else source
+  """A local path for a model source: "smollm2", a file or folder, or a Hub id (`jaxcredit.models.resolve_source`)."""
+  return resolve_source(source)
 
 
 def _load_teacher(config, mesh, tok, policy_cfg) -> passes_lib.Model | None:
