@@ -62,18 +62,57 @@ def gguf_metadata(path) -> dict[str, Any]:
     return {key: field.contents() for key, field in reader.fields.items()}
 
 
+# `<arch>.*` keys the loader reads, or that do not change the model's function (context_length: the trained length;
+# rope.scaling.finetuned: a flag). Any other `<arch>.*` key is refused by name rather than silently dropped.
+_KNOWN_ARCH_KEYS = frozenset({
+    "embedding_length", "attention.head_count", "attention.head_count_kv", "attention.key_length",
+    "attention.value_length", "rope.dimension_count", "vocab_size", "feed_forward_length", "block_count",
+    "rope.freq_base", "attention.layer_norm_rms_epsilon", "context_length", "rope.scaling.type", "rope.scaling.factor",
+    "rope.scale_linear", "rope.scaling.original_context_length", "rope.scaling.finetuned",
+})
+
+
+def _rope_scaling(meta: dict[str, Any], arch: str) -> dict[str, Any]:
+    """The RoPE scaling the metadata declares, as a ModelConfig.rope_scaling dict ({} for none).
+
+    `<arch>.rope.scaling.type` "linear" with `<arch>.rope.scaling.factor`, or the older `<arch>.rope.scale_linear`,
+    give linear scaling (positions divided by the factor, as transformers' "linear"); "none", or a factor of 1,
+    gives none. Other types are refused by name."""
+    kind = meta.get(f"{arch}.rope.scaling.type")
+    kind = kind.decode() if isinstance(kind, bytes) else kind
+    factor = meta.get(f"{arch}.rope.scaling.factor", meta.get(f"{arch}.rope.scale_linear"))
+    if kind is None and f"{arch}.rope.scale_linear" in meta:
+        kind = "linear"
+    if kind in (None, "none") or (factor is not None and float(factor) == 1.0):
+        return {}
+    if kind != "linear":
+        raise ValueError(f"GGUF metadata {arch}.rope.scaling.type={kind!r} is not supported (only 'linear' and "
+                         f"'none'); refusing rather than loading the model without its RoPE scaling")
+    if factor is None or not float(factor) > 0:
+        raise ValueError(f"GGUF metadata {arch}.rope.scaling.type='linear' needs a positive "
+                         f"{arch}.rope.scaling.factor, got {factor!r}")
+    return {"rope_type": "linear", "factor": float(factor)}
+
+
 def config_from_metadata(meta: dict[str, Any], has_output: bool, dtype: str = "float32") -> ModelConfig:
     """Maps `<arch>.*` metadata to a ModelConfig.
 
     head_dim is `<arch>.attention.key_length`, else `<arch>.rope.dimension_count`, else D / H. The vocabulary is
-    `<arch>.vocab_size`, else the length of `tokenizer.ggml.tokens`.
+    `<arch>.vocab_size`, else the length of `tokenizer.ggml.tokens`. Linear RoPE scaling is read from
+    `<arch>.rope.scaling.*` (see `_rope_scaling`).
 
     Raises:
-      ValueError: for an architecture other than llama / qwen3, or a missing required key (named).
+      ValueError: for an architecture other than llama / qwen3, a missing required key (named), an `<arch>.*` key
+        the loader does not understand (named: it could change the model, e.g. a sliding window or experts), a
+        RoPE scaling other than linear, or a partial rotary dimension or value length that differs from head_dim.
     """
     arch = meta.get("general.architecture")
     if arch not in _ARCHITECTURES:
         raise ValueError(f"unsupported GGUF general.architecture {arch!r}; supported: {sorted(_ARCHITECTURES)}")
+    unknown = sorted(k for k in meta if k.startswith(f"{arch}.") and k[len(arch) + 1:] not in _KNOWN_ARCH_KEYS)
+    if unknown:
+        raise ValueError(f"GGUF metadata key {unknown[0]!r} is not understood by this loader and may change the "
+                         f"model; refusing rather than dropping it (all unknown keys: {unknown})")
 
     def need(key):
         full = f"{arch}.{key}"
@@ -86,6 +125,10 @@ def config_from_metadata(meta: dict[str, Any], has_output: bool, dtype: str = "f
     head_dim = meta.get(f"{arch}.attention.key_length", meta.get(f"{arch}.rope.dimension_count"))
     if head_dim is None:
         head_dim = hidden // heads
+    for key in ("rope.dimension_count", "attention.value_length"):
+        if f"{arch}.{key}" in meta and int(meta[f"{arch}.{key}"]) != int(head_dim):
+            raise ValueError(f"GGUF metadata {arch}.{key}={int(meta[f'{arch}.{key}'])} differs from the head "
+                             f"dimension {int(head_dim)}; partial rotary / unequal value heads are not supported")
     vocab = meta.get(f"{arch}.vocab_size")
     if vocab is None:
         tokens = meta.get("tokenizer.ggml.tokens")
@@ -104,6 +147,7 @@ def config_from_metadata(meta: dict[str, Any], has_output: bool, dtype: str = "f
         rms_norm_eps=float(need("attention.layer_norm_rms_epsilon")),
         tie_word_embeddings=not has_output,
         qk_norm=arch == "qwen3",
+        rope_scaling=_rope_scaling(meta, arch),
         dtype=dtype,
     )
 

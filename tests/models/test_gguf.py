@@ -54,9 +54,13 @@ def random_params(cfg, seed=0):
     return params
 
 
-def write_gguf(path, arch, cfg, params, *, q8_gate=False, drop=None, reshape=None, tokenizer=True):
-    """Writes `params` as llama.cpp would: NumPy [out, in] weights, q/k rows permuted for llama."""
+def write_gguf(path, arch, cfg, params, *, q8_gate=False, drop=None, reshape=None, tokenizer=True, extra=None):
+    """Writes `params` as llama.cpp would: NumPy [out, in] weights, q/k rows permuted for llama.
+
+    extra: a function given the `gguf.GGUFWriter`, to add more metadata."""
     w = gguf.GGUFWriter(str(path), arch)
+    if extra is not None:
+        extra(w)
     w.add_uint32(f"{arch}.block_count", cfg.num_layers)
     w.add_uint32(f"{arch}.embedding_length", cfg.hidden_size)
     w.add_uint32(f"{arch}.feed_forward_length", cfg.intermediate_size)
@@ -215,3 +219,78 @@ def test_tokenizer_from_tiny_gguf(tmp_path):
         "<|im_start|>user\nx<|im_end|>\n")
     with pytest.raises(ValueError, match="not a token"):
         tok.token_id("<|nope|>")
+
+
+def test_declared_linear_rope_scaling_is_applied_and_other_model_keys_are_refused(tmp_path):
+    """Shared case io-gguf-rope-scaling: a Llama GGUF declaring linear RoPE scaling with factor 4 loads with it;
+    metadata the loader does not read is refused by name, never dropped."""
+    cfg = ModelConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                      head_dim=8, rope_theta=10000.0, tie_word_embeddings=True)
+    params = random_params(cfg, seed=3)
+
+    def linear4(w):
+        w.add_string("llama.rope.scaling.type", "linear")
+        w.add_float32("llama.rope.scaling.factor", 4.0)
+
+    # write_gguf's layout follows the module's CFG; this file has the case's own shapes.
+    path = _write_small_gguf(tmp_path / "scaled.gguf", cfg, params, linear4)
+    loaded, loaded_params = load_gguf(path)
+    assert dict(loaded.rope_scaling) == {"rope_type": "linear", "factor": 4.0}
+    model = Decoder(loaded, rngs=nnx.Rngs(0))
+    set_params(model, loaded_params)
+
+    tokens = jnp.asarray([[3, 9, 27, 5, 17, 30]], jnp.int32)
+    positions = jnp.arange(5000, 5006, dtype=jnp.int32)[None]
+    scaled = Decoder(dataclasses.replace(cfg, rope_scaling={"rope_type": "linear", "factor": 4.0}), rngs=nnx.Rngs(0))
+    plain = Decoder(cfg, rngs=nnx.Rngs(0))
+    set_params(scaled, params)
+    set_params(plain, params)
+    got = np.asarray(model(tokens, positions_BxL=positions)[0])
+    np.testing.assert_allclose(got, np.asarray(scaled(tokens, positions_BxL=positions)[0]), atol=1e-5, rtol=0)
+    # Dropping the scaling would have changed the logits (the fault the case reports: up to 1.09 at ~5000).
+    assert np.max(np.abs(got - np.asarray(plain(tokens, positions_BxL=positions)[0]))) > 1e-2
+
+    def yarn(w):
+        w.add_string("llama.rope.scaling.type", "yarn")
+        w.add_float32("llama.rope.scaling.factor", 4.0)
+
+    with pytest.raises(ValueError, match=r"llama\.rope\.scaling\.type='yarn'"):
+        load_gguf(_write_small_gguf(tmp_path / "yarn.gguf", cfg, params, yarn))
+
+    def window(w):
+        w.add_uint32("llama.attention.sliding_window", 4)
+
+    with pytest.raises(ValueError, match=r"'llama\.attention\.sliding_window' is not understood"):
+        load_gguf(_write_small_gguf(tmp_path / "window.gguf", cfg, params, window))
+
+
+def _write_small_gguf(path, cfg, params, extra):
+    """A tokenizer-less llama GGUF of `cfg` (any shapes), with `extra` metadata."""
+    w = gguf.GGUFWriter(str(path), "llama")
+    extra(w)
+    w.add_uint32("llama.block_count", cfg.num_layers)
+    w.add_uint32("llama.embedding_length", cfg.hidden_size)
+    w.add_uint32("llama.feed_forward_length", cfg.intermediate_size)
+    w.add_uint32("llama.attention.head_count", cfg.num_heads)
+    w.add_uint32("llama.attention.head_count_kv", cfg.num_kv_heads)
+    w.add_float32("llama.rope.freq_base", cfg.rope_theta)
+    w.add_float32("llama.attention.layer_norm_rms_epsilon", cfg.rms_norm_eps)
+    w.add_uint32("llama.rope.dimension_count", cfg.head_dim)
+    w.add_uint32("llama.vocab_size", cfg.vocab_size)
+    d, h, k, dh = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    lay = params["layers"]
+    tensors = {"token_embd.weight": params["embedding"], "output_norm.weight": params["final_norm"]}
+    for i in range(cfg.num_layers):
+        layer = {"attn_q": permute_rope_rows(lay["wq"][i].reshape(d, h * dh).T, h),
+                 "attn_k": permute_rope_rows(lay["wk"][i].reshape(d, k * dh).T, k),
+                 "attn_v": lay["wv"][i].reshape(d, k * dh).T, "attn_output": lay["wo"][i].reshape(h * dh, d).T,
+                 "attn_norm": lay["attn_norm"][i], "ffn_norm": lay["mlp_norm"][i], "ffn_gate": lay["w_gate"][i].T,
+                 "ffn_up": lay["w_up"][i].T, "ffn_down": lay["w_down"][i].T}
+        tensors.update({f"blk.{i}.{name}.weight": value for name, value in layer.items()})
+    for name, value in tensors.items():
+        w.add_tensor(name, np.ascontiguousarray(value, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
