@@ -104,7 +104,7 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.train = ml_collections.ConfigDict()
   c.train.num_micro_batches = 1      # gradient accumulation inside one optimizer update (same result, less memory)
-  c.train.num_mini_batches = 1       # optimizer updates per pass over a step's rollouts (PPO mini-batches)
+  c.train.mini_batch_size = 0        # rollouts per optimizer update (PPO mini-batch); 0 = the whole step's batch
   c.train.ppo_epochs = 1             # passes over a step's rollouts, reshuffled each time (PPO epochs)
   c.train.length_bucket = 128        # sequences are right-padded to a multiple (bounds compiled shapes)
   c.compilation_cache_dir = "~/.cache/jaxcredit/xla"  # persistent XLA cache ("" = off); reruns skip compiles
@@ -150,7 +150,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
   _validate_knobs(c)
   for key in ("total_steps", "log_every", "checkpoint_every", "rollout.prompts_per_step", "rollout.group_size",
               "sampling.max_new_tokens", "sampling.max_len", "train.num_micro_batches",
-              "train.num_mini_batches", "train.ppo_epochs", "sft.batch_size",
+              "train.ppo_epochs", "sft.batch_size",
               "eval.batch_size", "env.num_train_tasks"):
     v = c
     for part in key.split("."):
@@ -207,14 +207,15 @@ def validate(c: ml_collections.ConfigDict) -> None:
   if int(c.train.length_bucket) < 1:
     raise ValueError(f"config.train.length_bucket must be >= 1, got {c.train.length_bucket}")
   batch = c.rollout.prompts_per_step * c.rollout.group_size
-  if batch % c.train.num_mini_batches:
-    raise ValueError(f"config.train.num_mini_batches={c.train.num_mini_batches} must divide the batch of "
-                     f"rollout.prompts_per_step x rollout.group_size = {batch} rollouts")
-  mini = batch // c.train.num_mini_batches
+  mini = c.train.mini_batch_size
+  if isinstance(mini, bool) or not isinstance(mini, int) or mini < 0 or (mini and batch % mini):
+    raise ValueError(f"config.train.mini_batch_size={mini!r} must be 0 (the whole batch) or a divisor of the batch "
+                     f"of rollout.prompts_per_step x rollout.group_size = {batch} rollouts")
+  mini = mini or batch
   if mini % c.train.num_micro_batches:
     raise ValueError(f"config.train.num_micro_batches={c.train.num_micro_batches} must divide the "
-                     f"{mini} rollouts of a mini-batch (rollout.prompts_per_step x rollout.group_size = {batch} "
-                     f"rollouts / train.num_mini_batches = {c.train.num_mini_batches})")
+                     f"{mini} rollouts of a mini-batch (train.mini_batch_size; the step's batch is "
+                     f"rollout.prompts_per_step x rollout.group_size = {batch} rollouts)")
 
 
 def _validate_env_keys(c: ml_collections.ConfigDict) -> None:

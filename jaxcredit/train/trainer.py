@@ -241,10 +241,11 @@ def warm_start(run: Run, params) -> Any:
   return params
 
 
-def ppo_updates(update, params, opt_state, batch: dict, mesh, *, epochs: int, num_mini_batches: int,
+def ppo_updates(update, params, opt_state, batch: dict, mesh, *, epochs: int, mini_batch_size: int,
                 seed: tuple[int, int]):
-  """`epochs` passes over one step's rollouts, each split into `num_mini_batches` mini-batches, one optimizer update
-  per mini-batch (PPO's epochs and mini-batches; 1 and 1 is one update on the whole batch).
+  """`epochs` passes over one step's rollouts, each split into mini-batches of `mini_batch_size` rollouts (0: the
+  whole batch), one optimizer update per mini-batch: PPO's epochs and mini-batches, with verl's and TRL's meaning.
+  One epoch of the whole batch is exactly one update, as without PPO epochs.
 
   Every pass draws a fresh order of the rollouts from `seed` (the run's seed and the RL step, so a resumed run
   repeats it). The behaviour log-probs stay those of the sampler, so from the second update on the ratio departs
@@ -256,11 +257,13 @@ def ppo_updates(update, params, opt_state, batch: dict, mesh, *, epochs: int, nu
     mesh: where each mini-batch is placed (`sharding.shard_batch`).
 
   Returns:
-    (params, opt_state, metrics): metrics are the mean over the updates of each scalar, plus "updates", and
-    "clip_last" / "ratio_dev_last", the clip fraction and ratio deviation of the last update.
+    (params, opt_state, metrics): metrics are the mean over the updates of each scalar, plus "updates",
+    "clip_last" / "ratio_dev_last" (the last update's clip fraction and mean |ratio - 1|) and "clip_max" /
+    "ratio_dev_max" (their largest over the updates).
   """
   b = len(next(iter(batch.values())))
-  size = b // num_mini_batches
+  size = mini_batch_size or b
+  num_mini_batches = b // size
   rng = np.random.default_rng(list(seed))
   rows = []
   for _ in range(epochs):
@@ -272,7 +275,9 @@ def ppo_updates(update, params, opt_state, batch: dict, mesh, *, epochs: int, nu
       rows.append(jax.device_get(m))
   metrics = {k: float(np.mean([r[k] for r in rows])) for k in rows[0]}
   metrics["updates"] = len(rows)
-  metrics["clip_last"], metrics["ratio_dev_last"] = float(rows[-1]["clip"]), float(rows[-1]["ratio_dev"])
+  for key in ("clip", "ratio_dev"):
+    metrics[f"{key}_last"] = float(rows[-1][key])
+    metrics[f"{key}_max"] = float(max(r[key] for r in rows))
   return params, opt_state, metrics
 
 
@@ -332,7 +337,7 @@ def run_overview(c: ml_collections.ConfigDict, *, resume_step: int | None, num_e
   rl_start = 0 if resume_step is None else resume_step
   if not sft_only:
     rollouts = c.rollout.prompts_per_step * c.rollout.group_size
-    updates = c.train.ppo_epochs * c.train.num_mini_batches
+    updates = c.train.ppo_epochs * (rollouts // (c.train.mini_batch_size or rollouts))
     left = max(c.total_steps - rl_start, 0)
     phases.append(f"RL steps {rl_start + 1}-{c.total_steps} ({left} x {rollouts} rollouts, {c.credit.method}"
                   + (f", {updates} updates each" if updates > 1 else "") + ")" if left else
@@ -459,7 +464,7 @@ def rl_step_fn(run: Run, params, opt_state, ref_params, data, update, ref_logp, 
     extra["ref_logp_BxL"] = np.asarray(ref_logp(ref_params, traj.tokens_BxL, traj.token_mask_BxL))
   step_lib.check_batch_keys(extra, _loss_config(c), who=f"method {c.credit.method!r}")
   params, opt_state, m = ppo_updates(update, params, opt_state, _batch(traj, extra), run.mesh,
-                                     epochs=c.train.ppo_epochs, num_mini_batches=c.train.num_mini_batches,
+                                     epochs=c.train.ppo_epochs, mini_batch_size=c.train.mini_batch_size,
                                      seed=(c.seed, rl_step))
   t_update = time.time() - t2
   act = traj.action_mask_BxL & traj.sample_mask_B[:, None]
@@ -477,7 +482,8 @@ def rl_step_fn(run: Run, params, opt_state, ref_params, data, update, ref_logp, 
       "adv_std": float(a.std()) if a.size else 0.0,
       "loss": float(m["loss"]), "clip_frac": float(m["clip"]),
       "ratio_dev": float(m["ratio_dev"]), "grad_norm": float(m["grad_norm"]), "updates": int(m["updates"]),
-      "clip_frac_last": m["clip_last"], "ratio_dev_last": m["ratio_dev_last"],
+      "clip_frac_last": m["clip_last"], "ratio_dev_last": m["ratio_dev_last"], "clip_frac_max": m["clip_max"],
+      "ratio_dev_max": m["ratio_dev_max"],
       "action_tokens": int(act.sum()), "tokens": int(traj.token_mask_BxL.sum()),
       "tokens_per_s": float(traj.token_mask_BxL.sum() / max(t_update, 1e-9)),
       "rollout_s": t_roll, "score_s": t_score, "update_s": t_update, "step_s": time.time() - t0,

@@ -102,7 +102,7 @@ def test_ppo_epochs_and_mini_batches_run_several_updates_per_step(tmp_path):
   c.total_steps = 1
   c.eval.before_sft = c.eval.after_sft = c.eval.at_end = False
   c.train.ppo_epochs = 2
-  c.train.num_mini_batches = 2
+  c.train.mini_batch_size = 2
   c.optim.learning_rate = 1e-2
   trainer.train(c)
   (row,) = [r for r in _rows(c.workdir) if r["phase"] == "rl"]

@@ -38,6 +38,9 @@ def test_unknown_config_key_is_rejected_by_name(tmp_path):
     (["--config.credit.method=toolopd", "--config.credit.toolopd.skill_max_tokens=288"],
      ["config.credit.toolopd.skill_max_tokens"]),
     (["--config.train.num_micro_batches=3"], ["config.train.num_micro_batches", "8 rollouts"]),
+    (["--config.train.mini_batch_size=3"], ["config.train.mini_batch_size", "8 rollouts"]),
+    (["--config.train.mini_batch_size=4", "--config.train.num_micro_batches=3"],
+     ["config.train.num_micro_batches", "4 rollouts of a mini-batch"]),
     # Out of a credit function's range: refused by its own check, named under the method's node.
     (["--config.credit.method=crest", "--config.credit.crest.temperature=-1"],
      ["config.credit.crest", "`temperature` must be > 0"]),

@@ -22,7 +22,7 @@ def test_a_fresh_run_lists_every_phase_with_its_size():
 
 def test_a_resume_lists_what_is_left_and_ppo_updates():
   c = config()
-  c.train.ppo_epochs, c.train.num_mini_batches = 2, 2
+  c.train.ppo_epochs, c.train.mini_batch_size = 2, 4
   c.eval.at_end = False
   assert run_overview(c, resume_step=4, num_eval_tasks=64) == (
       "[jaxcredit] runs/x, resuming at RL step 4: RL steps 5-6 (2 x 8 rollouts, trace, 4 updates each)")
