@@ -371,17 +371,26 @@ class DecoderLayers(nnx.Module):
 def _project_heads(h_BxLxD: jax.Array, w_DxHxDh: jax.Array) -> jax.Array:
     """h · w as one dot with a single contracting dimension: [B, L, D] x [D, H·Dh] -> [B, L, H, Dh].
 
-    Same values as einsum("bld,dhk->blhk"); written with the weight flattened to 2-D because XLA:CPU lowered the
-    rank-3 form to dots with extra layout copies (one SmolLM2 layer's forward+backward took 0.24 s that way
-    against 0.17 s flattened; docs/benchmarks.md, "The training forward+backward").
+    Same values as einsum("bld,dhk->blhk"), with the weight flattened to [D, H·Dh] and (on CPU, `_dense`) the
+    tokens to [B·L, D]: XLA:CPU lowered the rank-3 form to dots with extra layout copies (one SmolLM2 layer's
+    forward+backward took 0.22 s that way against 0.165 s flattened; docs/benchmarks.md, "The training
+    forward+backward").
     """
     d, h, dh = w_DxHxDh.shape
     return _dense(h_BxLxD, w_DxHxDh.reshape(d, h * dh)).reshape(*h_BxLxD.shape[:-1], h, dh)
 
 
+def _flatten_dots() -> bool:
+    """Whether dense layers run as [B·L, D] matrix products (XLA:CPU, where that is 25% faster per layer) rather
+    than as [B, L, D] einsums (accelerators: no reshape across a possibly sharded sequence axis)."""
+    return jax.default_backend() == "cpu"
+
+
 def _dense(x_BxLxD: jax.Array, w_DxN: jax.Array) -> jax.Array:
-    """x · w over the last axis of x, computed as one [B·L, D] x [D, N] matrix product; returns [B, L, N]."""
+    """x · w over the last axis of x: [B, L, D] x [D, N] -> [B, L, N]; one [B·L, D] matrix product on CPU."""
     b, l, d = x_BxLxD.shape
+    if not _flatten_dots():
+        return jnp.einsum("bld,dn->bln", x_BxLxD, w_DxN)
     return jnp.dot(x_BxLxD.reshape(b * l, d), w_DxN).reshape(b, l, w_DxN.shape[-1])
 
 
@@ -775,6 +784,10 @@ class Decoder(nnx.Module):
 
     def logits(self, h_BxLxD: jax.Array) -> jax.Array:
         """Float32 logits_BxLxV = h · embeddingᵀ (tied) or h · lm_head (untied); h may have any leading axes."""
+        if not _flatten_dots():
+            if self.lm_head is None:
+                return jnp.einsum("...d,vd->...v", h_BxLxD, self.embedding[...], preferred_element_type=jnp.float32)
+            return jnp.einsum("...d,dv->...v", h_BxLxD, self.lm_head[...], preferred_element_type=jnp.float32)
         lead, d = h_BxLxD.shape[:-1], h_BxLxD.shape[-1]
         h_TxD = h_BxLxD.reshape(math.prod(lead), d)  # one matrix product (see `_dense`)
         if self.lm_head is None:
