@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from typing import Callable, NamedTuple
 
@@ -54,8 +55,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"jaxcredit: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
     return 2
   if command in ("convert", "export"):
-    import signal
-
     # Host-side work: never start a TPU runtime (libtpu may be installed), and turn SIGTERM into SystemExit so
     # that the half-written output folder is removed as on Ctrl-C.
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -218,6 +217,9 @@ def _train(command: str, args: list[str]) -> int:
   except (ValueError, NotImplementedError, FileNotFoundError, FloatingPointError) as e:
     print(f"jaxcredit {command}: error: {e}", file=sys.stderr)
     return 1
+  except trainer.TrainingStopped as e:  # SIGTERM (preemption) or Ctrl-C during RL: the step was checkpointed
+    print(f"jaxcredit {command}: {e}", file=sys.stderr)
+    return 0 if e.signum == signal.SIGTERM else 130
   except KeyboardInterrupt:
     print(f"\njaxcredit {command}: interrupted; {_last_checkpoint(config.workdir)}", file=sys.stderr)
     return 130

@@ -15,6 +15,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import signal
+import threading
 import time
 from typing import Any
 
@@ -322,6 +324,43 @@ def _fresh_start(run: Run, optimizer, opt_sh, data):
   return params, opt_state, ref_params
 
 
+class TrainingStopped(Exception):
+  """Raised by `train` after a SIGTERM or Ctrl-C during RL: the step in flight finished and was checkpointed."""
+
+  def __init__(self, signum: int, rl_step: int, directory: str):
+    self.signum, self.rl_step, self.directory = signum, rl_step, directory
+    super().__init__(f"stopped by {signal.Signals(signum).name} after RL step {rl_step}, checkpointed in {directory}; "
+                     f"the same command resumes from it")
+
+
+class StopRequests:
+  """While active (a `with` block in the main thread), SIGTERM and SIGINT set `signum` instead of stopping the
+  process, and print one line; the RL loop then checkpoints the step in flight and stops (preemption, Ctrl-C).
+  A second signal raises KeyboardInterrupt at once. Outside the main thread it does nothing."""
+
+  def __init__(self):
+    self.signum: int | None = None
+    self._previous = {}
+
+  def _handle(self, signum, frame):
+    if self.signum is not None:
+      raise KeyboardInterrupt
+    self.signum = signum
+    print(f"\n[jaxcredit] {signal.Signals(signum).name}: finishing the RL step in flight, then saving a checkpoint "
+          f"(send it again to stop at once)", flush=True)
+
+  def __enter__(self):
+    if threading.current_thread() is threading.main_thread():
+      for s in (signal.SIGTERM, signal.SIGINT):
+        self._previous[s] = signal.signal(s, self._handle)
+    return self
+
+  def __exit__(self, *exc):
+    for s, handler in self._previous.items():
+      signal.signal(s, handler)
+    return False
+
+
 def run_overview(c: ml_collections.ConfigDict, *, resume_step: int | None, num_eval_tasks: int,
                  sft_only: bool = False) -> str:
   """The run's phases and their sizes, in order, as printed when training starts (each phase then has its own
@@ -379,17 +418,23 @@ def train(config: ml_collections.ConfigDict, *, sft_only: bool = False) -> dict:
                                    run.params_shardings, opt_sh, num_micro=c.train.num_micro_batches)
   ref_logp = step_lib.make_logp_fn(run.graphdef, run.rest, c.sampling.temperature) if c.loss.kl_coef > 0 else None
   bar = _bar(c, total=c.total_steps, initial=rl_step, desc="RL")
-  for rl_step in range(rl_step + 1, c.total_steps + 1):
-    params, opt_state, row = rl_step_fn(run, params, opt_state, ref_params, data, update, ref_logp, rl_step)
-    if not (np.isfinite(row["loss"]) and np.isfinite(row["grad_norm"])):
-      raise FloatingPointError(
-          f"RL step {rl_step}: loss {row['loss']}, grad norm {row['grad_norm']}; stopping before this state is "
-          f"checkpointed (latest good checkpoint: step {run.ckpt.latest_step()} in {run.ckpt.directory})")
-    bar.update(1)
-    bar.set_postfix(reward=f"{row['reward_mean']:.2f}", loss=f"{row['loss']:.3f}", tools=f"{row['tool_calls']:.1f}")
-    if rl_step % c.checkpoint_every == 0 or rl_step == c.total_steps:
-      run.ckpt.save(rl_step, params, opt_state, {"rl_step": rl_step, "data_state": data.get_state(),
-                                                "phase": "rl", "seed": c.seed})
+  with StopRequests() as stop:
+    for rl_step in range(rl_step + 1, c.total_steps + 1):
+      params, opt_state, row = rl_step_fn(run, params, opt_state, ref_params, data, update, ref_logp, rl_step)
+      if not (np.isfinite(row["loss"]) and np.isfinite(row["grad_norm"])):
+        raise FloatingPointError(
+            f"RL step {rl_step}: loss {row['loss']}, grad norm {row['grad_norm']}; stopping before this state is "
+            f"checkpointed (latest good checkpoint: step {run.ckpt.latest_step()} in {run.ckpt.directory})")
+      bar.update(1)
+      bar.set_postfix(reward=f"{row['reward_mean']:.2f}", loss=f"{row['loss']:.3f}",
+                      tools=f"{row['tool_calls']:.1f}")
+      if rl_step % c.checkpoint_every == 0 or rl_step == c.total_steps or stop.signum is not None:
+        run.ckpt.save(rl_step, params, opt_state, {"rl_step": rl_step, "data_state": data.get_state(),
+                                                  "phase": "rl", "seed": c.seed})
+      if stop.signum is not None:
+        bar.close()
+        run.writer.close()
+        raise TrainingStopped(stop.signum, rl_step, run.ckpt.directory)
   bar.close()
   last = {}
   if c.eval.at_end:
