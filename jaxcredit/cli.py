@@ -132,7 +132,7 @@ def _load_config(command: str, args: list[str]):
   try:
     config = _parse_config(args, command)
   except flags.Error as e:
-    if "Unknown command line flag 'config." in str(e) or "config." in str(e):
+    if "config." in str(e):  # an override ml_collections could not apply
       print(_bad_override(command, path, args, e), file=sys.stderr)
     else:
       print(f"jaxcredit {command}: {e}", file=sys.stderr)
