@@ -91,11 +91,6 @@ def _make_sampler(config, model, tok) -> Sampler:
                                              config.eval.batch_size})))
 
 
-def _source_path(source: str):
-  """A local path for a model source: "smollm2", a file or folder, or a Hub id (`jaxcredit.models.resolve_source`)."""
-  return resolve_source(source)
-
-
 def _load_teacher(config, mesh, tok, policy_cfg) -> passes_lib.Model | None:
   """The teacher checkpoint `config.teacher.source` names (None for "policy" / "reference"), sharded like the
   policy; a tokenizer whose vocabulary differs from the policy's is refused naming both sizes."""
@@ -104,12 +99,14 @@ def _load_teacher(config, mesh, tok, policy_cfg) -> passes_lib.Model | None:
     return None
   cache_dir = config.model.cache_dir or None
   try:
-    model, _ = load(_source_path(source), cache_dir=cache_dir, dtype=config.model.dtype or None, mesh=mesh,
+    path = resolve_source(source)  # once: a Hub id is looked up in its cache (or fetched) a single time
+    model, _ = load(path, cache_dir=cache_dir, dtype=config.model.dtype or None, mesh=mesh,
                     config_overrides=model_overrides_dict(config))
-    teacher_tok = load_tokenizer(_source_path(source), cache_dir=cache_dir)
+    teacher_tok = load_tokenizer(path, cache_dir=cache_dir)
   except (OSError, ValueError) as e:
     raise ValueError(f"config.teacher.source={source!r} could not be loaded as a teacher ({e}); it must be "
-                     f"'policy', 'reference', 'smollm2', a .gguf file, or a Hugging Face or converted folder") from None
+                     f"'policy', 'reference', 'smollm2', a .gguf file, a Hugging Face or converted folder, "
+                     f"or a Hub id") from None
   if teacher_tok.vocab_size != tok.vocab_size or model.cfg.vocab_size != policy_cfg.vocab_size:
     raise ValueError(f"config.teacher.source={source!r} has a vocabulary of {teacher_tok.vocab_size} tokens "
                      f"({model.cfg.vocab_size} embedding rows); the policy's has {tok.vocab_size} "
@@ -132,7 +129,7 @@ def build(config: ml_collections.ConfigDict, *, write_config: bool = True) -> Ru
   sharding.set_rules(dict(config.sharding_rules))
   mesh = sharding.make_mesh(dict(config.mesh))
   cache_dir = config.model.cache_dir or None
-  source = _source_path(config.model.source)
+  source = resolve_source(config.model.source)
   env = make_env_spec(config.env)
   if config.sft.steps > 0 and env.demonstration is None:
     raise ValueError(f"config.sft.steps={config.sft.steps}, but environment {config.env.name!r} has no "
@@ -329,8 +326,8 @@ class TrainingStopped(Exception):
 
   def __init__(self, signum: int, rl_step: int, directory: str):
     self.signum, self.rl_step, self.directory = signum, rl_step, directory
-    super().__init__(f"stopped by {signal.Signals(signum).name} after RL step {rl_step}, checkpointed in {directory}; "
-                     f"the same command resumes from it")
+    super().__init__(f"stopped by {signal.Signals(signum).name} after RL step {rl_step}, checkpointed in "
+                     f"{directory}; the same command resumes from it")
 
 
 class StopRequests:
