@@ -319,8 +319,6 @@ def _export(command: str, args: list[str]) -> int:
 
 def _plan(command: str, args: list[str]) -> int:
   """plan: --topology and --mesh (and --json FILE) are ours; the rest is the config and its overrides."""
-  import importlib.util
-
   own: dict[str, str] = {}
   rest: list[str] = []
   i = 0
@@ -340,13 +338,15 @@ def _plan(command: str, args: list[str]) -> int:
     if not any(a == "--config" or a.startswith("--config=") for a in rest):
       print(_command_help(command) + "\n\n  --topology  a TPU topology, e.g. v5p:4x4x4 or v5e:4x4 (required)\n"
             "  --mesh      mesh axis sizes, e.g. fsdp=16,tensor=4; `data` takes the chips the named axes leave\n"
-            "  --json      also write the report to this file")
+            "  --json      also write the report to this file\n\n"
+            "  libtpu: TPU_LIBRARY_PATH (python tools/install_libtpu.py installs one into .libtpu) or the `tpu`\n"
+            "  extra; without it the step compiles for simulated CPU devices and the report says it is an estimate")
       return 0
     return _load_config(command, rest)
   if "topology" not in own:
     print("jaxcredit plan: --topology is required (e.g. v5p:4x4x4)", file=sys.stderr)
     return 2
-  from jaxcredit.train.plan import parse_mesh, parse_topology  # no jax import at module level before here
+  from jaxcredit.train.plan import libtpu_library_path, parse_mesh, parse_topology  # no jax import at module level before here
 
   try:
     _, chips = parse_topology(own["topology"])
@@ -356,7 +356,7 @@ def _plan(command: str, args: list[str]) -> int:
     return 2
   os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
   os.environ.setdefault("JAX_PLATFORMS", "cpu")  # deviceless: the TPU is described by libtpu, not attached
-  if importlib.util.find_spec("libtpu") is None:
+  if libtpu_library_path() is None:
     # Fallback: simulate the chips with CPU devices (read when the backend starts, which has not happened yet).
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                f" --xla_force_host_platform_device_count={chips}").strip()

@@ -5,8 +5,14 @@ Hypothesis profiles: `default` (about 50 examples per property, for local runs) 
 """
 
 import os
+import pathlib
 
-# libtpu (in the test extra, for deviceless TPU compiles) makes JAX try a TPU first; tests run on the CPU.
+# libtpu for the deviceless TPU compiles of `jaxcredit plan` lives outside site-packages (tools/install_libtpu.py,
+# run by the README's test command), so a bare JAX process never tries a TPU; the tests point JAX at it.
+REPO_LIBTPU = pathlib.Path(__file__).resolve().parents[1] / ".libtpu" / "libtpu" / "libtpu.so"
+if REPO_LIBTPU.is_file():
+  os.environ.setdefault("TPU_LIBRARY_PATH", str(REPO_LIBTPU))
+# Tests run on the CPU even where libtpu is found.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")

@@ -1,16 +1,42 @@
-"""Importing jaxcredit before JAX starts its backends keeps libtpu's start-up error off a machine without TPUs."""
+"""JAX processes on a CPU machine stay quiet about TPUs.
 
-import importlib.util
+- The test install puts no libtpu in site-packages (tools/install_libtpu.py puts it in .libtpu), so a bare
+  `import jax; jax.devices()` never tries a TPU runtime and prints nothing on stderr.
+- Where libtpu is installed after all (the `tpu` extra; here simulated with TPU_LIBRARY_PATH), importing jaxcredit
+  before JAX starts its backends keeps libtpu's 9-line start-up error off a machine without TPU chips.
+"""
+
 import os
 import subprocess
 import sys
 
 import pytest
 
+from jaxcredit.train import plan
 
-@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed (no message to hide)")
+_TPU_VARS = ("TPU_WORKER_HOSTNAMES", "JAX_PLATFORMS", "TPU_LIBRARY_PATH", "ALLOW_MULTIPLE_LIBTPU_LOAD")
+
+
+def _clean_env(**extra):
+  env = {k: v for k, v in os.environ.items() if k not in _TPU_VARS}
+  env.update(extra)
+  return env
+
+
+def test_bare_jax_prints_nothing_after_the_test_install():
+  import importlib.util
+  assert importlib.util.find_spec("libtpu") is None, (
+      "libtpu is installed in site-packages: the `test` extra must not bring it (tools/install_libtpu.py)")
+  p = subprocess.run([sys.executable, "-c", "import jax; print(jax.devices()[0].platform)"], capture_output=True,
+                     text=True, env=_clean_env(), timeout=120)
+  assert p.returncode == 0 and p.stdout.strip() == "cpu", p.stderr[-2000:]
+  assert p.stderr == "", p.stderr[-2000:]
+
+
+@pytest.mark.skipif(plan.libtpu_library_path() is None,
+                    reason="no libtpu: run python tools/install_libtpu.py (the README's test command does)")
 def test_no_libtpu_error_on_a_machine_without_tpu_chips():
-  env = {k: v for k, v in os.environ.items() if k not in ("TPU_WORKER_HOSTNAMES", "JAX_PLATFORMS")}
+  env = _clean_env(TPU_LIBRARY_PATH=plan.libtpu_library_path(), ALLOW_MULTIPLE_LIBTPU_LOAD="1")
   code = "import jaxcredit, jax, os; jax.devices(); print(os.environ.get('TPU_WORKER_HOSTNAMES'))"
   p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
   assert p.returncode == 0, p.stderr[-2000:]

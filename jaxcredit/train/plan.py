@@ -3,9 +3,10 @@
 `plan_step` builds the policy-gradient update (the one `jaxcredit train` runs: decoder forward + chunked log-probs,
 PPO-clip loss, AdamW, micro-batches) on abstract arrays – no weights are materialised – with the parameters,
 optimizer state and batch sharded by `jaxcredit.sharding`'s table over a mesh of the topology's devices, then
-`jax.jit(...).lower(...).compile()`s it. libtpu (the `test` extra installs `jax[tpu]`) compiles for TPU devices
-described by `jax.experimental.topologies.get_topology_desc`; the compiled executable reports the per-device
-memory (arguments, outputs, temporaries) and the FLOPs XLA counted.
+`jax.jit(...).lower(...).compile()`s it. libtpu compiles for TPU devices described by `jax.experimental.topologies.get_topology_desc`; the compiled executable reports the per-device
+memory (arguments, outputs, temporaries) and the FLOPs XLA counted. libtpu is found as JAX finds it: the file
+named by `TPU_LIBRARY_PATH` (what `python tools/install_libtpu.py` installs, outside site-packages, so that other
+JAX processes on the machine never try a TPU runtime), else an installed `libtpu` package (the `tpu` extra).
 
 Without libtpu the same step is compiled for a simulated mesh of CPU devices (XLA_FLAGS
 --xla_force_host_platform_device_count, set by the CLI before JAX starts): the numbers are then an estimate, and
@@ -75,6 +76,23 @@ def parse_mesh(spec: str) -> dict[str, int]:
   return out
 
 
+def libtpu_library_path() -> str | None:
+  """Where JAX will load libtpu from for a deviceless compile, or None when it cannot.
+
+  The order is JAX's own (`jax._src.cloud_tpu_init.get_tpu_library_path`): `TPU_LIBRARY_PATH` when it names a file,
+  else the installed `libtpu` package's library. Reads no JAX state, so it may run before JAX starts its backends.
+  """
+  path = os.environ.get("TPU_LIBRARY_PATH")
+  if path and os.path.isfile(path):
+    return path
+  import importlib.util
+  spec = importlib.util.find_spec("libtpu")
+  if spec is None or not spec.submodule_search_locations:
+    return None
+  lib = os.path.join(list(spec.submodule_search_locations)[0], "libtpu.so")
+  return lib if os.path.isfile(lib) else None
+
+
 def topology_devices(topology: str) -> tuple[list, bool]:
   """The devices of a TPU topology from libtpu (deviceless), or (fallback) the local CPU devices.
 
@@ -91,8 +109,7 @@ def topology_devices(topology: str) -> tuple[list, bool]:
     return list(topologies.get_topology_desc(platform="tpu", topology_name=topology).devices), True
   except Exception as e:  # no libtpu, or it cannot describe this topology
     last_topology_error = " ".join(str(e).split())[:300]
-    import importlib.util
-    if importlib.util.find_spec("libtpu") is not None:
+    if libtpu_library_path() is not None:
       raise ValueError(f"--topology {topology!r} is not a TPU slice libtpu can describe: {last_topology_error}")
     return list(jax.devices("cpu")), False
 
@@ -170,7 +187,7 @@ def plan_step(cfg: ModelConfig, *, topology: str, mesh: Mapping[str, int], batch
   if not is_tpu and len(devices) < n:
     raise ValueError(f"libtpu is not installed, and only {len(devices)} CPU devices are there to simulate {n} "
                      f"chips: run with XLA_FLAGS=--xla_force_host_platform_device_count={n} (the CLI sets it), or "
-                     f"install libtpu (pip install -e '.[tpu]') for real TPU numbers")
+                     f"point TPU_LIBRARY_PATH at a libtpu (python tools/install_libtpu.py) for real TPU numbers")
   m = sharding.make_mesh(shape, devices[:n])
   dp = shape.get("data", 1) * shape.get("fsdp", 1) * shape.get("expert", 1)
   if batch_size % (dp * num_micro_batches):

@@ -66,15 +66,43 @@ def test_jsonl_and_hf_give_the_same_records(tmp_path, jsonl_src, hf_src):
   assert _view(other) == EXPECTED[:2]
 
 
-def test_tfds_gives_the_same_records(tmp_path):
-  tfds = pytest.importorskip("tensorflow_datasets")
-  features = tfds.features.FeaturesDict({k: tfds.features.Text() for k in ("id", "question", "answer", "solution")})
-  builder = tfds.dataset_builders.store_as_tfds_dataset(
-      name="tiny_tasks", version="1.0.0", features=features,
-      split_datasets={"train": [(i, {k: r[k] for k in ("id", "question", "answer", "solution")})
-                                for i, r in enumerate(ROWS)]},
-      data_dir=str(tmp_path), file_format="array_record", disable_shuffling=True)
+_TFDS_BUILDER = """
+import json
+import tensorflow_datasets as tfds
+
+ROWS = json.loads({rows!r})
+
+
+class TinyTasks(tfds.core.GeneratorBasedBuilder):
+  VERSION = tfds.core.Version("1.0.0")
+
+  def _info(self):
+    text = {{k: tfds.features.Text() for k in ("id", "question", "answer", "solution")}}
+    return self.dataset_info_from_configs(features=tfds.features.FeaturesDict(text), disable_shuffling=True)
+
+  def _split_generators(self, dl_manager):
+    return {{"train": self._generate_examples()}}
+
+  def _generate_examples(self):
+    for i, r in enumerate(ROWS):
+      yield i, {{k: r[k] for k in ("id", "question", "answer", "solution")}}
+"""
+
+
+def test_tfds_gives_the_same_records(tmp_path, monkeypatch):
+  """A TFDS folder in ArrayRecord files, prepared by a GeneratorBasedBuilder (TFDS writes and reads these without
+  TensorFlow; its ad-hoc `store_as_tfds_dataset` needs TensorFlow, which the test install does not bring)."""
+  tfds = pytest.importorskip("tensorflow_datasets")  # in the `test` extra; the `tfds` extra for users
+  package = tmp_path / "tiny_tasks"
+  package.mkdir()
+  (package / "__init__.py").write_text("")
+  (package / "tiny_tasks_dataset_builder.py").write_text(_TFDS_BUILDER.format(rows=json.dumps(ROWS)))
+  monkeypatch.syspath_prepend(str(tmp_path))
+  from tiny_tasks.tiny_tasks_dataset_builder import TinyTasks
+  builder = TinyTasks(data_dir=str(tmp_path / "data"), file_format="array_record")
+  builder.download_and_prepare()
   src = S.open_source(f"tfds:{builder.data_dir}", "train", **FIELDS)
+  assert len(src) == len(ROWS)
   assert sorted(_view(src)) == sorted(EXPECTED)
   with pytest.raises(S.SourceError, match="no split 'test'"):
     S.open_source(f"tfds:{builder.data_dir}", "test", **FIELDS)

@@ -1,9 +1,9 @@
 """`jaxcredit plan`: the training step compiled for a TPU topology without a TPU (deviceless, through libtpu).
 
-Skipped only where libtpu is not installed (the `test` extra installs it).
+Skipped only where no libtpu is found (the README's test command installs one into .libtpu with
+tools/install_libtpu.py; tests/conftest.py points TPU_LIBRARY_PATH at it).
 """
 
-import importlib.util
 import json
 import math
 
@@ -15,8 +15,8 @@ from jaxcredit import cli
 from jaxcredit.models import ModelConfig
 from jaxcredit.train import plan
 
-needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
-                                  reason="libtpu not installed (pip install -e '.[test]' installs it)")
+needs_libtpu = pytest.mark.skipif(plan.libtpu_library_path() is None,
+                                  reason="no libtpu: run python tools/install_libtpu.py (the README's test command does)")
 
 TINY_MOE = ModelConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4,
                        num_kv_heads=2, head_dim=64, qk_norm=True, num_experts=8, num_experts_per_tok=2,
