@@ -49,21 +49,34 @@ def main():
   # The contrast: bfcl-eval's own executor (its code on its own ground truth), one rollout id per episode, as a
   # trainer would call it. It keeps every episode's backends in its module globals.
   from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
+
   theirs, t1 = [], time.time()
   for k in range(1, args.episodes + 1):
     task = tasks[(k - 1) % len(tasks)]
     for turn in task.ground_truth:
-      multi_turn_utils.execute_multi_turn_func_call(list(turn), json.loads(task.initial_config),
-                                                    list(task.involved_classes), "bench", f"{task.task_id}_{k}",
-                                                    long_context=task.long_context)
+      multi_turn_utils.execute_multi_turn_func_call(
+        list(turn),
+        json.loads(task.initial_config),
+        list(task.involved_classes),
+        "bench",
+        f"{task.task_id}_{k}",
+        long_context=task.long_context,
+      )
     if k in checkpoints:
       gc.collect()
       theirs.append({"episodes": k, "rss_mib": round(rss_mib(), 1), "seconds": round(time.time() - t1, 1)})
       print("bfcl-eval executor", theirs[-1], flush=True)
-  out = {"bench": "bfcl_memory", "host": platform.node(), "cpus": os.cpu_count(), "episodes": args.episodes,
-         "episodes_passed": passed, "rows": rows, "growth_100_to_last": round((last - base) / base, 4),
-         "bfcl_eval_executor_rows": theirs,
-         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+  out = {
+    "bench": "bfcl_memory",
+    "host": platform.node(),
+    "cpus": os.cpu_count(),
+    "episodes": args.episodes,
+    "episodes_passed": passed,
+    "rows": rows,
+    "growth_100_to_last": round((last - base) / base, 4),
+    "bfcl_eval_executor_rows": theirs,
+    "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+  }
   os.makedirs(os.path.join(ROOT, "benchmarks", "results"), exist_ok=True)
   with open(os.path.join(ROOT, "benchmarks", "results", "bfcl_memory_bench.json"), "w") as f:
     json.dump(out, f, indent=2)

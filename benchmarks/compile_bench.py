@@ -63,25 +63,44 @@ def main():
   rows = []
   for remat in (False, True):
     for layers in args.layers:
-      spec = dict(vocab=args.vocab, hidden=args.hidden, intermediate=args.intermediate, layers=layers,
-                  heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, batch=args.batch,
-                  length=args.length, chunk=args.chunk, remat=remat)
-      proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(spec)], env=env, capture_output=True,
-                            text=True, check=False)
+      spec = dict(
+        vocab=args.vocab,
+        hidden=args.hidden,
+        intermediate=args.intermediate,
+        layers=layers,
+        heads=args.heads,
+        kv_heads=args.kv_heads,
+        head_dim=args.head_dim,
+        batch=args.batch,
+        length=args.length,
+        chunk=args.chunk,
+        remat=remat,
+      )
+      proc = subprocess.run(
+        [sys.executable, "-c", CHILD, json.dumps(spec)], env=env, capture_output=True, text=True, check=False
+      )
       line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
       if proc.returncode or not line:
         raise SystemExit(f"child failed for {spec}:\n{proc.stderr[-3000:]}")
-      row = dict(spec, **json.loads(line[0][len("RESULT "):]))
+      row = dict(spec, **json.loads(line[0][len("RESULT ") :]))
       rows.append(row)
       print(f"layers={layers:3d} remat={remat!s:5s} lower {row['lower_s']:.1f}s compile {row['compile_s']:.1f}s")
   by = {(r["remat"], r["layers"]): r["total_s"] for r in rows}
-  ratios = {f"remat={remat}": by[(remat, max(args.layers))] / by[(remat, min(args.layers))]
-            for remat in (False, True)}
+  ratios = {f"remat={remat}": by[(remat, max(args.layers))] / by[(remat, min(args.layers))] for remat in (False, True)}
   print("ratio deepest/shallowest (lower+compile):", ratios)
   os.makedirs(os.path.dirname(args.out), exist_ok=True)
   with open(args.out, "w") as f:
-    json.dump({"rows": rows, "ratio_deep_over_shallow": ratios, "machine": platform.platform(),
-               "cpus": os.cpu_count(), "load_avg": os.getloadavg()}, f, indent=1)
+    json.dump(
+      {
+        "rows": rows,
+        "ratio_deep_over_shallow": ratios,
+        "machine": platform.platform(),
+        "cpus": os.cpu_count(),
+        "load_avg": os.getloadavg(),
+      },
+      f,
+      indent=1,
+    )
 
 
 if __name__ == "__main__":

@@ -35,13 +35,18 @@ import jaxcredit.models, jaxcredit.models.hf as hf
 rss_after_imports = status("VmRSS")
 """
 
-_CONVERT = _PRELUDE + r"""
+_CONVERT = (
+  _PRELUDE
+  + r"""
 stats = hf.convert_hf(sys.argv[1], sys.argv[2])
 stats.update(rss_after_imports_bytes=rss_after_imports, process_peak_rss_bytes=status("VmHWM"))
 print(json.dumps(stats))
 """
+)
 
-_LOAD = _PRELUDE + r"""
+_LOAD = (
+  _PRELUDE
+  + r"""
 import jax
 t = time.perf_counter()
 model, cfg = jaxcredit.models.load(sys.argv[1])
@@ -49,8 +54,11 @@ jax.block_until_ready(model.embedding[...])
 print(json.dumps({"seconds": time.perf_counter() - t, "rss_after_imports_bytes": rss_after_imports,
                   "process_peak_rss_bytes": status("VmHWM"), "params": cfg.num_params(), "dtype": cfg.dtype}))
 """
+)
 
-_EXPORT = _PRELUDE + r"""
+_EXPORT = (
+  _PRELUDE
+  + r"""
 stats = hf.export_hf(sys.argv[1], sys.argv[2])
 t = time.perf_counter()
 source = dict(hf.read_inventory(sys.argv[3])[0])
@@ -62,13 +70,13 @@ stats.update(bit_exact=same, compare_seconds=time.perf_counter() - t, process_pe
              rss_after_imports_bytes=rss_after_imports)
 print(json.dumps(stats))
 """
+)
 
 
 def _run(script, *args):
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   t = time.perf_counter()
-  p = subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True, text=True, env=env,
-                     cwd=ROOT)
+  p = subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True, text=True, env=env, cwd=ROOT)
   if p.returncode != 0:
     raise SystemExit(f"subprocess failed:\n{p.stderr[-4000:]}")
   out = json.loads(p.stdout.strip().splitlines()[-1])
@@ -119,28 +127,45 @@ def main():
   mib = 2**20
   peak = convert["peak_rss_above_baseline_bytes"]
   results = {
-      "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                  "load_avg_before": load_start[0], "load_avg_after": os.getloadavg()[0]},
-      "checkpoint": {"model": "Qwen3 (random, float32, untied)", "layers": args.layers, "hidden": args.hidden,
-                     "intermediate": args.intermediate, "vocab": args.vocab, "max_shard_size": args.shard,
-                     "shards": len(shards), "shard_mib": [round(s / mib, 1) for s in shards],
-                     "total_mib": round(sum(shards) / mib, 1), "build_seconds": build_s},
-      "convert": convert, "load": load, "export": export,
-      "summary": {
-          "largest_shard_mib": round(shards[-1] / mib, 1),
-          "largest_tensor_mib": round(largest_tensor / mib, 1),
-          "convert_peak_above_baseline_mib": round(peak / mib, 1),
-          "convert_peak_over_largest_shard": round(peak / shards[-1], 3),
-          "convert_peak_over_largest_tensor": round(peak / largest_tensor, 3),
-          "convert_process_peak_above_imports_mib": round(
-              (convert["process_peak_rss_bytes"] - convert["rss_after_imports_bytes"]) / mib, 1),
-          "convert_seconds": round(convert["seconds"], 2),
-          "load_seconds": round(load["seconds"], 2),
-          "load_process_peak_above_imports_mib": round(
-              (load["process_peak_rss_bytes"] - load["rss_after_imports_bytes"]) / mib, 1),
-          "export_seconds": round(export["seconds"], 2),
-          "round_trip_bit_exact": export["bit_exact"],
-      },
+    "machine": {
+      "cpus": os.cpu_count(),
+      "platform": platform.platform(),
+      "python": platform.python_version(),
+      "load_avg_before": load_start[0],
+      "load_avg_after": os.getloadavg()[0],
+    },
+    "checkpoint": {
+      "model": "Qwen3 (random, float32, untied)",
+      "layers": args.layers,
+      "hidden": args.hidden,
+      "intermediate": args.intermediate,
+      "vocab": args.vocab,
+      "max_shard_size": args.shard,
+      "shards": len(shards),
+      "shard_mib": [round(s / mib, 1) for s in shards],
+      "total_mib": round(sum(shards) / mib, 1),
+      "build_seconds": build_s,
+    },
+    "convert": convert,
+    "load": load,
+    "export": export,
+    "summary": {
+      "largest_shard_mib": round(shards[-1] / mib, 1),
+      "largest_tensor_mib": round(largest_tensor / mib, 1),
+      "convert_peak_above_baseline_mib": round(peak / mib, 1),
+      "convert_peak_over_largest_shard": round(peak / shards[-1], 3),
+      "convert_peak_over_largest_tensor": round(peak / largest_tensor, 3),
+      "convert_process_peak_above_imports_mib": round(
+        (convert["process_peak_rss_bytes"] - convert["rss_after_imports_bytes"]) / mib, 1
+      ),
+      "convert_seconds": round(convert["seconds"], 2),
+      "load_seconds": round(load["seconds"], 2),
+      "load_process_peak_above_imports_mib": round(
+        (load["process_peak_rss_bytes"] - load["rss_after_imports_bytes"]) / mib, 1
+      ),
+      "export_seconds": round(export["seconds"], 2),
+      "round_trip_bit_exact": export["bit_exact"],
+    },
   }
   Path(args.out).parent.mkdir(parents=True, exist_ok=True)
   Path(args.out).write_text(json.dumps(results, indent=2) + "\n")

@@ -36,8 +36,20 @@ import numpy as np
 P, G, L, T = 64, 8, 8192, 32
 RESULTS = Path(__file__).resolve().parent / "results" / "credit_bench.json"
 CHUNK = 8  # groups per lax.map step in the chunked variant
-KNOBS = dict(eps=1e-6, beta=1.0, tau=1.0, temperature=0.25, max_log_ratio=2.0, max_credit=2.0, clip=1.0,
-             hsd_lambda=0.5, alpha=1.0, k_sigma=2.0, tau_low=0.1, entropy_floor=1.0)
+KNOBS = dict(
+  eps=1e-6,
+  beta=1.0,
+  tau=1.0,
+  temperature=0.25,
+  max_log_ratio=2.0,
+  max_credit=2.0,
+  clip=1.0,
+  hsd_lambda=0.5,
+  alpha=1.0,
+  k_sigma=2.0,
+  tau_low=0.1,
+  entropy_floor=1.0,
+)
 
 
 # ------------------------------------------------------------------------------------------------- inputs
@@ -65,13 +77,21 @@ def make_inputs(seed: int = 0) -> dict[str, np.ndarray]:
   policy = -rng.exponential(0.7, size=(P, G, L)).astype(np.float32)
   teacher = (policy + rng.normal(0, 0.5, size=(P, G, L))).astype(np.float32)
   return dict(
-      rewards=rewards, sample_mask=sample_mask, action=action, turn_ids=turn_ids, turn_mask=turn_mask,
-      gold=gold, boundary_mask=boundary_mask, policy=policy, teacher=teacher,
-      entropy=rng.exponential(1.0, size=(P, G, L)).astype(np.float32),
-      turn_rewards=(rng.random((P, G, T)) < 0.5).astype(np.float32),
-      skill=(policy + rng.normal(0, 0.4, size=(P, G, L))).astype(np.float32),
-      divergence=rng.exponential(0.15, size=(P, G, L)).astype(np.float32),
-      success=rewards > 0.5)
+    rewards=rewards,
+    sample_mask=sample_mask,
+    action=action,
+    turn_ids=turn_ids,
+    turn_mask=turn_mask,
+    gold=gold,
+    boundary_mask=boundary_mask,
+    policy=policy,
+    teacher=teacher,
+    entropy=rng.exponential(1.0, size=(P, G, L)).astype(np.float32),
+    turn_rewards=(rng.random((P, G, T)) < 0.5).astype(np.float32),
+    skill=(policy + rng.normal(0, 0.4, size=(P, G, L))).astype(np.float32),
+    divergence=rng.exponential(0.15, size=(P, G, L)).astype(np.float32),
+    success=rewards > 0.5,
+  )
 
 
 # ------------------------------------------------------------------------------------- vectorised NumPy
@@ -220,14 +240,25 @@ def jax_methods():
     return jnp.where(x["action"], adv_G[:, None], 0.0)
 
   def trace_tokens(x):
-    adv_GxT = credit.trace_advantages(x["rewards"], x["gold"], x["boundary_mask"], x["turn_mask"],
-                                      x["sample_mask"], beta=k["beta"])
+    adv_GxT = credit.trace_advantages(
+      x["rewards"], x["gold"], x["boundary_mask"], x["turn_mask"], x["sample_mask"], beta=k["beta"]
+    )
     return per_rollout(credit.turn_to_token)(adv_GxT, x["turn_ids"], x["action"])
 
   def crest_tokens(x):
-    return credit.crest_advantages(x["turn_rewards"], x["turn_mask"] & x["sample_mask"][:, None], x["turn_ids"],
-                                   x["action"], x["teacher"], x["policy"], x["entropy"], x["sample_mask"],
-                                   tau=k["tau"], temperature=k["temperature"], max_log_ratio=k["max_log_ratio"])
+    return credit.crest_advantages(
+      x["turn_rewards"],
+      x["turn_mask"] & x["sample_mask"][:, None],
+      x["turn_ids"],
+      x["action"],
+      x["teacher"],
+      x["policy"],
+      x["entropy"],
+      x["sample_mask"],
+      tau=k["tau"],
+      temperature=k["temperature"],
+      max_log_ratio=k["max_log_ratio"],
+    )
 
   def toolopd(x):
     fn = functools.partial(credit.toolopd_token_weights, max_credit=k["max_credit"])
@@ -239,8 +270,13 @@ def jax_methods():
 
   def gear(x):
     seq_adv_G = credit.grpo_advantages(x["rewards"], x["sample_mask"])
-    fn = functools.partial(credit.gear_advantages, alpha=k["alpha"], k_sigma=k["k_sigma"], tau_low=k["tau_low"],
-                           entropy_floor=k["entropy_floor"])
+    fn = functools.partial(
+      credit.gear_advantages,
+      alpha=k["alpha"],
+      k_sigma=k["k_sigma"],
+      tau_low=k["tau_low"],
+      entropy_floor=k["entropy_floor"],
+    )
     return per_rollout(fn)(seq_adv_G, x["divergence"], x["entropy"], x["action"])
 
   def opd(x):
@@ -250,15 +286,15 @@ def jax_methods():
     return jax.vmap(credit.hsd_select_peers)(x["rewards"], x["sample_mask"], jax.random.split(key, P))
 
   return {
-      "grpo": (grpo_tokens, np_grpo_tokens),
-      "drgrpo": (functools.partial(grpo_tokens, scale="none"), functools.partial(np_grpo_tokens, scale="none")),
-      "rloo": (rloo_tokens, np_rloo_tokens),
-      "trace": (trace_tokens, np_trace_tokens),
-      "crest": (crest_tokens, np_crest_tokens),
-      "toolopd": (toolopd, np_toolopd),
-      "hsd": (hsd_tokens, np_hsd_tokens),
-      "gear": (gear, np_gear),
-      "opd": (opd, np_opd),
+    "grpo": (grpo_tokens, np_grpo_tokens),
+    "drgrpo": (functools.partial(grpo_tokens, scale="none"), functools.partial(np_grpo_tokens, scale="none")),
+    "rloo": (rloo_tokens, np_rloo_tokens),
+    "trace": (trace_tokens, np_trace_tokens),
+    "crest": (crest_tokens, np_crest_tokens),
+    "toolopd": (toolopd, np_toolopd),
+    "hsd": (hsd_tokens, np_hsd_tokens),
+    "gear": (gear, np_gear),
+    "opd": (opd, np_opd),
   }, hsd_select
 
 
@@ -297,21 +333,38 @@ def run(repeats: int, only: list[str] | None) -> dict:
     chunk_med, chunk_min = _time(lambda: jax.block_until_ready(chunked(x_jax)), repeats)
     np_med, np_min = _time(lambda: np_fn(x_np), repeats)
     best = min(jax_med, chunk_med)
-    out[name] = dict(jax_vmap_ms=jax_med, jax_vmap_ms_min=jax_min, jax_chunked_ms=chunk_med,
-                     jax_chunked_ms_min=chunk_min, numpy_ms=np_med, numpy_ms_min=np_min,
-                     speedup_vs_numpy=np_med / best, max_abs_diff=err, under_100ms=best < 100.0,
-                     at_least_numpy_speed=best <= np_med)
-    print(f"{name:10s} jax vmap {jax_med:7.2f} ms  lax.map {chunk_med:7.2f} ms   numpy {np_med:7.2f} ms"
-          f"   x{np_med / best:5.2f}", flush=True)
+    out[name] = dict(
+      jax_vmap_ms=jax_med,
+      jax_vmap_ms_min=jax_min,
+      jax_chunked_ms=chunk_med,
+      jax_chunked_ms_min=chunk_min,
+      numpy_ms=np_med,
+      numpy_ms_min=np_min,
+      speedup_vs_numpy=np_med / best,
+      max_abs_diff=err,
+      under_100ms=best < 100.0,
+      at_least_numpy_speed=best <= np_med,
+    )
+    print(
+      f"{name:10s} jax vmap {jax_med:7.2f} ms  lax.map {chunk_med:7.2f} ms   numpy {np_med:7.2f} ms"
+      f"   x{np_med / best:5.2f}",
+      flush=True,
+    )
   if not only or "hsd_select_peers" in only:
     jitted = jax.jit(hsd_select)
     key = jax.random.key(0)
     rng = np.random.default_rng(0)
     jax_med, jax_min = _time(lambda: jax.block_until_ready(jitted(x_jax, key)), repeats)
     np_med, np_min = _time(lambda: np_hsd_select(x_np, rng), repeats)
-    out["hsd_select_peers"] = dict(jax_vmap_ms=jax_med, jax_vmap_ms_min=jax_min, numpy_ms=np_med, numpy_ms_min=np_min,
-                                   speedup_vs_numpy=np_med / jax_med, under_100ms=jax_med < 100.0,
-                                   at_least_numpy_speed=jax_med <= np_med)
+    out["hsd_select_peers"] = dict(
+      jax_vmap_ms=jax_med,
+      jax_vmap_ms_min=jax_min,
+      numpy_ms=np_med,
+      numpy_ms_min=np_min,
+      speedup_vs_numpy=np_med / jax_med,
+      under_100ms=jax_med < 100.0,
+      at_least_numpy_speed=jax_med <= np_med,
+    )
     print(f"{'hsd_select':10s} jax {jax_med:8.2f} ms   numpy {np_med:8.2f} ms   x{np_med / jax_med:5.2f}", flush=True)
   return out
 
@@ -330,17 +383,27 @@ def _load_verl_grpo():
   root = Path(spec.submodule_search_locations[0])
   device = types.ModuleType("verl.utils.device")
   device.get_device_name = lambda: "cpu"
-  sys.modules.update({"verl": types.ModuleType("verl"), "verl.utils": types.ModuleType("verl.utils"),
-                      "verl.utils.device": device})
+  sys.modules.update(
+    {"verl": types.ModuleType("verl"), "verl.utils": types.ModuleType("verl.utils"), "verl.utils.device": device}
+  )
   groupwise = types.ModuleType("verl.utils.groupwise")
   exec(compile((root / "utils" / "groupwise.py").read_text(), "groupwise.py", "exec"), groupwise.__dict__)
   source = (root / "trainer" / "ppo" / "core_algos.py").read_text()
-  node = next(n for n in ast.parse(source).body
-              if isinstance(n, ast.FunctionDef) and n.name == "compute_grpo_vectorized_outcome_advantage")
-  namespace = dict(torch=torch, np=np, Optional=__import__("typing").Optional, AlgoConfig=object,
-                   as_torch_index=groupwise.as_torch_index, group_mean_std=groupwise.group_mean_std)
+  node = next(
+    n
+    for n in ast.parse(source).body
+    if isinstance(n, ast.FunctionDef) and n.name == "compute_grpo_vectorized_outcome_advantage"
+  )
+  namespace = dict(
+    torch=torch,
+    np=np,
+    Optional=__import__("typing").Optional,
+    AlgoConfig=object,
+    as_torch_index=groupwise.as_torch_index,
+    group_mean_std=groupwise.group_mean_std,
+  )
   exec(compile(ast.get_source_segment(source, node), "core_algos.py", "exec"), namespace)
-  version = next((root.parent).glob("verl-*.dist-info")).name[len("verl-"):-len(".dist-info")]
+  version = next((root.parent).glob("verl-*.dist-info")).name[len("verl-") : -len(".dist-info")]
   return namespace["compute_grpo_vectorized_outcome_advantage"], version, torch
 
 
@@ -353,8 +416,18 @@ def verl_worker(path: str, repeats: int) -> None:
   index = data["index"]
   adv, _ = fn(rewards, mask, index)
   med, low = _time(lambda: fn(rewards, mask, index), repeats)
-  print(json.dumps(dict(verl_version=version, torch_version=torch.__version__, ms=med, ms_min=low,
-                        advantages_row0=adv[0, :1].tolist(), check=float(adv.abs().sum()))))
+  print(
+    json.dumps(
+      dict(
+        verl_version=version,
+        torch_version=torch.__version__,
+        ms=med,
+        ms_min=low,
+        advantages_row0=adv[0, :1].tolist(),
+        check=float(adv.abs().sum()),
+      )
+    )
+  )
 
 
 def run_verl(python: str, repeats: int) -> dict:
@@ -372,8 +445,9 @@ def run_verl(python: str, repeats: int) -> dict:
   with tempfile.TemporaryDirectory() as tmp:
     path = os.path.join(tmp, "grpo.npz")
     np.savez(path, token_level_rewards=token_rewards, response_mask=action.astype(np.float32), index=index)
-    proc = subprocess.run([python, __file__, "--verl-worker", path, "--repeats", str(repeats)],
-                          capture_output=True, text=True, check=True)
+    proc = subprocess.run(
+      [python, __file__, "--verl-worker", path, "--repeats", str(repeats)], capture_output=True, text=True, check=True
+    )
   verl = json.loads(proc.stdout.strip().splitlines()[-1])
 
   # Ours on the same batch, two ways: from the [P, G] rewards (what the trainer has), and from verl's exact
@@ -394,10 +468,18 @@ def run_verl(python: str, repeats: int) -> dict:
   ours_b = _time(lambda: jax.block_until_ready(b(*args_b)), repeats)
   check = float(np.abs(np.asarray(b(*args_b))).sum())
   assert abs(check - verl["check"]) <= 1e-4 * max(check, 1.0), (check, verl["check"])
-  out = dict(verl, jax_from_rewards_ms=ours_a[0], jax_from_token_rewards_ms=ours_b[0],
-             speedup_from_rewards=verl["ms"] / ours_a[0], speedup_from_token_rewards=verl["ms"] / ours_b[0])
-  print(f"verl GRPO (torch {verl['torch_version']}) {verl['ms']:.2f} ms; jaxcredit {ours_a[0]:.2f} ms from "
-        f"[P,G] rewards, {ours_b[0]:.2f} ms from verl's [P*G,L] inputs", flush=True)
+  out = dict(
+    verl,
+    jax_from_rewards_ms=ours_a[0],
+    jax_from_token_rewards_ms=ours_b[0],
+    speedup_from_rewards=verl["ms"] / ours_a[0],
+    speedup_from_token_rewards=verl["ms"] / ours_b[0],
+  )
+  print(
+    f"verl GRPO (torch {verl['torch_version']}) {verl['ms']:.2f} ms; jaxcredit {ours_a[0]:.2f} ms from "
+    f"[P,G] rewards, {ours_b[0]:.2f} ms from verl's [P*G,L] inputs",
+    flush=True,
+  )
   return out
 
 
@@ -405,8 +487,8 @@ def run_verl(python: str, repeats: int) -> dict:
 # exceed that page-faults them in again (XLA allocates a call's temporaries as one block); NumPy's separate
 # smaller arrays are recycled by malloc. "tuned" keeps freed memory in the process, as jemalloc/tcmalloc do.
 ALLOCATORS = {
-    "default": {},
-    "tuned": {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(2**34), "MALLOC_TOP_PAD_": str(2**28)},
+  "default": {},
+  "tuned": {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(2**34), "MALLOC_TOP_PAD_": str(2**28)},
 }
 
 
@@ -433,9 +515,21 @@ def main() -> None:
 
   import jax
 
-  result = dict(config=dict(P=P, G=G, L=L, T=T, repeats=args.repeats, knobs=KNOBS, jax=jax.__version__,
-                            numpy=np.__version__, cpu_count=os.cpu_count(), machine=platform.machine(),
-                            allocator_env=ALLOCATORS))
+  result = dict(
+    config=dict(
+      P=P,
+      G=G,
+      L=L,
+      T=T,
+      repeats=args.repeats,
+      knobs=KNOBS,
+      jax=jax.__version__,
+      numpy=np.__version__,
+      cpu_count=os.cpu_count(),
+      machine=platform.machine(),
+      allocator_env=ALLOCATORS,
+    )
+  )
   for allocator in args.allocators:
     print(f"--- allocator: {allocator} {ALLOCATORS[allocator]}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:

@@ -70,9 +70,12 @@ def bandwidth():
     t = time.perf_counter()
     mlp(h, up, down).block_until_ready()
     tm.append(time.perf_counter() - t)
-  gib = 2 ** 30 / 1e9
-  return {"jax_sum_GBps": gib / min(ts), "torch_sum_GBps": gib / min(tt),
-          "xla_matvec_GBps": 2 * n * d * f * 4 / 1e9 / _median(tm)}
+  gib = 2**30 / 1e9
+  return {
+    "jax_sum_GBps": gib / min(ts),
+    "torch_sum_GBps": gib / min(tt),
+    "xla_matvec_GBps": 2 * n * d * f * 4 / 1e9 / _median(tm),
+  }
 
 
 class JaxEngine:
@@ -80,12 +83,13 @@ class JaxEngine:
 
   def __init__(self, model, cfg):
     from jaxcredit.sampling import Sampler
-    self.sampler = Sampler(model, max_len=PROMPT + LONG + 8, pad_id=0, chunk_size=8, prompt_bucket=32,
-                           batch_buckets=())
+
+    self.sampler = Sampler(model, max_len=PROMPT + LONG + 8, pad_id=0, chunk_size=8, prompt_bucket=32, batch_buckets=())
 
   def run(self, prompts, new_tokens):
     import jax
     from jaxcredit.sampling import SamplingParams
+
     params = SamplingParams(temperature=1.0, top_p=1e-6, max_new_tokens=new_tokens)
     t = time.perf_counter()
     out = self.sampler.generate(prompts, params, jax.random.key(0))
@@ -99,6 +103,7 @@ class TorchEngine:
   def __init__(self, hf_dir):
     import torch
     from transformers import AutoModelForCausalLM
+
     self.torch = torch
     self.model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
 
@@ -106,8 +111,14 @@ class TorchEngine:
     ids = self.torch.tensor(prompts)
     t = time.perf_counter()
     with self.torch.no_grad():
-      out = self.model.generate(ids, attention_mask=self.torch.ones_like(ids), do_sample=False,
-                                max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0)
+      out = self.model.generate(
+        ids,
+        attention_mask=self.torch.ones_like(ids),
+        do_sample=False,
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        pad_token_id=0,
+      )
     assert out.shape[1] == PROMPT + new_tokens
     return time.perf_counter() - t
 
@@ -119,9 +130,27 @@ class VllmEngine:
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")
     self.log = open(os.path.join(tempfile.gettempdir(), "decode_bench_vllm.log"), "w")
     self.proc = subprocess.Popen(
-        [python, "-m", "vllm.entrypoints.openai.api_server", "--model", hf_dir, "--dtype", "float32",
-         "--served-model-name", "smollm2", "--port", str(port), "--host", "127.0.0.1", "--max-model-len", "1024"],
-        stdout=self.log, stderr=subprocess.STDOUT, env=env)
+      [
+        python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        hf_dir,
+        "--dtype",
+        "float32",
+        "--served-model-name",
+        "smollm2",
+        "--port",
+        str(port),
+        "--host",
+        "127.0.0.1",
+        "--max-model-len",
+        "1024",
+      ],
+      stdout=self.log,
+      stderr=subprocess.STDOUT,
+      env=env,
+    )
     self.url = f"http://127.0.0.1:{port}/v1/completions"
     deadline = time.time() + 600
     while time.time() < deadline:
@@ -135,8 +164,16 @@ class VllmEngine:
     raise RuntimeError("the vLLM server did not start in 600 s")
 
   def run(self, prompts, new_tokens):
-    body = json.dumps({"model": "smollm2", "prompt": prompts, "max_tokens": new_tokens, "min_tokens": new_tokens,
-                       "temperature": 0.0, "ignore_eos": True}).encode()
+    body = json.dumps(
+      {
+        "model": "smollm2",
+        "prompt": prompts,
+        "max_tokens": new_tokens,
+        "min_tokens": new_tokens,
+        "temperature": 0.0,
+        "ignore_eos": True,
+      }
+    ).encode()
     request = urllib.request.Request(self.url, data=body, headers={"Content-Type": "application/json"})
     t = time.perf_counter()
     with urllib.request.urlopen(request, timeout=600) as response:
@@ -186,8 +223,11 @@ def prefix_reuse(model, turns=4, new_tokens=24, observation=24):
         out = sampler.generate(histories, params, jax.random.key(turn))
       histories = [h + o + obs for h, o, obs in zip(histories, out.tokens, observations[turn])]
     seconds = time.perf_counter() - t  # the second round of each mode reuses the compilations
-    result[mode] = {"seconds": seconds, "prefill_tokens": sampler.stats["prefill_tokens"],
-                    "context_tokens": BATCH * (PROMPT + (turns - 1) * observation)}
+    result[mode] = {
+      "seconds": seconds,
+      "prefill_tokens": sampler.stats["prefill_tokens"],
+      "context_tokens": BATCH * (PROMPT + (turns - 1) * observation),
+    }
   return result
 
 
@@ -203,15 +243,23 @@ def main():
   from jaxcredit.models.hf import export_hf
 
   load_before = os.getloadavg()
-  results = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "jax": jax.__version__,
-                         "load_avg_before": load_before}}
+  results = {
+    "machine": {
+      "cpus": os.cpu_count(),
+      "platform": platform.platform(),
+      "jax": jax.__version__,
+      "load_avg_before": load_before,
+    }
+  }
   results["machine"].update(bandwidth())
   model, cfg = load_model(smollm2_gguf_path())
   param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(model))
   best = max(results["machine"]["jax_sum_GBps"], results["machine"]["torch_sum_GBps"])
   results["floor"] = {"param_bytes": int(param_bytes), "ms_per_step": param_bytes / 1e9 / best * 1000}
-  print(f"bandwidth {best:.1f} GB/s; XLA matvec {results['machine']['xla_matvec_GBps']:.1f} GB/s; "
-        f"floor {results['floor']['ms_per_step']:.1f} ms/step ({param_bytes / 1e9:.2f} GB of weights)")
+  print(
+    f"bandwidth {best:.1f} GB/s; XLA matvec {results['machine']['xla_matvec_GBps']:.1f} GB/s; "
+    f"floor {results['floor']['ms_per_step']:.1f} ms/step ({param_bytes / 1e9:.2f} GB of weights)"
+  )
 
   hf_dir = tempfile.mkdtemp(prefix="decode_bench_hf_")
   shutil.rmtree(hf_dir)
@@ -233,8 +281,10 @@ def main():
     print(f"decode B={BATCH}: {name} {r['ms_per_step']:.1f} ms/step  (runs {[round(x, 1) for x in r['runs_ms']]})")
   results["prefix_reuse"] = prefix_reuse(model)
   for mode, r in results["prefix_reuse"].items():
-    print(f"4 turns x {BATCH} rollouts, {mode}: {r['seconds']:.1f} s, {r['prefill_tokens']} tokens prefilled "
-          f"({r['context_tokens']} context tokens)")
+    print(
+      f"4 turns x {BATCH} rollouts, {mode}: {r['seconds']:.1f} s, {r['prefill_tokens']} tokens prefilled "
+      f"({r['context_tokens']} context tokens)"
+    )
   results["machine"]["load_avg_after"] = os.getloadavg()
   os.makedirs(os.path.dirname(args.out), exist_ok=True)
   with open(args.out, "w") as f:

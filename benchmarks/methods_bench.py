@@ -67,19 +67,26 @@ def main():
     results[name] = {"passes": list(METHODS[name].passes), "wall_s": wall, "steps": rows}
     last = rows[-1]
     passes = ", ".join(f"{p} {last[f'pass/{p}/seconds']:.1f}s" for p in METHODS[name].passes)
-    print(f"{name}: step {last['step_s']:.1f}s (rollouts {last['rollout_s']:.1f}, passes+credit "
-          f"{last['score_s']:.1f}, update {last['update_s']:.1f}){'; ' + passes if passes else ''}", flush=True)
+    print(
+      f"{name}: step {last['step_s']:.1f}s (rollouts {last['rollout_s']:.1f}, passes+credit "
+      f"{last['score_s']:.1f}, update {last['update_s']:.1f}){'; ' + passes if passes else ''}",
+      flush=True,
+    )
 
   for r in results.values():
     r.update(load_avg_at_end=os.getloadavg(), warm_start_s=warm_s, date=time.strftime("%Y-%m-%d %H:%M"))
   previous = {}
-  if os.path.exists(args.out):   # a run of some methods updates their rows and keeps the others
+  if os.path.exists(args.out):  # a run of some methods updates their rows and keeps the others
     with open(args.out) as f:
       previous = json.load(f).get("methods", {})
-  out = {"machine": f"{platform.machine()}, {os.cpu_count()} cores", "jax": jax.__version__, "steps": args.steps,
-         "config": "configs/<method>.py as shipped (quickstart task: 2 prompts x 4 rollouts, <= 3 turns of 48 "
-                   "tokens); evals off; one shared 10-step warm start per run",
-         "methods": {**previous, **results}}
+  out = {
+    "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+    "jax": jax.__version__,
+    "steps": args.steps,
+    "config": "configs/<method>.py as shipped (quickstart task: 2 prompts x 4 rollouts, <= 3 turns of 48 "
+    "tokens); evals off; one shared 10-step warm start per run",
+    "methods": {**previous, **results},
+  }
   os.makedirs(os.path.dirname(args.out), exist_ok=True)
   with open(args.out, "w") as f:
     json.dump(out, f, indent=2)

@@ -45,20 +45,36 @@ def main():
   o_sh = step_lib.opt_state_shardings(opt, params, p_sh, mesh)
   b, length = args.batch, args.length
   rng = np.random.default_rng(0)
-  batch = {"tokens_BxL": rng.integers(0, cfg.vocab_size, (b, length)).astype(np.int32),
-           "token_mask_BxL": np.ones((b, length), bool), "action_mask_BxL": np.ones((b, length), bool),
-           "behavior_logp_BxL": np.full((b, length), -5.0, np.float32),
-           "adv_BxL": np.ones((b, length), np.float32), "ref_logp_BxL": np.zeros((b, length), np.float32)}
-  grad = jax.jit(lambda p, bt: step_lib.loss_and_grads(step_lib.pg_token_loss, graphdef, p, rest, bt,
-                                                       step_lib.PolicyLossConfig())[1])
+  batch = {
+    "tokens_BxL": rng.integers(0, cfg.vocab_size, (b, length)).astype(np.int32),
+    "token_mask_BxL": np.ones((b, length), bool),
+    "action_mask_BxL": np.ones((b, length), bool),
+    "behavior_logp_BxL": np.full((b, length), -5.0, np.float32),
+    "adv_BxL": np.ones((b, length), np.float32),
+    "ref_logp_BxL": np.zeros((b, length), np.float32),
+  }
+  grad = jax.jit(
+    lambda p, bt: step_lib.loss_and_grads(step_lib.pg_token_loss, graphdef, p, rest, bt, step_lib.PolicyLossConfig())[1]
+  )
   t0 = time.perf_counter()
   jax.block_until_ready(grad(params, batch))
   compile_s = time.perf_counter() - t0
   step_s = _median_time(lambda: grad(params, batch), args.repeats)
-  results = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "jax": jax.__version__,
-                         "load_avg_at_start": os.getloadavg()[0]},
-             "fwd_bwd": {"batch": b, "length": length, "first_call_s": compile_s, "step_s": step_s,
-                         "tokens_per_s": b * length / step_s}}
+  results = {
+    "machine": {
+      "cpus": os.cpu_count(),
+      "platform": platform.platform(),
+      "jax": jax.__version__,
+      "load_avg_at_start": os.getloadavg()[0],
+    },
+    "fwd_bwd": {
+      "batch": b,
+      "length": length,
+      "first_call_s": compile_s,
+      "step_s": step_s,
+      "tokens_per_s": b * length / step_s,
+    },
+  }
   print(f"fwd+bwd B={b} L={length}: {step_s:.2f} s/step, {b * length / step_s:.0f} tokens/s")
 
   sampler = Sampler(model, max_len=320, pad_id=2, chunk_size=8, prompt_bucket=32, batch_buckets=())

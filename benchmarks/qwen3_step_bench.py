@@ -80,10 +80,20 @@ def make_checkpoint(folder: str, layers: int) -> int:
   from transformers import Qwen3Config, Qwen3ForCausalLM
 
   torch.manual_seed(0)
-  cfg = Qwen3Config(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=layers,
-                    num_attention_heads=16, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6,
-                    rope_theta=ROPE_THETA, tie_word_embeddings=True, max_position_embeddings=4096,
-                    torch_dtype="float32")
+  cfg = Qwen3Config(
+    vocab_size=151936,
+    hidden_size=1024,
+    intermediate_size=3072,
+    num_hidden_layers=layers,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    rms_norm_eps=1e-6,
+    rope_theta=ROPE_THETA,
+    tie_word_embeddings=True,
+    max_position_embeddings=4096,
+    torch_dtype="float32",
+  )
   model = Qwen3ForCausalLM(cfg)
   model.save_pretrained(folder, safe_serialization=True)
   return sum(p.numel() for p in model.parameters())
@@ -106,9 +116,12 @@ def main():
     tokens = np.random.default_rng(0).integers(0, 151936, (b, length)).astype(np.int32)
     np.save(os.path.join(folder, "bench_tokens.npy"), tokens)
 
-    worker = subprocess.Popen([args.tunix_python, "-c", TUNIX_WORKER, folder, str(b), str(length), str(args.layers),
-                               str(ROPE_THETA)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    worker = subprocess.Popen(
+      [args.tunix_python, "-c", TUNIX_WORKER, folder, str(b), str(length), str(args.layers), str(ROPE_THETA)],
+      stdin=subprocess.PIPE,
+      stdout=subprocess.PIPE,
+      text=True,
+    )
 
     import jax
     import jax.numpy as jnp
@@ -153,15 +166,36 @@ def main():
 
   med = {k: float(np.median(v)) for k, v in runs.items()}
   results = {
-      "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "jax": jax.__version__,
-                  "tunix_jax": ready.get("jax"), "load_avg_after": os.getloadavg()},
-      "checkpoint": {"layers": args.layers, "params": int(num_params), "hidden": 1024, "intermediate": 3072,
-                     "heads": 16, "kv_heads": 8, "head_dim": 128, "vocab": 151936, "tied": True},
-      "batch": b, "length": length, "jaxcredit_first_call_s": first_call,
-      **{f"{k}_s": v for k, v in med.items()}, "runs_s": runs, "loss": losses,
-      "speedup": med["tunix"] / med["jaxcredit"]}
-  print(f"Qwen3 {args.layers} layers fwd+bwd [{b}, {length}]: jaxcredit {med['jaxcredit']:.2f} s, Tunix "
-        f"{med['tunix']:.2f} s ({results['speedup']:.2f}x); loss {losses['jaxcredit']:.5f} vs {losses['tunix']:.5f}")
+    "machine": {
+      "cpus": os.cpu_count(),
+      "platform": platform.platform(),
+      "jax": jax.__version__,
+      "tunix_jax": ready.get("jax"),
+      "load_avg_after": os.getloadavg(),
+    },
+    "checkpoint": {
+      "layers": args.layers,
+      "params": int(num_params),
+      "hidden": 1024,
+      "intermediate": 3072,
+      "heads": 16,
+      "kv_heads": 8,
+      "head_dim": 128,
+      "vocab": 151936,
+      "tied": True,
+    },
+    "batch": b,
+    "length": length,
+    "jaxcredit_first_call_s": first_call,
+    **{f"{k}_s": v for k, v in med.items()},
+    "runs_s": runs,
+    "loss": losses,
+    "speedup": med["tunix"] / med["jaxcredit"],
+  }
+  print(
+    f"Qwen3 {args.layers} layers fwd+bwd [{b}, {length}]: jaxcredit {med['jaxcredit']:.2f} s, Tunix "
+    f"{med['tunix']:.2f} s ({results['speedup']:.2f}x); loss {losses['jaxcredit']:.5f} vs {losses['tunix']:.5f}"
+  )
   os.makedirs(os.path.dirname(args.out), exist_ok=True)
   with open(args.out, "w") as f:
     json.dump(results, f, indent=2)

@@ -96,36 +96,59 @@ def main():
   packed_fn = AotFn(step_lib.make_packed_gold_fn(graphdef, rest), params)
   pad_id = 2
   rng = np.random.default_rng(0)
-  results = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "jax": jax.__version__,
-                         "backend": jax.default_backend(), "load_avg_at_start": load_start},
-             "settings": {k: v for k, v in vars(args).items() if k != "out"}, "cases": []}
+  results = {
+    "machine": {
+      "cpus": os.cpu_count(),
+      "platform": platform.platform(),
+      "jax": jax.__version__,
+      "backend": jax.default_backend(),
+      "load_avg_at_start": load_start,
+    },
+    "settings": {k: v for k, v in vars(args).items() if k != "out"},
+    "cases": [],
+  }
   for turns in [int(x) for x in args.ts.split(",")]:
     traj = synthetic_trajectory(rng, cfg.vocab_size, args.batch, turns, args.prompt, args.action, args.obs, pad_id)
     gold_ids = [rng.integers(100, cfg.vocab_size, args.gold).tolist() for _ in range(args.batch)]
     common = dict(pad_id=pad_id, reduce="sum", length_bucket=64, rows_bucket=1)
     sep_s, sep_n, sep_c, (sep, sep_mask) = _timed(
-        lambda: score_gold_answers(separate_fn, traj, gold_ids, **common), separate_fn, args.repeats, args.budget_s)
+      lambda: score_gold_answers(separate_fn, traj, gold_ids, **common), separate_fn, args.repeats, args.budget_s
+    )
     pkd_s, pkd_n, pkd_c, (pkd, pkd_mask) = _timed(
-        lambda: score_gold_answers_packed(packed_fn, traj, gold_ids, **common), packed_fn, args.repeats,
-        args.budget_s)
+      lambda: score_gold_answers_packed(packed_fn, traj, gold_ids, **common), packed_fn, args.repeats, args.budget_s
+    )
     assert (sep_mask == pkd_mask).all()
     max_diff = float(np.abs(sep - pkd)[sep_mask].max())
     lengths = traj.token_mask_BxL.sum(axis=1)
     n_bound = int(traj.boundary_mask_BxT1.sum())
     separate_tokens = n_bound * (int(traj.boundary_pos_BxT1.max()) + args.gold)  # rows x (padded) length, roughly
     packed_tokens = int(lengths.sum()) + n_bound * args.gold
-    case = {"turns": turns, "boundaries_per_rollout": turns + 1, "batch": args.batch,
-            "rollout_tokens": [int(x) for x in lengths],
-            "separate_s": sep_s, "separate_runs": sep_n, "separate_compile_s": sep_c,
-            "packed_s": pkd_s, "packed_runs": pkd_n, "packed_compile_s": pkd_c,
-            "speedup": sep_s / pkd_s, "target_speedup": turns / 2, "target_met": sep_s / pkd_s >= turns / 2,
-            "approx_tokens_separate": separate_tokens, "approx_tokens_packed": packed_tokens,
-            "max_abs_diff": max_diff}
+    case = {
+      "turns": turns,
+      "boundaries_per_rollout": turns + 1,
+      "batch": args.batch,
+      "rollout_tokens": [int(x) for x in lengths],
+      "separate_s": sep_s,
+      "separate_runs": sep_n,
+      "separate_compile_s": sep_c,
+      "packed_s": pkd_s,
+      "packed_runs": pkd_n,
+      "packed_compile_s": pkd_c,
+      "speedup": sep_s / pkd_s,
+      "target_speedup": turns / 2,
+      "target_met": sep_s / pkd_s >= turns / 2,
+      "approx_tokens_separate": separate_tokens,
+      "approx_tokens_packed": packed_tokens,
+      "max_abs_diff": max_diff,
+    }
     results["cases"].append(case)
-    print(f"T={turns:2d} ({turns + 1} boundaries, B={args.batch}, rollout ~{int(lengths.mean())} tokens): "
-          f"separate {sep_s:.2f} s ({sep_n} runs), packed {pkd_s:.2f} s ({pkd_n} runs), "
-          f"speedup {sep_s / pkd_s:.1f}x (target >= {turns / 2:.0f}x: {'met' if case['target_met'] else 'NOT met'}), "
-          f"max |diff| {max_diff:.1e}", flush=True)
+    print(
+      f"T={turns:2d} ({turns + 1} boundaries, B={args.batch}, rollout ~{int(lengths.mean())} tokens): "
+      f"separate {sep_s:.2f} s ({sep_n} runs), packed {pkd_s:.2f} s ({pkd_n} runs), "
+      f"speedup {sep_s / pkd_s:.1f}x (target >= {turns / 2:.0f}x: {'met' if case['target_met'] else 'NOT met'}), "
+      f"max |diff| {max_diff:.1e}",
+      flush=True,
+    )
   results["machine"]["load_avg_at_end"] = os.getloadavg()[0]
   os.makedirs(os.path.dirname(args.out), exist_ok=True)
   with open(args.out, "w") as f:

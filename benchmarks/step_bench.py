@@ -48,7 +48,7 @@ def matmul_rates():
   at = torch.randn(2048, 2048)
   at @ at
   tt = min(_timed(lambda: at @ at, 10))
-  flops = 2 * 2048 ** 3
+  flops = 2 * 2048**3
   return {"xla_GFLOPs": flops / xla / 1e9, "torch_GFLOPs": flops / tt / 1e9}
 
 
@@ -69,9 +69,16 @@ def main():
   from jaxcredit.models.hf import export_hf
   from jaxcredit.train import step as step_lib
 
-  results = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "jax": jax.__version__,
-                         "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-                         "load_avg_before": os.getloadavg()}}
+  results = {
+    "machine": {
+      "cpus": os.cpu_count(),
+      "platform": platform.platform(),
+      "jax": jax.__version__,
+      "torch": torch.__version__,
+      "torch_threads": torch.get_num_threads(),
+      "load_avg_before": os.getloadavg(),
+    }
+  }
   results["machine"].update(matmul_rates())
   b, length = args.batch, args.length
   model, cfg = load_model(smollm2_gguf_path())
@@ -79,11 +86,17 @@ def main():
   graphdef, params, rest = step_lib.split_model(model)
   rng = np.random.default_rng(0)
   tokens = rng.integers(0, cfg.vocab_size, (b, length)).astype(np.int32)
-  batch = {"tokens_BxL": tokens, "token_mask_BxL": np.ones((b, length), bool),
-           "action_mask_BxL": np.ones((b, length), bool), "behavior_logp_BxL": np.full((b, length), -5.0, np.float32),
-           "adv_BxL": np.ones((b, length), np.float32), "ref_logp_BxL": np.zeros((b, length), np.float32)}
-  grad = jax.jit(lambda p, bt: step_lib.loss_and_grads(step_lib.pg_token_loss, graphdef, p, rest, bt,
-                                                       step_lib.PolicyLossConfig())[1])
+  batch = {
+    "tokens_BxL": tokens,
+    "token_mask_BxL": np.ones((b, length), bool),
+    "action_mask_BxL": np.ones((b, length), bool),
+    "behavior_logp_BxL": np.full((b, length), -5.0, np.float32),
+    "adv_BxL": np.ones((b, length), np.float32),
+    "ref_logp_BxL": np.zeros((b, length), np.float32),
+  }
+  grad = jax.jit(
+    lambda p, bt: step_lib.loss_and_grads(step_lib.pg_token_loss, graphdef, p, rest, bt, step_lib.PolicyLossConfig())[1]
+  )
   t = time.perf_counter()
   jax.block_until_ready(grad(params, batch))
   results["jaxcredit_first_call_s"] = time.perf_counter() - t
@@ -109,14 +122,20 @@ def main():
   flops = 6 * num_params * b * length
   best = max(results["machine"]["xla_GFLOPs"], results["machine"]["torch_GFLOPs"])
   results["fwd_bwd"] = {
-      "batch": b, "length": length, "params": int(num_params), "flops": flops,
-      "floor_s": flops / best / 1e9,
-      **{f"{k}_s": float(np.median(v)) for k, v in runs.items()},
-      "runs_s": runs}
+    "batch": b,
+    "length": length,
+    "params": int(num_params),
+    "flops": flops,
+    "floor_s": flops / best / 1e9,
+    **{f"{k}_s": float(np.median(v)) for k, v in runs.items()},
+    "runs_s": runs,
+  }
   r = results["fwd_bwd"]
-  print(f"fwd+bwd [{b}, {length}]: jaxcredit {r['jaxcredit_s']:.2f} s, transformers {r['transformers_s']:.2f} s "
-        f"({r['transformers_s'] / r['jaxcredit_s']:.2f}x), floor {r['floor_s']:.2f} s at {best:.0f} GFLOP/s "
-        f"(XLA {results['machine']['xla_GFLOPs']:.0f}, torch {results['machine']['torch_GFLOPs']:.0f})")
+  print(
+    f"fwd+bwd [{b}, {length}]: jaxcredit {r['jaxcredit_s']:.2f} s, transformers {r['transformers_s']:.2f} s "
+    f"({r['transformers_s'] / r['jaxcredit_s']:.2f}x), floor {r['floor_s']:.2f} s at {best:.0f} GFLOP/s "
+    f"(XLA {results['machine']['xla_GFLOPs']:.0f}, torch {results['machine']['torch_GFLOPs']:.0f})"
+  )
 
   if args.profile:
     trace_dir = tempfile.mkdtemp(prefix="step_bench_trace_")

@@ -18,5 +18,5 @@ def get_config():
   c.model.attention_impl = "chunked"
   c.model.attention_chunk = 1024
   c.plan.seq_len = 32768
-  c.plan.batch_size = 0      # one 32k sequence per data-parallel shard
+  c.plan.batch_size = 0  # one 32k sequence per data-parallel shard
   return c

@@ -17,9 +17,9 @@ def get_config():
   c.workdir = "runs/trace_search"
   c.credit.method = "trace"
   c.env.name = "search"
-  c.env.num_train_tasks = 1000          # the generated corpus's train questions
-  c.env.search.max_tool_calls = 8       # a search and an open per hop
-  c.env.search.max_output_chars = 600   # an opened document is cut here (with a marker)
+  c.env.num_train_tasks = 1000  # the generated corpus's train questions
+  c.env.search.max_tool_calls = 8  # a search and an open per hop
+  c.env.search.max_output_chars = 600  # an opened document is cut here (with a marker)
   c.env.search.top_k = 3
   c.sampling.max_new_tokens = 64
   c.sampling.max_len = 2048

@@ -64,9 +64,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def _command_help(command: str) -> str:
   entry = COMMANDS[command]
-  lines = [f"usage: jaxcredit {command} {entry.synopsis}", "", entry.summary, "",
-           "With --config, --help lists that config's keys, their values (overrides applied) and what each means:",
-           f"  jaxcredit {command} --config configs/quickstart.py --help"]
+  lines = [
+    f"usage: jaxcredit {command} {entry.synopsis}",
+    "",
+    entry.summary,
+    "",
+    "With --config, --help lists that config's keys, their values (overrides applied) and what each means:",
+    f"  jaxcredit {command} --config configs/quickstart.py --help",
+  ]
   if os.path.isdir("configs"):
     names = sorted(n for n in os.listdir("configs") if n.endswith(".py") and not n.startswith("_"))
     lines += ["", "configs here: " + ", ".join(f"configs/{n}" for n in names)]
@@ -83,8 +88,9 @@ def _parse_config(path_and_overrides: list[str], command: str):
   from ml_collections import config_flags
 
   flag_values = flags.FlagValues()
-  config_flags.DEFINE_config_file("config", None, "experiment config file (configs/X.py)", flag_values=flag_values,
-                                  lock_config=True)
+  config_flags.DEFINE_config_file(
+    "config", None, "experiment config file (configs/X.py)", flag_values=flag_values, lock_config=True
+  )
   argv = [f"jaxcredit {command}"] + path_and_overrides
   saved_argv, sys.argv = sys.argv, argv  # ml_collections finds --config.key overrides in sys.argv
   try:
@@ -149,8 +155,10 @@ def _load_config(command: str, args: list[str]):
   if wants_help:
     from jaxcredit.train import config_help
 
-    print(f"usage: jaxcredit {command} {COMMANDS[command].synopsis}\n\n{path}, every key (override any with "
-          f"--config.KEY=VALUE):\n")
+    print(
+      f"usage: jaxcredit {command} {COMMANDS[command].synopsis}\n\n{path}, every key (override any with "
+      f"--config.KEY=VALUE):\n"
+    )
     print(config_help.describe_config(config, path.split(":")[0] if path else None))
     return 0
   return config
@@ -196,8 +204,10 @@ def _credit(command: str, args: list[str]) -> int:
   except (ValueError, OSError) as e:
     print(f"jaxcredit {command}: error: {e}", file=sys.stderr)
     return 2
-  print(f"[jaxcredit] {info['method']} advantages of {info['rollouts']} rollouts ({info['groups']} groups) -> "
-        f"{paths['--out']}")
+  print(
+    f"[jaxcredit] {info['method']} advantages of {info['rollouts']} rollouts ({info['groups']} groups) -> "
+    f"{paths['--out']}"
+  )
   return 0
 
 
@@ -232,8 +242,10 @@ def _last_checkpoint(workdir: str) -> str:
   steps = sorted(int(n) for n in (os.listdir(directory) if os.path.isdir(directory) else []) if n.isdigit())
   if not steps:
     return f"no checkpoint yet in {directory}; a rerun starts over"
-  return (f"the last checkpoint is RL step {steps[-1]} in {directory} (step 0: the warm start); the same command "
-          f"resumes from it")
+  return (
+    f"the last checkpoint is RL step {steps[-1]} in {directory} (step 0: the warm start); the same command "
+    f"resumes from it"
+  )
 
 
 class _UsageError(Exception):
@@ -266,14 +278,21 @@ def _mib(n: int | None) -> str:
 
 def _convert(command: str, args: list[str]) -> int:
   """convert: an HF folder or a GGUF file into a converted checkpoint; prints a tqdm bar and a summary line."""
+
   def build(p):
     source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--hf", metavar="DIR", help="Hugging Face folder (config.json + safetensors (+ index)) or "
-                                                    "a Hub id org/name[@revision]")
+    source.add_argument(
+      "--hf",
+      metavar="DIR",
+      help="Hugging Face folder (config.json + safetensors (+ index)) or a Hub id org/name[@revision]",
+    )
     source.add_argument("--gguf", metavar="FILE", help="llama.cpp GGUF file (llama, qwen3)")
     p.add_argument("--out", metavar="DIR", required=True, help="the converted checkpoint folder to create")
-    p.add_argument("--dtype", default=None, help="store parameters in this dtype (bf16, f32, f16); "
-                                                 "default: the source's (float32 for GGUF)")
+    p.add_argument(
+      "--dtype",
+      default=None,
+      help="store parameters in this dtype (bf16, f32, f16); default: the source's (float32 for GGUF)",
+    )
 
   try:
     ns = _parse(command, args, build)
@@ -288,19 +307,27 @@ def _convert(command: str, args: list[str]) -> int:
   except (_UsageError, ValueError, OSError) as e:  # OSError: missing, unreadable or existing paths
     print(f"jaxcredit {command}: error: {_one_line(e)}", file=sys.stderr)
     return 2
-  print(f"converted {stats['tensors']} tensors ({_mib(stats['bytes_read'])} read) into {stats['out']} in "
-        f"{stats['seconds']:.1f} s; peak memory above baseline {_mib(stats['peak_rss_above_baseline_bytes'])}, "
-        f"largest input shard {_mib(stats['largest_shard_bytes'])}")
+  print(
+    f"converted {stats['tensors']} tensors ({_mib(stats['bytes_read'])} read) into {stats['out']} in "
+    f"{stats['seconds']:.1f} s; peak memory above baseline {_mib(stats['peak_rss_above_baseline_bytes'])}, "
+    f"largest input shard {_mib(stats['largest_shard_bytes'])}"
+  )
   return 0
 
 
 def _export(command: str, args: list[str]) -> int:
   """export: a converted checkpoint back to HF safetensors + config.json."""
+
   def build(p):
     p.add_argument("--checkpoint", metavar="DIR", required=True, help="a converted checkpoint folder")
     p.add_argument("--out", metavar="DIR", required=True, help="the Hugging Face folder to create")
-    p.add_argument("--max-shard-size", type=float, default=5.0, metavar="GB",
-                   help="shard size limit in GiB when the source's shard layout is unknown (default 5)")
+    p.add_argument(
+      "--max-shard-size",
+      type=float,
+      default=5.0,
+      metavar="GB",
+      help="shard size limit in GiB when the source's shard layout is unknown (default 5)",
+    )
 
   try:
     ns = _parse(command, args, build)
@@ -312,8 +339,10 @@ def _export(command: str, args: list[str]) -> int:
   except (_UsageError, ValueError, OSError) as e:  # OSError: missing, unreadable or existing paths
     print(f"jaxcredit {command}: error: {_one_line(e)}", file=sys.stderr)
     return 2
-  print(f"exported {stats['tensors']} tensors in {stats['files']} file(s), {_mib(stats['bytes_written'])}, "
-        f"into {stats['out']} in {stats['seconds']:.1f} s")
+  print(
+    f"exported {stats['tensors']} tensors in {stats['files']} file(s), {_mib(stats['bytes_written'])}, "
+    f"into {stats['out']} in {stats['seconds']:.1f} s"
+  )
   return 0
 
 
@@ -336,17 +365,23 @@ def _plan(command: str, args: list[str]) -> int:
     i += 1
   if _wants_help(args):
     if not any(a == "--config" or a.startswith("--config=") for a in rest):
-      print(_command_help(command) + "\n\n  --topology  a TPU topology, e.g. v5p:4x4x4 or v5e:4x4 (required)\n"
-            "  --mesh      mesh axis sizes, e.g. fsdp=16,tensor=4; `data` takes the chips the named axes leave\n"
-            "  --json      also write the report to this file\n\n"
-            "  libtpu: TPU_LIBRARY_PATH (python tools/install_libtpu.py installs one into .libtpu) or the `tpu`\n"
-            "  extra; without it the step compiles for simulated CPU devices and the report says it is an estimate")
+      print(
+        _command_help(command) + "\n\n  --topology  a TPU topology, e.g. v5p:4x4x4 or v5e:4x4 (required)\n"
+        "  --mesh      mesh axis sizes, e.g. fsdp=16,tensor=4; `data` takes the chips the named axes leave\n"
+        "  --json      also write the report to this file\n\n"
+        "  libtpu: TPU_LIBRARY_PATH (python tools/install_libtpu.py installs one into .libtpu) or the `tpu`\n"
+        "  extra; without it the step compiles for simulated CPU devices and the report says it is an estimate"
+      )
       return 0
     return _load_config(command, rest)
   if "topology" not in own:
     print("jaxcredit plan: --topology is required (e.g. v5p:4x4x4)", file=sys.stderr)
     return 2
-  from jaxcredit.train.plan import libtpu_library_path, parse_mesh, parse_topology  # no jax import at module level before here
+  from jaxcredit.train.plan import (
+    libtpu_library_path,
+    parse_mesh,
+    parse_topology,
+  )  # no jax import at module level before here
 
   try:
     _, chips = parse_topology(own["topology"])
@@ -358,8 +393,9 @@ def _plan(command: str, args: list[str]) -> int:
   os.environ.setdefault("JAX_PLATFORMS", "cpu")  # deviceless: the TPU is described by libtpu, not attached
   if libtpu_library_path() is None:
     # Fallback: simulate the chips with CPU devices (read when the backend starts, which has not happened yet).
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                               f" --xla_force_host_platform_device_count={chips}").strip()
+    os.environ["XLA_FLAGS"] = (
+      os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={chips}"
+    ).strip()
   config = _load_config(command, rest)
   if isinstance(config, int):
     return config
@@ -389,20 +425,36 @@ def _plan(command: str, args: list[str]) -> int:
 
 
 COMMANDS: dict[str, Command] = {
-    "train": Command("--config configs/X.py [--config.key=value ...]",
-                     "warm start (once), then RL with the configured credit method; resumable", _train),
-    "sft": Command("--config configs/X.py [--config.key=value ...]",
-                   "only the supervised warm start; leaves a checkpoint that `train` resumes from", _train),
-    "convert": Command("--hf DIR | --gguf FILE --out DIR [--dtype bf16|f32|f16]",
-                       "convert a Hugging Face folder or a GGUF file into a converted checkpoint (streamed)",
-                       _convert),
-    "export": Command("--checkpoint DIR --out DIR [--max-shard-size GB]",
-                      "write a converted checkpoint as Hugging Face safetensors + config.json", _export),
-    "credit": Command("--config configs/X.py --in rollouts.jsonl --out credited.jsonl [--config.key=value ...]",
-                      "the method's advantages for rollouts made elsewhere (JSONL; groups from group ids)", _credit),
-    "plan": Command("--config configs/X.py --topology v5p:4x4x4 [--mesh fsdp=N,tensor=M,expert=E] [--json FILE]",
-                    "compile the training step for a TPU topology without a TPU: memory per chip, FLOPs, MFU",
-                    _plan),
+  "train": Command(
+    "--config configs/X.py [--config.key=value ...]",
+    "warm start (once), then RL with the configured credit method; resumable",
+    _train,
+  ),
+  "sft": Command(
+    "--config configs/X.py [--config.key=value ...]",
+    "only the supervised warm start; leaves a checkpoint that `train` resumes from",
+    _train,
+  ),
+  "convert": Command(
+    "--hf DIR | --gguf FILE --out DIR [--dtype bf16|f32|f16]",
+    "convert a Hugging Face folder or a GGUF file into a converted checkpoint (streamed)",
+    _convert,
+  ),
+  "export": Command(
+    "--checkpoint DIR --out DIR [--max-shard-size GB]",
+    "write a converted checkpoint as Hugging Face safetensors + config.json",
+    _export,
+  ),
+  "credit": Command(
+    "--config configs/X.py --in rollouts.jsonl --out credited.jsonl [--config.key=value ...]",
+    "the method's advantages for rollouts made elsewhere (JSONL; groups from group ids)",
+    _credit,
+  ),
+  "plan": Command(
+    "--config configs/X.py --topology v5p:4x4x4 [--mesh fsdp=N,tensor=M,expert=E] [--json FILE]",
+    "compile the training step for a TPU topology without a TPU: memory per chip, FLOPs, MFU",
+    _plan,
+  ),
 }
 
 

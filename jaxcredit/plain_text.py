@@ -86,14 +86,17 @@ def encode_with_plain_spans(tok, text: str, spans: Sequence[tuple[int, int]]) ->
   prev = 0
   for start, end in spans:
     if not prev <= start <= end <= len(text):
-      raise ValueError(f"plain-text spans must be sorted, non-overlapping and inside the text; got {list(spans)} "
-                       f"for a text of {len(text)} characters")
+      raise ValueError(
+        f"plain-text spans must be sorted, non-overlapping and inside the text; got {list(spans)} "
+        f"for a text of {len(text)} characters"
+      )
     prev = end
   hf = _hf_tokenizer(tok)
   if hf is None:  # a tokenizer-like object without a `tokenizers.Tokenizer`: its own encode, unprotected
     return list(tok.encode(text))
-  specials = sorted({t.content for t in hf.get_added_tokens_decoder().values() if t.special and t.content},
-                    key=len, reverse=True)
+  specials = sorted(
+    {t.content for t in hf.get_added_tokens_decoder().values() if t.special and t.content}, key=len, reverse=True
+  )
   pattern = re.compile("|".join(re.escape(s) for s in specials)) if specials else None
   parts: list = []
   pos = 0
@@ -101,7 +104,7 @@ def encode_with_plain_spans(tok, text: str, spans: Sequence[tuple[int, int]]) ->
     for m in pattern.finditer(text):
       if any(m.start() < end and start < m.end() for start, end in spans):
         continue  # a control-token string inside environment text stays text
-      parts.append(text[pos:m.start()])
+      parts.append(text[pos : m.start()])
       parts.append(int(hf.token_to_id(m.group())))
       pos = m.end()
   parts.append(text[pos:])
@@ -118,8 +121,7 @@ def encode_with_plain_spans(tok, text: str, spans: Sequence[tuple[int, int]]) ->
 _MESSAGE = "\u2063MSG{}\u2063"
 
 
-def encode_chat(tok, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
-                ) -> list[int]:
+def encode_chat(tok, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> list[int]:
   """The chat rendered by the template and tokenized, with every message's content read as plain text.
 
   Contents come from datasets and environments: a control-token string in one stays text. The template is rendered
@@ -132,8 +134,9 @@ def encode_chat(tok, messages: Sequence[Mapping[str, Any]], add_generation_promp
   for i, m in enumerate(messages):
     at = text.find(_MESSAGE.format(i), pos)
     if at < 0:
-      return list(tok.encode(tok.apply_chat_template([dict(x) for x in messages],
-                                                     add_generation_prompt=add_generation_prompt)))
+      return list(
+        tok.encode(tok.apply_chat_template([dict(x) for x in messages], add_generation_prompt=add_generation_prompt))
+      )
     out.append(text[pos:at])
     start = sum(len(x) for x in out)
     content = clean_text(str(m.get("content", "")))

@@ -43,25 +43,25 @@ MESH_AXES = ("data", "fsdp", "expert", "tensor")
 BATCH_AXES = ("data", "fsdp", "expert")
 
 RULES: dict[str, Any] = {
-    "batch": BATCH_AXES,
-    "activation_batch": BATCH_AXES,
-    "activation_length": None,
-    "activation_embed": None,
-    "activation_heads": "tensor",
-    "activation_kv_heads": "tensor",
-    "activation_mlp": "tensor",
-    "activation_expert": "expert",
-    "activation_vocab": "tensor",
-    "layers": None,
-    "embed": "fsdp",
-    "vocab": "tensor",
-    "q_heads": "tensor",
-    "kv_heads": "tensor",
-    "head_dim": None,
-    "mlp": "tensor",
-    "expert": "expert",
-    "router_experts": None,
-    "norm": None,
+  "batch": BATCH_AXES,
+  "activation_batch": BATCH_AXES,
+  "activation_length": None,
+  "activation_embed": None,
+  "activation_heads": "tensor",
+  "activation_kv_heads": "tensor",
+  "activation_mlp": "tensor",
+  "activation_expert": "expert",
+  "activation_vocab": "tensor",
+  "layers": None,
+  "embed": "fsdp",
+  "vocab": "tensor",
+  "q_heads": "tensor",
+  "kv_heads": "tensor",
+  "head_dim": None,
+  "mlp": "tensor",
+  "expert": "expert",
+  "router_experts": None,
+  "norm": None,
 }
 
 _active_rules: dict[str, Any] = dict(RULES)
@@ -94,8 +94,7 @@ def make_mesh(shape: Mapping[str, int], devices=None) -> Mesh:
   n = math.prod(sizes)
   if n > len(devices):
     raise ValueError(f"config.mesh {dict(zip(MESH_AXES, sizes))} needs {n} devices, {len(devices)} available")
-  return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES),
-                       devices=devices[:n])
+  return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices[:n])
 
 
 def rules_to_config(rules: Mapping[str, Any] = RULES) -> dict[str, str]:
@@ -139,8 +138,12 @@ def _as_tuple(axes) -> tuple[str, ...]:
   return tuple(axes) if isinstance(axes, (list, tuple)) else (axes,)
 
 
-def logical_to_spec(logical: Sequence[str | None], shape: Sequence[int], mesh_shape: Mapping[str, int],
-                    rules: Mapping[str, Any] | None = None) -> P:
+def logical_to_spec(
+  logical: Sequence[str | None],
+  shape: Sequence[int],
+  mesh_shape: Mapping[str, int],
+  rules: Mapping[str, Any] | None = None,
+) -> P:
   """The PartitionSpec of an array with these logical axes and this shape.
 
   Each dimension takes the mesh axes its logical name maps to, keeping only axes of size > 1 that are not used by
@@ -237,8 +240,10 @@ def shard_batch(batch, mesh: Mesh):
     if x.ndim == 0:
       return jax.device_put(x, replicated(mesh))
     if x.shape[0] % dp:
-      raise ValueError(f"batch axis {x.shape[0]} is not divisible by the data-parallel size {dp} "
-                       f"(config.mesh data*fsdp*expert); change the number of rollouts per step")
+      raise ValueError(
+        f"batch axis {x.shape[0]} is not divisible by the data-parallel size {dp} "
+        f"(config.mesh data*fsdp*expert); change the number of rollouts per step"
+      )
     return jax.device_put(x, batch_sharding(mesh, x.ndim))
 
   return jax.tree_util.tree_map(put, batch)

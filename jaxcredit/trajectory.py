@@ -153,14 +153,14 @@ def pad_length(n: int, bucket: int) -> int:
 
 
 def pack(
-    rollouts: Sequence[RolloutBuilder],
-    rewards: Sequence[float],
-    group_ids: Sequence[int],
-    *,
-    unit_rewards: Sequence[Sequence[float]] | None = None,
-    max_turns: int,
-    pad_id: int,
-    length_bucket: int = 64,
+  rollouts: Sequence[RolloutBuilder],
+  rewards: Sequence[float],
+  group_ids: Sequence[int],
+  *,
+  unit_rewards: Sequence[Sequence[float]] | None = None,
+  max_turns: int,
+  pad_id: int,
+  length_bucket: int = 64,
 ) -> Trajectory:
   """Packs host-side rollouts into a right-padded `Trajectory`.
 
@@ -178,8 +178,7 @@ def pack(
   """
   b = len(rollouts)
   if len(rewards) != b or len(group_ids) != b:
-    raise ValueError(f"rewards ({len(rewards)}) and group_ids ({len(group_ids)}) must have one entry per "
-                     f"rollout ({b})")
+    raise ValueError(f"rewards ({len(rewards)}) and group_ids ({len(group_ids)}) must have one entry per rollout ({b})")
   if unit_rewards is None:
     unit_rewards = [[float(r)] for r in rewards]
   if len(unit_rewards) != b:
@@ -212,28 +211,29 @@ def pack(
     turn_mask[i, : r.num_turns] = True
     unit_ids[i, :n] = r.unit_ids
     if r.unit_ids and max(r.unit_ids) >= len(unit_rewards[i]):
-      raise ValueError(f"rollout {i} has action tokens in unit {max(r.unit_ids)} but {len(unit_rewards[i])} "
-                       f"unit rewards")
+      raise ValueError(
+        f"rollout {i} has action tokens in unit {max(r.unit_ids)} but {len(unit_rewards[i])} unit rewards"
+      )
     unit_rewards_bu[i, : len(unit_rewards[i])] = unit_rewards[i]
     unit_mask[i, : len(unit_rewards[i])] = True
   rewards_b = np.asarray(rewards, np.float32)
   sample_mask = action_mask.any(axis=1)
   return Trajectory(
-      tokens_BxL=tokens,
-      token_mask_BxL=token_mask,
-      action_mask_BxL=action_mask,
-      turn_ids_BxL=turn_ids,
-      behavior_logp_BxL=logp,
-      boundary_pos_BxT1=boundary_pos,
-      boundary_mask_BxT1=boundary_mask,
-      turn_mask_BxT=turn_mask,
-      rewards_B=rewards_b,
-      sample_mask_B=sample_mask,
-      group_ids_B=np.asarray(group_ids, np.int32),
-      prompt_len_B=np.asarray([r.prompt_len for r in rollouts], np.int32),
-      unit_ids_BxL=unit_ids,
-      unit_rewards_BxU=unit_rewards_bu,
-      unit_mask_BxU=unit_mask,
+    tokens_BxL=tokens,
+    token_mask_BxL=token_mask,
+    action_mask_BxL=action_mask,
+    turn_ids_BxL=turn_ids,
+    behavior_logp_BxL=logp,
+    boundary_pos_BxT1=boundary_pos,
+    boundary_mask_BxT1=boundary_mask,
+    turn_mask_BxT=turn_mask,
+    rewards_B=rewards_b,
+    sample_mask_B=sample_mask,
+    group_ids_B=np.asarray(group_ids, np.int32),
+    prompt_len_B=np.asarray([r.prompt_len for r in rollouts], np.int32),
+    unit_ids_BxL=unit_ids,
+    unit_rewards_BxU=unit_rewards_bu,
+    unit_mask_BxU=unit_mask,
   )
 
 

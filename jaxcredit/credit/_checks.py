@@ -37,30 +37,33 @@ class Shapes:
     dims = _parse(spec)
     if x.ndim != len(dims):
       raise ValueError(
-          f"{self.fn}: `{name}` must have rank {len(dims)} with shape [{spec}], got shape {tuple(x.shape)}.")
+        f"{self.fn}: `{name}` must have rank {len(dims)} with shape [{spec}], got shape {tuple(x.shape)}."
+      )
     for axis, ((letter, offset), size) in enumerate(zip(dims, x.shape)):
       if letter in self.sizes:
         want = self.sizes[letter] + offset
         if size != want:
           bound = ", ".join(f"{k}={v}" for k, v in self.sizes.items())
           raise ValueError(
-              f"{self.fn}: `{name}` must have shape [{spec}] with {bound}, got shape {tuple(x.shape)} "
-              f"(axis {axis} is {size}, expected {want}).")
+            f"{self.fn}: `{name}` must have shape [{spec}] with {bound}, got shape {tuple(x.shape)} "
+            f"(axis {axis} is {size}, expected {want})."
+          )
       else:
         if size - offset < 0:
           raise ValueError(
-              f"{self.fn}: `{name}` must have shape [{spec}], got shape {tuple(x.shape)} "
-              f"(axis {axis} needs at least {offset} entries).")
+            f"{self.fn}: `{name}` must have shape [{spec}], got shape {tuple(x.shape)} "
+            f"(axis {axis} needs at least {offset} entries)."
+          )
         if letter == "G" and size - offset == 0:
-          raise ValueError(f"{self.fn}: `{name}` has an empty group axis (shape {tuple(x.shape)}); a group needs "
-                           f"at least one rollout.")
+          raise ValueError(
+            f"{self.fn}: `{name}` has an empty group axis (shape {tuple(x.shape)}); a group needs at least one rollout."
+          )
         self.sizes[letter] = size - offset
 
   def float(self, name: str, x: Any, spec: str) -> jax.Array:
     """Checks the shape of a real-valued input and casts it to float32."""
     x = jnp.asarray(x)
-    if not (jnp.issubdtype(x.dtype, jnp.floating) or jnp.issubdtype(x.dtype, jnp.integer)
-            or x.dtype == jnp.bool_):
+    if not (jnp.issubdtype(x.dtype, jnp.floating) or jnp.issubdtype(x.dtype, jnp.integer) or x.dtype == jnp.bool_):
       raise ValueError(f"{self.fn}: `{name}` must be a real array of shape [{spec}], got dtype {x.dtype}.")
     self._check(name, x, spec)
     return x.astype(jnp.float32)
@@ -81,8 +84,7 @@ class Shapes:
     """Checks the shape of an integer index array and casts it to int32."""
     x = jnp.asarray(x)
     if not jnp.issubdtype(x.dtype, jnp.integer):
-      raise ValueError(
-          f"{self.fn}: `{name}` must be an integer (int32) array of shape [{spec}], got dtype {x.dtype}.")
+      raise ValueError(f"{self.fn}: `{name}` must be an integer (int32) array of shape [{spec}], got dtype {x.dtype}.")
     self._check(name, x, spec)
     return x.astype(jnp.int32)
 
@@ -90,8 +92,7 @@ class Shapes:
     """Checks a bool (or integer) scalar, possibly traced."""
     x = jnp.asarray(x)
     if not (x.dtype == jnp.bool_ or jnp.issubdtype(x.dtype, jnp.integer)):
-      raise ValueError(
-          f"{self.fn}: `{name}` must be a bool scalar (e.g. `reward > threshold`), got dtype {x.dtype}.")
+      raise ValueError(f"{self.fn}: `{name}` must be a bool scalar (e.g. `reward > threshold`), got dtype {x.dtype}.")
     self._check(name, x, "")
     return x if x.dtype == jnp.bool_ else x != 0
 
@@ -99,12 +100,14 @@ class Shapes:
 def _static(fn: str, name: str, value: Any) -> None:
   if isinstance(value, jax.core.Tracer):
     raise ValueError(
-        f"{fn}: knob `{name}` must be a static Python value, got a traced array; pass it through "
-        f"`static_argnames` or `functools.partial` when you jit or vmap.")
+      f"{fn}: knob `{name}` must be a static Python value, got a traced array; pass it through "
+      f"`static_argnames` or `functools.partial` when you jit or vmap."
+    )
 
 
-def knob_float(fn: str, name: str, value: Any, *, gt: float | None = None, ge: float | None = None,
-               allow_inf: bool = False) -> float:
+def knob_float(
+  fn: str, name: str, value: Any, *, gt: float | None = None, ge: float | None = None, allow_inf: bool = False
+) -> float:
   """Returns `value` as a Python float after checking it is a static, ordered, in-range scalar."""
   _static(fn, name, value)
   if isinstance(value, (str, bytes)) or np.ndim(value) != 0:

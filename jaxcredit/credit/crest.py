@@ -21,8 +21,14 @@ ArrayLike = jax.typing.ArrayLike
 MAX_LOG_RATIO_LIMIT = 80.0
 
 
-def crest_turn_advantages(turn_rewards: ArrayLike, turn_mask: ArrayLike, sample_mask: ArrayLike | None = None,
-                          *, scale: str = "group", eps: float = 1e-6) -> Array:
+def crest_turn_advantages(
+  turn_rewards: ArrayLike,
+  turn_mask: ArrayLike,
+  sample_mask: ArrayLike | None = None,
+  *,
+  scale: str = "group",
+  eps: float = 1e-6,
+) -> Array:
   """CrEST's verified per-unit advantages: GRPO-normalise each unit over the rollouts that reached it.
 
       valid[g, u] = turn_mask[g, u] ∧ sample_mask[g] ∧ isfinite(turn_rewards[g, u])
@@ -60,8 +66,9 @@ def _check_modulation_knobs(fn: str, tau, temperature, max_log_ratio) -> tuple[f
   temperature = _checks.knob_float(fn, "temperature", temperature, gt=0.0)
   max_log_ratio = _checks.knob_float(fn, "max_log_ratio", max_log_ratio, ge=0.0)
   if max_log_ratio > MAX_LOG_RATIO_LIMIT:
-    raise ValueError(f"{fn}: knob `max_log_ratio` must be <= {MAX_LOG_RATIO_LIMIT} (exp overflows float32), "
-                     f"got {max_log_ratio}.")
+    raise ValueError(
+      f"{fn}: knob `max_log_ratio` must be <= {MAX_LOG_RATIO_LIMIT} (exp overflows float32), got {max_log_ratio}."
+    )
   return tau, temperature, max_log_ratio
 
 
@@ -74,9 +81,19 @@ def _unit_adv(adv_U: Array, ids_L: Array, action_L: Array) -> Array:
   return jnp.where(action_L & (ids_L >= 0) & (ids_L < num_units) & jnp.isfinite(adv_L), adv_L, 0.0)
 
 
-def _token_weights(adv_L: Array, ids_L: Array, action_L: Array, num_units: int, teacher_L: Array,
-                   policy_L: Array, entropy_L: Array, *, tau: float, temperature: float,
-                   max_log_ratio: float) -> Array:
+def _token_weights(
+  adv_L: Array,
+  ids_L: Array,
+  action_L: Array,
+  num_units: int,
+  teacher_L: Array,
+  policy_L: Array,
+  entropy_L: Array,
+  *,
+  tau: float,
+  temperature: float,
+  max_log_ratio: float,
+) -> Array:
   """crest_token_weights on checked arrays, given adv_L = _unit_adv(turn_adv, ...)."""
   if num_units == 0:
     return jnp.zeros(ids_L.shape, jnp.float32)
@@ -92,9 +109,18 @@ def _token_weights(adv_L: Array, ids_L: Array, action_L: Array, num_units: int, 
   return lax.stop_gradient(jnp.where(in_unit_L, raw_L / mean_L, 0.0))
 
 
-def crest_token_weights(turn_adv: ArrayLike, turn_ids: ArrayLike, action_mask: ArrayLike, teacher_logp: ArrayLike,
-                        policy_logp: ArrayLike, teacher_entropy: ArrayLike, *, tau: float = 1.0,
-                        temperature: float = 0.25, max_log_ratio: float = 2.0) -> Array:
+def crest_token_weights(
+  turn_adv: ArrayLike,
+  turn_ids: ArrayLike,
+  action_mask: ArrayLike,
+  teacher_logp: ArrayLike,
+  policy_logp: ArrayLike,
+  teacher_entropy: ArrayLike,
+  *,
+  tau: float = 1.0,
+  temperature: float = 0.25,
+  max_log_ratio: float = 2.0,
+) -> Array:
   """CrEST's entropy-gated self-teacher token weights for one rollout.
 
       gap_i = log p_teacher(a_i) − log p_policy(a_i)         (privileged self-teacher vs student)
@@ -139,14 +165,36 @@ def crest_token_weights(turn_adv: ArrayLike, turn_ids: ArrayLike, action_mask: A
   entropy_L = shapes.float("teacher_entropy", teacher_entropy, "L")
   tau, temperature, max_log_ratio = knobs
   adv_L = _unit_adv(adv_U, ids_L, action_L)
-  return _token_weights(adv_L, ids_L, action_L, adv_U.shape[0], teacher_L, policy_L, entropy_L, tau=tau,
-                        temperature=temperature, max_log_ratio=max_log_ratio)
+  return _token_weights(
+    adv_L,
+    ids_L,
+    action_L,
+    adv_U.shape[0],
+    teacher_L,
+    policy_L,
+    entropy_L,
+    tau=tau,
+    temperature=temperature,
+    max_log_ratio=max_log_ratio,
+  )
 
 
-def crest_advantages(turn_rewards: ArrayLike, turn_mask: ArrayLike, turn_ids: ArrayLike, action_mask: ArrayLike,
-                     teacher_logp: ArrayLike, policy_logp: ArrayLike, teacher_entropy: ArrayLike,
-                     sample_mask: ArrayLike | None = None, *, scale: str = "group", eps: float = 1e-6,
-                     tau: float = 1.0, temperature: float = 0.25, max_log_ratio: float = 2.0) -> Array:
+def crest_advantages(
+  turn_rewards: ArrayLike,
+  turn_mask: ArrayLike,
+  turn_ids: ArrayLike,
+  action_mask: ArrayLike,
+  teacher_logp: ArrayLike,
+  policy_logp: ArrayLike,
+  teacher_entropy: ArrayLike,
+  sample_mask: ArrayLike | None = None,
+  *,
+  scale: str = "group",
+  eps: float = 1e-6,
+  tau: float = 1.0,
+  temperature: float = 0.25,
+  max_log_ratio: float = 2.0,
+) -> Array:
   """CrEST token advantages for one group: verified unit advantage times the self-teacher token weight.
 
       A_unit = crest_turn_advantages(turn_rewards, turn_mask, sample_mask)            [G, U]
@@ -188,8 +236,18 @@ def crest_advantages(turn_rewards: ArrayLike, turn_mask: ArrayLike, turn_ids: Ar
 
   def one(adv_U, ids_L, action_L, teacher_L, policy_L, entropy_L):
     adv_L = _unit_adv(adv_U, ids_L, action_L)
-    w_L = _token_weights(adv_L, ids_L, action_L, adv_U.shape[0], teacher_L, policy_L, entropy_L, tau=tau,
-                         temperature=temperature, max_log_ratio=max_log_ratio)
+    w_L = _token_weights(
+      adv_L,
+      ids_L,
+      action_L,
+      adv_U.shape[0],
+      teacher_L,
+      policy_L,
+      entropy_L,
+      tau=tau,
+      temperature=temperature,
+      max_log_ratio=max_log_ratio,
+    )
     return adv_L * w_L
 
   return jax.vmap(one)(adv_GxU, ids_GxL, action_GxL, teacher_GxL, policy_GxL, entropy_GxL)

@@ -23,11 +23,11 @@ RUN_BLOCK = 8  # tokens per step of the segment scan
 
 
 class _Spikes(NamedTuple):
-  div_L: Array       # cleaned divergence: negative, non-finite or off the action tokens -> 0
-  tau: Array         # spike threshold, shape [..., 1]
-  spike_L: Array     # bool: opens a segment
-  extend_L: Array    # bool: action token that continues an open segment
-  enough: Array      # bool [..., 1]: at least 2 action tokens
+  div_L: Array  # cleaned divergence: negative, non-finite or off the action tokens -> 0
+  tau: Array  # spike threshold, shape [..., 1]
+  spike_L: Array  # bool: opens a segment
+  extend_L: Array  # bool: action token that continues an open segment
+  enough: Array  # bool [..., 1]: at least 2 action tokens
 
 
 def _check_segment_knobs(fn: str, k_sigma, tau_low, entropy_floor, eps) -> tuple[float, float, float, float]:
@@ -38,8 +38,9 @@ def _check_segment_knobs(fn: str, k_sigma, tau_low, entropy_floor, eps) -> tuple
   return k_sigma, tau_low, entropy_floor, eps
 
 
-def _spikes(div_L: Array, entropy_L: Array, action_L: Array, *, k_sigma: float, tau_low: float,
-            entropy_floor: float, eps: float) -> _Spikes:
+def _spikes(
+  div_L: Array, entropy_L: Array, action_L: Array, *, k_sigma: float, tau_low: float, entropy_floor: float, eps: float
+) -> _Spikes:
   """Threshold, spikes and extension flags on checked arrays (token axis last, any leading axes).
 
   Written so that XLA materialises few token-sized temporaries: one masked copy of d feeds the sum, the max
@@ -90,8 +91,16 @@ def _carry_runs(code_L: Array) -> Array:
   return jnp.moveaxis(out, 0, -2).reshape(code_L.shape)[..., :num]
 
 
-def gear_segments(divergence: ArrayLike, entropy: ArrayLike, action_mask: ArrayLike, *, k_sigma: float = 2.0,
-                  tau_low: float = 0.1, entropy_floor: float = 1.0, eps: float = 1e-6) -> Array:
+def gear_segments(
+  divergence: ArrayLike,
+  entropy: ArrayLike,
+  action_mask: ArrayLike,
+  *,
+  k_sigma: float = 2.0,
+  tau_low: float = 0.1,
+  entropy_floor: float = 1.0,
+  eps: float = 1e-6,
+) -> Array:
   """GEAR's divergence-anchored segments for one rollout.
 
       d_i = max(divergence_i, 0) (non-finite -> 0); over action tokens: τ = mean(d) + k_sigma · std(d, ddof=1)
@@ -130,15 +139,24 @@ def gear_segments(divergence: ArrayLike, entropy: ArrayLike, action_mask: ArrayL
   div_L = shapes.float("divergence", divergence, "L")
   entropy_L = shapes.float("entropy", entropy, "L")
   action_L = shapes.mask("action_mask", action_mask, "L")
-  sp = _spikes(div_L, entropy_L, action_L, k_sigma=k_sigma, tau_low=tau_low, entropy_floor=entropy_floor,
-               eps=eps)
+  sp = _spikes(div_L, entropy_L, action_L, k_sigma=k_sigma, tau_low=tau_low, entropy_floor=entropy_floor, eps=eps)
   iota_L = lax.broadcasted_iota(jnp.int32, div_L.shape, div_L.ndim - 1)
   return _carry_runs(jnp.where(sp.spike_L, iota_L, jnp.where(sp.extend_L, KEEP, -1)))
 
 
-def gear_advantages(seq_adv: ArrayLike, divergence: ArrayLike, entropy: ArrayLike, action_mask: ArrayLike, *,
-                    alpha: float = 1.0, k_sigma: float = 2.0, tau_low: float = 0.1, entropy_floor: float = 1.0,
-                    normalize: bool = True, eps: float = 1e-6) -> Array:
+def gear_advantages(
+  seq_adv: ArrayLike,
+  divergence: ArrayLike,
+  entropy: ArrayLike,
+  action_mask: ArrayLike,
+  *,
+  alpha: float = 1.0,
+  k_sigma: float = 2.0,
+  tau_low: float = 0.1,
+  entropy_floor: float = 1.0,
+  normalize: bool = True,
+  eps: float = 1e-6,
+) -> Array:
   """GEAR token advantages for one rollout: the sequence advantage redistributed toward divergence spikes.
 
       aligned token:  u_i = 1 + alpha · tanh(d_i / (τ + eps))              (token resolution kept)
@@ -179,8 +197,7 @@ def gear_advantages(seq_adv: ArrayLike, divergence: ArrayLike, entropy: ArrayLik
   div_L = shapes.float("divergence", divergence, "L")
   entropy_L = shapes.float("entropy", entropy, "L")
   action_L = shapes.mask("action_mask", action_mask, "L")
-  sp = _spikes(div_L, entropy_L, action_L, k_sigma=k_sigma, tau_low=tau_low, entropy_floor=entropy_floor,
-               eps=eps)
+  sp = _spikes(div_L, entropy_L, action_L, k_sigma=k_sigma, tau_low=tau_low, entropy_floor=entropy_floor, eps=eps)
   # d >= 0, so a segment's anchor (the spike's divergence) never collides with the codes -1 and KEEP.
   spike_div_L = _carry_runs(jnp.where(sp.spike_L, sp.div_L, jnp.where(sp.extend_L, float(KEEP), -1.0)))
   anchor_L = jnp.where(spike_div_L >= 0, spike_div_L, sp.div_L)

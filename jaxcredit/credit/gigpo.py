@@ -18,9 +18,17 @@ Array = jax.Array
 ArrayLike = jax.typing.ArrayLike
 
 
-def gigpo_advantages(rewards: ArrayLike, state_ids: ArrayLike, turn_mask: ArrayLike,
-                     sample_mask: ArrayLike | None = None, *, gamma: float = 0.95, omega: float = 1.0,
-                     scale: str = "group", eps: float = 1e-6) -> Array:
+def gigpo_advantages(
+  rewards: ArrayLike,
+  state_ids: ArrayLike,
+  turn_mask: ArrayLike,
+  sample_mask: ArrayLike | None = None,
+  *,
+  gamma: float = 0.95,
+  omega: float = 1.0,
+  scale: str = "group",
+  eps: float = 1e-6,
+) -> Array:
   """GiGPO turn advantages for one group: the GRPO episode term plus a step term over shared anchor states.
 
       valid_g = sample_mask_g ∧ isfinite(R_g);   real[g, t] = turn_mask[g, t] ∧ valid_g

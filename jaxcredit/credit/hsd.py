@@ -16,8 +16,9 @@ Array = jax.Array
 ArrayLike = jax.typing.ArrayLike
 
 
-def hsd_select_peers(rewards: ArrayLike, sample_mask: ArrayLike | None, key: Array, *,
-                     success_threshold: float = 0.5) -> Array:
+def hsd_select_peers(
+  rewards: ArrayLike, sample_mask: ArrayLike | None, key: Array, *, success_threshold: float = 0.5
+) -> Array:
   """Picks, for each rollout, a uniformly random successful peer of its group to condition the teacher on.
 
       success_j = valid_j ∧ R_j > success_threshold                  (strict)
@@ -58,8 +59,9 @@ def hsd_select_peers(rewards: ArrayLike, sample_mask: ArrayLike | None, key: Arr
   return jnp.where(valid_G & (count_G > 0), peer_G, -1)
 
 
-def hsd_token_advantages(teacher_logp: ArrayLike, policy_logp: ArrayLike, action_mask: ArrayLike, *,
-                         clip: float = 1.0) -> Array:
+def hsd_token_advantages(
+  teacher_logp: ArrayLike, policy_logp: ArrayLike, action_mask: ArrayLike, *, clip: float = 1.0
+) -> Array:
   """HSD's dense per-token advantage: the clipped log-ratio of the peer-conditioned self-teacher to the policy.
 
       a_i = clip(log p_teacher(a_i) − log p_policy(a_i), −clip, clip)     (stop-gradient)

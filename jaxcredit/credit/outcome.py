@@ -40,8 +40,9 @@ def group_normalise(x_GxK: Array, valid_GxK: Array, *, scale: str, eps: float) -
   return jnp.where(valid_GxK & (n_K >= 2), dev_GxK, 0.0)
 
 
-def grpo_advantages(rewards: ArrayLike, sample_mask: ArrayLike | None = None, *, scale: str = "group",
-                    eps: float = 1e-6) -> Array:
+def grpo_advantages(
+  rewards: ArrayLike, sample_mask: ArrayLike | None = None, *, scale: str = "group", eps: float = 1e-6
+) -> Array:
   """GRPO (scale="group") or Dr.GRPO (scale="none") outcome advantages for one group.
 
       valid_g = sample_mask_g ∧ isfinite(R_g),   n = Σ_g valid_g

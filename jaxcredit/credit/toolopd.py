@@ -16,8 +16,15 @@ Array = jax.Array
 ArrayLike = jax.typing.ArrayLike
 
 
-def toolopd_token_weights(logp_skill: ArrayLike, logp_base: ArrayLike, success: ArrayLike, action_mask: ArrayLike,
-                          *, max_credit: float = 2.0, normalize: bool = True) -> Array:
+def toolopd_token_weights(
+  logp_skill: ArrayLike,
+  logp_base: ArrayLike,
+  success: ArrayLike,
+  action_mask: ArrayLike,
+  *,
+  max_credit: float = 2.0,
+  normalize: bool = True,
+) -> Array:
   """ToolOPD's outcome-aware hindsight token weights for one rollout.
 
       δ_i = log p_teacher(a_i | ctx, hindsight skill) − log p_teacher(a_i | ctx)

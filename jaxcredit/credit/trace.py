@@ -66,9 +66,18 @@ def trace_td_rewards(gold_logp: ArrayLike, boundary_mask: ArrayLike) -> Array:
   return _td_rewards(gold_T1, valid_T1)
 
 
-def trace_advantages(rewards: ArrayLike, gold_logp: ArrayLike, boundary_mask: ArrayLike, turn_mask: ArrayLike,
-                     sample_mask: ArrayLike | None = None, *, beta: float = 1.0, scale: str = "group",
-                     dense_norm: str = "group_rms", eps: float = 1e-6) -> Array:
+def trace_advantages(
+  rewards: ArrayLike,
+  gold_logp: ArrayLike,
+  boundary_mask: ArrayLike,
+  turn_mask: ArrayLike,
+  sample_mask: ArrayLike | None = None,
+  *,
+  beta: float = 1.0,
+  scale: str = "group",
+  dense_norm: str = "group_rms",
+  eps: float = 1e-6,
+) -> Array:
   """TRACE turn advantages for one group: GRPO outcome advantage plus normalised TD turn rewards.
 
       A_out = grpo_advantages(R, sample_mask, scale=scale, eps=eps)               [G]

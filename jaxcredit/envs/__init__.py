@@ -43,6 +43,7 @@ class Env:
 
 def _arithmetic(c) -> EnvSpec:
   from jaxcredit.envs import arithmetic
+
   if int(c.max_tool_calls) < 0:
     raise ValueError(f"config.env.arithmetic.max_tool_calls must be >= 0, got {c.max_tool_calls}")
   return arithmetic.env_spec(max_tool_calls=int(c.max_tool_calls))
@@ -50,50 +51,80 @@ def _arithmetic(c) -> EnvSpec:
 
 def _bfcl_multi_turn(c) -> EnvSpec:
   from jaxcredit.envs import bfcl_multi_turn
-  return bfcl_multi_turn.env_spec(categories=str(c.categories).split(","), max_turns=int(c.max_turns),
-                                  max_steps_per_unit=int(c.max_steps_per_unit),
-                                  max_output_chars=int(c.max_output_chars), reward=str(c.reward),
-                                  max_calls_per_message=int(c.max_calls_per_message),
-                                  compact_tools=bool(c.compact_tools), classes=str(c.classes).split(","))
+
+  return bfcl_multi_turn.env_spec(
+    categories=str(c.categories).split(","),
+    max_turns=int(c.max_turns),
+    max_steps_per_unit=int(c.max_steps_per_unit),
+    max_output_chars=int(c.max_output_chars),
+    reward=str(c.reward),
+    max_calls_per_message=int(c.max_calls_per_message),
+    compact_tools=bool(c.compact_tools),
+    classes=str(c.classes).split(","),
+  )
 
 
 def _bfcl_single(c) -> EnvSpec:
   from jaxcredit.envs import bfcl_single
+
   return bfcl_single.env_spec(c)
 
 
 def _math_tools(c) -> EnvSpec:
   from jaxcredit.envs import math_tools
+
   return math_tools.env_spec(c)
 
 
 def _search(c) -> EnvSpec:
   from jaxcredit.envs import search
+
   return search.env_spec(c)
 
 
 def _defaults(module: str) -> dict:
   import importlib
+
   return dict(importlib.import_module(f"jaxcredit.envs.{module}").CONFIG_DEFAULTS)
 
 
 ENVS: dict[str, Env] = {
-    "arithmetic": Env(_arithmetic, {"max_tool_calls": 2},
-                      "reasoning-gym arithmetic with a calculator tool; reward: math-verify on <answer> (quickstart)"),
-    "bfcl_multi_turn": Env(
-        _bfcl_multi_turn,
-        {"categories": "base,miss_func,miss_param,long_context", "max_turns": 16, "max_steps_per_unit": 4,
-         "max_output_chars": 2000, "reward": "all_units", "max_calls_per_message": 64, "compact_tools": False,
-         "classes": ""},
-        "BFCL V3 multi-turn sessions on BFCL's backends; one verified unit per user request (BFCL's checkers)"),
-    "bfcl_single": Env(_bfcl_single, {"categories": "simple,multiple,parallel,parallel_multiple"},
-                       "BFCL single-turn function calling; reward: BFCL's AST checker"),
-    "math_tools": Env(_math_tools, _defaults("math_tools"),
-                      "math word problems (reasoning-gym generators or JSONL / datasets / TFDS files) with a "
-                      "calculator; reward: the generator's checker or math-verify"),
-    "search": Env(_search, _defaults("search"),
-                  "search QA over a JSONL corpus (BrowseComp-Plus layout or generated fictional facts) with BM25 "
-                  "search and open tools; reward: normalised answer match"),
+  "arithmetic": Env(
+    _arithmetic,
+    {"max_tool_calls": 2},
+    "reasoning-gym arithmetic with a calculator tool; reward: math-verify on <answer> (quickstart)",
+  ),
+  "bfcl_multi_turn": Env(
+    _bfcl_multi_turn,
+    {
+      "categories": "base,miss_func,miss_param,long_context",
+      "max_turns": 16,
+      "max_steps_per_unit": 4,
+      "max_output_chars": 2000,
+      "reward": "all_units",
+      "max_calls_per_message": 64,
+      "compact_tools": False,
+      "classes": "",
+    },
+    "BFCL V3 multi-turn sessions on BFCL's backends; one verified unit per user request (BFCL's checkers)",
+  ),
+  "bfcl_single": Env(
+    _bfcl_single,
+    {"categories": "simple,multiple,parallel,parallel_multiple"},
+    "BFCL single-turn function calling; reward: BFCL's AST checker",
+  ),
+  "math_tools": Env(
+    _math_tools,
+    _defaults("math_tools"),
+    "math word problems (reasoning-gym generators or JSONL / datasets / TFDS files) with a "
+    "calculator; reward: the generator's checker or math-verify",
+  ),
+  "search": Env(
+    _search,
+    _defaults("search"),
+    "search QA over a JSONL corpus (BrowseComp-Plus layout or generated fictional facts) with BM25 "
+    "search and open tools; reward: normalised answer match",
+  ),
 }
 
 

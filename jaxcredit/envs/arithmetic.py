@@ -30,16 +30,16 @@ from jaxcredit.envs import spec, tool_calls
 from jaxcredit.envs.calculator import CalculatorError, evaluate, format_number
 
 DATASETS = ("basic_arithmetic", "chain_sum")
-EVAL_SIZE = 64                 # the held-out split's default size
-EVAL_RESERVE = 512             # the eval split may be any prefix up to this size; train avoids all of it
-EVAL_SEED = 987_654_321        # reasoning-gym seed of the eval split (fixed)
+EVAL_SIZE = 64  # the held-out split's default size
+EVAL_RESERVE = 512  # the eval split may be any prefix up to this size; train avoids all of it
+EVAL_SEED = 987_654_321  # reasoning-gym seed of the eval split (fixed)
 _TRAIN_SEED_STRIDE = 10_000_019  # reasoning-gym seed of train seed s is s * stride (see module notes)
-MAX_ANSWER_CHARS = 64          # longer answers score 0 without calling math-verify
+MAX_ANSWER_CHARS = 64  # longer answers score 0 without calling math-verify
 
 SYSTEM_PROMPT = (
-    "Solve the arithmetic problem. To use the calculator, write:\n"
-    + tool_calls.render_tool_call("calculator", {"expression": "2*(3+4)"})
-    + "\nIts result comes back in <tool_response>. Give the final number as <answer>14</answer>."
+  "Solve the arithmetic problem. To use the calculator, write:\n"
+  + tool_calls.render_tool_call("calculator", {"expression": "2*(3+4)"})
+  + "\nIts result comes back in <tool_response>. Give the final number as <answer>14</answer>."
 )
 
 _GOLD_RE = re.compile(r"-?\d+")
@@ -70,16 +70,16 @@ class ArithmeticTask:
 
 
 def make_tasks(
-    split: str,
-    num: int | None = None,
-    seed: int | None = None,
-    *,
-    datasets: Sequence[str] = DATASETS,
-    min_terms: int = 2,
-    max_terms: int = 3,
-    min_digits: int = 1,
-    max_digits: int = 2,
-    stats: dict[str, int] | None = None,
+  split: str,
+  num: int | None = None,
+  seed: int | None = None,
+  *,
+  datasets: Sequence[str] = DATASETS,
+  min_terms: int = 2,
+  max_terms: int = 3,
+  min_digits: int = 1,
+  max_digits: int = 2,
+  stats: dict[str, int] | None = None,
 ) -> list[ArithmeticTask]:
   """Makes a deterministic list of distinct tasks, taking one from each of `datasets` in turn.
 
@@ -125,8 +125,7 @@ def make_tasks(
   if num is None or num < 0:
     raise ValueError(f"train num must be a non-negative int, got {num!r}")
   seed = 0 if seed is None else int(seed)
-  reserved = _generate("eval", EVAL_SEED, EVAL_RESERVE, tuple(datasets), difficulty, frozenset(), None,
-                       strict=False)
+  reserved = _generate("eval", EVAL_SEED, EVAL_RESERVE, tuple(datasets), difficulty, frozenset(), None, strict=False)
   exclude = frozenset(_normalize(t.expression) for t in reserved)
   return _generate("train", seed * _TRAIN_SEED_STRIDE, num, tuple(datasets), difficulty, exclude, stats)
 
@@ -137,8 +136,13 @@ def _normalize(expression: str) -> str:
 
 def _generate(split, base_seed, num, datasets, difficulty, exclude, stats, strict=True) -> list[ArithmeticTask]:
   """The first `num` kept tasks of the stream; with strict=False, fewer when the stream runs dry."""
-  counts = {"kept": 0, "dropped_inexact": 0, "dropped_not_integer": 0, "dropped_duplicate": 0,
-            "dropped_eval_overlap": 0}
+  counts = {
+    "kept": 0,
+    "dropped_inexact": 0,
+    "dropped_not_integer": 0,
+    "dropped_duplicate": 0,
+    "dropped_eval_overlap": 0,
+  }
   tasks: list[ArithmeticTask] = []
   seen: set[str] = set()
   max_items = 50 * num + 1000
@@ -154,8 +158,10 @@ def _generate(split, base_seed, num, datasets, difficulty, exclude, stats, stric
       if tried >= max_items or misses >= max_misses:
         if not strict:
           return tasks
-        raise ValueError(f"only {len(tasks)} distinct {split} tasks found in {tried} items for datasets "
-                         f"{list(datasets)} and difficulty {difficulty}; asked for {num}")
+        raise ValueError(
+          f"only {len(tasks)} distinct {split} tasks found in {tried} items for datasets "
+          f"{list(datasets)} and difficulty {difficulty}; asked for {num}"
+        )
       tried += 1
       misses += 1
       name, idx, item = next(stream)
@@ -180,8 +186,16 @@ def _generate(split, base_seed, num, datasets, difficulty, exclude, stats, stric
         continue
       seen.add(key)
       meta = dict(item["metadata"], seed=base_seed)
-      tasks.append(ArithmeticTask(task_id=f"{split}/{name}/{idx}", question=item["question"], answer=gold,
-                                  source=name, expression=expr, metadata=meta))
+      tasks.append(
+        ArithmeticTask(
+          task_id=f"{split}/{name}/{idx}",
+          question=item["question"],
+          answer=gold,
+          source=name,
+          expression=expr,
+          metadata=meta,
+        )
+      )
       break
   counts["kept"] = len(tasks)
   if stats is not None:
@@ -203,13 +217,17 @@ def _dataset(name, seed, min_terms, max_terms, min_digits, max_digits):
   # imported lazily: `import reasoning_gym` loads every dataset module (about 2 s)
   if name == "basic_arithmetic":
     from reasoning_gym.arithmetic.basic_arithmetic import BasicArithmeticDataset, BasicArithmeticDatasetConfig
-    cfg = BasicArithmeticDatasetConfig(min_terms=min_terms, max_terms=max_terms, min_digits=min_digits,
-                                       max_digits=max_digits, seed=seed, size=1)
+
+    cfg = BasicArithmeticDatasetConfig(
+      min_terms=min_terms, max_terms=max_terms, min_digits=min_digits, max_digits=max_digits, seed=seed, size=1
+    )
     cfg.validate()
     return BasicArithmeticDataset(cfg)
   from reasoning_gym.arithmetic.chain_sum import ChainSumConfig, ChainSumDataset
-  cfg = ChainSumConfig(min_terms=min_terms, max_terms=max_terms, min_digits=min_digits, max_digits=max_digits,
-                       seed=seed, size=1)
+
+  cfg = ChainSumConfig(
+    min_terms=min_terms, max_terms=max_terms, min_digits=min_digits, max_digits=max_digits, seed=seed, size=1
+  )
   cfg.validate()
   return ChainSumDataset(cfg)
 
@@ -257,8 +275,15 @@ class ArithmeticEnv:
     self.task = task
     self.max_tool_calls = int(max_tool_calls)
     self.done = False
-    self.info: dict[str, Any] = {"tool_calls": 0, "tool_errors": 0, "answered": False,
-                                 "budget_exhausted": False, "turns": 0, "finish": None, "answer": None}
+    self.info: dict[str, Any] = {
+      "tool_calls": 0,
+      "tool_errors": 0,
+      "answered": False,
+      "budget_exhausted": False,
+      "turns": 0,
+      "finish": None,
+      "answer": None,
+    }
     self._reward: float | None = None
 
   def step(self, assistant_text: str) -> StepResult:
@@ -280,8 +305,9 @@ class ArithmeticEnv:
     assistant_text, think_error = tool_calls.strip_thinking(assistant_text)
     if think_error is not None:
       info["tool_errors"] += 1
-      return StepResult(observation=tool_calls.render_tool_response(f"error: {think_error}"), done=False,
-                        info=dict(info))
+      return StepResult(
+        observation=tool_calls.render_tool_response(f"error: {think_error}"), done=False, info=dict(info)
+      )
     call_at = assistant_text.find(tool_calls.TOOL_CALL_OPEN)
     answer_at = assistant_text.find(tool_calls.ANSWER_OPEN)
     if call_at >= 0 and (answer_at < 0 or call_at < answer_at):
@@ -293,8 +319,7 @@ class ArithmeticEnv:
       assert outcome is not None  # a <tool_call> tag is present
       if not outcome.ok:
         info["tool_errors"] += 1
-      return StepResult(observation=tool_calls.render_tool_response(outcome.content), done=False,
-                        info=dict(info))
+      return StepResult(observation=tool_calls.render_tool_response(outcome.content), done=False, info=dict(info))
     if answer_at >= 0:
       info["answered"] = True
       info["answer"] = tool_calls.extract_answer(assistant_text)
@@ -348,6 +373,7 @@ def answer_is_correct(answer: str, gold: str) -> bool:
   if s is None:
     return False
   from math_verify import parse, verify  # lazy: imports sympy (about 2 s)
+
   pred = parse(s, parsing_timeout=None)
   return bool(pred) and bool(verify(_parse_gold(gold), pred, timeout_seconds=None))
 
@@ -355,6 +381,7 @@ def answer_is_correct(answer: str, gold: str) -> bool:
 @functools.lru_cache(maxsize=4096)
 def _parse_gold(gold: str):
   from math_verify import parse
+
   return parse(gold, parsing_timeout=None)
 
 
@@ -388,9 +415,9 @@ def demonstration(task: ArithmeticTask, rng: _RandomLike) -> list[dict]:
   if value != task.answer or obs != tool_calls.render_tool_response(value):
     raise ValueError(f"task {task.task_id}: calculator gives {value!r} for {expr!r}, gold is {task.answer!r}")
   return initial_messages(task) + [
-      {"role": "assistant", "content": call},
-      {"role": "tool", "content": obs},
-      {"role": "assistant", "content": tool_calls.render_answer(value)},
+    {"role": "assistant", "content": call},
+    {"role": "tool", "content": obs},
+    {"role": "assistant", "content": tool_calls.render_answer(value)},
   ]
 
 
@@ -409,16 +436,17 @@ def env_spec(max_tool_calls: int = 2):
     ValueError: if `max_tool_calls` < 0.
   """
   from jaxcredit.envs.spec import EnvSpec
+
   if max_tool_calls < 0:
     raise ValueError(f"config.env.arithmetic.max_tool_calls must be >= 0, got {max_tool_calls}")
   return EnvSpec(
-      make_tasks=lambda split, num, seed: make_tasks(split, num, seed),
-      make_env=lambda task: ArithmeticEnv(task, max_tool_calls=max_tool_calls),
-      initial_messages=initial_messages,
-      stop_strings=(tool_calls.TOOL_CALL_CLOSE, tool_calls.ANSWER_CLOSE),
-      max_turns=max_tool_calls + 1,
-      is_success=lambda reward: reward > 0.5,
-      demonstration=demonstration,
-      gold_answer_text=gold_answer_text,
-      privileged_info=privileged_info,
+    make_tasks=lambda split, num, seed: make_tasks(split, num, seed),
+    make_env=lambda task: ArithmeticEnv(task, max_tool_calls=max_tool_calls),
+    initial_messages=initial_messages,
+    stop_strings=(tool_calls.TOOL_CALL_CLOSE, tool_calls.ANSWER_CLOSE),
+    max_turns=max_tool_calls + 1,
+    is_success=lambda reward: reward > 0.5,
+    demonstration=demonstration,
+    gold_answer_text=gold_answer_text,
+    privileged_info=privileged_info,
   )

@@ -49,13 +49,13 @@ from jaxcredit.envs import spec, tool_calls
 
 CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
 REWARDS = ("all_units", "unit_fraction")
-EVAL_EVERY = 10   # every 10th task by a stable hash of its id is held out for eval
+EVAL_EVERY = 10  # every 10th task by a stable hash of its id is held out for eval
 
 SYSTEM_PROMPT = (
-    "You are an assistant that completes the user's requests by calling functions. At each turn, call the "
-    "functions needed for the current request (several calls may go in one message); their results come back in "
-    "<tool_response> tags. When the request is done, or cannot be done with the functions you have, reply in "
-    "plain text without a tool call.\n\n"
+  "You are an assistant that completes the user's requests by calling functions. At each turn, call the "
+  "functions needed for the current request (several calls may go in one message); their results come back in "
+  "<tool_response> tags. When the request is done, or cannot be done with the functions you have, reply in "
+  "plain text without a tool call.\n\n"
 )
 ADDITIONAL_FUNCTIONS_PROMPT = "I have updated some more functions you can choose from. What about now?"
 """BFCL's user message for the turn where held-out functions arrive (`DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC`),
@@ -133,18 +133,29 @@ def load_tasks(categories: tuple[str, ...] = CATEGORIES) -> tuple[BfclTask, ...]
   tasks = []
   for c in categories:
     questions = read_jsonl(data / f"BFCL_v4_multi_turn_{c}.json")
-    answers = {a["id"]: a["ground_truth"] for a in read_jsonl(data / "possible_answer" / f"BFCL_v4_multi_turn_{c}.json")}
+    answers = {
+      a["id"]: a["ground_truth"] for a in read_jsonl(data / "possible_answer" / f"BFCL_v4_multi_turn_{c}.json")
+    }
     for q in questions:
       gt = answers.get(q["id"])
       if gt is None or len(gt) != len(q["question"]):
-        raise ValueError(f"bfcl-eval data: task {q['id']} has {len(q['question'])} requests but "
-                         f"{'no' if gt is None else len(gt)} ground-truth turns")
+        raise ValueError(
+          f"bfcl-eval data: task {q['id']} has {len(q['question'])} requests but "
+          f"{'no' if gt is None else len(gt)} ground-truth turns"
+        )
       held = tuple(sorted((int(k), tuple(v)) for k, v in (q.get("missed_function") or {}).items()))
-      tasks.append(BfclTask(
-          task_id=q["id"], category=c, requests=tuple(tuple(turn) for turn in q["question"]),
-          ground_truth=tuple(tuple(t) for t in gt), initial_config=json.dumps(q.get("initial_config", {})),
-          involved_classes=tuple(q["involved_classes"]), held_out=held,
-          excluded=tuple(q.get("excluded_function") or ())))
+      tasks.append(
+        BfclTask(
+          task_id=q["id"],
+          category=c,
+          requests=tuple(tuple(turn) for turn in q["question"]),
+          ground_truth=tuple(tuple(t) for t in gt),
+          initial_config=json.dumps(q.get("initial_config", {})),
+          involved_classes=tuple(q["involved_classes"]),
+          held_out=held,
+          excluded=tuple(q.get("excluded_function") or ()),
+        )
+      )
   return tuple(tasks)
 
 
@@ -153,12 +164,26 @@ def is_eval(task_id: str) -> bool:
   return int(hashlib.sha256(task_id.encode()).hexdigest(), 16) % EVAL_EVERY == 0
 
 
-BACKENDS = ("GorillaFileSystem", "MathAPI", "MessageAPI", "TwitterAPI", "TicketAPI", "TradingBot", "TravelAPI",
-            "VehicleControlAPI")
+BACKENDS = (
+  "GorillaFileSystem",
+  "MathAPI",
+  "MessageAPI",
+  "TwitterAPI",
+  "TicketAPI",
+  "TradingBot",
+  "TravelAPI",
+  "VehicleControlAPI",
+)
 
 
-def make_tasks(split: str, num: int | None = None, seed: int | None = None, *,
-               categories: Sequence[str] = CATEGORIES, classes: Sequence[str] = ()) -> list[BfclTask]:
+def make_tasks(
+  split: str,
+  num: int | None = None,
+  seed: int | None = None,
+  *,
+  categories: Sequence[str] = CATEGORIES,
+  classes: Sequence[str] = (),
+) -> list[BfclTask]:
   """Tasks of one split: eval is a fixed tenth (by a hash of the id), train the rest, shuffled by `seed`.
 
   Args:
@@ -174,16 +199,23 @@ def make_tasks(split: str, num: int | None = None, seed: int | None = None, *,
   unknown = [c for c in classes if c not in BACKENDS]
   if unknown:
     raise ValueError(f"config.env.bfcl_multi_turn.classes: unknown backend(s) {unknown}; known: {', '.join(BACKENDS)}")
-  pool = [t for t in load_tasks(tuple(categories)) if is_eval(t.task_id) == (split == "eval")
-          and (not classes or set(t.involved_classes) <= set(classes))]
+  pool = [
+    t
+    for t in load_tasks(tuple(categories))
+    if is_eval(t.task_id) == (split == "eval") and (not classes or set(t.involved_classes) <= set(classes))
+  ]
   if split == "train":
     import random
+
     random.Random(0 if seed is None else int(seed)).shuffle(pool)
   num = len(pool) if num is None else int(num)
   if not 0 <= num <= len(pool):
     key = "config.env.num_train_tasks" if split == "train" else "config.eval.num_tasks"
-    raise ValueError(f"{key}={num}, but the BFCL multi-turn {split} split of {list(categories)}"
-                     + (f" on {list(classes)}" if classes else "") + f" has {len(pool)} tasks")
+    raise ValueError(
+      f"{key}={num}, but the BFCL multi-turn {split} split of {list(categories)}"
+      + (f" on {list(classes)}" if classes else "")
+      + f" has {len(pool)} tasks"
+    )
   return pool[:num]
 
 
@@ -194,7 +226,10 @@ def make_tasks(split: str, num: int | None = None, seed: int | None = None, *,
 @functools.lru_cache(maxsize=None)
 def _class_docs(class_name: str) -> tuple[dict, ...]:
   from bfcl_eval.constants.executable_backend_config import MULTI_TURN_FUNC_DOC_FILE_MAPPING
-  return tuple(read_jsonl(package_dir() / "data" / "multi_turn_func_doc" / MULTI_TURN_FUNC_DOC_FILE_MAPPING[class_name]))
+
+  return tuple(
+    read_jsonl(package_dir() / "data" / "multi_turn_func_doc" / MULTI_TURN_FUNC_DOC_FILE_MAPPING[class_name])
+  )
 
 
 _TYPE_NAMES = {"dict": "object", "float": "number", "tuple": "array", "any": None}
@@ -238,13 +273,23 @@ def function_docs(task: BfclTask, unit: int, *, compact: bool = False) -> list[d
 
 def schemas(docs: Sequence[dict]) -> list[dict]:
   """Function schemas in the OpenAI/Qwen3 layout, parameters as standard JSON schema."""
-  return [{"type": "function", "function": {"name": d["name"], "description": d.get("description", ""),
-                                            "parameters": json_schema(d.get("parameters", {}))}} for d in docs]
+  return [
+    {
+      "type": "function",
+      "function": {
+        "name": d["name"],
+        "description": d.get("description", ""),
+        "parameters": json_schema(d.get("parameters", {})),
+      },
+    }
+    for d in docs
+  ]
 
 
 def make_backends(task: BfclTask) -> dict[str, Any]:
   """Fresh backend instances of the task's classes, loaded with its initial state (never shared)."""
   from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING, STATELESS_CLASSES
+
   config = json.loads(task.initial_config)
   out = {}
   for name in task.involved_classes:
@@ -294,6 +339,7 @@ def parse_python_call(text: str) -> tuple[str, tuple, dict]:
 def _class_methods(class_name: str) -> dict[str, Any]:
   """Public method name -> the (unbound) function of a backend class."""
   from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING
+
   cls = getattr(importlib.import_module(CLASS_FILE_PATH_MAPPING[class_name]), class_name)
   return {n: f for n, f in inspect.getmembers(cls, predicate=inspect.isfunction) if not n.startswith("_")}
 
@@ -367,8 +413,16 @@ class BfclSession:
   "official_valid" (BFCL's verdict once the session ended, else None).
   """
 
-  def __init__(self, task: BfclTask, *, max_steps_per_unit: int = 4, max_output_chars: int = 2000,
-               reward: str = "all_units", max_calls_per_message: int = 64, compact_tools: bool = False):
+  def __init__(
+    self,
+    task: BfclTask,
+    *,
+    max_steps_per_unit: int = 4,
+    max_output_chars: int = 2000,
+    reward: str = "all_units",
+    max_calls_per_message: int = 64,
+    compact_tools: bool = False,
+  ):
     """Raises: ValueError for a limit < 1 or an unknown reward (naming the config.env.bfcl_multi_turn key)."""
     if max_calls_per_message < 1:
       raise ValueError(f"config.env.bfcl_multi_turn.max_calls_per_message must be >= 1, got {max_calls_per_message}")
@@ -390,13 +444,22 @@ class BfclSession:
     self.compact_tools = bool(compact_tools)
     self.unit = 0
     self.steps_in_unit = 0
-    self.calls_in_unit = 0            # well-formed calls in the current request (dispatched or not)
+    self.calls_in_unit = 0  # well-formed calls in the current request (dispatched or not)
     self.model_results: list[str] = []  # results of every dispatched call so far (BFCL's response list)
     self.unit_passed: list[bool] = []
     self.official: list[bool] = []
     self.done = False
-    self.info: dict[str, Any] = {"tool_calls": 0, "tool_errors": 0, "answered": False, "budget_exhausted": False,
-                                 "turns": 0, "finish": None, "unit": 0, "unit_rewards": [], "official_valid": None}
+    self.info: dict[str, Any] = {
+      "tool_calls": 0,
+      "tool_errors": 0,
+      "answered": False,
+      "budget_exhausted": False,
+      "turns": 0,
+      "finish": None,
+      "unit": 0,
+      "unit_rewards": [],
+      "official_valid": None,
+    }
 
   def callable_tools(self) -> dict[str, tool_calls.Tool]:
     """Every public method of the task's backends, with its doc's schema (see `BfclSession` on availability)."""
@@ -405,8 +468,11 @@ class BfclSession:
       self._tools = {}
       for name, method in self._model_methods.items():
         d = docs.get(name, {})
-        params = json_schema(d.get("parameters")) if d else {"type": "object", "properties": {
-            p: {} for p in inspect.signature(method).parameters}}
+        params = (
+          json_schema(d.get("parameters"))
+          if d
+          else {"type": "object", "properties": {p: {} for p in inspect.signature(method).parameters}}
+        )
         self._tools[name] = tool_calls.Tool(name, d.get("description", ""), params, method)
     return self._tools
 
@@ -432,8 +498,13 @@ class BfclSession:
       return spec.StepResult(tool_calls.render_tool_response(f"error: {msg.error}"), False, dict(info), "tool")
     if not msg.calls:
       return self._end_unit()
-    outcomes = tool_calls.run_calls(msg.calls, self.callable_tools(), max_output_chars=self.max_output_chars,
-                                    errors_as_results=execution_error, check_types=False)
+    outcomes = tool_calls.run_calls(
+      msg.calls,
+      self.callable_tools(),
+      max_output_chars=self.max_output_chars,
+      errors_as_results=execution_error,
+      check_types=False,
+    )
     self.calls_in_unit += sum(o.call is not None for o in outcomes)
     for o in outcomes:
       if o.dispatched:
@@ -467,6 +538,7 @@ class BfclSession:
   def _verify(self, unit: int) -> tuple[bool, bool]:
     """(training verdict, BFCL's official verdict) of request `unit`, running its ground truth."""
     from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import response_checker, state_checker
+
     truth_methods = _methods(self.truth_backends)
     truth_results = []
     for name, kwargs in ground_truth_calls(self.task, unit):
@@ -475,11 +547,13 @@ class BfclSession:
       except Exception as e:  # noqa: BLE001 - BFCL records the error text as the result
         truth_results.append(execution_error(e))
     if not self.task.ground_truth[unit]:
-      return self.calls_in_unit == 0, True   # BFCL's official checker does not check these requests
+      return self.calls_in_unit == 0, True  # BFCL's official checker does not check these requests
     if self.calls_in_unit == 0:
       return False, False
-    ok = (state_checker(self.model_backends, self.truth_backends)["valid"]
-          and response_checker(self.model_results, truth_results, unit)["valid"])
+    ok = (
+      state_checker(self.model_backends, self.truth_backends)["valid"]
+      and response_checker(self.model_results, truth_results, unit)["valid"]
+    )
     return ok, ok
 
   def request_text(self, unit: int) -> str:
@@ -514,8 +588,7 @@ def initial_messages(task: BfclTask, *, compact_tools: bool = False) -> list[dic
   extra_system = [m["content"] for m in task.requests[0] if m.get("role") == "system"]
   if extra_system:
     system = "\n\n".join(extra_system) + "\n\n" + system
-  return [{"role": "system", "content": system},
-          {"role": "user", "content": "\n".join(m["content"] for m in first)}]
+  return [{"role": "system", "content": system}, {"role": "user", "content": "\n".join(m["content"] for m in first)}]
 
 
 def demonstration(task: BfclTask, rng=None, *, max_calls_per_message: int = 64, **session_kwargs) -> list[dict]:
@@ -527,11 +600,14 @@ def demonstration(task: BfclTask, rng=None, *, max_calls_per_message: int = 64, 
     RuntimeError: when the replay does not pass every request (a data or backend problem).
   """
   del rng
-  chunks = [[c[i:i + max_calls_per_message] for i in range(0, len(c), max_calls_per_message)]
-            for c in (ground_truth_calls(task, u) for u in range(task.num_units))]
+  chunks = [
+    [c[i : i + max_calls_per_message] for i in range(0, len(c), max_calls_per_message)]
+    for c in (ground_truth_calls(task, u) for u in range(task.num_units))
+  ]
   steps = max(len(c) for c in chunks) + 1
-  session = BfclSession(task, **{**session_kwargs, "max_steps_per_unit": steps,
-                                 "max_calls_per_message": max_calls_per_message})
+  session = BfclSession(
+    task, **{**session_kwargs, "max_steps_per_unit": steps, "max_calls_per_message": max_calls_per_message}
+  )
   messages = initial_messages(task, compact_tools=session.compact_tools)
   for unit in range(task.num_units):
     for calls in chunks[unit]:
@@ -569,13 +645,23 @@ def gold_answer_text(task: BfclTask) -> str:
 def env_metrics(envs: Sequence[BfclSession]) -> dict[str, float]:
   """BFCL's official accuracy and the fraction of requests passed, over finished and unfinished sessions."""
   units = [p for e in envs for p in e.unit_rewards()]
-  return {"bfcl_official_accuracy": sum(bool(e.done and all(e.official)) for e in envs) / max(1, len(envs)),
-          "bfcl_unit_pass_rate": sum(units) / max(1, len(units))}
+  return {
+    "bfcl_official_accuracy": sum(bool(e.done and all(e.official)) for e in envs) / max(1, len(envs)),
+    "bfcl_unit_pass_rate": sum(units) / max(1, len(units)),
+  }
 
 
-def env_spec(*, categories: Sequence[str] = CATEGORIES, max_turns: int = 16, max_steps_per_unit: int = 4,
-             max_output_chars: int = 2000, reward: str = "all_units", max_calls_per_message: int = 64,
-             compact_tools: bool = False, classes: Sequence[str] = ()) -> spec.EnvSpec:
+def env_spec(
+  *,
+  categories: Sequence[str] = CATEGORIES,
+  max_turns: int = 16,
+  max_steps_per_unit: int = 4,
+  max_output_chars: int = 2000,
+  reward: str = "all_units",
+  max_calls_per_message: int = 64,
+  compact_tools: bool = False,
+  classes: Sequence[str] = (),
+) -> spec.EnvSpec:
   """The BFCL multi-turn `EnvSpec` (config keys: config.env.bfcl_multi_turn.*).
 
   Raises:
@@ -584,32 +670,39 @@ def env_spec(*, categories: Sequence[str] = CATEGORIES, max_turns: int = 16, max
   categories = tuple(c.strip() for c in categories if c.strip())
   for c in categories:
     if c not in CATEGORIES:
-      raise ValueError(f"config.env.bfcl_multi_turn.categories: unknown category {c!r}; known: "
-                       f"{', '.join(CATEGORIES)}")
+      raise ValueError(f"config.env.bfcl_multi_turn.categories: unknown category {c!r}; known: {', '.join(CATEGORIES)}")
   if not categories:
     raise ValueError("config.env.bfcl_multi_turn.categories is empty")
   if max_turns < 1:
     raise ValueError(f"config.env.bfcl_multi_turn.max_turns must be >= 1, got {max_turns}")
   classes = tuple(c.strip() for c in classes if c.strip())
   make_tasks("eval", 0, None, categories=categories, classes=classes)  # refuses unknown classes by name
-  session_kwargs = {"max_steps_per_unit": max_steps_per_unit, "max_output_chars": max_output_chars,
-                    "reward": reward, "max_calls_per_message": max_calls_per_message,
-                    "compact_tools": compact_tools}
+  session_kwargs = {
+    "max_steps_per_unit": max_steps_per_unit,
+    "max_output_chars": max_output_chars,
+    "reward": reward,
+    "max_calls_per_message": max_calls_per_message,
+    "compact_tools": compact_tools,
+  }
   if reward not in REWARDS or min(max_steps_per_unit, max_output_chars, max_calls_per_message) < 1:
     BfclSession(load_tasks(("base",))[0], **session_kwargs)  # raises the named error
   return spec.EnvSpec(
-      make_tasks=lambda split, num, seed: make_tasks(split, num, seed, categories=categories, classes=classes),
-      make_env=lambda task: BfclSession(task, **session_kwargs),
-      initial_messages=lambda task: initial_messages(task, compact_tools=compact_tools),
-      stop_strings=(),
-      max_turns=int(max_turns),
-      is_success=lambda r: r >= 1.0,
-      demonstration=lambda task, rng: demonstration(task, rng, max_output_chars=max_output_chars,
-                                                    max_calls_per_message=max_calls_per_message,
-                                                    compact_tools=compact_tools),
-      gold_answer_text=gold_answer_text,
-      privileged_info=privileged_info,
-      unit_rewards=lambda env: env.unit_rewards(),
-      tools=lambda task: schemas(function_docs(task, task.num_units)),
-      metrics=env_metrics,
+    make_tasks=lambda split, num, seed: make_tasks(split, num, seed, categories=categories, classes=classes),
+    make_env=lambda task: BfclSession(task, **session_kwargs),
+    initial_messages=lambda task: initial_messages(task, compact_tools=compact_tools),
+    stop_strings=(),
+    max_turns=int(max_turns),
+    is_success=lambda r: r >= 1.0,
+    demonstration=lambda task, rng: demonstration(
+      task,
+      rng,
+      max_output_chars=max_output_chars,
+      max_calls_per_message=max_calls_per_message,
+      compact_tools=compact_tools,
+    ),
+    gold_answer_text=gold_answer_text,
+    privileged_info=privileged_info,
+    unit_rewards=lambda env: env.unit_rewards(),
+    tools=lambda task: schemas(function_docs(task, task.num_units)),
+    metrics=env_metrics,
   )

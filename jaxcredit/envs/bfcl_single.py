@@ -58,19 +58,32 @@ from jaxcredit.envs.bfcl_multi_turn import EVAL_EVERY, is_eval, package_dir, rea
 
 CATEGORIES = ("simple", "multiple", "parallel", "parallel_multiple", "irrelevance")
 DEFAULT_CATEGORIES = ("simple", "multiple", "parallel", "parallel_multiple")
-BFCL_CATEGORY = {"simple": "simple_python", "multiple": "multiple", "parallel": "parallel",
-                 "parallel_multiple": "parallel_multiple", "irrelevance": "irrelevance"}
+BFCL_CATEGORY = {
+  "simple": "simple_python",
+  "multiple": "multiple",
+  "parallel": "parallel",
+  "parallel_multiple": "parallel_multiple",
+  "irrelevance": "irrelevance",
+}
 """Our category name -> BFCL's test category (its data file `BFCL_v4_{name}.json` and the checker's category)."""
 CHECKER_MODEL_NAME = "jaxcredit"
 """The model name given to BFCL's checker (the stand-in `MODEL_CONFIG_MAPPING`'s one key)."""
 
-INSTRUCTION = ("Answer with tool calls only, all of them in this one message; if none of the functions fits the "
-               "request, reply in plain text without any tool call.")
+INSTRUCTION = (
+  "Answer with tool calls only, all of them in this one message; if none of the functions fits the "
+  "request, reply in plain text without any tool call."
+)
 REFUSAL_TEXT = "None of the available functions can do this."
 """What a demonstration says on an irrelevance task."""
 
-_TYPE_NAMES = {"dict": "object", "float": "number", "tuple": "array", "any": "string", "bool": "boolean",
-               "list": "array"}
+_TYPE_NAMES = {
+  "dict": "object",
+  "float": "number",
+  "tuple": "array",
+  "any": "string",
+  "bool": "boolean",
+  "list": "array",
+}
 _OFFICIAL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
 
@@ -134,8 +147,15 @@ def load_tasks(categories: tuple[str, ...] = DEFAULT_CATEGORIES) -> tuple[BfclSi
       gt = answers.get(q["id"], [])
       if c != "irrelevance" and not gt:
         raise ValueError(f"bfcl-eval data: task {q['id']} has no ground truth")
-      tasks.append(BfclSingleTask(task_id=q["id"], category=c, question=tuple(q["question"][0]),
-                                  functions=tuple(q["function"]), ground_truth=tuple(gt)))
+      tasks.append(
+        BfclSingleTask(
+          task_id=q["id"],
+          category=c,
+          question=tuple(q["question"][0]),
+          functions=tuple(q["function"]),
+          ground_truth=tuple(gt),
+        )
+      )
   return tuple(tasks)
 
 
@@ -143,8 +163,9 @@ def _hash(task_id: str) -> int:
   return int(hashlib.sha256(task_id.encode()).hexdigest(), 16)
 
 
-def make_tasks(split: str, num: int | None = None, seed: int | None = None, *,
-               categories: Sequence[str] = DEFAULT_CATEGORIES) -> list[BfclSingleTask]:
+def make_tasks(
+  split: str, num: int | None = None, seed: int | None = None, *, categories: Sequence[str] = DEFAULT_CATEGORIES
+) -> list[BfclSingleTask]:
   """Tasks of one split: eval is a fixed tenth (`is_eval`), train the rest.
 
   Eval tasks come in one fixed order (by the hash of their id, which mixes the categories), so any eval size is a
@@ -170,8 +191,9 @@ def make_tasks(split: str, num: int | None = None, seed: int | None = None, *,
   num = len(pool) if num is None else int(num)
   if not 0 <= num <= len(pool):
     key = "config.env.num_train_tasks" if split == "train" else "config.eval.num_tasks"
-    raise ValueError(f"{key}={num}, but the BFCL single-turn {split} split of {list(categories)} has only "
-                     f"{len(pool)} tasks")
+    raise ValueError(
+      f"{key}={num}, but the BFCL single-turn {split} split of {list(categories)} has only {len(pool)} tasks"
+    )
   return pool[:num]
 
 
@@ -194,9 +216,17 @@ def json_schema(bfcl_parameters: Any) -> Any:
 
 def schemas(task: BfclSingleTask) -> list[dict]:
   """The task's functions as OpenAI/Qwen3 function schemas, parameters as standard JSON schema."""
-  return [{"type": "function", "function": {"name": f["name"], "description": f.get("description", ""),
-                                            "parameters": json_schema(f.get("parameters", {}))}}
-          for f in task.functions]
+  return [
+    {
+      "type": "function",
+      "function": {
+        "name": f["name"],
+        "description": f.get("description", ""),
+        "parameters": json_schema(f.get("parameters", {})),
+      },
+    }
+    for f in task.functions
+  ]
 
 
 def initial_messages(task: BfclSingleTask) -> list[dict]:
@@ -205,8 +235,9 @@ def initial_messages(task: BfclSingleTask) -> list[dict]:
   extra = [m["content"] for m in task.question if m.get("role") == "system"]
   if extra:
     system = "\n\n".join(extra) + "\n\n" + system
-  return [{"role": "system", "content": system}] + [{"role": m["role"], "content": m["content"]}
-                                                    for m in task.question if m.get("role") != "system"]
+  return [{"role": "system", "content": system}] + [
+    {"role": m["role"], "content": m["content"]} for m in task.question if m.get("role") != "system"
+  ]
 
 
 def _first(values: list, allow_omit: bool) -> tuple[bool, Any]:
@@ -227,8 +258,12 @@ def _resolve(value: Any, schema: dict | None) -> Any:
   if kind == "dict" and isinstance(value, dict) and all(isinstance(v, list) for v in value.values()):
     return _resolve_args(value, schema.get("properties") or {}, required=())
   items = schema.get("items") if isinstance(schema.get("items"), dict) else {}
-  if (kind in ("array", "tuple") and items.get("type") == "dict" and isinstance(value, list)
-      and all(isinstance(v, dict) for v in value)):
+  if (
+    kind in ("array", "tuple")
+    and items.get("type") == "dict"
+    and isinstance(value, list)
+    and all(isinstance(v, dict) for v in value)
+  ):
     return [_resolve(v, items) for v in value]
   return value
 
@@ -249,7 +284,7 @@ def ground_truth_calls(task: BfclSingleTask) -> list[tuple[str, dict]]:
   docs = {f["name"]: f for f in task.functions}
   calls = []
   for entry in task.ground_truth:
-    (name, possible), = entry.items()
+    ((name, possible),) = entry.items()
     params = (docs.get(name) or {}).get("parameters") or {}
     calls.append((name, _resolve_args(possible, params.get("properties") or {}, params.get("required") or ())))
   return calls
@@ -320,6 +355,7 @@ def _ast_checker():
       sys.modules[name] = stand_in
   from bfcl_eval.constants.enums import Language
   from bfcl_eval.eval_checker.ast_eval import ast_checker as module
+
   mapping = module.MODEL_CONFIG_MAPPING
   model = None
   if CHECKER_MODEL_NAME in mapping:
@@ -330,8 +366,10 @@ def _ast_checker():
         model = key.replace("/", "_")
         break
   if model is None:
-    raise RuntimeError("bfcl_eval's MODEL_CONFIG_MAPPING has no model with underscore_to_dot=False; the AST checker "
-                       "cannot check dotted function names")
+    raise RuntimeError(
+      "bfcl_eval's MODEL_CONFIG_MAPPING has no model with underscore_to_dot=False; the AST checker "
+      "cannot check dotted function names"
+    )
   return module.ast_checker, Language.PYTHON, model
 
 
@@ -349,12 +387,17 @@ def ast_check(task: BfclSingleTask, calls: Sequence[tuple[str, dict]]) -> dict:
   checker, language, model = _ast_checker()
   output = [{name: copy.deepcopy(dict(args))} for name, args in calls]
   try:
-    result = checker(copy.deepcopy(list(task.functions)), output, copy.deepcopy(list(task.ground_truth)), language,
-                     task.bfcl_category, model)
+    result = checker(
+      copy.deepcopy(list(task.functions)),
+      output,
+      copy.deepcopy(list(task.ground_truth)),
+      language,
+      task.bfcl_category,
+      model,
+    )
   except Exception as e:  # noqa: BLE001 - model-controlled values reach code that assumes types
     return {"valid": False, "error": [f"{type(e).__name__}: {e}"], "error_type": "checker_exception"}
-  return {"valid": bool(result.get("valid")), "error": result.get("error", []),
-          "error_type": result.get("error_type")}
+  return {"valid": bool(result.get("valid")), "error": result.get("error", []), "error_type": result.get("error_type")}
 
 
 def official_decode(text: str) -> list[dict] | None:
@@ -396,7 +439,7 @@ def official_valid(task: BfclSingleTask, text: str) -> bool:
     return False
   calls = []
   for item in decoded:
-    (name, args), = item.items()
+    ((name, args),) = item.items()
     calls.append((name, args))
   return ast_check(task, calls)["valid"]
 
@@ -429,8 +472,16 @@ class BfclSingleEnv:
     self.task = task
     self.max_calls = int(max_calls)
     self.done = False
-    self.info: dict[str, Any] = {"tool_calls": 0, "tool_errors": 0, "answered": False, "budget_exhausted": False,
-                                 "turns": 0, "finish": None, "official_valid": None, "error": None}
+    self.info: dict[str, Any] = {
+      "tool_calls": 0,
+      "tool_errors": 0,
+      "answered": False,
+      "budget_exhausted": False,
+      "turns": 0,
+      "finish": None,
+      "official_valid": None,
+      "error": None,
+    }
     self._reward = 0.0
 
   def step(self, assistant_text: str) -> spec.StepResult:
@@ -449,8 +500,11 @@ class BfclSingleEnv:
     calls = [(p.call.name, p.call.arguments) for p in parsed.calls if p.call is not None]
     info["tool_calls"] = len(parsed.calls)
     info["budget_exhausted"] = len(parsed.calls) > self.max_calls
-    info["tool_errors"] = len(malformed) + (parsed.error is not None) + sum(
-        name not in docs or tool_calls.check_arguments(docs[name], args) is not None for name, args in calls)
+    info["tool_errors"] = (
+      len(malformed)
+      + (parsed.error is not None)
+      + sum(name not in docs or tool_calls.check_arguments(docs[name], args) is not None for name, args in calls)
+    )
     info["finish"] = "malformed" if (malformed or parsed.error) else ("calls" if calls else "no_calls")
     if parsed.error is not None:
       error = parsed.error
@@ -463,8 +517,11 @@ class BfclSingleEnv:
     else:
       result = ast_check(self.task, calls)
       error = None if result["valid"] else f"{result['error_type']}: {result['error']}"
-    info["answered"] = parsed.error is None and not malformed and (
-        not parsed.calls if self.task.category == "irrelevance" else bool(calls))
+    info["answered"] = (
+      parsed.error is None
+      and not malformed
+      and (not parsed.calls if self.task.category == "irrelevance" else bool(calls))
+    )
     info["error"] = error
     info["official_valid"] = official_valid(self.task, assistant_text)
     self._reward = 1.0 if error is None else 0.0
@@ -497,18 +554,20 @@ def env_spec(env_config=None) -> spec.EnvSpec:
   if raw is None:
     raw = ",".join(DEFAULT_CATEGORIES)
   names = raw.split(",") if isinstance(raw, str) else list(raw)
-  categories = _check_categories([str(c).strip() for c in names if str(c).strip()], key="config.env.bfcl_single.categories")
+  categories = _check_categories(
+    [str(c).strip() for c in names if str(c).strip()], key="config.env.bfcl_single.categories"
+  )
   package_dir()
   return spec.EnvSpec(
-      make_tasks=lambda split, num, seed: make_tasks(split, num, seed, categories=categories),
-      make_env=BfclSingleEnv,
-      initial_messages=initial_messages,
-      stop_strings=(),
-      max_turns=1,
-      is_success=lambda r: r >= 1.0,
-      demonstration=demonstration,
-      gold_answer_text=gold_answer_text,
-      privileged_info=privileged_info,
-      tools=schemas,
-      metrics=metrics,
+    make_tasks=lambda split, num, seed: make_tasks(split, num, seed, categories=categories),
+    make_env=BfclSingleEnv,
+    initial_messages=initial_messages,
+    stop_strings=(),
+    max_turns=1,
+    is_success=lambda r: r >= 1.0,
+    demonstration=demonstration,
+    gold_answer_text=gold_answer_text,
+    privileged_info=privileged_info,
+    tools=schemas,
+    metrics=metrics,
   )

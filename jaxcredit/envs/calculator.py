@@ -21,26 +21,26 @@ import re
 from decimal import ROUND_HALF_EVEN, Decimal, localcontext
 from fractions import Fraction
 
-MAX_LENGTH = 200               # characters of the expression
-MAX_DEPTH = 100                # nesting depth of the syntax tree (a chain of n terms has depth n)
-MAX_NODES = 256                # syntax-tree nodes
-MAX_ABS = 10**15               # bound on |literal| and |intermediate result|
-MAX_DENOMINATOR = 10**24       # bound on the denominator of any intermediate result
-SIGNIFICANT_DIGITS = 10        # digits shown for non-integer results
+MAX_LENGTH = 200  # characters of the expression
+MAX_DEPTH = 100  # nesting depth of the syntax tree (a chain of n terms has depth n)
+MAX_NODES = 256  # syntax-tree nodes
+MAX_ABS = 10**15  # bound on |literal| and |intermediate result|
+MAX_DENOMINATOR = 10**24  # bound on the denominator of any intermediate result
+SIGNIFICANT_DIGITS = 10  # digits shown for non-integer results
 
 _LITERAL_RE = re.compile(r"(?:\d+\.?\d*|\.\d+)")
 _TRANSLATE = str.maketrans({"\u2212": "-", "\u00d7": "*", "\u00f7": "/"})
 _BINOPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
 _REJECTED_OPS = {
-    ast.Pow: "'**' (power) is not supported; write the product with *",
-    ast.BitXor: "'^' is not supported; write powers as products with *",
-    ast.FloorDiv: "'//' is not supported; use /",
-    ast.Mod: "'%' is not supported",
-    ast.MatMult: "'@' is not supported",
-    ast.LShift: "'<<' is not supported",
-    ast.RShift: "'>>' is not supported",
-    ast.BitAnd: "'&' is not supported",
-    ast.BitOr: "'|' is not supported",
+  ast.Pow: "'**' (power) is not supported; write the product with *",
+  ast.BitXor: "'^' is not supported; write powers as products with *",
+  ast.FloorDiv: "'//' is not supported; use /",
+  ast.Mod: "'%' is not supported",
+  ast.MatMult: "'@' is not supported",
+  ast.LShift: "'<<' is not supported",
+  ast.RShift: "'>>' is not supported",
+  ast.BitAnd: "'&' is not supported",
+  ast.BitOr: "'|' is not supported",
 }
 
 

@@ -68,34 +68,45 @@ class Generator:
 
 
 GENERATORS: dict[str, Generator] = {
-    # reasoning-gym's default (up to 6 terms of 4 digits) can spend seconds to minutes on one item (a brute-force
-    # divisor search on products up to 1e24) and gives values past the calculator's 1e15 bound.
-    "basic_arithmetic": Generator(True, note="+ - * / ( ) expressions; floor-division golds that differ from the "
-                                  "printed expression are dropped", defaults={"max_terms": 4, "max_digits": 3}),
-    "chain_sum": Generator(True, note="sums and differences"),
-    "products": Generator(True, note="products of up to 5-digit numbers"),
-    "decimal_chain_sum": Generator(True, note="sums of decimals, exact golds"),
-    "gsm_symbolic": Generator(solution_key="answer_cot", note="grade-school word problems with a worked solution"),
-    "simple_equations": Generator(note="linear equations in one variable, integer solutions"),
-    "leg_counting": Generator(note="sums of legs over animals"),
-    "simple_geometry": Generator(note="the missing interior angle of a polygon"),
-    "lcm": Generator(note="least common multiple (the calculator checks candidates)"),
-    "gcd": Generator(note="greatest common divisor (the calculator checks candidates)"),
+  # reasoning-gym's default (up to 6 terms of 4 digits) can spend seconds to minutes on one item (a brute-force
+  # divisor search on products up to 1e24) and gives values past the calculator's 1e15 bound.
+  "basic_arithmetic": Generator(
+    True,
+    note="+ - * / ( ) expressions; floor-division golds that differ from the printed expression are dropped",
+    defaults={"max_terms": 4, "max_digits": 3},
+  ),
+  "chain_sum": Generator(True, note="sums and differences"),
+  "products": Generator(True, note="products of up to 5-digit numbers"),
+  "decimal_chain_sum": Generator(True, note="sums of decimals, exact golds"),
+  "gsm_symbolic": Generator(solution_key="answer_cot", note="grade-school word problems with a worked solution"),
+  "simple_equations": Generator(note="linear equations in one variable, integer solutions"),
+  "leg_counting": Generator(note="sums of legs over animals"),
+  "simple_geometry": Generator(note="the missing interior angle of a polygon"),
+  "lcm": Generator(note="least common multiple (the calculator checks candidates)"),
+  "gcd": Generator(note="greatest common divisor (the calculator checks candidates)"),
 }
 EXPRESSION_GENERATORS = tuple(n for n, g in GENERATORS.items() if g.expression)
-DEFAULT_GENERATORS = ("basic_arithmetic", "chain_sum", "products", "decimal_chain_sum", "gsm_symbolic",
-                      "simple_equations", "leg_counting", "simple_geometry")
+DEFAULT_GENERATORS = (
+  "basic_arithmetic",
+  "chain_sum",
+  "products",
+  "decimal_chain_sum",
+  "gsm_symbolic",
+  "simple_equations",
+  "leg_counting",
+  "simple_geometry",
+)
 
-EVAL_SIZE = 64                 # the held-out split's default size
-EVAL_RESERVE = 512             # the eval split may be any prefix up to this size; train avoids all of it
-EVAL_HOLDOUT = 64              # file sources: records held out for the eval split (`eval_holdout` default)
-STREAM_SIZE = 1_000_000        # reasoning-gym dataset size: the most items one generator stream can give
-_MAX_MISSES = 2000             # consecutive items of one generator without a new task: its problem space is used up
+EVAL_SIZE = 64  # the held-out split's default size
+EVAL_RESERVE = 512  # the eval split may be any prefix up to this size; train avoids all of it
+EVAL_HOLDOUT = 64  # file sources: records held out for the eval split (`eval_holdout` default)
+STREAM_SIZE = 1_000_000  # reasoning-gym dataset size: the most items one generator stream can give
+_MAX_MISSES = 2000  # consecutive items of one generator without a new task: its problem space is used up
 
 SYSTEM_PROMPT = (
-    "Solve the math problem. To use the calculator (numbers, + - * / and parentheses), write:\n"
-    + tool_calls.render_tool_call("calculator", {"expression": "2*(3+4)"})
-    + "\nIts result comes back in <tool_response>. Give the final answer as a plain number, e.g. <answer>14</answer>."
+  "Solve the math problem. To use the calculator (numbers, + - * / and parentheses), write:\n"
+  + tool_calls.render_tool_call("calculator", {"expression": "2*(3+4)"})
+  + "\nIts result comes back in <tool_response>. Give the final answer as a plain number, e.g. <answer>14</answer>."
 )
 
 
@@ -126,6 +137,7 @@ class MathTask:
 
 
 # --- verifiers ------------------------------------------------------------------------------------------------------
+
 
 def score_answer(task: MathTask, answer: str | None) -> float:
   """The reward of `answer` (the text inside `<answer>`) on `task`: 1.0 or 0.0.
@@ -171,15 +183,16 @@ def _canonical(number: str) -> str | None:
 
 # --- reasoning-gym tasks --------------------------------------------------------------------------------------------
 
+
 def make_gym_tasks(
-    split: str,
-    num: int | None = None,
-    seed: int | None = None,
-    *,
-    generators: Sequence[str] = DEFAULT_GENERATORS,
-    generator_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
-    eval_reserve: int = EVAL_RESERVE,
-    stats: dict[str, int] | None = None,
+  split: str,
+  num: int | None = None,
+  seed: int | None = None,
+  *,
+  generators: Sequence[str] = DEFAULT_GENERATORS,
+  generator_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
+  eval_reserve: int = EVAL_RESERVE,
+  stats: dict[str, int] | None = None,
 ) -> list[MathTask]:
   """Makes a deterministic list of distinct tasks, taking one from each generator in turn.
 
@@ -228,8 +241,9 @@ def make_gym_tasks(
   if num is None or num < 0:
     raise ValueError(f"train num must be a non-negative int, got {num!r}")
   seed = 0 if seed is None else int(seed)
-  reserved = _generate("eval", arithmetic.EVAL_SEED, eval_reserve, generators, kwargs_json, frozenset(), None,
-                       strict=False)
+  reserved = _generate(
+    "eval", arithmetic.EVAL_SEED, eval_reserve, generators, kwargs_json, frozenset(), None, strict=False
+  )
   exclude = frozenset(_key(t) for t in reserved)
   return _generate("train", seed * arithmetic._TRAIN_SEED_STRIDE, num, generators, kwargs_json, exclude, stats)
 
@@ -243,9 +257,19 @@ def _key(task: MathTask) -> str:
 
 def _generate(split, base_seed, num, generators, kwargs_json, exclude, stats, strict=True) -> list[MathTask]:
   """The first `num` kept tasks of the round-robin stream; with strict=False, fewer when it runs dry."""
-  counts = collections.Counter({k: 0 for k in ("dropped_generator_error", "dropped_not_number",
-                                               "dropped_inexact", "dropped_unverified", "dropped_duplicate",
-                                               "dropped_eval_overlap")})
+  counts = collections.Counter(
+    {
+      k: 0
+      for k in (
+        "dropped_generator_error",
+        "dropped_not_number",
+        "dropped_inexact",
+        "dropped_unverified",
+        "dropped_duplicate",
+        "dropped_eval_overlap",
+      )
+    }
+  )
   tasks: list[MathTask] = []
   seen: set[str] = set()
   max_items = 50 * num + 1000
@@ -261,8 +285,10 @@ def _generate(split, base_seed, num, generators, kwargs_json, exclude, stats, st
       if tried >= max_items or misses >= _MAX_MISSES:
         if not strict:
           return tasks
-        raise ValueError(f"only {len(tasks)} distinct {split} tasks found in {tried} items for generators "
-                         f"{list(generators)} (stuck on {name!r}); asked for {num}")
+        raise ValueError(
+          f"only {len(tasks)} distinct {split} tasks found in {tried} items for generators "
+          f"{list(generators)} (stuck on {name!r}); asked for {num}"
+        )
       tried += 1
       misses += 1
       idx, item = next(stream)
@@ -297,9 +323,16 @@ def _task(split, name, idx, item, base_seed, kwargs_json) -> tuple[MathTask | No
   meta = dict(item["metadata"], seed=_generator_seed(name, base_seed), generator_kwargs=kwargs_json)
   expression = str(meta["expression"]) if info.expression else None
   solution = meta.get(info.solution_key) if info.solution_key else None
-  task = MathTask(task_id=f"{split}/{name}/{idx}", question=item["question"], answer=gold, source=name,
-                  verifier="reasoning_gym", expression=expression,
-                  solution=str(solution) if solution else None, metadata=meta)
+  task = MathTask(
+    task_id=f"{split}/{name}/{idx}",
+    question=item["question"],
+    answer=gold,
+    source=name,
+    verifier="reasoning_gym",
+    expression=expression,
+    solution=str(solution) if solution else None,
+    metadata=meta,
+  )
   if expression is not None:
     try:
       value = evaluate(expression)
@@ -334,6 +367,7 @@ def _items(name: str, base_seed: int, kwargs_json: str) -> Iterator[tuple[int, d
 def _dataset(name: str, seed: int, kwargs_json: str):
   # imported lazily: `import reasoning_gym` loads every dataset module (about 2 s)
   import reasoning_gym
+
   try:
     return reasoning_gym.create_dataset(name, seed=seed, size=STREAM_SIZE, **json.loads(kwargs_json))
   except (TypeError, AssertionError, ValueError) as e:
@@ -341,6 +375,7 @@ def _dataset(name: str, seed: int, kwargs_json: str):
 
 
 # --- file tasks -----------------------------------------------------------------------------------------------------
+
 
 @dataclasses.dataclass(frozen=True)
 class FileFields:
@@ -361,9 +396,15 @@ class FileFields:
   expression_field: str = ""
 
   def open(self, spec_: str, split: str) -> sources.JsonlSource | sources.HFSource | sources.TfdsSource:
-    return sources.open_source(spec_, split, prompt_field=self.prompt_field, answer_field=self.answer_field,
-                               info_field=self.info_field, id_field=self.id_field,
-                               metadata_fields=(self.expression_field,) if self.expression_field else ())
+    return sources.open_source(
+      spec_,
+      split,
+      prompt_field=self.prompt_field,
+      answer_field=self.answer_field,
+      info_field=self.info_field,
+      id_field=self.id_field,
+      metadata_fields=(self.expression_field,) if self.expression_field else (),
+    )
 
 
 class FileTasks(collections.abc.Sequence):
@@ -400,22 +441,29 @@ def _file_task(record: sources.TaskRecord, expression_field: str) -> MathTask:
     expression = record.metadata.get(expression_field)
     if not isinstance(expression, str) or not expression.strip():
       raise sources.SourceError(f"{where}: field {expression_field!r} must hold an expression (text)")
-  return MathTask(task_id=record.task_id, question=record.prompt, answer=record.answer.strip(),
-                  source=str(record.metadata.get("source")), verifier="math_verify", expression=expression,
-                  solution=record.privileged_info or None, metadata=record.metadata)
+  return MathTask(
+    task_id=record.task_id,
+    question=record.prompt,
+    answer=record.answer.strip(),
+    source=str(record.metadata.get("source")),
+    verifier="math_verify",
+    expression=expression,
+    solution=record.privileged_info or None,
+    metadata=record.metadata,
+  )
 
 
 def make_file_tasks(
-    split: str,
-    num: int | None = None,
-    seed: int | None = None,
-    *,
-    source: str,
-    source_split: str = "train",
-    eval_source: str = "",
-    eval_split: str = "test",
-    eval_holdout: int = EVAL_HOLDOUT,
-    fields: FileFields = FileFields(),
+  split: str,
+  num: int | None = None,
+  seed: int | None = None,
+  *,
+  source: str,
+  source_split: str = "train",
+  eval_source: str = "",
+  eval_split: str = "test",
+  eval_holdout: int = EVAL_HOLDOUT,
+  fields: FileFields = FileFields(),
 ) -> FileTasks:
   """Tasks read from a file source (`jaxcredit.envs.sources.open_source`), answers verified by math-verify.
 
@@ -461,8 +509,10 @@ def make_file_tasks(
     pool = np.arange(len(src), dtype=np.int64)
   else:
     if eval_holdout >= len(src):
-      raise ValueError(f"{source} has {len(src)} records; holding out eval_holdout={eval_holdout} for eval leaves "
-                       f"none for training (lower eval_holdout or set eval_source)")
+      raise ValueError(
+        f"{source} has {len(src)} records; holding out eval_holdout={eval_holdout} for eval leaves "
+        f"none for training (lower eval_holdout or set eval_source)"
+      )
     esrc = src
     perm = np.random.default_rng(arithmetic.EVAL_SEED).permutation(len(src))
     reserved = perm[:eval_holdout]
@@ -472,8 +522,10 @@ def make_file_tasks(
       raise ValueError("the eval split has a fixed seed; pass seed=None")
     num = len(reserved) if num is None else num
     if num > len(reserved):
-      raise ValueError(f"asked for {num} eval tasks; the eval split has {len(reserved)} records "
-                       f"(eval_holdout={eval_holdout}, {eval_source or source})")
+      raise ValueError(
+        f"asked for {num} eval tasks; the eval split has {len(reserved)} records "
+        f"(eval_holdout={eval_holdout}, {eval_source or source})"
+      )
     tasks = FileTasks(esrc, reserved[:num], fields.expression_field)
     for t in tasks:
       _check_expression(t)
@@ -509,14 +561,18 @@ def _check_expression(task: MathTask) -> None:
   try:
     value = format_number(evaluate(task.expression))
   except CalculatorError as e:
-    raise sources.SourceError(f"task {task.task_id!r}: the calculator refuses its expression "
-                              f"{task.expression!r}: {e}") from None
+    raise sources.SourceError(
+      f"task {task.task_id!r}: the calculator refuses its expression {task.expression!r}: {e}"
+    ) from None
   if score_answer(task, value) != 1.0:
-    raise sources.SourceError(f"task {task.task_id!r}: its expression {task.expression!r} evaluates to {value}, "
-                              f"which does not verify against the gold answer {task.answer!r}")
+    raise sources.SourceError(
+      f"task {task.task_id!r}: its expression {task.expression!r} evaluates to {value}, "
+      f"which does not verify against the gold answer {task.answer!r}"
+    )
 
 
 # --- the environment ------------------------------------------------------------------------------------------------
+
 
 def initial_messages(task: MathTask) -> list[dict]:
   """The prompt of a rollout: `[{"role": "system", ...}, {"role": "user", "content": task.question}]`."""
@@ -552,6 +608,7 @@ def _answer_as_number(gold: str, expression: str | None, verifier: str) -> str:
   try:
     import sympy
     from math_verify import parse
+
     parsed = parse(gold, parsing_timeout=None)
     if parsed and getattr(parsed[0], "is_number", False) and parsed[0].is_rational:
       r = sympy.Rational(parsed[0])
@@ -618,26 +675,26 @@ def demonstration(task: MathTask, rng: _RandomLike) -> list[dict]:
   if obs != tool_calls.render_tool_response(value) or score_answer(task, value) != 1.0:
     raise ValueError(f"task {task.task_id}: calculator gives {value!r} for {expr!r}, gold is {task.answer!r}")
   return initial_messages(task) + [
-      {"role": "assistant", "content": call},
-      {"role": "tool", "content": obs},
-      {"role": "assistant", "content": tool_calls.render_answer(value)},
+    {"role": "assistant", "content": call},
+    {"role": "tool", "content": obs},
+    {"role": "assistant", "content": tool_calls.render_answer(value)},
   ]
 
 
 CONFIG_DEFAULTS: dict[str, Any] = {
-    "generators": ",".join(DEFAULT_GENERATORS),
-    "generator_kwargs": "",
-    "source": "",
-    "source_split": "train",
-    "eval_source": "",
-    "eval_split": "test",
-    "eval_holdout": EVAL_HOLDOUT,
-    "prompt_field": "question",
-    "answer_field": "answer",
-    "info_field": "",
-    "id_field": "",
-    "expression_field": "",
-    "max_tool_calls": 2,
+  "generators": ",".join(DEFAULT_GENERATORS),
+  "generator_kwargs": "",
+  "source": "",
+  "source_split": "train",
+  "eval_source": "",
+  "eval_split": "test",
+  "eval_holdout": EVAL_HOLDOUT,
+  "prompt_field": "question",
+  "answer_field": "answer",
+  "info_field": "",
+  "id_field": "",
+  "expression_field": "",
+  "max_tool_calls": 2,
 }
 """The `config.env` keys `env_spec` reads, with the values used when a key is absent."""
 
@@ -675,13 +732,23 @@ def env_spec(env_config=None) -> spec.EnvSpec:
   source = str(_get(env_config, "source")).strip()
   if source:
     if not source.startswith(sources.PREFIXES):
-      raise ValueError(f"config.env.math_tools.source={source!r} must be '' or start with one of {', '.join(sources.PREFIXES)}")
-    fields = FileFields(**{k: str(_get(env_config, k)) for k in
-                           ("prompt_field", "answer_field", "info_field", "id_field", "expression_field")})
-    file_kwargs = dict(source=source, source_split=str(_get(env_config, "source_split")),
-                       eval_source=str(_get(env_config, "eval_source")).strip(),
-                       eval_split=str(_get(env_config, "eval_split")),
-                       eval_holdout=int(_get(env_config, "eval_holdout")), fields=fields)
+      raise ValueError(
+        f"config.env.math_tools.source={source!r} must be '' or start with one of {', '.join(sources.PREFIXES)}"
+      )
+    fields = FileFields(
+      **{
+        k: str(_get(env_config, k))
+        for k in ("prompt_field", "answer_field", "info_field", "id_field", "expression_field")
+      }
+    )
+    file_kwargs = dict(
+      source=source,
+      source_split=str(_get(env_config, "source_split")),
+      eval_source=str(_get(env_config, "eval_source")).strip(),
+      eval_split=str(_get(env_config, "eval_split")),
+      eval_holdout=int(_get(env_config, "eval_holdout")),
+      fields=fields,
+    )
 
     def make_tasks(split, num, seed):
       return make_file_tasks(split, num, seed, **file_kwargs)
@@ -693,7 +760,9 @@ def env_spec(env_config=None) -> spec.EnvSpec:
       raise ValueError("config.env.math_tools.generators is empty (and config.env.math_tools.source is '')")
     for g in generators:
       if g not in GENERATORS:
-        raise ValueError(f"config.env.math_tools.generators: unknown generator {g!r}; available: {', '.join(GENERATORS)}")
+        raise ValueError(
+          f"config.env.math_tools.generators: unknown generator {g!r}; available: {', '.join(GENERATORS)}"
+        )
     kwargs = _parse_generator_kwargs(str(_get(env_config, "generator_kwargs")))
 
     def make_tasks(split, num, seed):
@@ -701,15 +770,15 @@ def env_spec(env_config=None) -> spec.EnvSpec:
 
     has_demos = all(GENERATORS[g].expression for g in generators)
   return spec.EnvSpec(
-      make_tasks=make_tasks,
-      make_env=lambda task: MathEnv(task, max_tool_calls=max_tool_calls),
-      initial_messages=initial_messages,
-      stop_strings=(tool_calls.TOOL_CALL_CLOSE, tool_calls.ANSWER_CLOSE),
-      max_turns=max_tool_calls + 1,
-      is_success=lambda reward: reward > 0.5,
-      demonstration=demonstration if has_demos else None,
-      gold_answer_text=gold_answer_text,
-      privileged_info=privileged_info,
+    make_tasks=make_tasks,
+    make_env=lambda task: MathEnv(task, max_tool_calls=max_tool_calls),
+    initial_messages=initial_messages,
+    stop_strings=(tool_calls.TOOL_CALL_CLOSE, tool_calls.ANSWER_CLOSE),
+    max_turns=max_tool_calls + 1,
+    is_success=lambda reward: reward > 0.5,
+    demonstration=demonstration if has_demos else None,
+    gold_answer_text=gold_answer_text,
+    privileged_info=privileged_info,
   )
 
 
@@ -721,6 +790,7 @@ def _parse_generator_kwargs(text: str) -> dict[str, dict]:
   except ValueError as e:
     raise ValueError(f"config.env.math_tools.generator_kwargs is not JSON: {e}") from None
   if not isinstance(obj, dict) or not all(isinstance(v, dict) for v in obj.values()):
-    raise ValueError('config.env.math_tools.generator_kwargs must be a JSON object of objects, e.g. {"products": '
-                     '{"max_digits": 3}}')
+    raise ValueError(
+      'config.env.math_tools.generator_kwargs must be a JSON object of objects, e.g. {"products": {"max_digits": 3}}'
+    )
   return obj

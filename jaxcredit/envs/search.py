@@ -51,26 +51,28 @@ from typing import Any, Iterator, Mapping, Protocol, Sequence
 
 from jaxcredit.envs import spec, tool_calls
 
-TOP_K = 5                      # documents per search
-SNIPPET_CHARS = 200            # characters of text shown per search result
-MAX_OUTPUT_CHARS = 2000        # characters of one tool output kept in the observation (the rest is cut)
-MAX_TOOL_CALLS = 8             # tool calls per rollout
-NUM_GENERATED = 1000           # train questions of the generated corpus
-EVAL_SIZE = 128                # held-out questions (generated: a separate world; loaded: chosen by query_id hash)
-MAX_HOPS = 4                   # the longest generated chain (searches needed)
-MAX_QUERY_CHARS = 1000         # a longer search query is an error
-PRIVILEGED_CHARS = 300         # characters of an evidence document shown to a teacher when no key sentence is known
+TOP_K = 5  # documents per search
+SNIPPET_CHARS = 200  # characters of text shown per search result
+MAX_OUTPUT_CHARS = 2000  # characters of one tool output kept in the observation (the rest is cut)
+MAX_TOOL_CALLS = 8  # tool calls per rollout
+NUM_GENERATED = 1000  # train questions of the generated corpus
+EVAL_SIZE = 128  # held-out questions (generated: a separate world; loaded: chosen by query_id hash)
+MAX_HOPS = 4  # the longest generated chain (searches needed)
+MAX_QUERY_CHARS = 1000  # a longer search query is an error
+PRIVILEGED_CHARS = 300  # characters of an evidence document shown to a teacher when no key sentence is known
 
-SEARCH_DESCRIPTION = ("Search the document collection (BM25 keyword match). Returns the top {k} documents, each with "
-                      "its docid, title and the first {n} characters of its text.")
-OPEN_DESCRIPTION = ("Read a document by its docid (as given in search results). Text past {m} characters is cut.")
+SEARCH_DESCRIPTION = (
+  "Search the document collection (BM25 keyword match). Returns the top {k} documents, each with "
+  "its docid, title and the first {n} characters of its text."
+)
+OPEN_DESCRIPTION = "Read a document by its docid (as given in search results). Text past {m} characters is cut."
 
 SYSTEM_PROMPT = (
-    "Answer the question using the document collection. Search it with the search tool and read documents with the "
-    "open tool; you may call several tools in one message, and each result comes back in <tool_response>. You have "
-    "at most {budget} tool calls. The documents may state facts you have never seen: trust them. When you know the "
-    "answer, reply without tool calls and with only the short answer (a name, place, date or number) inside "
-    "<answer></answer>, e.g. <answer>Kelmarsh</answer>.\n\n{tools}"
+  "Answer the question using the document collection. Search it with the search tool and read documents with the "
+  "open tool; you may call several tools in one message, and each result comes back in <tool_response>. You have "
+  "at most {budget} tool calls. The documents may state facts you have never seen: trust them. When you know the "
+  "answer, reply without tool calls and with only the short answer (a name, place, date or number) inside "
+  "<answer></answer>, e.g. <answer>Kelmarsh</answer>.\n\n{tools}"
 )
 
 
@@ -156,6 +158,7 @@ def answer_matches(answer: str, gold: str, aliases: Sequence[str] = ()) -> bool:
 
 # --- index -----------------------------------------------------------------------------------------------------
 
+
 class SearchIndex:
   """A BM25 index over a corpus (`bm25s`), read-only once built: safe to share between rollouts.
 
@@ -171,6 +174,7 @@ class SearchIndex:
       ValueError: an empty corpus, an empty or repeated docid, or a stemmer that cannot be loaded.
     """
     import bm25s  # lazy: imports jax and scipy
+
     if not docs:
       raise ValueError("the corpus has no documents")
     self.docs: tuple[Document, ...] = tuple(docs)
@@ -183,8 +187,9 @@ class SearchIndex:
       self._by_id[d.docid] = i
     self._stemmer = _load_stemmer(stemmer)
     self._bm25s = bm25s
-    tokens = bm25s.tokenize([f"{d.title}\n{d.text}" for d in self.docs], stopwords="en", stemmer=self._stemmer,
-                            show_progress=False)
+    tokens = bm25s.tokenize(
+      [f"{d.title}\n{d.text}" for d in self.docs], stopwords="en", stemmer=self._stemmer, show_progress=False
+    )
     self._retriever = bm25s.BM25()
     self._retriever.index(tokens, show_progress=False)
     self._vocab = self._retriever.vocab_dict
@@ -199,8 +204,9 @@ class SearchIndex:
 
   def query_terms(self, query: str) -> list[str]:
     """The query's tokens that occur in the corpus (after stopwords and stemming)."""
-    toks = self._bm25s.tokenize([query], stopwords="en", stemmer=self._stemmer, return_ids=False,
-                                show_progress=False)[0]
+    toks = self._bm25s.tokenize([query], stopwords="en", stemmer=self._stemmer, return_ids=False, show_progress=False)[
+      0
+    ]
     return [t for t in toks if t and t in self._vocab]
 
   def search(self, query: str, k: int = TOP_K) -> list[tuple[Document, float]]:
@@ -243,8 +249,9 @@ def snippet(text: str, n: int) -> str:
   return flat if len(flat) <= n else flat[:n].rstrip() + "..."
 
 
-def tool_schemas(top_k: int = TOP_K, snippet_chars: int = SNIPPET_CHARS,
-                 max_output_chars: int = MAX_OUTPUT_CHARS) -> list[dict]:
+def tool_schemas(
+  top_k: int = TOP_K, snippet_chars: int = SNIPPET_CHARS, max_output_chars: int = MAX_OUTPUT_CHARS
+) -> list[dict]:
   """The OpenAI/Qwen3 function schemas of `search` and `open`."""
   return [t.schema() for t in _tools(None, top_k, snippet_chars, max_output_chars)]
 
@@ -253,13 +260,22 @@ def _tools(env: SearchEnv | None, top_k: int, snippet_chars: int, max_output_cha
   fn_search = env._search if env is not None else (lambda query: "")
   fn_open = env._open if env is not None else (lambda docid: "")
   return [
-      tool_calls.Tool("search", SEARCH_DESCRIPTION.format(k=top_k, n=snippet_chars),
-                      {"type": "object", "properties": {"query": {"type": "string", "description": "keywords"}},
-                       "required": ["query"]}, fn_search),
-      tool_calls.Tool("open", OPEN_DESCRIPTION.format(m=max_output_chars),
-                      {"type": "object",
-                       "properties": {"docid": {"type": "string", "description": "a docid from search results"}},
-                       "required": ["docid"]}, fn_open),
+    tool_calls.Tool(
+      "search",
+      SEARCH_DESCRIPTION.format(k=top_k, n=snippet_chars),
+      {"type": "object", "properties": {"query": {"type": "string", "description": "keywords"}}, "required": ["query"]},
+      fn_search,
+    ),
+    tool_calls.Tool(
+      "open",
+      OPEN_DESCRIPTION.format(m=max_output_chars),
+      {
+        "type": "object",
+        "properties": {"docid": {"type": "string", "description": "a docid from search results"}},
+        "required": ["docid"],
+      },
+      fn_open,
+    ),
   ]
 
 
@@ -272,8 +288,16 @@ class SearchEnv:
   "searches" and "opens" (calls dispatched to each tool).
   """
 
-  def __init__(self, task: SearchTask, index: SearchIndex, *, max_tool_calls: int = MAX_TOOL_CALLS,
-               top_k: int = TOP_K, snippet_chars: int = SNIPPET_CHARS, max_output_chars: int = MAX_OUTPUT_CHARS):
+  def __init__(
+    self,
+    task: SearchTask,
+    index: SearchIndex,
+    *,
+    max_tool_calls: int = MAX_TOOL_CALLS,
+    top_k: int = TOP_K,
+    snippet_chars: int = SNIPPET_CHARS,
+    max_output_chars: int = MAX_OUTPUT_CHARS,
+  ):
     """Args:
       task: the question.
       index: the corpus index (shared, read-only).
@@ -286,8 +310,10 @@ class SearchEnv:
       ValueError: for a limit out of range.
     """
     if max_tool_calls < 0 or top_k < 1 or snippet_chars < 1 or max_output_chars < 1:
-      raise ValueError(f"need max_tool_calls >= 0 and top_k, snippet_chars, max_output_chars >= 1; got "
-                       f"{max_tool_calls}, {top_k}, {snippet_chars}, {max_output_chars}")
+      raise ValueError(
+        f"need max_tool_calls >= 0 and top_k, snippet_chars, max_output_chars >= 1; got "
+        f"{max_tool_calls}, {top_k}, {snippet_chars}, {max_output_chars}"
+      )
     self.task = task
     self.index = index
     self.max_tool_calls = int(max_tool_calls)
@@ -295,8 +321,17 @@ class SearchEnv:
     self.snippet_chars = int(snippet_chars)
     self.max_output_chars = int(max_output_chars)
     self.done = False
-    self.info: dict[str, Any] = {"tool_calls": 0, "tool_errors": 0, "answered": False, "budget_exhausted": False,
-                                 "turns": 0, "finish": None, "answer": None, "searches": 0, "opens": 0}
+    self.info: dict[str, Any] = {
+      "tool_calls": 0,
+      "tool_errors": 0,
+      "answered": False,
+      "budget_exhausted": False,
+      "turns": 0,
+      "finish": None,
+      "answer": None,
+      "searches": 0,
+      "opens": 0,
+    }
     self.seen_docids: set[str] = set()  # docids shown in search results or opened
     self._tools = {t.name: t for t in _tools(self, self.top_k, self.snippet_chars, self.max_output_chars)}
     self._reward: float | None = None
@@ -310,8 +345,9 @@ class SearchEnv:
     if not hits:
       return f"no results for {query!r}"
     self.seen_docids.update(d.docid for d, _ in hits)
-    return "\n\n".join(f"docid: {d.docid}\ntitle: {d.title}\nsnippet: {snippet(d.text, self.snippet_chars)}"
-                       for d, _ in hits)
+    return "\n\n".join(
+      f"docid: {d.docid}\ntitle: {d.title}\nsnippet: {snippet(d.text, self.snippet_chars)}" for d, _ in hits
+    )
 
   def _open(self, docid: str) -> str:
     doc = self.index.get(docid.strip())
@@ -339,8 +375,9 @@ class SearchEnv:
     parsed = tool_calls.parse_message(assistant_text)
     if parsed.error is not None:
       info["tool_errors"] += 1
-      return StepResult(observation=tool_calls.render_tool_response(f"error: {parsed.error}"), done=False,
-                        info=dict(info))
+      return StepResult(
+        observation=tool_calls.render_tool_response(f"error: {parsed.error}"), done=False, info=dict(info)
+      )
     if parsed.calls:
       left = self.max_tool_calls - info["tool_calls"]
       if left <= 0:
@@ -353,7 +390,8 @@ class SearchEnv:
       info["searches"] += sum(o.dispatched and o.call.name == "search" for o in outcomes)
       info["opens"] += sum(o.dispatched and o.call.name == "open" for o in outcomes)
       contents = [o.content for o in outcomes] + [
-          f"error: not run: the budget of {self.max_tool_calls} tool calls is used up; give your answer"] * len(skipped)
+        f"error: not run: the budget of {self.max_tool_calls} tool calls is used up; give your answer"
+      ] * len(skipped)
       obs = "\n".join(tool_calls.render_tool_response(c) for c in contents)
       return StepResult(observation=obs, done=False, info=dict(info))
     if parsed.answer is not None:
@@ -383,12 +421,20 @@ class SearchEnv:
 
 # --- prompts, demonstrations, teacher text ---------------------------------------------------------------------
 
-def initial_messages(task: SearchTask, max_tool_calls: int = MAX_TOOL_CALLS, top_k: int = TOP_K,
-                     snippet_chars: int = SNIPPET_CHARS, max_output_chars: int = MAX_OUTPUT_CHARS) -> list[dict]:
+
+def initial_messages(
+  task: SearchTask,
+  max_tool_calls: int = MAX_TOOL_CALLS,
+  top_k: int = TOP_K,
+  snippet_chars: int = SNIPPET_CHARS,
+  max_output_chars: int = MAX_OUTPUT_CHARS,
+) -> list[dict]:
   """The prompt of a rollout: a system message (instructions, the call budget, the tool schemas) and the question."""
   tools = tool_calls.render_tools_prompt(tool_schemas(top_k, snippet_chars, max_output_chars))
-  return [{"role": "system", "content": SYSTEM_PROMPT.format(budget=max_tool_calls, tools=tools)},
-          {"role": "user", "content": task.query}]
+  return [
+    {"role": "system", "content": SYSTEM_PROMPT.format(budget=max_tool_calls, tools=tools)},
+    {"role": "user", "content": task.query},
+  ]
 
 
 def gold_answer_text(task: SearchTask) -> str:
@@ -399,8 +445,11 @@ def gold_answer_text(task: SearchTask) -> str:
 def privileged_info(task: SearchTask, index: SearchIndex) -> str:
   """The verified ground truth a teacher may see: the gold answer (and aliases) and the evidence documents' docids,
   titles and key sentences (the chain's facts; for loaded data the first `PRIVILEGED_CHARS` characters of text)."""
-  lines = [f"The answer is {tool_calls.render_answer(task.answer)}"
-           + (f" (also accepted: {'; '.join(task.aliases)})" if task.aliases else "") + "."]
+  lines = [
+    f"The answer is {tool_calls.render_answer(task.answer)}"
+    + (f" (also accepted: {'; '.join(task.aliases)})" if task.aliases else "")
+    + "."
+  ]
   facts = {h.docid: h.fact for h in task.chain}
   ev = [d for d in (task.evidence_docids or tuple(facts)) if index.get(d) is not None]
   if ev:
@@ -415,9 +464,16 @@ class _RandomLike(Protocol):
   def random(self) -> float: ...
 
 
-def demonstration(task: SearchTask, rng: _RandomLike, index: SearchIndex, *, max_tool_calls: int = MAX_TOOL_CALLS,
-                  top_k: int = TOP_K, snippet_chars: int = SNIPPET_CHARS,
-                  max_output_chars: int = MAX_OUTPUT_CHARS) -> list[dict]:
+def demonstration(
+  task: SearchTask,
+  rng: _RandomLike,
+  index: SearchIndex,
+  *,
+  max_tool_calls: int = MAX_TOOL_CALLS,
+  top_k: int = TOP_K,
+  snippet_chars: int = SNIPPET_CHARS,
+  max_output_chars: int = MAX_OUTPUT_CHARS,
+) -> list[dict]:
   """A full chat that finds the evidence and answers, played through `SearchEnv` (observations exactly as rollouts
   see them), for the supervised warm start.
 
@@ -442,8 +498,14 @@ def demonstration(task: SearchTask, rng: _RandomLike, index: SearchIndex, *, max
     ValueError: when the evidence cannot be retrieved within the budget (a generated chain longer than
       `max_tool_calls`; a loaded question with no evidence listed or none found by its title or the question).
   """
-  env = SearchEnv(task, index, max_tool_calls=max_tool_calls, top_k=top_k, snippet_chars=snippet_chars,
-                  max_output_chars=max_output_chars)
+  env = SearchEnv(
+    task,
+    index,
+    max_tool_calls=max_tool_calls,
+    top_k=top_k,
+    snippet_chars=snippet_chars,
+    max_output_chars=max_output_chars,
+  )
   messages = initial_messages(task, max_tool_calls, top_k, snippet_chars, max_output_chars)
 
   def play(calls: list[tuple[str, dict]]) -> str:
@@ -471,7 +533,7 @@ def demonstration(task: SearchTask, rng: _RandomLike, index: SearchIndex, *, max
       doc = index.get(hop.docid)
       shown = _snippet_shows(index, hop, snippet_chars) and snippet(doc.text, snippet_chars) in obs
       # an open is needed where the snippet hides the fact; otherwise it is spent while later needs still fit
-      needed_later = sum(not _snippet_shows(index, h, snippet_chars) for h in task.chain[i + 1:])
+      needed_later = sum(not _snippet_shows(index, h, snippet_chars) for h in task.chain[i + 1 :])
       if not shown or opens_left > needed_later:
         if opens_left <= 0:
           raise ValueError(f"task {task.query_id}: hop {i} needs an open; max_tool_calls {max_tool_calls} is too low")
@@ -498,8 +560,10 @@ def demonstration(task: SearchTask, rng: _RandomLike, index: SearchIndex, *, max
         searches.append(query)
       opens.append(docid)
     if not opens:
-      raise ValueError(f"task {task.query_id}: no evidence document is found by searching its title or the question "
-                       f"(evidence: {list(task.evidence_docids)[:5]}); no demonstration; set config.sft.steps=0")
+      raise ValueError(
+        f"task {task.query_id}: no evidence document is found by searching its title or the question "
+        f"(evidence: {list(task.evidence_docids)[:5]}); no demonstration; set config.sft.steps=0"
+      )
     play([("search", {"query": q}) for q in searches])
     play([("open", {"docid": d}) for d in opens])
   messages.append({"role": "assistant", "content": tool_calls.render_answer(task.answer)})
@@ -514,8 +578,11 @@ def _snippet_shows(index: SearchIndex, hop: Hop, snippet_chars: int) -> bool:
 # --- loading BrowseComp-Plus -----------------------------------------------------------------------------------
 
 _CORPUS_FIELDS = {"docid": ("docid", "doc_id", "_id", "id"), "text": ("text", "contents", "content")}
-_QUERY_FIELDS = {"query_id": ("query_id", "qid", "id"), "query": ("query", "question"),
-                 "answer": ("answer", "gold_answer", "answers")}
+_QUERY_FIELDS = {
+  "query_id": ("query_id", "qid", "id"),
+  "query": ("query", "question"),
+  "answer": ("answer", "gold_answer", "answers"),
+}
 _BASE64 = re.compile(r"[A-Za-z0-9+/]+={0,2}")
 
 
@@ -525,11 +592,14 @@ def _records(path: str, what: str) -> Iterator[dict]:
     raise FileNotFoundError(f"{what} {path!r} does not exist (give a JSONL file or a datasets.save_to_disk folder)")
   if os.path.isdir(path):
     import datasets  # lazy: heavy
+
     ds = datasets.load_from_disk(path)
     if isinstance(ds, datasets.DatasetDict):
       if len(ds) != 1:
-        raise ValueError(f"{what} {path!r} is a DatasetDict with splits {sorted(ds)}; save the one split to use "
-                         f"(e.g. ds[{sorted(ds)[0]!r}].save_to_disk(...))")
+        raise ValueError(
+          f"{what} {path!r} is a DatasetDict with splits {sorted(ds)}; save the one split to use "
+          f"(e.g. ds[{sorted(ds)[0]!r}].save_to_disk(...))"
+        )
       ds = next(iter(ds.values()))
     yield from ds
     return
@@ -550,8 +620,10 @@ def _field(rec: Mapping[str, Any], names: Sequence[str], what: str, path: str, i
   for name in names:
     if name in rec and rec[name] is not None:
       return rec[name]
-  raise ValueError(f"{what} {path!r} record {i} has no {ours!r} field (accepted names: {', '.join(names)}; "
-                   f"its fields: {', '.join(sorted(map(str, rec))) or 'none'})")
+  raise ValueError(
+    f"{what} {path!r} record {i} has no {ours!r} field (accepted names: {', '.join(names)}; "
+    f"its fields: {', '.join(sorted(map(str, rec))) or 'none'})"
+  )
 
 
 def derive_title(text: str, max_chars: int = 120) -> str:
@@ -628,9 +700,11 @@ def load_queries(path: str) -> list[SearchTask]:
       answer = answer[0] if answer else ""
     answer = str(answer).strip()
     if _looks_encrypted(query):
-      raise ValueError(f"queries {path!r} record {i} (query_id {qid}) looks encrypted ({query[:24]!r}...): "
-                       "BrowseComp-Plus queries are obfuscated on the Hub; decrypt them with the BrowseComp-Plus "
-                       "repository's scripts_build_index/decrypt_dataset.py and pass the decrypted JSONL")
+      raise ValueError(
+        f"queries {path!r} record {i} (query_id {qid}) looks encrypted ({query[:24]!r}...): "
+        "BrowseComp-Plus queries are obfuscated on the Hub; decrypt them with the BrowseComp-Plus "
+        "repository's scripts_build_index/decrypt_dataset.py and pass the decrypted JSONL"
+      )
     if not query or not answer:
       empty = "query" if not query else "answer"
       raise ValueError(f"queries {path!r} record {i} (query_id {qid}) has an empty {empty}")
@@ -640,8 +714,9 @@ def load_queries(path: str) -> list[SearchTask]:
     evidence: list[str] = []
     for key in ("evidence_docids", "evidence_docs", "gold_docs"):
       evidence += [d for d in _docids(rec.get(key)) if d not in evidence]
-    tasks.append(SearchTask(query_id=qid, query=query, answer=answer, aliases=tuple(aliases),
-                            evidence_docids=tuple(evidence)))
+    tasks.append(
+      SearchTask(query_id=qid, query=query, answer=answer, aliases=tuple(aliases), evidence_docids=tuple(evidence))
+    )
   if not tasks:
     raise ValueError(f"queries {path!r} has no records")
   return tasks
@@ -649,93 +724,230 @@ def load_queries(path: str) -> list[SearchTask]:
 
 # --- the generated fictional corpus ----------------------------------------------------------------------------
 
-_ONSETS = ("b", "br", "d", "dr", "f", "g", "gr", "h", "k", "kr", "l", "m", "n", "p", "r", "s", "sk", "st", "t", "th",
-           "tr", "v", "w", "z")
+_ONSETS = (
+  "b",
+  "br",
+  "d",
+  "dr",
+  "f",
+  "g",
+  "gr",
+  "h",
+  "k",
+  "kr",
+  "l",
+  "m",
+  "n",
+  "p",
+  "r",
+  "s",
+  "sk",
+  "st",
+  "t",
+  "th",
+  "tr",
+  "v",
+  "w",
+  "z",
+)
 _VOWELS = ("a", "e", "i", "o", "u", "ae", "ei", "ia", "ou")
 _CODAS = ("", "", "", "l", "n", "r", "s", "th", "rn", "nd", "sk", "m", "x", "rd", "lt")
-_WORK_KINDS = ("Bridge", "Lighthouse", "Observatory", "Canal", "Tower", "Viaduct", "Dam", "Clocktower", "Library",
-               "Aqueduct", "Theatre", "Mill")
-_COMPANY_KINDS = ("Holdings", "Works", "Foundry", "Industries", "Shipping", "Instruments", "Mills", "Brothers",
-                  "Company", "Ironworks", "Textiles", "Glassworks")
+_WORK_KINDS = (
+  "Bridge",
+  "Lighthouse",
+  "Observatory",
+  "Canal",
+  "Tower",
+  "Viaduct",
+  "Dam",
+  "Clocktower",
+  "Library",
+  "Aqueduct",
+  "Theatre",
+  "Mill",
+)
+_COMPANY_KINDS = (
+  "Holdings",
+  "Works",
+  "Foundry",
+  "Industries",
+  "Shipping",
+  "Instruments",
+  "Mills",
+  "Brothers",
+  "Company",
+  "Ironworks",
+  "Textiles",
+  "Glassworks",
+)
 _SCHOOL_KINDS = ("Academy", "College", "Institute", "Conservatory", "Seminary")
-_SCHOOL_FIELDS = ("Surveying", "Navigation", "Botany", "Music", "Engineering", "Medicine", "Law", "Astronomy",
-                  "Mining", "Drawing")
-_PROFESSIONS = ("cartographer", "glassblower", "surveyor", "engineer", "botanist", "clockmaker", "shipwright",
-                "stonemason", "astronomer", "printer", "architect", "composer")
-_INDUSTRIES = ("glassware", "rope", "clocks", "ship engines", "lamps", "paper", "telescopes", "copper wire",
-               "railway carriages", "bells", "pianos", "barometers")
+_SCHOOL_FIELDS = (
+  "Surveying",
+  "Navigation",
+  "Botany",
+  "Music",
+  "Engineering",
+  "Medicine",
+  "Law",
+  "Astronomy",
+  "Mining",
+  "Drawing",
+)
+_PROFESSIONS = (
+  "cartographer",
+  "glassblower",
+  "surveyor",
+  "engineer",
+  "botanist",
+  "clockmaker",
+  "shipwright",
+  "stonemason",
+  "astronomer",
+  "printer",
+  "architect",
+  "composer",
+)
+_INDUSTRIES = (
+  "glassware",
+  "rope",
+  "clocks",
+  "ship engines",
+  "lamps",
+  "paper",
+  "telescopes",
+  "copper wire",
+  "railway carriages",
+  "bells",
+  "pianos",
+  "barometers",
+)
 _MATERIALS = ("stone", "brick", "granite", "timber", "iron", "limestone", "sandstone", "slate")
 _ADJECTIVES = ("narrow", "painted", "crooked", "vaulted", "weathered", "copper", "gilded", "quiet", "tall", "plain")
 _FEATURES = ("arches", "windows", "stairways", "gates", "clock faces", "balconies", "galleries", "courtyards")
 _TOWN_KINDS = ("market town", "harbour town", "hill town", "river town", "mining town", "cathedral city")
 _WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday")
 _TOPICS = ("tides", "mosses", "comets", "river levels", "bird calls", "old maps", "weather", "folk songs")
-_MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
-           "November", "December")
+_MONTHS = (
+  "January",
+  "February",
+  "March",
+  "April",
+  "May",
+  "June",
+  "July",
+  "August",
+  "September",
+  "October",
+  "November",
+  "December",
+)
 
 _RELATIONS = {  # kind -> relation -> target kind (every relation is a function: one target)
-    "work": {"builder": "company", "location": "city", "designer": "person"},
-    "company": {"founder": "person", "hq": "city"},
-    "person": {"birthplace": "city", "school": "school"},
-    "city": {"mayor": "person"},
-    "school": {"city": "city", "founder": "person"},
+  "work": {"builder": "company", "location": "city", "designer": "person"},
+  "company": {"founder": "person", "hq": "city"},
+  "person": {"birthplace": "city", "school": "school"},
+  "city": {"mayor": "person"},
+  "school": {"city": "city", "founder": "person"},
 }
-_ATTRIBUTES = {"work": ("completed",), "company": ("founded", "industry"), "person": ("birth_date", "profession"),
-               "city": ("river", "founded"), "school": ("founded",)}
+_ATTRIBUTES = {
+  "work": ("completed",),
+  "company": ("founded", "industry"),
+  "person": ("birth_date", "profession"),
+  "city": ("river", "founded"),
+  "school": ("founded",),
+}
 _FACT = {  # the sentence in the subject's document; {s} subject, {o} object, {v} attribute value
-    ("work", "builder"): "{S} was built by {o}.", ("work", "location"): "{S} stands in {o}.",
-    ("work", "designer"): "{S} was designed by {o}.",
-    ("work", "completed"): "Construction of {s} was completed in {v}.",
-    ("company", "founder"): "{S} was founded by {o}.", ("company", "hq"): "{S} has its headquarters in {o}.",
-    ("company", "founded"): "{S} was established in {v}.", ("company", "industry"): "{S} produces {v}.",
-    ("person", "birthplace"): "{S} was born in {o}.", ("person", "school"): "{S} studied at {o}.",
-    ("person", "birth_date"): "{S} was born on {v}.", ("person", "profession"): "{S} worked as a {v}.",
-    ("city", "mayor"): "The first mayor of {s} was {o}.", ("city", "river"): "{S} lies on the river {v}.",
-    ("city", "founded"): "{S} was founded in {v}.",
-    ("school", "city"): "{S} is located in {o}.", ("school", "founder"): "{S} was founded by {o}.",
-    ("school", "founded"): "{S} opened its doors in {v}.",
+  ("work", "builder"): "{S} was built by {o}.",
+  ("work", "location"): "{S} stands in {o}.",
+  ("work", "designer"): "{S} was designed by {o}.",
+  ("work", "completed"): "Construction of {s} was completed in {v}.",
+  ("company", "founder"): "{S} was founded by {o}.",
+  ("company", "hq"): "{S} has its headquarters in {o}.",
+  ("company", "founded"): "{S} was established in {v}.",
+  ("company", "industry"): "{S} produces {v}.",
+  ("person", "birthplace"): "{S} was born in {o}.",
+  ("person", "school"): "{S} studied at {o}.",
+  ("person", "birth_date"): "{S} was born on {v}.",
+  ("person", "profession"): "{S} worked as a {v}.",
+  ("city", "mayor"): "The first mayor of {s} was {o}.",
+  ("city", "river"): "{S} lies on the river {v}.",
+  ("city", "founded"): "{S} was founded in {v}.",
+  ("school", "city"): "{S} is located in {o}.",
+  ("school", "founder"): "{S} was founded by {o}.",
+  ("school", "founded"): "{S} opened its doors in {v}.",
 }
 _MENTION = {  # the sentence in the object's document
-    ("work", "builder"): "{O} built {s}.", ("work", "location"): "{O} is home to {s}.",
-    ("work", "designer"): "{O} designed {s}.", ("company", "founder"): "{O} founded {s}.",
-    ("company", "hq"): "{O} hosts the headquarters of {s}.", ("person", "birthplace"): "{O} is where {s} was born.",
-    ("person", "school"): "Among the students of {o} was {s}.", ("city", "mayor"): "{O} served as a mayor of {s}.",
-    ("school", "city"): "{O} is home to {s}.", ("school", "founder"): "{O} founded {s}.",
+  ("work", "builder"): "{O} built {s}.",
+  ("work", "location"): "{O} is home to {s}.",
+  ("work", "designer"): "{O} designed {s}.",
+  ("company", "founder"): "{O} founded {s}.",
+  ("company", "hq"): "{O} hosts the headquarters of {s}.",
+  ("person", "birthplace"): "{O} is where {s} was born.",
+  ("person", "school"): "Among the students of {o} was {s}.",
+  ("city", "mayor"): "{O} served as a mayor of {s}.",
+  ("school", "city"): "{O} is home to {s}.",
+  ("school", "founder"): "{O} founded {s}.",
 }
 _NP = {  # the question's noun phrase for following a relation from {x}
-    ("work", "builder"): "the company that built {x}", ("work", "location"): "the town where {x} stands",
-    ("work", "designer"): "the person who designed {x}", ("company", "founder"): "the founder of {x}",
-    ("company", "hq"): "the town where {x} has its headquarters", ("person", "birthplace"): "the birthplace of {x}",
-    ("person", "school"): "the school where {x} studied", ("city", "mayor"): "the first mayor of {x}",
-    ("school", "city"): "the town where {x} is located", ("school", "founder"): "the founder of {x}",
+  ("work", "builder"): "the company that built {x}",
+  ("work", "location"): "the town where {x} stands",
+  ("work", "designer"): "the person who designed {x}",
+  ("company", "founder"): "the founder of {x}",
+  ("company", "hq"): "the town where {x} has its headquarters",
+  ("person", "birthplace"): "the birthplace of {x}",
+  ("person", "school"): "the school where {x} studied",
+  ("city", "mayor"): "the first mayor of {x}",
+  ("school", "city"): "the town where {x} is located",
+  ("school", "founder"): "the founder of {x}",
 }
 _ATTR_QUESTION = {
-    ("work", "completed"): "In what year was {x} completed?", ("company", "founded"): "In what year was {x} founded?",
-    ("company", "industry"): "What does {x} produce?", ("person", "birth_date"): "On what date was {x} born?",
-    ("person", "profession"): "What did {x} work as?", ("city", "river"): "Which river flows through {x}?",
-    ("city", "founded"): "In what year was {x} founded?", ("school", "founded"): "In what year did {x} open?",
+  ("work", "completed"): "In what year was {x} completed?",
+  ("company", "founded"): "In what year was {x} founded?",
+  ("company", "industry"): "What does {x} produce?",
+  ("person", "birth_date"): "On what date was {x} born?",
+  ("person", "profession"): "What did {x} work as?",
+  ("city", "river"): "Which river flows through {x}?",
+  ("city", "founded"): "In what year was {x} founded?",
+  ("school", "founded"): "In what year did {x} open?",
 }
 _FILLERS = {
-    "work": ("{S} is known for its {adj} {feature}.", "{S} was restored in {year}.",
-             "Visitors to {s} often remark on its {adj} {feature}."),
-    "company": ("{S} employed about {n} workers at its peak.", "{S} kept its ledgers in {adj} bound volumes.",
-                "{S} opened a second workshop in {year}."),
-    "person": ("{S} kept a notebook on {topic}.", "{S} travelled to the coast in {year}.",
-               "About {n} letters by {s} survive."),
-    "city": ("{S} holds a market every {weekday}.", "{S} has about {n} inhabitants.",
-             "Many houses in {s} have {adj} {feature}."),
-    "school": ("{S} enrols about {n} students.", "The library of {s} holds {n} volumes.",
-               "{S} moved into a {material} building in {year}."),
+  "work": (
+    "{S} is known for its {adj} {feature}.",
+    "{S} was restored in {year}.",
+    "Visitors to {s} often remark on its {adj} {feature}.",
+  ),
+  "company": (
+    "{S} employed about {n} workers at its peak.",
+    "{S} kept its ledgers in {adj} bound volumes.",
+    "{S} opened a second workshop in {year}.",
+  ),
+  "person": (
+    "{S} kept a notebook on {topic}.",
+    "{S} travelled to the coast in {year}.",
+    "About {n} letters by {s} survive.",
+  ),
+  "city": (
+    "{S} holds a market every {weekday}.",
+    "{S} has about {n} inhabitants.",
+    "Many houses in {s} have {adj} {feature}.",
+  ),
+  "school": (
+    "{S} enrols about {n} students.",
+    "The library of {s} holds {n} volumes.",
+    "{S} moved into a {material} building in {year}.",
+  ),
 }
-_TEMPLATE_WORDS = frozenset(w.lower() for t in (*_FACT.values(), *_MENTION.values(), *_NP.values(),
-                                                *_ATTR_QUESTION.values(), *sum(_FILLERS.values(), ()))
-                            for w in re.findall(r"[A-Za-z]+", t))
+_TEMPLATE_WORDS = frozenset(
+  w.lower()
+  for t in (*_FACT.values(), *_MENTION.values(), *_NP.values(), *_ATTR_QUESTION.values(), *sum(_FILLERS.values(), ()))
+  for w in re.findall(r"[A-Za-z]+", t)
+)
 
 
 @dataclasses.dataclass
 class _Entity:
   kind: str
-  name: str                    # as searched and answered, e.g. "Veltrana Bridge"
+  name: str  # as searched and answered, e.g. "Veltrana Bridge"
   world: int
   rel: dict[str, "_Entity"] = dataclasses.field(default_factory=dict)
   attr: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -759,9 +971,12 @@ class _Names:
 
   def word(self) -> str:
     from bm25s.tokenization import STOPWORDS_EN
+
     for _ in range(10_000):
-      w = "".join(self.rng.choice(_ONSETS) + self.rng.choice(_VOWELS) + self.rng.choice(_CODAS)
-                  for _ in range(self.rng.choice((2, 2, 3))))
+      w = "".join(
+        self.rng.choice(_ONSETS) + self.rng.choice(_VOWELS) + self.rng.choice(_CODAS)
+        for _ in range(self.rng.choice((2, 2, 3)))
+      )
       if 4 <= len(w) <= 10 and w not in self.used and w not in STOPWORDS_EN and w not in _TEMPLATE_WORDS:
         self.used.add(w)
         return w.capitalize()
@@ -772,15 +987,16 @@ class _Names:
     low = word.lower()
     for _ in range(1000):
       i = self.rng.randrange(1, len(low))
-      w = low[:i] + self.rng.choice("aeioulnrst") + low[i + 1:]
+      w = low[:i] + self.rng.choice("aeioulnrst") + low[i + 1 :]
       if w != low and w not in self.used:
         self.used.add(w)
         return w.capitalize()
     return self.word()
 
 
-def _new_entity(kind: str, world: int, names: _Names, rng: random.Random, first_names: Sequence[str],
-                like: _Entity | None = None) -> _Entity:
+def _new_entity(
+  kind: str, world: int, names: _Names, rng: random.Random, first_names: Sequence[str], like: _Entity | None = None
+) -> _Entity:
   """A new entity; with `like`, a distractor: a similar name (same stem, other kind word; same surname; a one-letter
   variant of a town)."""
   stem = like.name.split()[0] if like is not None and kind != "person" else names.word()
@@ -798,23 +1014,31 @@ def _new_entity(kind: str, world: int, names: _Names, rng: random.Random, first_
     return _Entity(kind, f"{stem} {rng.choice(kinds)}", world, sibling_of=like)
   kinds = [k for k in _SCHOOL_KINDS if like is None or f" {k} " not in like.name]
   school_kind = rng.choice(kinds)
-  return _Entity(kind, f"{stem} {school_kind} of {rng.choice(_SCHOOL_FIELDS)}", world, alias=f"{stem} {school_kind}",
-                 sibling_of=like)
+  return _Entity(
+    kind, f"{stem} {school_kind} of {rng.choice(_SCHOOL_FIELDS)}", world, alias=f"{stem} {school_kind}", sibling_of=like
+  )
 
 
 def _world_sizes(num_questions: int) -> dict[str, int]:
   n = num_questions
-  return {"work": max(8, n // 4), "company": max(6, n // 6), "person": max(12, n // 3), "city": max(6, n // 10),
-          "school": max(4, n // 15)}
+  return {
+    "work": max(8, n // 4),
+    "company": max(6, n // 6),
+    "person": max(12, n // 3),
+    "city": max(6, n // 10),
+    "school": max(4, n // 15),
+  }
 
 
-def _make_world(world: int, num_questions: int, names: _Names, rng: random.Random, first_names: Sequence[str],
-                distractor_rate: float) -> list[_Entity]:
+def _make_world(
+  world: int, num_questions: int, names: _Names, rng: random.Random, first_names: Sequence[str], distractor_rate: float
+) -> list[_Entity]:
   by_kind: dict[str, list[_Entity]] = {}
   for kind, count in _world_sizes(num_questions).items():
     ents = [_new_entity(kind, world, names, rng, first_names) for _ in range(count)]
-    ents += [_new_entity(kind, world, names, rng, first_names, like=e) for e in list(ents)
-             if rng.random() < distractor_rate]
+    ents += [
+      _new_entity(kind, world, names, rng, first_names, like=e) for e in list(ents) if rng.random() < distractor_rate
+    ]
     by_kind[kind] = ents
   for kind, ents in by_kind.items():
     for e in ents:
@@ -840,8 +1064,10 @@ def _attributes(kind: str, names: _Names, rng: random.Random) -> dict[str, str]:
     return {"founded": str(rng.randint(1750, 1950)), "industry": rng.choice(_INDUSTRIES)}
   if kind == "person":
     month = rng.randrange(12)
-    return {"birth_date": f"{rng.randint(1, 28)} {_MONTHS[month]} {rng.randint(1740, 1940)}",
-            "profession": rng.choice(_PROFESSIONS)}
+    return {
+      "birth_date": f"{rng.randint(1, 28)} {_MONTHS[month]} {rng.randint(1740, 1940)}",
+      "profession": rng.choice(_PROFESSIONS),
+    }
   if kind == "city":
     return {"river": names.word(), "founded": str(rng.randint(900, 1700))}
   return {"founded": str(rng.randint(1700, 1950))}
@@ -876,19 +1102,29 @@ def _write_document(e: _Entity, mentions: list[tuple[_Entity, str]], rng: random
     e.facts[rel] = _an(_FACT[(e.kind, rel)].format(o=target.display, **fill))
   for key, value in e.attr.items():
     e.facts[key] = _an(_FACT[(e.kind, key)].format(v=value, **fill))
-  intro = {"work": f"{_cap(e.display)} is a {rng.choice(_MATERIALS)} {e.name.split()[-1].lower()}.",
-           "company": f"{e.name} is a trading company.",
-           "person": f"{e.name} appears in the parish records.",
-           "city": f"{e.name} is a {rng.choice(_TOWN_KINDS)}.",
-           "school": f"{_cap(e.display)} is a school."}[e.kind]
+  intro = {
+    "work": f"{_cap(e.display)} is a {rng.choice(_MATERIALS)} {e.name.split()[-1].lower()}.",
+    "company": f"{e.name} is a trading company.",
+    "person": f"{e.name} appears in the parish records.",
+    "city": f"{e.name} is a {rng.choice(_TOWN_KINDS)}.",
+    "school": f"{_cap(e.display)} is a school.",
+  }[e.kind]
   body = list(e.facts.values())
   rng.shuffle(mentions)
   body += [_MENTION[(src.kind, rel)].format(O=_cap(e.display), o=e.display, s=src.display) for src, rel in mentions[:2]]
   for template in rng.sample(_FILLERS[e.kind], 2):
-    body.append(template.format(adj=rng.choice(_ADJECTIVES), feature=rng.choice(_FEATURES),
-                                year=rng.randint(1800, 1990), n=rng.randint(12, 900) * 10,
-                                topic=rng.choice(_TOPICS), weekday=rng.choice(_WEEKDAYS),
-                                material=rng.choice(_MATERIALS), **fill))
+    body.append(
+      template.format(
+        adj=rng.choice(_ADJECTIVES),
+        feature=rng.choice(_FEATURES),
+        year=rng.randint(1800, 1990),
+        n=rng.randint(12, 900) * 10,
+        topic=rng.choice(_TOPICS),
+        weekday=rng.choice(_WEEKDAYS),
+        material=rng.choice(_MATERIALS),
+        **fill,
+      )
+    )
   rng.shuffle(body)
   e.text = " ".join(_an(x) for x in [intro] + body)
 
@@ -909,9 +1145,15 @@ def _sample_question(ents: list[_Entity], hops: int, rng: random.Random) -> tupl
   return path, rels, rng.choice(finals)
 
 
-def make_fictional_corpus(seed: int, num_questions: int, *, num_eval: int = 0, min_hops: int = 1,
-                          max_hops: int = MAX_HOPS, distractor_rate: float = 0.3
-                          ) -> tuple[list[Document], list[SearchTask]]:
+def make_fictional_corpus(
+  seed: int,
+  num_questions: int,
+  *,
+  num_eval: int = 0,
+  min_hops: int = 1,
+  max_hops: int = MAX_HOPS,
+  distractor_rate: float = 0.3,
+) -> tuple[list[Document], list[SearchTask]]:
   """A corpus of invented facts and multi-hop questions over it; the same arguments give the same result.
 
   The world has people, companies, towns, schools and built works (bridges, mills, ...), each with one document that
@@ -1000,11 +1242,19 @@ def _question(query_id: str, split: str, path: list[_Entity], rels: list[str], f
     rel = rels[i] if i < len(rels) else final
     reveals = path[i + 1].name if i < len(rels) else answer
     chain.append(Hop(query=e.name, docid=e.docid, reveals=reveals, fact=e.facts[rel]))
-  return SearchTask(query_id=query_id, query=_cap(query), answer=answer, aliases=aliases,
-                    evidence_docids=tuple(e.docid for e in path), chain=tuple(chain), split=split)
+  return SearchTask(
+    query_id=query_id,
+    query=_cap(query),
+    answer=answer,
+    aliases=aliases,
+    evidence_docids=tuple(e.docid for e in path),
+    chain=tuple(chain),
+    split=split,
+  )
 
 
 # --- tasks and the EnvSpec -------------------------------------------------------------------------------------
+
 
 def _hash_key(query_id: str) -> str:
   return hashlib.sha256(query_id.encode("utf-8")).hexdigest()
@@ -1020,8 +1270,9 @@ def split_tasks(tasks: Sequence[SearchTask], eval_size: int) -> tuple[list[Searc
   return ordered[eval_size:], ordered[:eval_size]
 
 
-def make_tasks(train_pool: Sequence[SearchTask], eval_pool: Sequence[SearchTask], split: str, num: int | None,
-               seed: int | None) -> list[SearchTask]:
+def make_tasks(
+  train_pool: Sequence[SearchTask], eval_pool: Sequence[SearchTask], split: str, num: int | None, seed: int | None
+) -> list[SearchTask]:
   """Deterministic task lists.
 
   Args:
@@ -1039,8 +1290,9 @@ def make_tasks(train_pool: Sequence[SearchTask], eval_pool: Sequence[SearchTask]
       raise ValueError("the eval split is fixed; pass seed=None")
     num = len(eval_pool) if num is None else int(num)
     if not 0 <= num <= len(eval_pool):
-      raise ValueError(f"eval num must be in [0, {len(eval_pool)}] (the held-out questions, "
-                       f"config.env.search.eval_size); got {num}")
+      raise ValueError(
+        f"eval num must be in [0, {len(eval_pool)}] (the held-out questions, config.env.search.eval_size); got {num}"
+      )
     return list(eval_pool[:num])
   if split != "train":
     raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
@@ -1054,14 +1306,15 @@ def make_tasks(train_pool: Sequence[SearchTask], eval_pool: Sequence[SearchTask]
   while len(out) < num:
     epoch = list(train_pool)
     rng.shuffle(epoch)
-    out += epoch[:num - len(out)]
+    out += epoch[: num - len(out)]
   return out
 
 
 @functools.lru_cache(maxsize=4)
 def _generated(seed: int, num_train: int, num_eval: int, min_hops: int, max_hops: int, stemmer: str):
-  docs, tasks = make_fictional_corpus(seed, num_train + num_eval, num_eval=num_eval, min_hops=min_hops,
-                                      max_hops=max_hops)
+  docs, tasks = make_fictional_corpus(
+    seed, num_train + num_eval, num_eval=num_eval, min_hops=min_hops, max_hops=max_hops
+  )
   return SearchIndex(docs, stemmer=stemmer), tuple(tasks)
 
 
@@ -1075,19 +1328,19 @@ def _cfg(env_config: Any, key: str, default: Any) -> Any:
 
 
 CONFIG_DEFAULTS = {
-    "corpus": "",               # "" = the generated fictional corpus; else a JSONL file or datasets folder
-    "queries": "",              # questions for `corpus` (JSONL or datasets folder); "" with the generated corpus
-    "top_k": TOP_K,
-    "snippet_chars": SNIPPET_CHARS,
-    "max_tool_calls": MAX_TOOL_CALLS,
-    "max_output_chars": MAX_OUTPUT_CHARS,
-    "num_generated": NUM_GENERATED,  # train questions of the generated corpus
-    "eval_size": EVAL_SIZE,     # held-out questions
-    "corpus_seed": 0,           # seed of the generated corpus
-    "min_hops": 1,
-    "max_hops": MAX_HOPS,
-    "stemmer": "",              # "" or a PyStemmer language ("english")
-    "stop_at_answer": True,     # end a turn at "</answer>"
+  "corpus": "",  # "" = the generated fictional corpus; else a JSONL file or datasets folder
+  "queries": "",  # questions for `corpus` (JSONL or datasets folder); "" with the generated corpus
+  "top_k": TOP_K,
+  "snippet_chars": SNIPPET_CHARS,
+  "max_tool_calls": MAX_TOOL_CALLS,
+  "max_output_chars": MAX_OUTPUT_CHARS,
+  "num_generated": NUM_GENERATED,  # train questions of the generated corpus
+  "eval_size": EVAL_SIZE,  # held-out questions
+  "corpus_seed": 0,  # seed of the generated corpus
+  "min_hops": 1,
+  "max_hops": MAX_HOPS,
+  "stemmer": "",  # "" or a PyStemmer language ("english")
+  "stop_at_answer": True,  # end a turn at "</answer>"
 }
 """The keys of the environment's config node (`config.env.search`) that `env_spec` reads, with their defaults (a key
 absent from the node takes its default)."""
@@ -1116,55 +1369,70 @@ def env_spec(env_config: Any) -> spec.EnvSpec:
   for key in ("max_tool_calls", "eval_size", "corpus_seed"):
     if isinstance(c[key], bool) or not isinstance(c[key], int) or c[key] < 0:
       raise ValueError(f"config.env.search.{key} must be an int >= 0, got {c[key]!r}")
-  max_tool_calls, top_k, snippet_chars, max_output_chars = (c["max_tool_calls"], c["top_k"], c["snippet_chars"],
-                                                            c["max_output_chars"])
+  max_tool_calls, top_k, snippet_chars, max_output_chars = (
+    c["max_tool_calls"],
+    c["top_k"],
+    c["snippet_chars"],
+    c["max_output_chars"],
+  )
   if c["corpus"]:
     if not c["queries"]:
-      raise ValueError("config.env.search.corpus is set but config.env.search.queries is empty: give the questions' "
-                       "file too")
+      raise ValueError(
+        "config.env.search.corpus is set but config.env.search.queries is empty: give the questions' file too"
+      )
     index = SearchIndex(load_corpus(str(c["corpus"])), stemmer=str(c["stemmer"]))
     tasks: Sequence[SearchTask] = load_queries(str(c["queries"]))
     if c["eval_size"] >= len(tasks):
-      raise ValueError(f"config.env.search.eval_size={c['eval_size']} leaves none of the {len(tasks)} questions for "
-                       "training")
+      raise ValueError(
+        f"config.env.search.eval_size={c['eval_size']} leaves none of the {len(tasks)} questions for training"
+      )
   else:
     if c["queries"]:
-      raise ValueError("config.env.search.queries is set but config.env.search.corpus is empty (the generated corpus "
-                       "has its own questions)")
+      raise ValueError(
+        "config.env.search.queries is set but config.env.search.corpus is empty (the generated corpus "
+        "has its own questions)"
+      )
     if not c["min_hops"] <= c["max_hops"] <= 4:
-      raise ValueError(f"need 1 <= config.env.search.min_hops <= config.env.search.max_hops <= 4, got "
-                       f"{c['min_hops']}, {c['max_hops']}")
+      raise ValueError(
+        f"need 1 <= config.env.search.min_hops <= config.env.search.max_hops <= 4, got {c['min_hops']}, {c['max_hops']}"
+      )
     if max_tool_calls < c["max_hops"]:
-      raise ValueError(f"config.env.search.max_tool_calls={max_tool_calls} is below the generated questions' longest "
-                       f"chain (config.env.search.max_hops={c['max_hops']} searches); raise it (default "
-                       f"{MAX_TOOL_CALLS}: a search and an open per hop)")
-    index, tasks = _generated(c["corpus_seed"], c["num_generated"], c["eval_size"], c["min_hops"], c["max_hops"],
-                              str(c["stemmer"]))
+      raise ValueError(
+        f"config.env.search.max_tool_calls={max_tool_calls} is below the generated questions' longest "
+        f"chain (config.env.search.max_hops={c['max_hops']} searches); raise it (default "
+        f"{MAX_TOOL_CALLS}: a search and an open per hop)"
+      )
+    index, tasks = _generated(
+      c["corpus_seed"], c["num_generated"], c["eval_size"], c["min_hops"], c["max_hops"], str(c["stemmer"])
+    )
   train_pool, eval_pool = split_tasks(tasks, c["eval_size"])
-  limits = dict(max_tool_calls=max_tool_calls, top_k=top_k, snippet_chars=snippet_chars,
-                max_output_chars=max_output_chars)
+  limits = dict(
+    max_tool_calls=max_tool_calls, top_k=top_k, snippet_chars=snippet_chars, max_output_chars=max_output_chars
+  )
   schemas = tool_schemas(top_k, snippet_chars, max_output_chars)
 
   def metrics(envs: Sequence[SearchEnv]) -> dict[str, float]:
     if not envs:
       return {}
     found = [f for f in (e.evidence_found() for e in envs) if f is not None]
-    out = {"searches": sum(e.info["searches"] for e in envs) / len(envs),
-           "opens": sum(e.info["opens"] for e in envs) / len(envs)}
+    out = {
+      "searches": sum(e.info["searches"] for e in envs) / len(envs),
+      "opens": sum(e.info["opens"] for e in envs) / len(envs),
+    }
     if found:
       out["evidence_found"] = sum(found) / len(found)
     return out
 
   return spec.EnvSpec(
-      make_tasks=lambda split, num, seed: make_tasks(train_pool, eval_pool, split, num, seed),
-      make_env=lambda task: SearchEnv(task, index, **limits),
-      initial_messages=lambda task: initial_messages(task, max_tool_calls, top_k, snippet_chars, max_output_chars),
-      stop_strings=(tool_calls.ANSWER_CLOSE,) if c["stop_at_answer"] else (),
-      max_turns=max_tool_calls + 1,
-      is_success=lambda reward: reward >= 1.0,
-      demonstration=lambda task, rng: demonstration(task, rng, index, **limits),
-      gold_answer_text=gold_answer_text,
-      privileged_info=lambda task: privileged_info(task, index),
-      tools=lambda task: schemas,
-      metrics=metrics,
+    make_tasks=lambda split, num, seed: make_tasks(train_pool, eval_pool, split, num, seed),
+    make_env=lambda task: SearchEnv(task, index, **limits),
+    initial_messages=lambda task: initial_messages(task, max_tool_calls, top_k, snippet_chars, max_output_chars),
+    stop_strings=(tool_calls.ANSWER_CLOSE,) if c["stop_at_answer"] else (),
+    max_turns=max_tool_calls + 1,
+    is_success=lambda reward: reward >= 1.0,
+    demonstration=lambda task, rng: demonstration(task, rng, index, **limits),
+    gold_answer_text=gold_answer_text,
+    privileged_info=lambda task: privileged_info(task, index),
+    tools=lambda task: schemas,
+    metrics=metrics,
   )

@@ -200,8 +200,9 @@ class JsonlSource(_Source):
   source is thread-safe and picklable (it holds no open file).
   """
 
-  def __init__(self, path: str | os.PathLike, fields: Fields | None = None, *, split: str = "train",
-               validate: bool = True):
+  def __init__(
+    self, path: str | os.PathLike, fields: Fields | None = None, *, split: str = "train", validate: bool = True
+  ):
     """Args:
       path: the JSONL file.
       fields: which fields to read (`Fields()`: "prompt" and "answer").
@@ -294,8 +295,10 @@ class HFSource(_Source):
     except FileNotFoundError as e:
       raise FileNotFoundError(f"{self.spec}: not a folder written by save_to_disk ({e})") from None
     except Exception as e:  # noqa: BLE001 - datasets fails on some folders (e.g. 0 rows) with IndexError
-      raise SourceError(f"{self.spec}: datasets.load_from_disk failed ({type(e).__name__}: {e}); a saved dataset "
-                        f"with no rows cannot be loaded") from None
+      raise SourceError(
+        f"{self.spec}: datasets.load_from_disk failed ({type(e).__name__}: {e}); a saved dataset "
+        f"with no rows cannot be loaded"
+      ) from None
     if isinstance(ds, datasets.DatasetDict):
       if split not in ds:
         raise SourceError(f"{self.spec}: no split {split!r} (splits: {', '.join(sorted(ds))})")
@@ -362,9 +365,17 @@ def import_tfds():
   return tfds
 
 
-def open_source(spec: str, split: str = "train", *, prompt_field: str = "prompt", answer_field: str = "answer",
-                info_field: str | None = None, id_field: str | None = None, metadata_fields: Sequence[str] = (),
-                validate: bool = True) -> JsonlSource | HFSource | TfdsSource:
+def open_source(
+  spec: str,
+  split: str = "train",
+  *,
+  prompt_field: str = "prompt",
+  answer_field: str = "answer",
+  info_field: str | None = None,
+  id_field: str | None = None,
+  metadata_fields: Sequence[str] = (),
+  validate: bool = True,
+) -> JsonlSource | HFSource | TfdsSource:
   """Opens a source from its spec.
 
   Args:
@@ -380,8 +391,13 @@ def open_source(spec: str, split: str = "train", *, prompt_field: str = "prompt"
     ValueError: `spec` has none of the prefixes `PREFIXES`, or an empty path.
     FileNotFoundError, SourceError, ImportError: see the source classes.
   """
-  fields = Fields(prompt_field=prompt_field, answer_field=answer_field, info_field=info_field, id_field=id_field,
-                  metadata_fields=tuple(metadata_fields))
+  fields = Fields(
+    prompt_field=prompt_field,
+    answer_field=answer_field,
+    info_field=info_field,
+    id_field=id_field,
+    metadata_fields=tuple(metadata_fields),
+  )
   kind, sep, path = spec.partition(":")
   if not sep or f"{kind}:" not in PREFIXES:
     raise ValueError(f"source {spec!r} must start with one of {', '.join(PREFIXES)} (e.g. 'jsonl:/data/train.jsonl')")

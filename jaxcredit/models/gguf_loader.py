@@ -25,220 +25,252 @@ _ARCHITECTURES = {"llama": True, "qwen3": False}
 
 
 def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
-    """Inverse of llama.cpp convert_hf_to_gguf's `permute` for q/k projection rows.
+  """Inverse of llama.cpp convert_hf_to_gguf's `permute` for q/k projection rows.
 
-    llama.cpp writes w.reshape(n_heads, 2, Dh/2, D).swapaxes(1, 2): within each head the rows of the two
-    RoPE halves are interleaved. This maps them back: rows [h, i, j] -> [h, j, i] for i < Dh/2, j < 2.
+  llama.cpp writes w.reshape(n_heads, 2, Dh/2, D).swapaxes(1, 2): within each head the rows of the two
+  RoPE halves are interleaved. This maps them back: rows [h, i, j] -> [h, j, i] for i < Dh/2, j < 2.
 
-    Args:
-      w: [n_heads · Dh, D] rows as stored in the GGUF (NumPy layout).
-      n_heads: H for attn_q, K for attn_k.
+  Args:
+    w: [n_heads · Dh, D] rows as stored in the GGUF (NumPy layout).
+    n_heads: H for attn_q, K for attn_k.
 
-    Returns:
-      [n_heads · Dh, D] in the Hugging Face layout.
-    """
-    rows = w.shape[0]
-    assert rows % (2 * n_heads) == 0, (w.shape, n_heads)
-    return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+  Returns:
+    [n_heads · Dh, D] in the Hugging Face layout.
+  """
+  rows = w.shape[0]
+  assert rows % (2 * n_heads) == 0, (w.shape, n_heads)
+  return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 def permute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
-    """llama.cpp's `permute` (Hugging Face layout -> GGUF layout); the inverse of `unpermute_rope_rows`."""
-    rows = w.shape[0]
-    assert rows % (2 * n_heads) == 0, (w.shape, n_heads)
-    return w.reshape(n_heads, 2, rows // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+  """llama.cpp's `permute` (Hugging Face layout -> GGUF layout); the inverse of `unpermute_rope_rows`."""
+  rows = w.shape[0]
+  assert rows % (2 * n_heads) == 0, (w.shape, n_heads)
+  return w.reshape(n_heads, 2, rows // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 def _field(reader, key: str, default: Any = None) -> Any:
-    field = reader.fields.get(key)
-    if field is None:
-        return default
-    return field.contents()
+  field = reader.fields.get(key)
+  if field is None:
+    return default
+  return field.contents()
 
 
 def gguf_metadata(path) -> dict[str, Any]:
-    """Every metadata key of a GGUF file (path or GGUFReader) with its value (arrays as lists)."""
-    reader = open_gguf(path)
-    return {key: field.contents() for key, field in reader.fields.items()}
+  """Every metadata key of a GGUF file (path or GGUFReader) with its value (arrays as lists)."""
+  reader = open_gguf(path)
+  return {key: field.contents() for key, field in reader.fields.items()}
 
 
 # `<arch>.*` keys the loader reads, or that do not change the model's function (context_length: the trained length;
 # rope.scaling.finetuned: a flag). Any other `<arch>.*` key is refused by name rather than silently dropped.
-_KNOWN_ARCH_KEYS = frozenset({
-    "embedding_length", "attention.head_count", "attention.head_count_kv", "attention.key_length",
-    "attention.value_length", "rope.dimension_count", "vocab_size", "feed_forward_length", "block_count",
-    "rope.freq_base", "attention.layer_norm_rms_epsilon", "context_length", "rope.scaling.type", "rope.scaling.factor",
-    "rope.scale_linear", "rope.scaling.original_context_length", "rope.scaling.finetuned",
-})
+_KNOWN_ARCH_KEYS = frozenset(
+  {
+    "embedding_length",
+    "attention.head_count",
+    "attention.head_count_kv",
+    "attention.key_length",
+    "attention.value_length",
+    "rope.dimension_count",
+    "vocab_size",
+    "feed_forward_length",
+    "block_count",
+    "rope.freq_base",
+    "attention.layer_norm_rms_epsilon",
+    "context_length",
+    "rope.scaling.type",
+    "rope.scaling.factor",
+    "rope.scale_linear",
+    "rope.scaling.original_context_length",
+    "rope.scaling.finetuned",
+  }
+)
 
 
 def _rope_scaling(meta: dict[str, Any], arch: str) -> dict[str, Any]:
-    """The RoPE scaling the metadata declares, as a ModelConfig.rope_scaling dict ({} for none).
+  """The RoPE scaling the metadata declares, as a ModelConfig.rope_scaling dict ({} for none).
 
-    `<arch>.rope.scaling.type` "linear" with `<arch>.rope.scaling.factor`, or the older `<arch>.rope.scale_linear`,
-    give linear scaling (positions divided by the factor, as transformers' "linear"); "none", or a factor of 1,
-    gives none. Other types are refused by name."""
-    kind = meta.get(f"{arch}.rope.scaling.type")
-    kind = kind.decode() if isinstance(kind, bytes) else kind
-    factor = meta.get(f"{arch}.rope.scaling.factor", meta.get(f"{arch}.rope.scale_linear"))
-    if kind is None and f"{arch}.rope.scale_linear" in meta:
-        kind = "linear"
-    if kind in (None, "none") or (factor is not None and float(factor) == 1.0):
-        return {}
-    if kind != "linear":
-        raise ValueError(f"GGUF metadata {arch}.rope.scaling.type={kind!r} is not supported (only 'linear' and "
-                         f"'none'); refusing rather than loading the model without its RoPE scaling")
-    if factor is None or not float(factor) > 0:
-        raise ValueError(f"GGUF metadata {arch}.rope.scaling.type='linear' needs a positive "
-                         f"{arch}.rope.scaling.factor, got {factor!r}")
-    return {"rope_type": "linear", "factor": float(factor)}
+  `<arch>.rope.scaling.type` "linear" with `<arch>.rope.scaling.factor`, or the older `<arch>.rope.scale_linear`,
+  give linear scaling (positions divided by the factor, as transformers' "linear"); "none", or a factor of 1,
+  gives none. Other types are refused by name."""
+  kind = meta.get(f"{arch}.rope.scaling.type")
+  kind = kind.decode() if isinstance(kind, bytes) else kind
+  factor = meta.get(f"{arch}.rope.scaling.factor", meta.get(f"{arch}.rope.scale_linear"))
+  if kind is None and f"{arch}.rope.scale_linear" in meta:
+    kind = "linear"
+  if kind in (None, "none") or (factor is not None and float(factor) == 1.0):
+    return {}
+  if kind != "linear":
+    raise ValueError(
+      f"GGUF metadata {arch}.rope.scaling.type={kind!r} is not supported (only 'linear' and "
+      f"'none'); refusing rather than loading the model without its RoPE scaling"
+    )
+  if factor is None or not float(factor) > 0:
+    raise ValueError(
+      f"GGUF metadata {arch}.rope.scaling.type='linear' needs a positive {arch}.rope.scaling.factor, got {factor!r}"
+    )
+  return {"rope_type": "linear", "factor": float(factor)}
 
 
 def config_from_metadata(meta: dict[str, Any], has_output: bool, dtype: str = "float32") -> ModelConfig:
-    """Maps `<arch>.*` metadata to a ModelConfig.
+  """Maps `<arch>.*` metadata to a ModelConfig.
 
-    head_dim is `<arch>.attention.key_length`, else `<arch>.rope.dimension_count`, else D / H. The vocabulary is
-    `<arch>.vocab_size`, else the length of `tokenizer.ggml.tokens`. Linear RoPE scaling is read from
-    `<arch>.rope.scaling.*` (see `_rope_scaling`).
+  head_dim is `<arch>.attention.key_length`, else `<arch>.rope.dimension_count`, else D / H. The vocabulary is
+  `<arch>.vocab_size`, else the length of `tokenizer.ggml.tokens`. Linear RoPE scaling is read from
+  `<arch>.rope.scaling.*` (see `_rope_scaling`).
 
-    Raises:
-      ValueError: for an architecture other than llama / qwen3, a missing required key (named), an `<arch>.*` key
-        the loader does not understand (named: it could change the model, e.g. a sliding window or experts), a
-        RoPE scaling other than linear, or a partial rotary dimension or value length that differs from head_dim.
-    """
-    arch = meta.get("general.architecture")
-    if arch not in _ARCHITECTURES:
-        raise ValueError(f"unsupported GGUF general.architecture {arch!r}; supported: {sorted(_ARCHITECTURES)}")
-    unknown = sorted(k for k in meta if k.startswith(f"{arch}.") and k[len(arch) + 1:] not in _KNOWN_ARCH_KEYS)
-    if unknown:
-        raise ValueError(f"GGUF metadata key {unknown[0]!r} is not understood by this loader and may change the "
-                         f"model; refusing rather than dropping it (all unknown keys: {unknown})")
-
-    def need(key):
-        full = f"{arch}.{key}"
-        if full not in meta:
-            raise ValueError(f"GGUF metadata lacks {full!r}")
-        return meta[full]
-
-    hidden = int(need("embedding_length"))
-    heads = int(need("attention.head_count"))
-    head_dim = meta.get(f"{arch}.attention.key_length", meta.get(f"{arch}.rope.dimension_count"))
-    if head_dim is None:
-        head_dim = hidden // heads
-    for key in ("rope.dimension_count", "attention.value_length"):
-        if f"{arch}.{key}" in meta and int(meta[f"{arch}.{key}"]) != int(head_dim):
-            raise ValueError(f"GGUF metadata {arch}.{key}={int(meta[f'{arch}.{key}'])} differs from the head "
-                             f"dimension {int(head_dim)}; partial rotary / unequal value heads are not supported")
-    vocab = meta.get(f"{arch}.vocab_size")
-    if vocab is None:
-        tokens = meta.get("tokenizer.ggml.tokens")
-        if tokens is None:
-            raise ValueError(f"GGUF metadata lacks both {arch}.vocab_size and tokenizer.ggml.tokens")
-        vocab = len(tokens)
-    return ModelConfig(
-        vocab_size=int(vocab),
-        hidden_size=hidden,
-        intermediate_size=int(need("feed_forward_length")),
-        num_layers=int(need("block_count")),
-        num_heads=heads,
-        num_kv_heads=int(meta.get(f"{arch}.attention.head_count_kv", heads)),
-        head_dim=int(head_dim),
-        rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
-        rms_norm_eps=float(need("attention.layer_norm_rms_epsilon")),
-        tie_word_embeddings=not has_output,
-        qk_norm=arch == "qwen3",
-        rope_scaling=_rope_scaling(meta, arch),
-        dtype=dtype,
+  Raises:
+    ValueError: for an architecture other than llama / qwen3, a missing required key (named), an `<arch>.*` key
+      the loader does not understand (named: it could change the model, e.g. a sliding window or experts), a
+      RoPE scaling other than linear, or a partial rotary dimension or value length that differs from head_dim.
+  """
+  arch = meta.get("general.architecture")
+  if arch not in _ARCHITECTURES:
+    raise ValueError(f"unsupported GGUF general.architecture {arch!r}; supported: {sorted(_ARCHITECTURES)}")
+  unknown = sorted(k for k in meta if k.startswith(f"{arch}.") and k[len(arch) + 1 :] not in _KNOWN_ARCH_KEYS)
+  if unknown:
+    raise ValueError(
+      f"GGUF metadata key {unknown[0]!r} is not understood by this loader and may change the "
+      f"model; refusing rather than dropping it (all unknown keys: {unknown})"
     )
+
+  def need(key):
+    full = f"{arch}.{key}"
+    if full not in meta:
+      raise ValueError(f"GGUF metadata lacks {full!r}")
+    return meta[full]
+
+  hidden = int(need("embedding_length"))
+  heads = int(need("attention.head_count"))
+  head_dim = meta.get(f"{arch}.attention.key_length", meta.get(f"{arch}.rope.dimension_count"))
+  if head_dim is None:
+    head_dim = hidden // heads
+  for key in ("rope.dimension_count", "attention.value_length"):
+    if f"{arch}.{key}" in meta and int(meta[f"{arch}.{key}"]) != int(head_dim):
+      raise ValueError(
+        f"GGUF metadata {arch}.{key}={int(meta[f'{arch}.{key}'])} differs from the head "
+        f"dimension {int(head_dim)}; partial rotary / unequal value heads are not supported"
+      )
+  vocab = meta.get(f"{arch}.vocab_size")
+  if vocab is None:
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if tokens is None:
+      raise ValueError(f"GGUF metadata lacks both {arch}.vocab_size and tokenizer.ggml.tokens")
+    vocab = len(tokens)
+  return ModelConfig(
+    vocab_size=int(vocab),
+    hidden_size=hidden,
+    intermediate_size=int(need("feed_forward_length")),
+    num_layers=int(need("block_count")),
+    num_heads=heads,
+    num_kv_heads=int(meta.get(f"{arch}.attention.head_count_kv", heads)),
+    head_dim=int(head_dim),
+    rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+    rms_norm_eps=float(need("attention.layer_norm_rms_epsilon")),
+    tie_word_embeddings=not has_output,
+    qk_norm=arch == "qwen3",
+    rope_scaling=_rope_scaling(meta, arch),
+    dtype=dtype,
+  )
 
 
 def open_gguf(path):
-    """A `gguf.GGUFReader` for path (returned as is when path already is one).
+  """A `gguf.GGUFReader` for path (returned as is when path already is one).
 
-    Raises:
-      FileNotFoundError: when path does not exist.
-    """
-    from gguf import GGUFReader
+  Raises:
+    FileNotFoundError: when path does not exist.
+  """
+  from gguf import GGUFReader
 
-    if isinstance(path, GGUFReader):
-        return path
-    if not os.path.isfile(os.fspath(path)):
-        raise FileNotFoundError(f"no GGUF file at {os.fspath(path)}")
-    return GGUFReader(os.fspath(path))
+  if isinstance(path, GGUFReader):
+    return path
+  if not os.path.isfile(os.fspath(path)):
+    raise FileNotFoundError(f"no GGUF file at {os.fspath(path)}")
+  return GGUFReader(os.fspath(path))
 
 
 def load_gguf(path) -> tuple[ModelConfig, dict[str, Any]]:
-    """Reads a GGUF file's config and dequantised float32 weights.
+  """Reads a GGUF file's config and dequantised float32 weights.
 
-    Args:
-      path: a llama.cpp GGUF file of a llama (e.g. SmolLM2) or qwen3 model, or a `gguf.GGUFReader` of one
-        (parsing the metadata takes seconds; share one reader with `ChatTokenizer.from_gguf`).
+  Args:
+    path: a llama.cpp GGUF file of a llama (e.g. SmolLM2) or qwen3 model, or a `gguf.GGUFReader` of one
+      (parsing the metadata takes seconds; share one reader with `ChatTokenizer.from_gguf`).
 
-    Returns:
-      (cfg, params): params is a nested dict of float32 NumPy arrays in the layout of
-      `nnx.state(Decoder(cfg), nnx.Param)`: embedding [V, D], layers/{attn_norm [N, D], wq [N, D, H, Dh],
-      wk/wv [N, D, K, Dh], wo [N, H, Dh, D], q_norm/k_norm [N, Dh] (qwen3), mlp_norm [N, D], w_gate/w_up
-      [N, D, F], w_down [N, F, D]}, final_norm [D], and lm_head [D, V] when the file has `output.weight`.
+  Returns:
+    (cfg, params): params is a nested dict of float32 NumPy arrays in the layout of
+    `nnx.state(Decoder(cfg), nnx.Param)`: embedding [V, D], layers/{attn_norm [N, D], wq [N, D, H, Dh],
+    wk/wv [N, D, K, Dh], wo [N, H, Dh, D], q_norm/k_norm [N, Dh] (qwen3), mlp_norm [N, D], w_gate/w_up
+    [N, D, F], w_down [N, F, D]}, final_norm [D], and lm_head [D, V] when the file has `output.weight`.
 
-    Raises:
-      FileNotFoundError: when path does not exist.
-      ValueError: for an unsupported architecture, or a missing or mis-shaped tensor (naming the tensor, the
-        expected and the actual NumPy shape).
-    """
-    from gguf.quants import dequantize
+  Raises:
+    FileNotFoundError: when path does not exist.
+    ValueError: for an unsupported architecture, or a missing or mis-shaped tensor (naming the tensor, the
+      expected and the actual NumPy shape).
+  """
+  from gguf.quants import dequantize
 
-    reader = open_gguf(path)
-    tensors = {t.name: t for t in reader.tensors}
-    arch = _field(reader, "general.architecture")
-    if arch not in _ARCHITECTURES:
-        raise ValueError(f"unsupported GGUF general.architecture {arch!r}; supported: {sorted(_ARCHITECTURES)}")
-    meta = {key: _field(reader, key) for key in reader.fields
-            if key.startswith(f"{arch}.") or key in ("general.architecture",)}
-    if f"{arch}.vocab_size" not in meta:
-        meta["tokenizer.ggml.tokens"] = _field(reader, "tokenizer.ggml.tokens")
-    cfg = config_from_metadata(meta, has_output="output.weight" in tensors)
-    n, d, f, v = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
-    h, k, dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+  reader = open_gguf(path)
+  tensors = {t.name: t for t in reader.tensors}
+  arch = _field(reader, "general.architecture")
+  if arch not in _ARCHITECTURES:
+    raise ValueError(f"unsupported GGUF general.architecture {arch!r}; supported: {sorted(_ARCHITECTURES)}")
+  meta = {
+    key: _field(reader, key) for key in reader.fields if key.startswith(f"{arch}.") or key in ("general.architecture",)
+  }
+  if f"{arch}.vocab_size" not in meta:
+    meta["tokenizer.ggml.tokens"] = _field(reader, "tokenizer.ggml.tokens")
+  cfg = config_from_metadata(meta, has_output="output.weight" in tensors)
+  n, d, f, v = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+  h, k, dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
 
-    def read(name: str, shape: tuple[int, ...]) -> np.ndarray:
-        tensor = tensors.get(name)
-        if tensor is None:
-            raise ValueError(f"GGUF tensor {name!r} is missing (expected shape {shape})")
-        array = dequantize(tensor.data, tensor.tensor_type)
-        if tuple(array.shape) != shape:
-            raise ValueError(f"GGUF tensor {name!r} has shape {tuple(array.shape)}, expected {shape}")
-        return np.asarray(array, np.float32)
+  def read(name: str, shape: tuple[int, ...]) -> np.ndarray:
+    tensor = tensors.get(name)
+    if tensor is None:
+      raise ValueError(f"GGUF tensor {name!r} is missing (expected shape {shape})")
+    array = dequantize(tensor.data, tensor.tensor_type)
+    if tuple(array.shape) != shape:
+      raise ValueError(f"GGUF tensor {name!r} has shape {tuple(array.shape)}, expected {shape}")
+    return np.asarray(array, np.float32)
 
-    permuted = _ARCHITECTURES[arch]
-    layer_shapes = {"attn_norm": (d,), "wq": (d, h, dh), "wk": (d, k, dh), "wv": (d, k, dh), "wo": (h, dh, d),
-                    "mlp_norm": (d,), "w_gate": (d, f), "w_up": (d, f), "w_down": (f, d)}
+  permuted = _ARCHITECTURES[arch]
+  layer_shapes = {
+    "attn_norm": (d,),
+    "wq": (d, h, dh),
+    "wk": (d, k, dh),
+    "wv": (d, k, dh),
+    "wo": (h, dh, d),
+    "mlp_norm": (d,),
+    "w_gate": (d, f),
+    "w_up": (d, f),
+    "w_down": (f, d),
+  }
+  if cfg.qk_norm:
+    layer_shapes.update(q_norm=(dh,), k_norm=(dh,))
+  layers = {name: np.empty((n, *shape), np.float32) for name, shape in layer_shapes.items()}
+  for i in range(n):
+    blk = f"blk.{i}."
+    wq = read(blk + "attn_q.weight", (h * dh, d))
+    wk = read(blk + "attn_k.weight", (k * dh, d))
+    if permuted:
+      wq, wk = unpermute_rope_rows(wq, h), unpermute_rope_rows(wk, k)
+    layers["wq"][i] = wq.T.reshape(d, h, dh)
+    layers["wk"][i] = wk.T.reshape(d, k, dh)
+    layers["wv"][i] = read(blk + "attn_v.weight", (k * dh, d)).T.reshape(d, k, dh)
+    layers["wo"][i] = read(blk + "attn_output.weight", (d, h * dh)).T.reshape(h, dh, d)
+    layers["attn_norm"][i] = read(blk + "attn_norm.weight", (d,))
+    layers["mlp_norm"][i] = read(blk + "ffn_norm.weight", (d,))
+    layers["w_gate"][i] = read(blk + "ffn_gate.weight", (f, d)).T
+    layers["w_up"][i] = read(blk + "ffn_up.weight", (f, d)).T
+    layers["w_down"][i] = read(blk + "ffn_down.weight", (d, f)).T
     if cfg.qk_norm:
-        layer_shapes.update(q_norm=(dh,), k_norm=(dh,))
-    layers = {name: np.empty((n, *shape), np.float32) for name, shape in layer_shapes.items()}
-    for i in range(n):
-        blk = f"blk.{i}."
-        wq = read(blk + "attn_q.weight", (h * dh, d))
-        wk = read(blk + "attn_k.weight", (k * dh, d))
-        if permuted:
-            wq, wk = unpermute_rope_rows(wq, h), unpermute_rope_rows(wk, k)
-        layers["wq"][i] = wq.T.reshape(d, h, dh)
-        layers["wk"][i] = wk.T.reshape(d, k, dh)
-        layers["wv"][i] = read(blk + "attn_v.weight", (k * dh, d)).T.reshape(d, k, dh)
-        layers["wo"][i] = read(blk + "attn_output.weight", (d, h * dh)).T.reshape(h, dh, d)
-        layers["attn_norm"][i] = read(blk + "attn_norm.weight", (d,))
-        layers["mlp_norm"][i] = read(blk + "ffn_norm.weight", (d,))
-        layers["w_gate"][i] = read(blk + "ffn_gate.weight", (f, d)).T
-        layers["w_up"][i] = read(blk + "ffn_up.weight", (f, d)).T
-        layers["w_down"][i] = read(blk + "ffn_down.weight", (d, f)).T
-        if cfg.qk_norm:
-            layers["q_norm"][i] = read(blk + "attn_q_norm.weight", (dh,))
-            layers["k_norm"][i] = read(blk + "attn_k_norm.weight", (dh,))
+      layers["q_norm"][i] = read(blk + "attn_q_norm.weight", (dh,))
+      layers["k_norm"][i] = read(blk + "attn_k_norm.weight", (dh,))
 
-    params: dict[str, Any] = {
-        "embedding": read("token_embd.weight", (v, d)),
-        "layers": layers,
-        "final_norm": read("output_norm.weight", (d,)),
-    }
-    if not cfg.tie_word_embeddings:
-        params["lm_head"] = np.ascontiguousarray(read("output.weight", (v, d)).T)
-    return cfg, params
+  params: dict[str, Any] = {
+    "embedding": read("token_embd.weight", (v, d)),
+    "layers": layers,
+    "final_norm": read("output_norm.weight", (d,)),
+  }
+  if not cfg.tie_word_embeddings:
+    params["lm_head"] = np.ascontiguousarray(read("output.weight", (v, d)).T)
+  return cfg, params

@@ -11,26 +11,62 @@ import dataclasses
 from jaxcredit.models.config import ModelConfig
 
 PRESETS: dict[str, ModelConfig] = {
-    "qwen3-0.6b": ModelConfig(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_layers=28,
-                              num_heads=16, num_kv_heads=8, head_dim=128, rope_theta=1e6, rms_norm_eps=1e-6,
-                              tie_word_embeddings=True, qk_norm=True, dtype="bfloat16"),
-    "qwen3-4b": ModelConfig(vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_layers=36,
-                            num_heads=32, num_kv_heads=8, head_dim=128, rope_theta=1e6, rms_norm_eps=1e-6,
-                            tie_word_embeddings=True, qk_norm=True, dtype="bfloat16"),
-    "qwen3-30b-a3b": ModelConfig(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_layers=48,
-                                 num_heads=32, num_kv_heads=4, head_dim=128, rope_theta=1e6, rms_norm_eps=1e-6,
-                                 tie_word_embeddings=False, qk_norm=True, num_experts=128, num_experts_per_tok=8,
-                                 moe_intermediate_size=768, norm_topk_prob=True, dtype="bfloat16"),
+  "qwen3-0.6b": ModelConfig(
+    vocab_size=151936,
+    hidden_size=1024,
+    intermediate_size=3072,
+    num_layers=28,
+    num_heads=16,
+    num_kv_heads=8,
+    head_dim=128,
+    rope_theta=1e6,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+    qk_norm=True,
+    dtype="bfloat16",
+  ),
+  "qwen3-4b": ModelConfig(
+    vocab_size=151936,
+    hidden_size=2560,
+    intermediate_size=9728,
+    num_layers=36,
+    num_heads=32,
+    num_kv_heads=8,
+    head_dim=128,
+    rope_theta=1e6,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+    qk_norm=True,
+    dtype="bfloat16",
+  ),
+  "qwen3-30b-a3b": ModelConfig(
+    vocab_size=151936,
+    hidden_size=2048,
+    intermediate_size=6144,
+    num_layers=48,
+    num_heads=32,
+    num_kv_heads=4,
+    head_dim=128,
+    rope_theta=1e6,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+    qk_norm=True,
+    num_experts=128,
+    num_experts_per_tok=8,
+    moe_intermediate_size=768,
+    norm_topk_prob=True,
+    dtype="bfloat16",
+  ),
 }
 
 
 def preset(name: str, **overrides) -> ModelConfig:
-    """The ModelConfig of a published model by name, with fields replaced by `overrides`.
+  """The ModelConfig of a published model by name, with fields replaced by `overrides`.
 
-    Raises:
-      ValueError: an unknown name (the known ones are listed).
-    """
-    key = name.lower().removeprefix("preset:")
-    if key not in PRESETS:
-        raise ValueError(f"unknown model preset {name!r}; known: {sorted(PRESETS)}")
-    return dataclasses.replace(PRESETS[key], **overrides)
+  Raises:
+    ValueError: an unknown name (the known ones are listed).
+  """
+  key = name.lower().removeprefix("preset:")
+  if key not in PRESETS:
+    raise ValueError(f"unknown model preset {name!r}; known: {sorted(PRESETS)}")
+  return dataclasses.replace(PRESETS[key], **overrides)

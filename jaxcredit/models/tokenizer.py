@@ -20,207 +20,241 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_token
 _CONTROL = 3
 _USER_DEFINED = 4
 
-_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_SPLIT = (
+  r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+  r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_LLAMA3_SPLIT = (
+  r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 
 def _byte_level(use_regex: bool) -> pre_tokenizers.PreTokenizer:
-    return pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=use_regex)
+  return pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=use_regex)
 
 
 def _split_then_bytes(pattern: str) -> pre_tokenizers.PreTokenizer:
-    return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(pattern), behavior="isolated"), _byte_level(False)])
+  return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(pattern), behavior="isolated"), _byte_level(False)])
 
 
 # tokenizer.ggml.pre -> the pre-tokenizer of that model family's Hugging Face tokenizer.json. SmolLM2's is
 # Sequence[Digits(individual_digits=True), ByteLevel(add_prefix_space=False, use_regex=True)] (llama.cpp's "smollm"
 # regexes: \p{N}, then GPT-2's); "gpt2"/"default" is GPT-2's plain ByteLevel.
 _PRE_TOKENIZERS = {
-    "smollm": lambda: pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), _byte_level(True)]),
-    "gpt2": lambda: _byte_level(True),
-    "default": lambda: _byte_level(True),
-    "qwen2": lambda: _split_then_bytes(_QWEN2_SPLIT),
-    "llama-bpe": lambda: _split_then_bytes(_LLAMA3_SPLIT),
-    "llama3": lambda: _split_then_bytes(_LLAMA3_SPLIT),
+  "smollm": lambda: pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), _byte_level(True)]),
+  "gpt2": lambda: _byte_level(True),
+  "default": lambda: _byte_level(True),
+  "qwen2": lambda: _split_then_bytes(_QWEN2_SPLIT),
+  "llama-bpe": lambda: _split_then_bytes(_LLAMA3_SPLIT),
+  "llama3": lambda: _split_then_bytes(_LLAMA3_SPLIT),
 }
 
 
 def _raise_exception(message: str):
-    from jinja2.exceptions import TemplateError
+  from jinja2.exceptions import TemplateError
 
-    raise TemplateError(message)
+  raise TemplateError(message)
 
 
 def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+  return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 def _strftime_now(fmt: str) -> str:
-    return datetime.now().strftime(fmt)
+  return datetime.now().strftime(fmt)
 
 
 def compile_chat_template(template: str):
-    """A jinja2 template compiled the way transformers compiles chat templates (sandboxed, trim_blocks,
-    lstrip_blocks, loop controls, `raise_exception`, `tojson` without ASCII escaping, `strftime_now`)."""
-    from jinja2.ext import loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+  """A jinja2 template compiled the way transformers compiles chat templates (sandboxed, trim_blocks,
+  lstrip_blocks, loop controls, `raise_exception`, `tojson` without ASCII escaping, `strftime_now`)."""
+  from jinja2.ext import loopcontrols
+  from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    return env.from_string(template)
+  env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+  env.filters["tojson"] = _tojson
+  env.globals["raise_exception"] = _raise_exception
+  env.globals["strftime_now"] = _strftime_now
+  return env.from_string(template)
 
 
 class ChatTokenizer:
-    """A `tokenizers.Tokenizer` plus the chat template and the special ids a sampler needs.
+  """A `tokenizers.Tokenizer` plus the chat template and the special ids a sampler needs.
 
-    Attributes:
-      tokenizer: the underlying tokenizers.Tokenizer.
-      chat_template: the jinja2 source, or None.
-      eos_id, pad_id, bos_id: ids (bos_id may be None); pad_id falls back to eos_id.
-      vocab_size: number of ids including added tokens (can be below the model's embedding rows).
+  Attributes:
+    tokenizer: the underlying tokenizers.Tokenizer.
+    chat_template: the jinja2 source, or None.
+    eos_id, pad_id, bos_id: ids (bos_id may be None); pad_id falls back to eos_id.
+    vocab_size: number of ids including added tokens (can be below the model's embedding rows).
+  """
+
+  def __init__(
+    self,
+    tokenizer: Tokenizer,
+    chat_template: str | None,
+    *,
+    eos_token: str,
+    pad_token: str | None = None,
+    bos_token: str | None = None,
+  ):
+    """Raises ValueError when a named special token is not in the vocabulary."""
+    self.tokenizer = tokenizer
+    self.chat_template = chat_template
+    self._template = compile_chat_template(chat_template) if chat_template else None
+    self.eos_token, self.pad_token, self.bos_token = eos_token, pad_token or eos_token, bos_token
+    self.eos_id = self.token_id(eos_token)
+    self.pad_id = self.token_id(self.pad_token)
+    self.bos_id = self.token_id(bos_token) if bos_token is not None else None
+
+  @property
+  def vocab_size(self) -> int:
+    return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+  def token_id(self, token: str) -> int:
+    """The id of one token string (e.g. "<|im_end|>"). Raises ValueError if it is not a single token."""
+    token_id = self.tokenizer.token_to_id(token)
+    if token_id is None:
+      raise ValueError(f"{token!r} is not a token of this vocabulary")
+    return token_id
+
+  def encode(self, text: str) -> list[int]:
+    """Token ids of `text`; special tokens written in the text map to their ids; no BOS/EOS is added."""
+    return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+  def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+    """The text of `ids` (special tokens kept unless skip_special_tokens)."""
+    return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+  def apply_chat_template(
+    self,
+    messages: Sequence[dict[str, Any]],
+    add_generation_prompt: bool = False,
+    tools: Sequence[dict[str, Any]] | None = None,
+    **template_kwargs,
+  ) -> str:
+    """Renders `messages` ([{"role": ..., "content": ...}, ...]) with the chat template, as a string.
+
+    `tools` and any extra keyword (e.g. enable_thinking for Qwen3) are passed to the template.
+
+    Raises:
+      ValueError: when the tokenizer has no chat template.
+      jinja2.TemplateError: when the template rejects the messages (its raise_exception).
     """
+    if self._template is None:
+      raise ValueError("this tokenizer has no chat template")
+    return self._template.render(
+      messages=list(messages),
+      add_generation_prompt=add_generation_prompt,
+      tools=tools,
+      bos_token=self.bos_token or "",
+      eos_token=self.eos_token,
+      pad_token=self.pad_token,
+      **template_kwargs,
+    )
 
-    def __init__(self, tokenizer: Tokenizer, chat_template: str | None, *, eos_token: str,
-                 pad_token: str | None = None, bos_token: str | None = None):
-        """Raises ValueError when a named special token is not in the vocabulary."""
-        self.tokenizer = tokenizer
-        self.chat_template = chat_template
-        self._template = compile_chat_template(chat_template) if chat_template else None
-        self.eos_token, self.pad_token, self.bos_token = eos_token, pad_token or eos_token, bos_token
-        self.eos_id = self.token_id(eos_token)
-        self.pad_id = self.token_id(self.pad_token)
-        self.bos_id = self.token_id(bos_token) if bos_token is not None else None
+  @classmethod
+  def from_gguf(cls, path) -> ChatTokenizer:
+    """Builds the tokenizer from a GGUF file's `tokenizer.*` metadata (path, or a `gguf.GGUFReader`).
 
-    @property
-    def vocab_size(self) -> int:
-        return self.tokenizer.get_vocab_size(with_added_tokens=True)
+    Raises:
+      FileNotFoundError: when path does not exist.
+      ValueError: for a tokenizer model other than byte-level BPE ("gpt2"), a `tokenizer.ggml.pre` without
+        a known pre-tokenizer, or missing tokens/merges.
+    """
+    from jaxcredit.models.gguf_loader import open_gguf
 
-    def token_id(self, token: str) -> int:
-        """The id of one token string (e.g. "<|im_end|>"). Raises ValueError if it is not a single token."""
-        token_id = self.tokenizer.token_to_id(token)
-        if token_id is None:
-            raise ValueError(f"{token!r} is not a token of this vocabulary")
-        return token_id
+    reader = open_gguf(path)
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of `text`; special tokens written in the text map to their ids; no BOS/EOS is added."""
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+    def field(key, default=None):
+      f = reader.fields.get(key)
+      return default if f is None else f.contents()
 
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
-        """The text of `ids` (special tokens kept unless skip_special_tokens)."""
-        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+    model = field("tokenizer.ggml.model")
+    if model != "gpt2":
+      raise ValueError(f"tokenizer.ggml.model {model!r} is not supported; only byte-level BPE ('gpt2')")
+    pre = field("tokenizer.ggml.pre", "default")
+    if pre not in _PRE_TOKENIZERS:
+      raise ValueError(f"tokenizer.ggml.pre {pre!r} has no known pre-tokenizer; known: {sorted(_PRE_TOKENIZERS)}")
+    tokens = field("tokenizer.ggml.tokens")
+    merges = field("tokenizer.ggml.merges")
+    if not tokens or not merges:
+      raise ValueError("GGUF metadata lacks tokenizer.ggml.tokens or tokenizer.ggml.merges")
+    token_types = field("tokenizer.ggml.token_type") or [1] * len(tokens)
 
-    def apply_chat_template(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = False,
-                            tools: Sequence[dict[str, Any]] | None = None, **template_kwargs) -> str:
-        """Renders `messages` ([{"role": ..., "content": ...}, ...]) with the chat template, as a string.
+    bpe = models.BPE(
+      vocab={t: i for i, t in enumerate(tokens)},
+      merges=[tuple(m.split(" ", 1)) for m in merges],
+      fuse_unk=False,
+      byte_fallback=False,
+    )
+    tokenizer = Tokenizer(bpe)
+    tokenizer.pre_tokenizer = _PRE_TOKENIZERS[pre]()
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens(
+      [AddedToken(t, special=True, normalized=False) for t, kind in zip(tokens, token_types) if kind == _CONTROL]
+    )
+    user_defined = [
+      AddedToken(t, special=False, normalized=False) for t, kind in zip(tokens, token_types) if kind == _USER_DEFINED
+    ]
+    if user_defined:
+      tokenizer.add_tokens(user_defined)
 
-        `tools` and any extra keyword (e.g. enable_thinking for Qwen3) are passed to the template.
+    def special(key):
+      token_id = field(f"tokenizer.ggml.{key}_token_id")
+      return None if token_id is None else tokens[int(token_id)]
 
-        Raises:
-          ValueError: when the tokenizer has no chat template.
-          jinja2.TemplateError: when the template rejects the messages (its raise_exception).
-        """
-        if self._template is None:
-            raise ValueError("this tokenizer has no chat template")
-        return self._template.render(
-            messages=list(messages), add_generation_prompt=add_generation_prompt, tools=tools,
-            bos_token=self.bos_token or "", eos_token=self.eos_token, pad_token=self.pad_token, **template_kwargs)
+    eos = special("eos")
+    if eos is None:
+      raise ValueError("GGUF metadata lacks tokenizer.ggml.eos_token_id")
+    return cls(
+      tokenizer, field("tokenizer.chat_template"), eos_token=eos, pad_token=special("padding"), bos_token=special("bos")
+    )
 
-    @classmethod
-    def from_gguf(cls, path) -> ChatTokenizer:
-        """Builds the tokenizer from a GGUF file's `tokenizer.*` metadata (path, or a `gguf.GGUFReader`).
+  @classmethod
+  def from_pretrained(cls, folder: str | os.PathLike) -> ChatTokenizer:
+    """Loads a Hugging Face tokenizer folder: tokenizer.json, and tokenizer_config.json's chat_template and
+    eos/pad/bos tokens (chat_template.jinja when present overrides the config's template).
 
-        Raises:
-          FileNotFoundError: when path does not exist.
-          ValueError: for a tokenizer model other than byte-level BPE ("gpt2"), a `tokenizer.ggml.pre` without
-            a known pre-tokenizer, or missing tokens/merges.
-        """
-        from jaxcredit.models.gguf_loader import open_gguf
+    Raises:
+      FileNotFoundError: when tokenizer.json is missing.
+      ValueError: when no eos_token is configured.
+    """
+    folder = os.fspath(folder)
+    tokenizer_file = os.path.join(folder, "tokenizer.json")
+    if not os.path.isfile(tokenizer_file):
+      raise FileNotFoundError(f"no tokenizer.json in {folder}")
+    tokenizer = Tokenizer.from_file(tokenizer_file)
+    config = {}
+    config_file = os.path.join(folder, "tokenizer_config.json")
+    if os.path.isfile(config_file):
+      with open(config_file, encoding="utf-8") as f:
+        config = json.load(f)
+    template = config.get("chat_template")
+    template_file = os.path.join(folder, "chat_template.jinja")
+    if os.path.isfile(template_file):
+      with open(template_file, encoding="utf-8") as f:
+        template = f.read()
 
-        reader = open_gguf(path)
+    def token(key):
+      value = config.get(key)
+      return value.get("content") if isinstance(value, dict) else value
 
-        def field(key, default=None):
-            f = reader.fields.get(key)
-            return default if f is None else f.contents()
+    if token("eos_token") is None:
+      raise ValueError(f"{config_file} sets no eos_token")
+    return cls(
+      tokenizer, template, eos_token=token("eos_token"), pad_token=token("pad_token"), bos_token=token("bos_token")
+    )
 
-        model = field("tokenizer.ggml.model")
-        if model != "gpt2":
-            raise ValueError(f"tokenizer.ggml.model {model!r} is not supported; only byte-level BPE ('gpt2')")
-        pre = field("tokenizer.ggml.pre", "default")
-        if pre not in _PRE_TOKENIZERS:
-            raise ValueError(f"tokenizer.ggml.pre {pre!r} has no known pre-tokenizer; known: {sorted(_PRE_TOKENIZERS)}")
-        tokens = field("tokenizer.ggml.tokens")
-        merges = field("tokenizer.ggml.merges")
-        if not tokens or not merges:
-            raise ValueError("GGUF metadata lacks tokenizer.ggml.tokens or tokenizer.ggml.merges")
-        token_types = field("tokenizer.ggml.token_type") or [1] * len(tokens)
-
-        bpe = models.BPE(vocab={t: i for i, t in enumerate(tokens)},
-                         merges=[tuple(m.split(" ", 1)) for m in merges], fuse_unk=False, byte_fallback=False)
-        tokenizer = Tokenizer(bpe)
-        tokenizer.pre_tokenizer = _PRE_TOKENIZERS[pre]()
-        tokenizer.decoder = decoders.ByteLevel()
-        tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                                      for t, kind in zip(tokens, token_types) if kind == _CONTROL])
-        user_defined = [AddedToken(t, special=False, normalized=False)
-                        for t, kind in zip(tokens, token_types) if kind == _USER_DEFINED]
-        if user_defined:
-            tokenizer.add_tokens(user_defined)
-
-        def special(key):
-            token_id = field(f"tokenizer.ggml.{key}_token_id")
-            return None if token_id is None else tokens[int(token_id)]
-
-        eos = special("eos")
-        if eos is None:
-            raise ValueError("GGUF metadata lacks tokenizer.ggml.eos_token_id")
-        return cls(tokenizer, field("tokenizer.chat_template"), eos_token=eos, pad_token=special("padding"),
-                   bos_token=special("bos"))
-
-    @classmethod
-    def from_pretrained(cls, folder: str | os.PathLike) -> ChatTokenizer:
-        """Loads a Hugging Face tokenizer folder: tokenizer.json, and tokenizer_config.json's chat_template and
-        eos/pad/bos tokens (chat_template.jinja when present overrides the config's template).
-
-        Raises:
-          FileNotFoundError: when tokenizer.json is missing.
-          ValueError: when no eos_token is configured.
-        """
-        folder = os.fspath(folder)
-        tokenizer_file = os.path.join(folder, "tokenizer.json")
-        if not os.path.isfile(tokenizer_file):
-            raise FileNotFoundError(f"no tokenizer.json in {folder}")
-        tokenizer = Tokenizer.from_file(tokenizer_file)
-        config = {}
-        config_file = os.path.join(folder, "tokenizer_config.json")
-        if os.path.isfile(config_file):
-            with open(config_file, encoding="utf-8") as f:
-                config = json.load(f)
-        template = config.get("chat_template")
-        template_file = os.path.join(folder, "chat_template.jinja")
-        if os.path.isfile(template_file):
-            with open(template_file, encoding="utf-8") as f:
-                template = f.read()
-
-        def token(key):
-            value = config.get(key)
-            return value.get("content") if isinstance(value, dict) else value
-
-        if token("eos_token") is None:
-            raise ValueError(f"{config_file} sets no eos_token")
-        return cls(tokenizer, template, eos_token=token("eos_token"), pad_token=token("pad_token"),
-                   bos_token=token("bos_token"))
-
-    def save_pretrained(self, folder: str | os.PathLike) -> None:
-        """Writes tokenizer.json and tokenizer_config.json so that `from_pretrained(folder)` restores this."""
-        folder = os.fspath(folder)
-        os.makedirs(folder, exist_ok=True)
-        self.tokenizer.save(os.path.join(folder, "tokenizer.json"))
-        config = {"chat_template": self.chat_template, "eos_token": self.eos_token, "pad_token": self.pad_token,
-                  "bos_token": self.bos_token}
-        with open(os.path.join(folder, "tokenizer_config.json"), "w", encoding="utf-8") as f:
-            json.dump(config, f, ensure_ascii=False, indent=1)
+  def save_pretrained(self, folder: str | os.PathLike) -> None:
+    """Writes tokenizer.json and tokenizer_config.json so that `from_pretrained(folder)` restores this."""
+    folder = os.fspath(folder)
+    os.makedirs(folder, exist_ok=True)
+    self.tokenizer.save(os.path.join(folder, "tokenizer.json"))
+    config = {
+      "chat_template": self.chat_template,
+      "eos_token": self.eos_token,
+      "pad_token": self.pad_token,
+      "bos_token": self.bos_token,
+    }
+    with open(os.path.join(folder, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+      json.dump(config, f, ensure_ascii=False, indent=1)

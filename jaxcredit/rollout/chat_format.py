@@ -16,6 +16,8 @@ _ASSISTANT = "\u2063ASSISTANT\u2063"
 _TOOL = "\u2063TOOL\u2063"
 _USER = "\u2063USER\u2063"
 _USER2 = "\u2063NEXTUSER\u2063"
+
+
 class ChatTokenizerLike(Protocol):
   eos_id: int
 
@@ -49,26 +51,38 @@ class ChatFormat:
 
   @classmethod
   def from_tokenizer(cls, tok: ChatTokenizerLike, tool_role: str = "tool") -> "ChatFormat":
-    msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": _USER},
-            {"role": "assistant", "content": _ASSISTANT}, {"role": "tool", "content": _TOOL}]
+    msgs = [
+      {"role": "system", "content": "s"},
+      {"role": "user", "content": _USER},
+      {"role": "assistant", "content": _ASSISTANT},
+      {"role": "tool", "content": _TOOL},
+    ]
     if tool_role != "tool":
       msgs[-1]["role"] = tool_role
     text = tok.apply_chat_template(msgs, add_generation_prompt=True)
     if _ASSISTANT not in text or _TOOL not in text:
-      raise ValueError("the chat template does not render assistant and tool message contents verbatim; "
-                       "token-in/token-out rollouts need a template that does")
+      raise ValueError(
+        "the chat template does not render assistant and tool message contents verbatim; "
+        "token-in/token-out rollouts need a template that does"
+      )
     a_end = text.index(_ASSISTANT) + len(_ASSISTANT)
     t_start = text.index(_TOOL)
     user_msgs = msgs[:3] + [{"role": "user", "content": _USER2}]
     u_text = tok.apply_chat_template(user_msgs, add_generation_prompt=True)
     if _USER2 not in u_text or _ASSISTANT not in u_text:
-      raise ValueError("the chat template does not render a user message after an assistant message verbatim; "
-                       "multi-request sessions need a template that does")
+      raise ValueError(
+        "the chat template does not render a user message after an assistant message verbatim; "
+        "multi-request sessions need a template that does"
+      )
     ua_end = u_text.index(_ASSISTANT) + len(_ASSISTANT)
     u_start = u_text.index(_USER2)
-    return cls(after_assistant=text[a_end:t_start], after_tool=text[t_start + len(_TOOL):],
-               eos_text=tok.decode([tok.eos_id]), before_user=u_text[ua_end:u_start],
-               after_user=u_text[u_start + len(_USER2):])
+    return cls(
+      after_assistant=text[a_end:t_start],
+      after_tool=text[t_start + len(_TOOL) :],
+      eos_text=tok.decode([tok.eos_id]),
+      before_user=u_text[ua_end:u_start],
+      after_user=u_text[u_start + len(_USER2) :],
+    )
 
   def _scaffold(self, role: str) -> tuple[str, str]:
     if role == "tool":
@@ -81,7 +95,7 @@ class ChatFormat:
     """Text appended after an assistant turn: close it, the tool (or user) message, the next generation prompt."""
     head, tail = self._scaffold(role)
     if policy_emitted_eos and head.startswith(self.eos_text):
-      head = head[len(self.eos_text):]
+      head = head[len(self.eos_text) :]
     return head + content + tail
 
   def observation_ids(self, tok, content: str, policy_emitted_eos: bool, role: str = "tool") -> list[int]:
@@ -93,7 +107,7 @@ class ChatFormat:
     """
     head, tail = self._scaffold(role)
     if policy_emitted_eos and head.startswith(self.eos_text):
-      head = head[len(self.eos_text):]
+      head = head[len(self.eos_text) :]
     return encode_with_plain_spans(tok, head + content + tail, [(len(head), len(head) + len(content))])
 
   def closing_text(self, policy_emitted_eos: bool) -> str:

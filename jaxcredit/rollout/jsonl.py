@@ -51,41 +51,41 @@ MAX_TOKEN_ID = 2**31 - 1
 """Token ids are packed as int32."""
 
 REQUIRED_FIELDS: dict[str, str] = {
-    "rollout_id": "str: the rollout's id.",
-    "group_id": "int | str: the prompt group; rollouts sampled from one prompt share it (any order in a file).",
-    "token_ids": "[int]: every token id of the rollout (prompt, actions, observations), 0 <= id < 2**31.",
-    "action_mask": "[0|1]: 1 on the tokens the policy generated (true/false also read); one per token.",
-    "turn_ids": "[int]: the turn (assistant message) index of each action token, -1 on every other token; "
-                "non-decreasing over the action tokens.",
-    "behavior_logprobs": "[float]: log-prob (nats) the sampler recorded for each action token (0.0 elsewhere); "
-                         "finite; one per token.",
-    "boundaries": "[int]: token count at each state s_t: boundaries[0] = prompt_len, then the length right after "
-                  "each tool observation; non-decreasing, each <= len(token_ids).",
-    "prompt_len": "int: tokens of the initial prompt, >= 1, equal to boundaries[0]; no action token before it.",
-    "reward": "float: the outcome reward (finite).",
+  "rollout_id": "str: the rollout's id.",
+  "group_id": "int | str: the prompt group; rollouts sampled from one prompt share it (any order in a file).",
+  "token_ids": "[int]: every token id of the rollout (prompt, actions, observations), 0 <= id < 2**31.",
+  "action_mask": "[0|1]: 1 on the tokens the policy generated (true/false also read); one per token.",
+  "turn_ids": "[int]: the turn (assistant message) index of each action token, -1 on every other token; "
+  "non-decreasing over the action tokens.",
+  "behavior_logprobs": "[float]: log-prob (nats) the sampler recorded for each action token (0.0 elsewhere); "
+  "finite; one per token.",
+  "boundaries": "[int]: token count at each state s_t: boundaries[0] = prompt_len, then the length right after "
+  "each tool observation; non-decreasing, each <= len(token_ids).",
+  "prompt_len": "int: tokens of the initial prompt, >= 1, equal to boundaries[0]; no action token before it.",
+  "reward": "float: the outcome reward (finite).",
 }
 """Fields every record must have: name -> type and meaning."""
 
 OPTIONAL_FIELDS: dict[str, str] = {
-    "task_id": "str | null: the task the prompt came from (default null).",
-    "messages": "[message]: the chat in OpenAI layout (default []): {\"role\": system|user|assistant|tool, "
-                "\"content\": str|null}; an assistant message that made tool calls also has \"tool_calls\": "
-                "[{\"id\": \"call_<turn>_<k>\", \"type\": \"function\", \"function\": {\"name\": str, "
-                "\"arguments\": <JSON string>}}]; a tool message may have \"tool_call_id\": str.",
-    "tools": "[object]: the function schemas offered to the model.",
-    "unit_ids": "[int]: the verified-unit index of each action token, -1 elsewhere; non-decreasing over the action "
-                "tokens (default: 0 on action tokens, -1 elsewhere).",
-    "num_turns": "int: assistant turns, >= max(turn_ids) + 1 (default max(turn_ids) + 1, or 0 without actions); "
-                 "larger when a turn generated no token.",
-    "current_unit": "int: the builder's current verified unit, >= max(unit_ids) (default: "
-                    "max(0, max(unit_ids), len(unit_rewards) - 1)).",
-    "unit_rewards": "[float]: the verified reward of each unit the rollout reached, at least max(unit_ids) + 1 "
-                    "entries (default [reward]).",
-    "finish": "str | null: why the rollout ended (\"answer\", \"no_answer\", \"tool_budget\", \"length\").",
-    "metadata": "object: anything else (default {}).",
-    "advantages": "[float]: credited advantage of each token, 0.0 off actions (written by a credit run).",
-    "turn_advantages": "[float]: credited advantage of each turn, num_turns entries (written by a credit run).",
-    "method": "str: the credit method that wrote the advantages.",
+  "task_id": "str | null: the task the prompt came from (default null).",
+  "messages": "[message]: the chat in OpenAI layout (default []): {\"role\": system|user|assistant|tool, "
+  "\"content\": str|null}; an assistant message that made tool calls also has \"tool_calls\": "
+  "[{\"id\": \"call_<turn>_<k>\", \"type\": \"function\", \"function\": {\"name\": str, "
+  "\"arguments\": <JSON string>}}]; a tool message may have \"tool_call_id\": str.",
+  "tools": "[object]: the function schemas offered to the model.",
+  "unit_ids": "[int]: the verified-unit index of each action token, -1 elsewhere; non-decreasing over the action "
+  "tokens (default: 0 on action tokens, -1 elsewhere).",
+  "num_turns": "int: assistant turns, >= max(turn_ids) + 1 (default max(turn_ids) + 1, or 0 without actions); "
+  "larger when a turn generated no token.",
+  "current_unit": "int: the builder's current verified unit, >= max(unit_ids) (default: "
+  "max(0, max(unit_ids), len(unit_rewards) - 1)).",
+  "unit_rewards": "[float]: the verified reward of each unit the rollout reached, at least max(unit_ids) + 1 "
+  "entries (default [reward]).",
+  "finish": "str | null: why the rollout ended (\"answer\", \"no_answer\", \"tool_budget\", \"length\").",
+  "metadata": "object: anything else (default {}).",
+  "advantages": "[float]: credited advantage of each token, 0.0 off actions (written by a credit run).",
+  "turn_advantages": "[float]: credited advantage of each turn, num_turns entries (written by a credit run).",
+  "method": "str: the credit method that wrote the advantages.",
 }
 """Fields a record may have: name -> type, meaning and the default a reader uses."""
 
@@ -164,8 +164,10 @@ def _check_ids(rec: Mapping, field: str, mask: Sequence[bool]) -> int:
       if t < 0:
         raise RecordError(f"{field}[{i}]", f"is {t} on an action token (action_mask[{i}] = 1); expected >= 0")
       if t < last:
-        raise RecordError(f"{field}[{i}]", f"is {t} after {last} on an earlier action token; {field} must not "
-                                           f"decrease over the action tokens")
+        raise RecordError(
+          f"{field}[{i}]",
+          f"is {t} after {last} on an earlier action token; {field} must not decrease over the action tokens",
+        )
       last = t
     elif t != -1:
       raise RecordError(f"{field}[{i}]", f"is {t} on a non-action token (action_mask[{i}] = 0); expected -1")
@@ -233,8 +235,7 @@ def validate_record(record: Mapping[str, Any]) -> None:
   _scalar(record, "group_id", lambda x: _is_int(x) or isinstance(x, str), "an int or a string")
   tokens = _list(record, "token_ids", lambda x: _is_int(x) and 0 <= x <= MAX_TOKEN_ID, "a token id (0 <= id < 2**31)")
   n = len(tokens)
-  per_token = ["action_mask", "turn_ids", "behavior_logprobs"] + [
-      f for f in ("unit_ids", "advantages") if f in record]
+  per_token = ["action_mask", "turn_ids", "behavior_logprobs"] + [f for f in ("unit_ids", "advantages") if f in record]
   mask = [bool(a) for a in _list(record, "action_mask", _is_bit, "0 or 1")]
   _list(record, "behavior_logprobs", _is_num, "a finite number")
   for field in per_token:
@@ -243,32 +244,45 @@ def validate_record(record: Mapping[str, Any]) -> None:
       raise RecordError(field, f"has {len(value)} entries but token_ids has {n} (one per token)")
   max_turn = _check_ids(record, "turn_ids", mask)
   if "num_turns" in record:
-    _scalar(record, "num_turns", lambda x: _is_int(x) and x >= max_turn + 1,
-            f"an int >= {max_turn + 1} (max(turn_ids) + 1)")
+    _scalar(
+      record, "num_turns", lambda x: _is_int(x) and x >= max_turn + 1, f"an int >= {max_turn + 1} (max(turn_ids) + 1)"
+    )
   max_unit = _check_ids(record, "unit_ids", mask) if "unit_ids" in record else (0 if any(mask) else -1)
   if "current_unit" in record:
-    _scalar(record, "current_unit", lambda x: _is_int(x) and x >= max(max_unit, 0),
-            f"an int >= {max(max_unit, 0)} (max(unit_ids))")
+    _scalar(
+      record,
+      "current_unit",
+      lambda x: _is_int(x) and x >= max(max_unit, 0),
+      f"an int >= {max(max_unit, 0)} (max(unit_ids))",
+    )
   _scalar(record, "reward", _is_num, "a finite number")
   if "unit_rewards" in record:
     ur = _list(record, "unit_rewards", _is_num, "a finite number")
     if len(ur) < max(max_unit + 1, 1):
-      raise RecordError("unit_rewards", f"has {len(ur)} entries but action tokens reach unit {max_unit} "
-                                        f"(needs at least {max(max_unit + 1, 1)})")
+      raise RecordError(
+        "unit_rewards",
+        f"has {len(ur)} entries but action tokens reach unit {max_unit} (needs at least {max(max_unit + 1, 1)})",
+      )
   elif max_unit > 0:
-    raise RecordError("unit_rewards", f"missing, but action tokens reach unit {max_unit} (the default [reward] "
-                                      f"covers unit 0 only)")
+    raise RecordError(
+      "unit_rewards", f"missing, but action tokens reach unit {max_unit} (the default [reward] covers unit 0 only)"
+    )
   bounds = _list(record, "boundaries", _is_int, "an int")
   if not bounds:
     raise RecordError("boundaries", "is empty; boundaries[0] must be the prompt length")
-  prompt_len = _scalar(record, "prompt_len", lambda x: _is_int(x) and 1 <= x <= n,
-                       f"an int in [1, {n}] (1 <= prompt_len <= len(token_ids))")
+  prompt_len = _scalar(
+    record,
+    "prompt_len",
+    lambda x: _is_int(x) and 1 <= x <= n,
+    f"an int in [1, {n}] (1 <= prompt_len <= len(token_ids))",
+  )
   if bounds[0] != prompt_len:
     raise RecordError("boundaries", f"boundaries[0] = {bounds[0]} differs from prompt_len = {prompt_len}")
   for t in range(1, len(bounds)):
     if not bounds[t - 1] <= bounds[t] <= n:
-      raise RecordError(f"boundaries[{t}]", f"is {bounds[t]}; expected {bounds[t - 1]} <= it <= {n} "
-                                           f"(non-decreasing, within the tokens)")
+      raise RecordError(
+        f"boundaries[{t}]", f"is {bounds[t]}; expected {bounds[t - 1]} <= it <= {n} (non-decreasing, within the tokens)"
+      )
   if any(mask[:prompt_len]):
     first = mask.index(True)
     raise RecordError("action_mask", f"action_mask[{first}] = 1 inside the prompt (prompt_len = {prompt_len})")
@@ -336,17 +350,22 @@ def extract_tool_calls(text: str | None, turn: int) -> list[dict]:
   for p in parsed.calls:
     if p.call is None:
       continue
-    out.append({"id": f"call_{turn}_{len(out)}", "type": "function",
-                "function": {"name": p.call.name, "arguments": json.dumps(p.call.arguments, ensure_ascii=False)}})
+    out.append(
+      {
+        "id": f"call_{turn}_{len(out)}",
+        "type": "function",
+        "function": {"name": p.call.name, "arguments": json.dumps(p.call.arguments, ensure_ascii=False)},
+      }
+    )
   return out
 
 
 def _with_tool_calls(messages: list[dict]) -> list[dict]:
   turn = -1
-  pending: list[str] | None = None   # ids of the last assistant message's calls, for the tool message after it
+  pending: list[str] | None = None  # ids of the last assistant message's calls, for the tool message after it
   for m in messages:
     if not isinstance(m, dict):
-      continue   # validate_record reports it
+      continue  # validate_record reports it
     role = m.get("role")
     if role == "assistant":
       turn += 1
@@ -365,17 +384,17 @@ def _with_tool_calls(messages: list[dict]) -> list[dict]:
 
 
 def rollout_to_record(
-    result_or_builder,
-    *,
-    rollout_id: str,
-    group_id: int | str,
-    reward: float | None = None,
-    unit_rewards: Sequence[float] | None = None,
-    messages: Sequence[Mapping[str, Any]] | None = None,
-    tools: Sequence[Mapping[str, Any]] | None = None,
-    task_id: str | None = None,
-    finish: str | None = None,
-    metadata: Mapping[str, Any] | None = None,
+  result_or_builder,
+  *,
+  rollout_id: str,
+  group_id: int | str,
+  reward: float | None = None,
+  unit_rewards: Sequence[float] | None = None,
+  messages: Sequence[Mapping[str, Any]] | None = None,
+  tools: Sequence[Mapping[str, Any]] | None = None,
+  task_id: str | None = None,
+  finish: str | None = None,
+  metadata: Mapping[str, Any] | None = None,
 ) -> dict:
   """One rollout as a JSONL record (a dict of JSON types only; see `REQUIRED_FIELDS` / `OPTIONAL_FIELDS`).
 
@@ -432,14 +451,15 @@ def rollout_to_record(
   if not isinstance(reward, (bool, np.bool_)) and isinstance(reward, (int, float, np.integer, np.floating)):
     reward = float(reward)
   record: dict[str, Any] = {
-      "rollout_id": rollout_id,
-      "group_id": group_id,
-      "task_id": task_id,
-      "messages": _with_tool_calls(_json_native(list(messages), "messages")),
+    "rollout_id": rollout_id,
+    "group_id": group_id,
+    "task_id": task_id,
+    "messages": _with_tool_calls(_json_native(list(messages), "messages")),
   }
   if tools is not None:
     record["tools"] = _json_native(list(tools), "tools")
-  record.update({
+  record.update(
+    {
       "token_ids": [int(t) for t in b.tokens],
       "action_mask": [1 if a else 0 for a in b.action_mask],
       "turn_ids": [int(t) for t in b.turn_ids],
@@ -453,11 +473,12 @@ def rollout_to_record(
       "unit_rewards": [float(x) for x in (unit_rewards if unit_rewards is not None else [reward])],
       "finish": finish,
       "metadata": _json_native(meta, "metadata"),
-  })
+    }
+  )
   validate_record(record)
   for key in ("rollout_id", "group_id", "task_id", "finish"):
     if isinstance(record[key], str):
-      record[key] = _json_native(record[key], key)   # a surrogate pair becomes its character, as it reads back
+      record[key] = _json_native(record[key], key)  # a surrogate pair becomes its character, as it reads back
   return record
 
 
@@ -477,14 +498,14 @@ def record_to_builder(record: Mapping[str, Any]) -> RolloutBuilder:
   """
   validate_record(record)
   return RolloutBuilder(
-      tokens=[int(t) for t in record["token_ids"]],
-      action_mask=[bool(a) for a in record["action_mask"]],
-      turn_ids=[int(t) for t in record["turn_ids"]],
-      behavior_logp=[float(x) for x in record["behavior_logprobs"]],
-      boundaries=[int(x) for x in record["boundaries"]],
-      num_turns=_derived_num_turns(record),
-      unit_ids=_unit_ids(record),
-      unit=_derived_current_unit(record),
+    tokens=[int(t) for t in record["token_ids"]],
+    action_mask=[bool(a) for a in record["action_mask"]],
+    turn_ids=[int(t) for t in record["turn_ids"]],
+    behavior_logp=[float(x) for x in record["behavior_logprobs"]],
+    boundaries=[int(x) for x in record["boundaries"]],
+    num_turns=_derived_num_turns(record),
+    unit_ids=_unit_ids(record),
+    unit=_derived_current_unit(record),
   )
 
 
@@ -498,7 +519,7 @@ def _dump_line(record: Mapping) -> str:
   line = json.dumps(record, ensure_ascii=False, **kw)
   try:
     line.encode("utf-8")
-  except UnicodeEncodeError:   # a lone surrogate: escape everything (reads back to the same string)
+  except UnicodeEncodeError:  # a lone surrogate: escape everything (reads back to the same string)
     line = json.dumps(record, ensure_ascii=True, **kw)
   return line
 
@@ -565,11 +586,11 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
 
 
 def records_to_trajectory(
-    records: Sequence[Mapping[str, Any]],
-    *,
-    max_turns: int | None = None,
-    pad_id: int,
-    length_bucket: int = 64,
+  records: Sequence[Mapping[str, Any]],
+  *,
+  max_turns: int | None = None,
+  pad_id: int,
+  length_bucket: int = 64,
 ) -> tuple[Trajectory, dict[int | str, int]]:
   """Packs records into a `Trajectory` (row i is records[i]; the order is kept, never assumed group-major).
 
@@ -618,17 +639,24 @@ def records_to_trajectory(
   unit_rewards = [[float(x) for x in rec.get("unit_rewards", [rec["reward"]])] for rec in records]
   if max_turns is None:
     max_turns = max(1, max(b.num_turns for b in builders))
-  traj = pack(builders, rewards, group_ids, unit_rewards=unit_rewards, max_turns=max_turns, pad_id=pad_id,
-              length_bucket=length_bucket)
+  traj = pack(
+    builders,
+    rewards,
+    group_ids,
+    unit_rewards=unit_rewards,
+    max_turns=max_turns,
+    pad_id=pad_id,
+    length_bucket=length_bucket,
+  )
   return traj, mapping
 
 
 def attach_credit(
-    records: Sequence[Mapping[str, Any]],
-    adv_BxL,
-    turn_adv_BxT=None,
-    *,
-    method: str | None = None,
+  records: Sequence[Mapping[str, Any]],
+  adv_BxL,
+  turn_adv_BxT=None,
+  *,
+  method: str | None = None,
 ) -> list[dict]:
   """Copies of the records with the credit a method assigned (the records themselves are not changed).
 

@@ -31,7 +31,7 @@ class RolloutResult:
   builder: RolloutBuilder
   env: EnvLike
   reward: float
-  finish: str          # "answer" | "no_answer" | "tool_budget" | "length"
+  finish: str  # "answer" | "no_answer" | "tool_budget" | "length"
   tool_calls: int
   tool_errors: int
   messages: list[dict] = dataclasses.field(default_factory=list)  # the prompt, then each assistant/tool message
@@ -48,17 +48,17 @@ def encode_prompt(tok: ChatTokenizerLike, messages: list[dict]) -> list[int]:
 
 
 def run_rollouts(
-    sampler,
-    tok: ChatTokenizerLike,
-    fmt: ChatFormat,
-    envs: Sequence[EnvLike],
-    prompts: Sequence[list[dict]],
-    sampling_params,
-    key: jax.Array,
-    *,
-    max_turns: int,
-    max_len: int,
-    on_turn: Callable[[int, int], None] | None = None,
+  sampler,
+  tok: ChatTokenizerLike,
+  fmt: ChatFormat,
+  envs: Sequence[EnvLike],
+  prompts: Sequence[list[dict]],
+  sampling_params,
+  key: jax.Array,
+  *,
+  max_turns: int,
+  max_len: int,
+  on_turn: Callable[[int, int], None] | None = None,
 ) -> list[RolloutResult]:
   """Samples one rollout per environment, up to `max_turns` assistant turns each.
 
@@ -132,9 +132,16 @@ def run_rollouts(
       builders[i].append_context(fmt.observation_ids(tok, observation, emitted_eos, role))
       builders[i].mark_boundary()
   return [
-      RolloutResult(builder=builders[i], env=envs[i], reward=float(envs[i].reward()), finish=finish[i],
-                    tool_calls=tool_calls[i], tool_errors=tool_errors[i], messages=messages[i])
-      for i in range(len(envs))
+    RolloutResult(
+      builder=builders[i],
+      env=envs[i],
+      reward=float(envs[i].reward()),
+      finish=finish[i],
+      tool_calls=tool_calls[i],
+      tool_errors=tool_errors[i],
+      messages=messages[i],
+    )
+    for i in range(len(envs))
   ]
 
 

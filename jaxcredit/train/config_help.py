@@ -89,7 +89,7 @@ def knob_descriptions() -> dict[tuple[str, str], str]:
 
 def _show(value: Any) -> str:
   text = repr(value)
-  return text if len(text) <= _MAX_VALUE_CHARS else text[:_MAX_VALUE_CHARS - 3] + "..."
+  return text if len(text) <= _MAX_VALUE_CHARS else text[: _MAX_VALUE_CHARS - 3] + "..."
 
 
 def describe_config(config: ml_collections.ConfigDict, config_file: str | None = None) -> str:
@@ -127,7 +127,7 @@ def override_keys(args: list[str]) -> list[str]:
   keys = []
   for a in args:
     if a.startswith("--config."):
-      keys.append(a[len("--config."):].split("=", 1)[0])
+      keys.append(a[len("--config.") :].split("=", 1)[0])
   return keys
 
 

@@ -15,14 +15,14 @@ KL_ESTIMATORS = ("k1", "k2", "k3")
 
 
 def ppo_clip_token_loss(
-    logp_BxL: jax.Array,
-    behavior_logp_BxL: jax.Array,
-    adv_BxL: jax.Array,
-    *,
-    eps_low: float = 0.2,
-    eps_high: float = 0.2,
-    dual_clip: float | None = None,
-    max_log_ratio: float = 20.0,
+  logp_BxL: jax.Array,
+  behavior_logp_BxL: jax.Array,
+  adv_BxL: jax.Array,
+  *,
+  eps_low: float = 0.2,
+  eps_high: float = 0.2,
+  dual_clip: float | None = None,
+  max_log_ratio: float = 20.0,
 ) -> tuple[jax.Array, jax.Array]:
   """Per-token PPO clipped surrogate loss (to minimise).
 
@@ -65,7 +65,7 @@ def ppo_clip_token_loss(
 
 
 def aggregate(
-    values_BxL: jax.Array, mask_BxL: jax.Array, mode: str = "token-mean", *, max_len: int | None = None
+  values_BxL: jax.Array, mask_BxL: jax.Array, mode: str = "token-mean", *, max_len: int | None = None
 ) -> tuple[jax.Array, jax.Array]:
   """Reduces per-token values to a (numerator, denominator) pair; the loss is numerator / denominator.
 

@@ -87,6 +87,7 @@ class Method:
 # ---------------------------------------------------------------------------------------------------------------
 # Batching helpers.
 
+
 @functools.lru_cache(maxsize=None)
 def _jit_vmap(fn: Callable, knobs: tuple) -> Callable:
   return jax.jit(jax.vmap(functools.partial(fn, **dict(knobs))))
@@ -141,6 +142,7 @@ def _teacher_gap(traj: Trajectory, name: str) -> float | None:
 # ---------------------------------------------------------------------------------------------------------------
 # Outcome baselines.
 
+
 def grpo(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
   """GRPO: the group-normalised outcome on every action token (credit.grpo_advantages)."""
   seq = _outcome(traj, k["scale"], k["eps"])
@@ -160,8 +162,10 @@ def rloo(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
 
 
 def _hash32(ids: np.ndarray) -> int:
-  return int.from_bytes(hashlib.blake2b(np.ascontiguousarray(ids, np.int32).tobytes(), digest_size=4).digest(),
-                        "little") & 0x7FFFFFFF
+  return (
+    int.from_bytes(hashlib.blake2b(np.ascontiguousarray(ids, np.int32).tobytes(), digest_size=4).digest(), "little")
+    & 0x7FFFFFFF
+  )
 
 
 def gigpo_state_ids(traj: Trajectory, state_key: str) -> np.ndarray:
@@ -197,26 +201,50 @@ def gigpo_state_ids(traj: Trajectory, state_key: str) -> np.ndarray:
 def gigpo(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
   """GiGPO: episode advantage plus a step advantage among turns taken in the same state (credit.gigpo_advantages)."""
   state_ids = gigpo_state_ids(traj, k["state_key"])
-  turn = per_group(credit.gigpo_advantages, _pick(k, "gamma", "omega", "scale", "eps"), traj, traj.rewards_B,
-                   state_ids, traj.turn_mask_BxT, traj.sample_mask_B)
+  turn = per_group(
+    credit.gigpo_advantages,
+    _pick(k, "gamma", "omega", "scale", "eps"),
+    traj,
+    traj.rewards_B,
+    state_ids,
+    traj.turn_mask_BxT,
+    traj.sample_mask_B,
+  )
   real = state_ids[traj.turn_mask_BxT]
-  return MethodOutput(_turns(turn, traj), turn,
-                      metrics={"gigpo_states_per_rollout": float(len(set(real.tolist()))) / max(traj.batch_size, 1)})
+  return MethodOutput(
+    _turns(turn, traj),
+    turn,
+    metrics={"gigpo_states_per_rollout": float(len(set(real.tolist()))) / max(traj.batch_size, 1)},
+  )
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Dense methods.
 
+
 def trace(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
   """TRACE: outcome + beta * normalised TD log-ratio rewards of the reference's gold-answer scores."""
   gold = traj.passes["gold_answer"]
-  turn = per_group(credit.trace_advantages, _pick(k, "beta", "scale", "dense_norm", "eps"), traj, traj.rewards_B,
-                   gold["gold_logp_BxT1"], gold["boundary_mask_BxT1"], traj.turn_mask_BxT, traj.sample_mask_B)
+  turn = per_group(
+    credit.trace_advantages,
+    _pick(k, "beta", "scale", "dense_norm", "eps"),
+    traj,
+    traj.rewards_B,
+    gold["gold_logp_BxT1"],
+    gold["boundary_mask_BxT1"],
+    traj.turn_mask_BxT,
+    traj.sample_mask_B,
+  )
   td = per_rollout(credit.trace_td_rewards, {}, gold["gold_logp_BxT1"], gold["boundary_mask_BxT1"])
   tm = traj.turn_mask_BxT
-  return MethodOutput(_turns(turn, traj), turn, metrics={
+  return MethodOutput(
+    _turns(turn, traj),
+    turn,
+    metrics={
       "td_reward_abs_mean": float(np.abs(td[tm]).mean()) if tm.any() else 0.0,
-      "gold_boundaries": int(np.asarray(gold["boundary_mask_BxT1"]).sum())})
+      "gold_boundaries": int(np.asarray(gold["boundary_mask_BxT1"]).sum()),
+    },
+  )
 
 
 def _teacher_or_nan(traj: Trajectory, name: str, key: str) -> np.ndarray:
@@ -227,19 +255,37 @@ def _teacher_or_nan(traj: Trajectory, name: str, key: str) -> np.ndarray:
 
 def crest(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
   """CrEST: per-unit verified advantages, token magnitudes modulated by the entropy-gated privileged self-teacher."""
-  unit_adv = per_group(credit.crest_turn_advantages, _pick(k, "scale", "eps"), traj, traj.unit_rewards_BxU,
-                       traj.unit_mask_BxU, traj.sample_mask_B)
+  unit_adv = per_group(
+    credit.crest_turn_advantages,
+    _pick(k, "scale", "eps"),
+    traj,
+    traj.unit_rewards_BxU,
+    traj.unit_mask_BxU,
+    traj.sample_mask_B,
+  )
   name = "teacher_privileged"
   teacher_logp = _teacher_or_nan(traj, name, "logp_BxL")
   entropy = _teacher_or_nan(traj, name, "entropy_BxL")
-  w = per_rollout(credit.crest_token_weights, _pick(k, "tau", "temperature", "max_log_ratio"), unit_adv,
-                  traj.unit_ids_BxL, traj.action_mask_BxL, teacher_logp, traj.behavior_logp_BxL, entropy)
+  w = per_rollout(
+    credit.crest_token_weights,
+    _pick(k, "tau", "temperature", "max_log_ratio"),
+    unit_adv,
+    traj.unit_ids_BxL,
+    traj.action_mask_BxL,
+    teacher_logp,
+    traj.behavior_logp_BxL,
+    entropy,
+  )
   adv = per_rollout(credit.turn_to_token, {}, unit_adv, traj.unit_ids_BxL, traj.action_mask_BxL) * w
   act = traj.action_mask_BxL & pass_valid(traj, name)[:, None]
-  return MethodOutput(adv.astype(np.float32), metrics={
+  return MethodOutput(
+    adv.astype(np.float32),
+    metrics={
       "teacher_policy_gap": _teacher_gap(traj, name),
       "crest_gate_open_frac": _action_mean((entropy < k["tau"]).astype(np.float32), act),
-      "crest_weight_std": float(w[act].std()) if act.any() else 0.0})
+      "crest_weight_std": float(w[act].std()) if act.any() else 0.0,
+    },
+  )
 
 
 def toolopd(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
@@ -249,27 +295,44 @@ def toolopd(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
   skill = traj.passes["teacher_skill"]["logp_BxL"]
   base = traj.passes["teacher_plain"]["logp_BxL"]
   success = traj.passes["hindsight_skill"]["success_B"]
-  w = per_rollout(credit.toolopd_token_weights, _pick(k, "max_credit", "normalize"), skill, base, success,
-                  traj.action_mask_BxL)
+  w = per_rollout(
+    credit.toolopd_token_weights, _pick(k, "max_credit", "normalize"), skill, base, success, traj.action_mask_BxL
+  )
   w = np.where(valid[:, None], w, 0.0).astype(np.float32)
   act = traj.action_mask_BxL & valid[:, None]
-  return MethodOutput(_on_actions(seq, traj), seq[:, None] * traj.turn_mask_BxT, distill_weight_BxL=w,
-                      distill_target_BxL=np.asarray(skill, np.float32), metrics={
-                          "teacher_policy_gap": _teacher_gap(traj, "teacher_skill"),
-                          "toolopd_credited_frac": _action_mean((w > 0).astype(np.float32), act),
-                          "toolopd_skill_tokens": float(np.mean(traj.passes["hindsight_skill"]["skill_tokens_B"]))})
+  return MethodOutput(
+    _on_actions(seq, traj),
+    seq[:, None] * traj.turn_mask_BxT,
+    distill_weight_BxL=w,
+    distill_target_BxL=np.asarray(skill, np.float32),
+    metrics={
+      "teacher_policy_gap": _teacher_gap(traj, "teacher_skill"),
+      "toolopd_credited_frac": _action_mean((w > 0).astype(np.float32), act),
+      "toolopd_skill_tokens": float(np.mean(traj.passes["hindsight_skill"]["skill_tokens_B"])),
+    },
+  )
 
 
 def hsd(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
   """HSD: GRPO plus dense_coef * the clipped log-ratio of the peer-conditioned self-teacher to the policy."""
   seq = _outcome(traj, k["scale"], k["eps"])
   name = "teacher_peer"
-  a = per_rollout(credit.hsd_token_advantages, _pick(k, "clip"), _teacher_or_nan(traj, name, "logp_BxL"),
-                  traj.behavior_logp_BxL, traj.action_mask_BxL)
+  a = per_rollout(
+    credit.hsd_token_advantages,
+    _pick(k, "clip"),
+    _teacher_or_nan(traj, name, "logp_BxL"),
+    traj.behavior_logp_BxL,
+    traj.action_mask_BxL,
+  )
   adv = _on_actions(seq, traj) + k["dense_coef"] * a
-  return MethodOutput(adv.astype(np.float32), seq[:, None] * traj.turn_mask_BxT, metrics={
+  return MethodOutput(
+    adv.astype(np.float32),
+    seq[:, None] * traj.turn_mask_BxT,
+    metrics={
       "teacher_policy_gap": _teacher_gap(traj, name),
-      "hsd_peers_found_frac": float(np.mean(np.asarray(traj.passes[name]["peer_B"]) >= 0))})
+      "hsd_peers_found_frac": float(np.mean(np.asarray(traj.passes[name]["peer_B"]) >= 0)),
+    },
+  )
 
 
 def gear(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
@@ -282,22 +345,34 @@ def gear(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
   # The segments extend over tokens where the policy itself is unsure (the student's entropy, docs/credit.md GEAR).
   ent = np.asarray(traj.passes[name]["student_entropy_BxL"], np.float32)
   seg_knobs = _pick(k, "k_sigma", "tau_low", "entropy_floor", "eps")
-  adv = per_rollout(credit.gear_advantages, dict(seg_knobs, alpha=k["alpha"], normalize=k["normalize"]), seq, div,
-                    ent, traj.action_mask_BxL)
+  adv = per_rollout(
+    credit.gear_advantages,
+    dict(seg_knobs, alpha=k["alpha"], normalize=k["normalize"]),
+    seq,
+    div,
+    ent,
+    traj.action_mask_BxL,
+  )
   seg_start = per_rollout(credit.gear_segments, seg_knobs, div, ent, traj.action_mask_BxL)
   spikes = (seg_start == np.arange(seg_start.shape[1])[None, :]).sum(axis=1)
   in_seg = (seg_start >= 0).sum(axis=1)
-  return MethodOutput(adv.astype(np.float32), seq[:, None] * traj.turn_mask_BxT, metrics={
+  return MethodOutput(
+    adv.astype(np.float32),
+    seq[:, None] * traj.turn_mask_BxT,
+    metrics={
       "gear_spikes_per_rollout": float(spikes.mean()),
       "gear_segment_tokens_per_rollout": float(in_seg.mean()),
-      "gear_divergence_mean": _action_mean(div, traj.action_mask_BxL & valid[:, None])})
+      "gear_divergence_mean": _action_mean(div, traj.action_mask_BxL & valid[:, None]),
+    },
+  )
 
 
 def opd(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
   """On-policy distillation: token advantage = teacher - policy log-prob of the sampled token."""
   name = "teacher_plain"
-  a = per_rollout(credit.opd_token_advantages, {}, traj.passes[name]["logp_BxL"], traj.behavior_logp_BxL,
-                  traj.action_mask_BxL)
+  a = per_rollout(
+    credit.opd_token_advantages, {}, traj.passes[name]["logp_BxL"], traj.behavior_logp_BxL, traj.action_mask_BxL
+  )
   adv = np.where(pass_valid(traj, name)[:, None], a, 0.0).astype(np.float32)
   return MethodOutput(adv, metrics={"teacher_policy_gap": _teacher_gap(traj, name)})
 
@@ -305,26 +380,57 @@ def opd(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
 _OUTCOME = {"scale": "group", "eps": 1e-6}
 
 METHODS: dict[str, Method] = {
-    "grpo": Method(grpo, dict(_OUTCOME), teacher=None, summary="outcome-only group-normalised baseline"),
-    "drgrpo": Method(drgrpo, {"eps": 1e-6}, teacher=None, summary="GRPO without std normalisation"),
-    "rloo": Method(rloo, {}, teacher=None, summary="leave-one-out baseline"),
-    "gigpo": Method(gigpo, dict(_OUTCOME, gamma=0.95, omega=1.0, state_key="observation"), teacher=None,
-                    summary="episode + step-group advantages at shared anchor states"),
-    # TRACE's scorer is always the frozen reference (the gold_answer pass), never config.teacher.source.
-    "trace": Method(trace, dict(_OUTCOME, beta=1.0, dense_norm="group_rms", gold_reduce="sum"), ("gold_answer",),
-                    teacher=None, summary="TD log-ratio turn rewards from the reference's gold-answer scores"),
-    "crest": Method(crest, dict(_OUTCOME, tau=1.0, temperature=0.25, max_log_ratio=2.0), ("teacher_privileged",),
-                    summary="verified unit advantages, entropy-gated privileged self-teacher modulation"),
-    "toolopd": Method(toolopd, dict(_OUTCOME, max_credit=2.0, normalize=True, distill_coef=0.1, skill_max_tokens=48,
-                                    skill_template=""),
-                      ("hindsight_skill", "teacher_plain", "teacher_skill"), ("distill",), teacher="reference",
-                      summary="GRPO + hindsight-skill-weighted distillation"),
-    "hsd": Method(hsd, dict(_OUTCOME, clip=1.0, dense_coef=0.1, success_threshold=0.5, fallback="gold"),
-                  ("teacher_peer",), summary="self-teacher conditioned on a successful peer rollout"),
-    "gear": Method(gear, dict(_OUTCOME, alpha=1.0, k_sigma=2.0, tau_low=0.1, entropy_floor=1.0, normalize=True),
-                   ("teacher_divergence",), summary="divergence-anchored segments rescale the GRPO advantage"),
-    "opd": Method(opd, {}, ("teacher_plain",), teacher="", min_group_size=1,
-                  summary="on-policy distillation from a teacher checkpoint"),
+  "grpo": Method(grpo, dict(_OUTCOME), teacher=None, summary="outcome-only group-normalised baseline"),
+  "drgrpo": Method(drgrpo, {"eps": 1e-6}, teacher=None, summary="GRPO without std normalisation"),
+  "rloo": Method(rloo, {}, teacher=None, summary="leave-one-out baseline"),
+  "gigpo": Method(
+    gigpo,
+    dict(_OUTCOME, gamma=0.95, omega=1.0, state_key="observation"),
+    teacher=None,
+    summary="episode + step-group advantages at shared anchor states",
+  ),
+  # TRACE's scorer is always the frozen reference (the gold_answer pass), never config.teacher.source.
+  "trace": Method(
+    trace,
+    dict(_OUTCOME, beta=1.0, dense_norm="group_rms", gold_reduce="sum"),
+    ("gold_answer",),
+    teacher=None,
+    summary="TD log-ratio turn rewards from the reference's gold-answer scores",
+  ),
+  "crest": Method(
+    crest,
+    dict(_OUTCOME, tau=1.0, temperature=0.25, max_log_ratio=2.0),
+    ("teacher_privileged",),
+    summary="verified unit advantages, entropy-gated privileged self-teacher modulation",
+  ),
+  "toolopd": Method(
+    toolopd,
+    dict(_OUTCOME, max_credit=2.0, normalize=True, distill_coef=0.1, skill_max_tokens=48, skill_template=""),
+    ("hindsight_skill", "teacher_plain", "teacher_skill"),
+    ("distill",),
+    teacher="reference",
+    summary="GRPO + hindsight-skill-weighted distillation",
+  ),
+  "hsd": Method(
+    hsd,
+    dict(_OUTCOME, clip=1.0, dense_coef=0.1, success_threshold=0.5, fallback="gold"),
+    ("teacher_peer",),
+    summary="self-teacher conditioned on a successful peer rollout",
+  ),
+  "gear": Method(
+    gear,
+    dict(_OUTCOME, alpha=1.0, k_sigma=2.0, tau_low=0.1, entropy_floor=1.0, normalize=True),
+    ("teacher_divergence",),
+    summary="divergence-anchored segments rescale the GRPO advantage",
+  ),
+  "opd": Method(
+    opd,
+    {},
+    ("teacher_plain",),
+    teacher="",
+    min_group_size=1,
+    summary="on-policy distillation from a teacher checkpoint",
+  ),
 }
 
 
@@ -336,6 +442,7 @@ def check_knobs(name: str, knobs: Mapping[str, Any]) -> None:
     ValueError: "config.credit.<name>: " + the credit function's message, which names the knob.
   """
   from jaxcredit.trajectory import RolloutBuilder, pack
+
   builders = []
   for _ in range(2):
     b = RolloutBuilder.from_prompt([1, 2])
@@ -343,17 +450,27 @@ def check_knobs(name: str, knobs: Mapping[str, Any]) -> None:
     builders.append(b)
   traj = pack(builders, [1.0, 0.0], [0, 0], max_turns=1, pad_id=0, length_bucket=4)
   zeros = np.zeros(traj.tokens_BxL.shape, np.float32)
-  outputs = {"gold_logp_BxT1": np.zeros(traj.boundary_mask_BxT1.shape, np.float32),
-             "boundary_mask_BxT1": traj.boundary_mask_BxT1, "logp_BxL": zeros, "entropy_BxL": zeros,
-             "divergence_BxL": zeros, "student_entropy_BxL": zeros, "peer_B": np.full(2, -1, np.int32),
-             "skills": ["s", "s"], "skill_tokens_B": np.ones(2, np.int32), "success_B": np.asarray([True, False]),
-             "valid_B": np.ones(2, bool), "reasons": ["", ""]}
+  outputs = {
+    "gold_logp_BxT1": np.zeros(traj.boundary_mask_BxT1.shape, np.float32),
+    "boundary_mask_BxT1": traj.boundary_mask_BxT1,
+    "logp_BxL": zeros,
+    "entropy_BxL": zeros,
+    "divergence_BxL": zeros,
+    "student_entropy_BxL": zeros,
+    "peer_B": np.full(2, -1, np.int32),
+    "skills": ["s", "s"],
+    "skill_tokens_B": np.ones(2, np.int32),
+    "success_B": np.asarray([True, False]),
+    "valid_B": np.ones(2, bool),
+    "reasons": ["", ""],
+  }
   traj.passes = {p: outputs for p in METHODS[name].passes}
   try:
     with jax.disable_jit():
       METHODS[name].advantages(traj, knobs)
-      if "success_threshold" in knobs:   # read by the peer pass (HSD), not by the advantage function
-        credit.hsd_select_peers(traj.rewards_B, traj.sample_mask_B, jax.random.key(0),
-                                success_threshold=knobs["success_threshold"])
+      if "success_threshold" in knobs:  # read by the peer pass (HSD), not by the advantage function
+        credit.hsd_select_peers(
+          traj.rewards_B, traj.sample_mask_B, jax.random.key(0), success_threshold=knobs["success_threshold"]
+        )
   except (ValueError, TypeError) as e:
     raise ValueError(f"config.credit.{name}: {e}") from None

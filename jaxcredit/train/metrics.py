@@ -10,10 +10,26 @@ from typing import Any
 import numpy as np
 
 # A panel appears only when the run logged the metric (the method-specific ones come from METHODS' functions).
-PLOTTED = ("reward_mean", "success_rate", "mean_turns", "tool_calls", "adv_mean", "adv_std", "loss", "kl",
-           "loss_distill", "clip_frac", "teacher_policy_gap", "td_reward_abs_mean", "crest_gate_open_frac",
-           "toolopd_credited_frac", "hsd_peers_found_frac", "gear_spikes_per_rollout", "tokens_per_s",
-           "eval_success_rate")
+PLOTTED = (
+  "reward_mean",
+  "success_rate",
+  "mean_turns",
+  "tool_calls",
+  "adv_mean",
+  "adv_std",
+  "loss",
+  "kl",
+  "loss_distill",
+  "clip_frac",
+  "teacher_policy_gap",
+  "td_reward_abs_mean",
+  "crest_gate_open_frac",
+  "toolopd_credited_frac",
+  "hsd_peers_found_frac",
+  "gear_spikes_per_rollout",
+  "tokens_per_s",
+  "eval_success_rate",
+)
 
 
 def _clean(v: Any) -> Any:
@@ -44,6 +60,7 @@ class MetricsWriter:
     if tensorboard and enabled:
       try:
         from tensorboardX import SummaryWriter
+
         self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
       except ImportError:
         self._tb = None
@@ -88,6 +105,7 @@ class MetricsWriter:
 def plot_curves(workdir: str, rows: list[dict]) -> str:
   """Writes `<workdir>/curves.png`: one panel per plotted metric, RL rows against step, eval markers."""
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
@@ -116,7 +134,7 @@ def plot_curves(workdir: str, rows: list[dict]) -> str:
       ax.set_xlabel("RL step")
     ax.set_title(name)
     ax.grid(alpha=0.3)
-  for ax in list(axes.flat)[len(panels):]:
+  for ax in list(axes.flat)[len(panels) :]:
     ax.axis("off")
   fig.tight_layout()
   path = os.path.join(workdir, "curves.png")

@@ -40,8 +40,9 @@ from jaxcredit.train import step as step_lib
 from jaxcredit.trajectory import Trajectory, group_index
 
 DEFAULT_SKILL_TEMPLATE = (
-    "Here is a task, an attempt at it and its outcome.\n\nTask: {task}\n\nAttempt:\n{transcript}\n\n"
-    "Outcome: {outcome}\n\nIn one or two sentences, write advice that would help on similar tasks.")
+  "Here is a task, an attempt at it and its outcome.\n\nTask: {task}\n\nAttempt:\n{transcript}\n\n"
+  "Outcome: {outcome}\n\nIn one or two sentences, write advice that would help on similar tasks."
+)
 
 
 @dataclasses.dataclass
@@ -99,21 +100,29 @@ class PassFns:
   def teacher(self, teacher: Model, student: Model | None):
     """(teacher_params, TeacherBatch, traj, student_params) -> TeacherPassResult, run under the mesh."""
     key = ("teacher", id(teacher.graphdef), None if student is None else id(student.graphdef))
-    fn = self._get(key, lambda: teacher_lib.make_teacher_pass_fn(
-        teacher.graphdef, teacher.rest, self.temperature,
+    fn = self._get(
+      key,
+      lambda: teacher_lib.make_teacher_pass_fn(
+        teacher.graphdef,
+        teacher.rest,
+        self.temperature,
         student_graphdef=None if student is None else student.graphdef,
-        student_rest=None if student is None else student.rest))
+        student_rest=None if student is None else student.rest,
+      ),
+    )
     return self._under_mesh(fn)
 
   def gold(self, model: Model):
     """(params, packed arrays...) -> gold log-probs at temperature 1 (step.make_packed_gold_fn), under the mesh."""
-    return self._under_mesh(self._get(("gold", id(model.graphdef)),
-                                      lambda: step_lib.make_packed_gold_fn(model.graphdef, model.rest)))
+    return self._under_mesh(
+      self._get(("gold", id(model.graphdef)), lambda: step_lib.make_packed_gold_fn(model.graphdef, model.rest))
+    )
 
   def _under_mesh(self, fn):
     def call(*args):
       with jax.set_mesh(self.mesh):
         return fn(*args)
+
     return call
 
 
@@ -136,36 +145,60 @@ def pass_metrics(name: str, outputs: Mapping[str, Any], seconds: float) -> dict:
 # ---------------------------------------------------------------------------------------------------------------
 # The passes.
 
+
 def gold_answer(ctx: PassContext, traj: Trajectory) -> dict:
   """TRACE: log p_ref(y* | s_t) at every boundary, all boundaries of a rollout in one packed forward."""
   ref = ctx.models["reference"]
   gold_ids = [encode_plain(ctx.tok, ctx.env.gold_answer_text(t)) + [ctx.tok.eos_id] for t in ctx.tasks]
   fn = ctx.fns.gold(ref)
-  gold, mask = score_gold_answers_packed(lambda *a: np.asarray(fn(ref.params, *a)), traj, gold_ids,
-                                         pad_id=ctx.tok.pad_id, reduce=ctx.knobs["gold_reduce"],
-                                         length_bucket=ctx.config.train.length_bucket)
-  valid = mask[:, 0].copy()   # without s_0 TRACE has no dense term for the rollout
-  return {"gold_logp_BxT1": gold, "boundary_mask_BxT1": mask, "valid_B": valid,
-          "reasons": ["" if v else "no_boundary" for v in valid]}
+  gold, mask = score_gold_answers_packed(
+    lambda *a: np.asarray(fn(ref.params, *a)),
+    traj,
+    gold_ids,
+    pad_id=ctx.tok.pad_id,
+    reduce=ctx.knobs["gold_reduce"],
+    length_bucket=ctx.config.train.length_bucket,
+  )
+  valid = mask[:, 0].copy()  # without s_0 TRACE has no dense term for the rollout
+  return {
+    "gold_logp_BxT1": gold,
+    "boundary_mask_BxT1": mask,
+    "valid_B": valid,
+    "reasons": ["" if v else "no_boundary" for v in valid],
+  }
 
 
 def _teacher_prompts(ctx: PassContext, contexts: Sequence[str | None]) -> list[list[int] | None]:
   t = ctx.config.teacher
-  return [None if c is None else teacher_lib.teacher_prompt_ids(
-      ctx.tok, ctx.env.initial_messages(task), c, wrapper=t.context_wrapper,
-      max_context_tokens=int(t.max_context_tokens)) for task, c in zip(ctx.tasks, contexts)]
+  return [
+    None
+    if c is None
+    else teacher_lib.teacher_prompt_ids(
+      ctx.tok,
+      ctx.env.initial_messages(task),
+      c,
+      wrapper=t.context_wrapper,
+      max_context_tokens=int(t.max_context_tokens),
+    )
+    for task, c in zip(ctx.tasks, contexts)
+  ]
 
 
-def run_teacher(ctx: PassContext, traj: Trajectory, prompts: Sequence[list[int] | None], *,
-                divergence: bool = False) -> dict:
+def run_teacher(
+  ctx: PassContext, traj: Trajectory, prompts: Sequence[list[int] | None], *, divergence: bool = False
+) -> dict:
   """The teacher's log-probs and entropies (and divergence from the policy) on the rollouts' own action tokens,
   with each rollout's prompt replaced by `prompts[b]` (None: no context, the pass is invalid for it)."""
   teacher = ctx.models[ctx.teacher]
   student = ctx.models["policy"] if divergence else None
-  batch = teacher_lib.build_teacher_batch(traj, prompts, max_len=int(ctx.config.teacher.max_len),
-                                          pad_id=ctx.tok.pad_id, length_bucket=ctx.config.train.length_bucket)
-  result = ctx.fns.teacher(teacher, student)(teacher.params, batch, traj,
-                                             None if student is None else student.params)
+  batch = teacher_lib.build_teacher_batch(
+    traj,
+    prompts,
+    max_len=int(ctx.config.teacher.max_len),
+    pad_id=ctx.tok.pad_id,
+    length_bucket=ctx.config.train.length_bucket,
+  )
+  result = ctx.fns.teacher(teacher, student)(teacher.params, batch, traj, None if student is None else student.params)
   return dict(result.arrays(), reasons=result.reasons)
 
 
@@ -181,8 +214,7 @@ def teacher_privileged(ctx: PassContext, traj: Trajectory) -> dict:
 
 def teacher_divergence(ctx: PassContext, traj: Trajectory) -> dict:
   """The ground-truth-conditioned teacher, with the full-vocabulary reverse KL from the policy (GEAR)."""
-  return run_teacher(ctx, traj, _teacher_prompts(ctx, [ctx.env.privileged_info(t) for t in ctx.tasks]),
-                     divergence=True)
+  return run_teacher(ctx, traj, _teacher_prompts(ctx, [ctx.env.privileged_info(t) for t in ctx.tasks]), divergence=True)
 
 
 def teacher_peer(ctx: PassContext, traj: Trajectory) -> dict:
@@ -196,8 +228,9 @@ def teacher_peer(ctx: PassContext, traj: Trajectory) -> dict:
     raise ValueError(f"config.credit.hsd.fallback must be 'gold' or 'skip', got {k['fallback']!r}")
   idx_PxG = group_index(traj.group_ids_B)
   keys = jax.random.split(ctx.key, idx_PxG.shape[0])
-  select = jax.jit(jax.vmap(lambda r, m, key: credit.hsd_select_peers(
-      r, m, key, success_threshold=float(k["success_threshold"]))))
+  select = jax.jit(
+    jax.vmap(lambda r, m, key: credit.hsd_select_peers(r, m, key, success_threshold=float(k["success_threshold"])))
+  )
   local_PxG = np.asarray(select(traj.rewards_B[idx_PxG], traj.sample_mask_B[idx_PxG], keys))
   peer_B = np.full(traj.batch_size, -1, np.int32)
   for p in range(idx_PxG.shape[0]):
@@ -208,8 +241,10 @@ def teacher_peer(ctx: PassContext, traj: Trajectory) -> dict:
   for i, task in enumerate(ctx.tasks):
     gold = ctx.env.gold_answer_text(task)
     if peer_B[i] >= 0:
-      contexts.append(f"A successful attempt at this task:\n{transcript(ctx.results[peer_B[i]].messages)}\n"
-                      f"The correct final answer: {gold}")
+      contexts.append(
+        f"A successful attempt at this task:\n{transcript(ctx.results[peer_B[i]].messages)}\n"
+        f"The correct final answer: {gold}"
+      )
     else:
       contexts.append(f"The correct final answer: {gold}" if k["fallback"] == "gold" else None)
   out = run_teacher(ctx, traj, _teacher_prompts(ctx, contexts))
@@ -251,8 +286,13 @@ def hindsight_skill(ctx: PassContext, traj: Trajectory) -> dict:
     lengths.append(len(ids) if fit else 0)
     reasons.append("" if text else ("over_budget" if not fit else "empty_skill"))
   valid = np.asarray([not r for r in reasons], bool)
-  return {"skills": skills, "skill_tokens_B": np.asarray(lengths, np.int32), "success_B": success,
-          "valid_B": valid, "reasons": reasons}
+  return {
+    "skills": skills,
+    "skill_tokens_B": np.asarray(lengths, np.int32),
+    "success_B": success,
+    "valid_B": valid,
+    "reasons": reasons,
+  }
 
 
 def teacher_skill(ctx: PassContext, traj: Trajectory) -> dict:
@@ -261,17 +301,18 @@ def teacher_skill(ctx: PassContext, traj: Trajectory) -> dict:
   contexts = [s if v else None for s, v in zip(skills["skills"], skills["valid_B"])]
   out = run_teacher(ctx, traj, _teacher_prompts(ctx, contexts))
   # A rollout without a skill is dropped for the skill's reason (empty_skill, over_budget), not "no_context".
-  out["reasons"] = [sr if (c is None and r == "no_context") else r
-                    for c, r, sr in zip(contexts, out["reasons"], skills["reasons"])]
+  out["reasons"] = [
+    sr if (c is None and r == "no_context") else r for c, r, sr in zip(contexts, out["reasons"], skills["reasons"])
+  ]
   return out
 
 
 PASSES: dict[str, Callable[[PassContext, Trajectory], dict]] = {
-    "gold_answer": gold_answer,
-    "teacher_plain": teacher_plain,
-    "teacher_privileged": teacher_privileged,
-    "teacher_peer": teacher_peer,
-    "hindsight_skill": hindsight_skill,
-    "teacher_skill": teacher_skill,
-    "teacher_divergence": teacher_divergence,
+  "gold_answer": gold_answer,
+  "teacher_plain": teacher_plain,
+  "teacher_privileged": teacher_privileged,
+  "teacher_peer": teacher_peer,
+  "hindsight_skill": hindsight_skill,
+  "teacher_skill": teacher_skill,
+  "teacher_divergence": teacher_divergence,
 }

@@ -39,10 +39,10 @@ from jaxcredit.train import step as step_lib
 
 # Per chip: HBM bytes and peak dense bf16 FLOP/s (Google Cloud TPU system architecture pages).
 CHIPS = {
-    "v4": {"hbm_bytes": 32 * 2**30, "peak_flops": 275e12},
-    "v5e": {"hbm_bytes": 16 * 2**30, "peak_flops": 197e12},
-    "v5p": {"hbm_bytes": 95 * 2**30, "peak_flops": 459e12},
-    "v6e": {"hbm_bytes": 32 * 2**30, "peak_flops": 918e12},
+  "v4": {"hbm_bytes": 32 * 2**30, "peak_flops": 275e12},
+  "v5e": {"hbm_bytes": 16 * 2**30, "peak_flops": 197e12},
+  "v5p": {"hbm_bytes": 95 * 2**30, "peak_flops": 459e12},
+  "v6e": {"hbm_bytes": 32 * 2**30, "peak_flops": 918e12},
 }
 
 
@@ -54,8 +54,7 @@ def parse_topology(topology: str) -> tuple[str, int]:
   """
   m = re.fullmatch(r"(v4|v5e|v5p|v6e):(\d+(?:x\d+)*)", topology.strip())
   if not m or any(int(x) < 1 for x in m.group(2).split("x")):
-    raise ValueError(f"--topology {topology!r} must look like v5p:4x4x4 with sizes >= 1 "
-                     f"(generations: {sorted(CHIPS)})")
+    raise ValueError(f"--topology {topology!r} must look like v5p:4x4x4 with sizes >= 1 (generations: {sorted(CHIPS)})")
   return m.group(1), math.prod(int(x) for x in m.group(2).split("x"))
 
 
@@ -86,6 +85,7 @@ def libtpu_library_path() -> str | None:
   if path and os.path.isfile(path):
     return path
   import importlib.util
+
   spec = importlib.util.find_spec("libtpu")
   if spec is None or not spec.submodule_search_locations:
     return None
@@ -106,6 +106,7 @@ def topology_devices(topology: str) -> tuple[list, bool]:
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   try:
     from jax.experimental import topologies
+
     return list(topologies.get_topology_desc(platform="tpu", topology_name=topology).devices), True
   except Exception as e:  # no libtpu, or it cannot describe this topology
     last_topology_error = " ".join(str(e).split())[:300]
@@ -117,8 +118,9 @@ def topology_devices(topology: str) -> tuple[list, bool]:
 last_topology_error = ""  # why the last `topology_devices` call fell back to CPU devices
 
 
-def abstract_step(cfg: ModelConfig, mesh, *, batch_size: int, seq_len: int, num_micro_batches: int = 1,
-                  learning_rate: float = 1e-6):
+def abstract_step(
+  cfg: ModelConfig, mesh, *, batch_size: int, seq_len: int, num_micro_batches: int = 1, learning_rate: float = 1e-6
+):
   """The jitted update and the abstract (sharded ShapeDtypeStruct) arguments to lower it with.
 
   Returns:
@@ -130,24 +132,43 @@ def abstract_step(cfg: ModelConfig, mesh, *, batch_size: int, seq_len: int, num_
   params = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), params, p_sh)
   optimizer = step_lib.make_optimizer(learning_rate)
   opt_sh = step_lib.opt_state_shardings(optimizer, params, p_sh, mesh)
-  opt_state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                           jax.eval_shape(optimizer.init, params), opt_sh)
+  opt_state = jax.tree.map(
+    lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), jax.eval_shape(optimizer.init, params), opt_sh
+  )
   b_sh = sharding.batch_sharding(mesh, 2)
   batch = {
-      "tokens_BxL": jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32, sharding=b_sh),
-      "token_mask_BxL": jax.ShapeDtypeStruct((batch_size, seq_len), jnp.bool_, sharding=b_sh),
-      "action_mask_BxL": jax.ShapeDtypeStruct((batch_size, seq_len), jnp.bool_, sharding=b_sh),
-      "behavior_logp_BxL": jax.ShapeDtypeStruct((batch_size, seq_len), jnp.float32, sharding=b_sh),
-      "adv_BxL": jax.ShapeDtypeStruct((batch_size, seq_len), jnp.float32, sharding=b_sh),
-      "ref_logp_BxL": jax.ShapeDtypeStruct((batch_size, seq_len), jnp.float32, sharding=b_sh),
+    "tokens_BxL": jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32, sharding=b_sh),
+    "token_mask_BxL": jax.ShapeDtypeStruct((batch_size, seq_len), jnp.bool_, sharding=b_sh),
+    "action_mask_BxL": jax.ShapeDtypeStruct((batch_size, seq_len), jnp.bool_, sharding=b_sh),
+    "behavior_logp_BxL": jax.ShapeDtypeStruct((batch_size, seq_len), jnp.float32, sharding=b_sh),
+    "adv_BxL": jax.ShapeDtypeStruct((batch_size, seq_len), jnp.float32, sharding=b_sh),
+    "ref_logp_BxL": jax.ShapeDtypeStruct((batch_size, seq_len), jnp.float32, sharding=b_sh),
   }
-  update = step_lib.make_update_fn(step_lib.pg_token_loss, graphdef, rest, optimizer, step_lib.PolicyLossConfig(),
-                                   mesh, p_sh, opt_sh, num_micro=num_micro_batches)
+  update = step_lib.make_update_fn(
+    step_lib.pg_token_loss,
+    graphdef,
+    rest,
+    optimizer,
+    step_lib.PolicyLossConfig(),
+    mesh,
+    p_sh,
+    opt_sh,
+    num_micro=num_micro_batches,
+  )
   return update, (params, opt_state, batch)
 
 
-def plan_step(cfg: ModelConfig, *, topology: str, mesh: Mapping[str, int], batch_size: int, seq_len: int,
-              num_micro_batches: int = 1, step_time_s: float | None = None, devices=None) -> dict[str, Any]:
+def plan_step(
+  cfg: ModelConfig,
+  *,
+  topology: str,
+  mesh: Mapping[str, int],
+  batch_size: int,
+  seq_len: int,
+  num_micro_batches: int = 1,
+  step_time_s: float | None = None,
+  devices=None,
+) -> dict[str, Any]:
   """Compiles the training step for `topology` and reports memory, FLOPs and the MFU a step time implies.
 
   Args:
@@ -185,14 +206,17 @@ def plan_step(cfg: ModelConfig, *, topology: str, mesh: Mapping[str, int], batch
   if math.prod(shape.values()) != n:
     raise ValueError(f"--mesh {shape} uses {math.prod(shape.values())} chips; {topology} has {n}")
   if not is_tpu and len(devices) < n:
-    raise ValueError(f"libtpu is not installed, and only {len(devices)} CPU devices are there to simulate {n} "
-                     f"chips: run with XLA_FLAGS=--xla_force_host_platform_device_count={n} (the CLI sets it), or "
-                     f"point TPU_LIBRARY_PATH at a libtpu (python tools/install_libtpu.py) for real TPU numbers")
+    raise ValueError(
+      f"libtpu is not installed, and only {len(devices)} CPU devices are there to simulate {n} "
+      f"chips: run with XLA_FLAGS=--xla_force_host_platform_device_count={n} (the CLI sets it), or "
+      f"point TPU_LIBRARY_PATH at a libtpu (python tools/install_libtpu.py) for real TPU numbers"
+    )
   m = sharding.make_mesh(shape, devices[:n])
   dp = shape.get("data", 1) * shape.get("fsdp", 1) * shape.get("expert", 1)
   if batch_size % (dp * num_micro_batches):
-    raise ValueError(f"batch_size {batch_size} must divide by data*fsdp*expert ({dp}) x micro-batches "
-                     f"({num_micro_batches})")
+    raise ValueError(
+      f"batch_size {batch_size} must divide by data*fsdp*expert ({dp}) x micro-batches ({num_micro_batches})"
+    )
   t0 = time.time()
   update, args = abstract_step(cfg, m, batch_size=batch_size, seq_len=seq_len, num_micro_batches=num_micro_batches)
   lowered = update.lower(*args)
@@ -204,36 +228,103 @@ def plan_step(cfg: ModelConfig, *, topology: str, mesh: Mapping[str, int], batch
       raise
     unit = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
     temp = float(match.group(1)) * unit[match.group(2)]
-    return _report(cfg, topology, generation, n, is_tpu, shape, batch_size, seq_len, num_micro_batches, step_time_s,
-                   arguments=-1, outputs=-1, aliased=-1, temporaries=int(temp), flops=float("nan"),
-                   compile_s=time.time() - t0, refused=" ".join(str(e).split())[:400])
+    return _report(
+      cfg,
+      topology,
+      generation,
+      n,
+      is_tpu,
+      shape,
+      batch_size,
+      seq_len,
+      num_micro_batches,
+      step_time_s,
+      arguments=-1,
+      outputs=-1,
+      aliased=-1,
+      temporaries=int(temp),
+      flops=float("nan"),
+      compile_s=time.time() - t0,
+      refused=" ".join(str(e).split())[:400],
+    )
   compile_s = time.time() - t0
   mem = compiled.memory_analysis()
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-  return _report(cfg, topology, generation, n, is_tpu, shape, batch_size, seq_len, num_micro_batches, step_time_s,
-                 arguments=int(mem.argument_size_in_bytes), outputs=int(mem.output_size_in_bytes),
-                 aliased=int(mem.alias_size_in_bytes), temporaries=int(mem.temp_size_in_bytes),
-                 flops=float(cost.get("flops", float("nan"))) if cost else float("nan"), compile_s=compile_s)
+  return _report(
+    cfg,
+    topology,
+    generation,
+    n,
+    is_tpu,
+    shape,
+    batch_size,
+    seq_len,
+    num_micro_batches,
+    step_time_s,
+    arguments=int(mem.argument_size_in_bytes),
+    outputs=int(mem.output_size_in_bytes),
+    aliased=int(mem.alias_size_in_bytes),
+    temporaries=int(mem.temp_size_in_bytes),
+    flops=float(cost.get("flops", float("nan"))) if cost else float("nan"),
+    compile_s=compile_s,
+  )
 
 
-def _report(cfg, topology, generation, n, is_tpu, shape, batch_size, seq_len, num_micro_batches, step_time_s, *, arguments,
-            outputs, aliased, temporaries, flops, compile_s, refused=None) -> dict[str, Any]:
+def _report(
+  cfg,
+  topology,
+  generation,
+  n,
+  is_tpu,
+  shape,
+  batch_size,
+  seq_len,
+  num_micro_batches,
+  step_time_s,
+  *,
+  arguments,
+  outputs,
+  aliased,
+  temporaries,
+  flops,
+  compile_s,
+  refused=None,
+) -> dict[str, Any]:
   peak = arguments + outputs - aliased + temporaries if refused is None else temporaries
   tokens = batch_size * seq_len
   model_flops = 6 * cfg.num_params(active=True) * tokens
   hbm = CHIPS[generation]["hbm_bytes"]
   report = {
-      "topology": topology, "generation": generation, "chips": n, "is_tpu": is_tpu, "mesh": shape,
-      "model": {"num_params": cfg.num_params(), "active_params": cfg.num_params(active=True),
-                "num_layers": cfg.num_layers, "remat": cfg.remat, "dtype": cfg.dtype,
-                "attention_impl": cfg.attention_impl, "moe_impl": cfg.moe_impl if cfg.is_moe else None},
-      "batch_size": batch_size, "seq_len": seq_len, "num_micro_batches": num_micro_batches, "tokens": tokens,
-      "argument_bytes": arguments, "output_bytes": outputs, "alias_bytes": aliased, "temp_bytes": temporaries,
-      "peak_bytes": peak, "hbm_bytes": hbm, "fits": refused is None and peak <= hbm,
-      "compiled_flops_per_device": flops,
-      "model_flops_per_device": model_flops / n, "peak_flops_per_chip": CHIPS[generation]["peak_flops"],
-      "compile_s": compile_s,
+    "topology": topology,
+    "generation": generation,
+    "chips": n,
+    "is_tpu": is_tpu,
+    "mesh": shape,
+    "model": {
+      "num_params": cfg.num_params(),
+      "active_params": cfg.num_params(active=True),
+      "num_layers": cfg.num_layers,
+      "remat": cfg.remat,
+      "dtype": cfg.dtype,
+      "attention_impl": cfg.attention_impl,
+      "moe_impl": cfg.moe_impl if cfg.is_moe else None,
+    },
+    "batch_size": batch_size,
+    "seq_len": seq_len,
+    "num_micro_batches": num_micro_batches,
+    "tokens": tokens,
+    "argument_bytes": arguments,
+    "output_bytes": outputs,
+    "alias_bytes": aliased,
+    "temp_bytes": temporaries,
+    "peak_bytes": peak,
+    "hbm_bytes": hbm,
+    "fits": refused is None and peak <= hbm,
+    "compiled_flops_per_device": flops,
+    "model_flops_per_device": model_flops / n,
+    "peak_flops_per_chip": CHIPS[generation]["peak_flops"],
+    "compile_s": compile_s,
   }
   if refused is not None:
     report["compiler_refused"] = refused
@@ -254,34 +345,43 @@ def _count(n: float) -> str:
 
 def format_report(r: Mapping[str, Any]) -> str:
   """A human-readable summary of `plan_step`'s report."""
-  where = "compiled for TPU (libtpu, deviceless)" if r["is_tpu"] else \
-      "ESTIMATE: no libtpu, compiled for a simulated mesh of CPU devices (XLA:CPU memory and FLOPs)"
+  where = (
+    "compiled for TPU (libtpu, deviceless)"
+    if r["is_tpu"]
+    else "ESTIMATE: no libtpu, compiled for a simulated mesh of CPU devices (XLA:CPU memory and FLOPs)"
+  )
   lines = [
-      f"plan: {r['topology']} ({r['chips']} chips), mesh {r['mesh']} - {where}",
-      f"  model: {_count(r['model']['num_params'])} params ({_count(r['model']['active_params'])} active), "
-      f"{r['model']['num_layers']} layers, {r['model']['dtype']}, remat={r['model']['remat']}, "
-      f"attention={r['model']['attention_impl']}" + (f", moe={r['model']['moe_impl']}" if r['model']['moe_impl'] else ""),
-      f"  batch: {r['batch_size']} x {r['seq_len']} tokens = {r['tokens']:,} tokens/step, "
-      f"{r['num_micro_batches']} micro-batch(es)",
+    f"plan: {r['topology']} ({r['chips']} chips), mesh {r['mesh']} - {where}",
+    f"  model: {_count(r['model']['num_params'])} params ({_count(r['model']['active_params'])} active), "
+    f"{r['model']['num_layers']} layers, {r['model']['dtype']}, remat={r['model']['remat']}, "
+    f"attention={r['model']['attention_impl']}" + (f", moe={r['model']['moe_impl']}" if r['model']['moe_impl'] else ""),
+    f"  batch: {r['batch_size']} x {r['seq_len']} tokens = {r['tokens']:,} tokens/step, "
+    f"{r['num_micro_batches']} micro-batch(es)",
   ]
   if "compiler_refused" in r:
-    lines += [f"  DOES NOT FIT: the TPU compiler needs {_gib(r['temp_bytes'])} of temporaries per chip, "
-              f"{_gib(r['hbm_bytes'])} HBM ({r['compiler_refused'][:160]}...)",
-              f"  compile attempt took {r['compile_s']:.1f} s"]
+    lines += [
+      f"  DOES NOT FIT: the TPU compiler needs {_gib(r['temp_bytes'])} of temporaries per chip, "
+      f"{_gib(r['hbm_bytes'])} HBM ({r['compiler_refused'][:160]}...)",
+      f"  compile attempt took {r['compile_s']:.1f} s",
+    ]
     return "\n".join(lines)
   lines += [
-      f"  per-device memory: arguments {_gib(r['argument_bytes'])}, outputs {_gib(r['output_bytes'])} "
-      f"(aliased {_gib(r['alias_bytes'])}), temporaries {_gib(r['temp_bytes'])}",
-      f"  peak {_gib(r['peak_bytes'])} of {_gib(r['hbm_bytes'])} HBM: {'FITS' if r['fits'] else 'DOES NOT FIT'}",
-      f"  FLOPs per device per step: compiled {r['compiled_flops_per_device']:.3e}, "
-      f"6*N_active*tokens/chips {r['model_flops_per_device']:.3e}",
-      f"  step time at 100% MFU: {r['step_time_at_mfu_1.0_s']:.2f} s (at 40%: {r['step_time_at_mfu_1.0_s'] / 0.4:.2f} s)",
+    f"  per-device memory: arguments {_gib(r['argument_bytes'])}, outputs {_gib(r['output_bytes'])} "
+    f"(aliased {_gib(r['alias_bytes'])}), temporaries {_gib(r['temp_bytes'])}",
+    f"  peak {_gib(r['peak_bytes'])} of {_gib(r['hbm_bytes'])} HBM: {'FITS' if r['fits'] else 'DOES NOT FIT'}",
+    f"  FLOPs per device per step: compiled {r['compiled_flops_per_device']:.3e}, "
+    f"6*N_active*tokens/chips {r['model_flops_per_device']:.3e}",
+    f"  step time at 100% MFU: {r['step_time_at_mfu_1.0_s']:.2f} s (at 40%: {r['step_time_at_mfu_1.0_s'] / 0.4:.2f} s)",
   ]
   if "mfu" in r:
-    lines.append(f"  a {r['step_time_s']:.2f} s step would be {100 * r['mfu']:.1f}% MFU "
-                 f"({r['peak_flops_per_chip'] / 1e12:.0f} TFLOP/s bf16 peak per chip)")
-  lines.append(f"  compiled in {r['compile_s']:.1f} s. XLA's FLOP count takes each loop body once (the scanned "
-               f"layers, attention blocks, micro-batches): use 6*N*tokens for MFU")
+    lines.append(
+      f"  a {r['step_time_s']:.2f} s step would be {100 * r['mfu']:.1f}% MFU "
+      f"({r['peak_flops_per_chip'] / 1e12:.0f} TFLOP/s bf16 peak per chip)"
+    )
+  lines.append(
+    f"  compiled in {r['compile_s']:.1f} s. XLA's FLOP count takes each loop body once (the scanned "
+    f"layers, attention blocks, micro-batches): use 6*N*tokens for MFU"
+  )
   return "\n".join(lines)
 
 
@@ -301,11 +401,14 @@ def model_config_for(source: str, config=None) -> ModelConfig:
     cfg = presets.preset(source)
   else:
     from jaxcredit.models import resolve_source
+
     try:
       path = resolve_source(source, patterns=("config.json",))  # a Hub id: its config is all a plan needs
     except FileNotFoundError as e:
-      raise FileNotFoundError(f"config.model.source {source!r} is not a preset ({sorted(presets.PRESETS)}), "
-                              f"a checkpoint folder, a GGUF file or a Hub id ({e})") from None
+      raise FileNotFoundError(
+        f"config.model.source {source!r} is not a preset ({sorted(presets.PRESETS)}), "
+        f"a checkpoint folder, a GGUF file or a Hub id ({e})"
+      ) from None
     if (path / "model_config.json").is_file():
       stored = json.loads((path / "model_config.json").read_text())
       if not isinstance(stored, dict):
@@ -313,17 +416,22 @@ def model_config_for(source: str, config=None) -> ModelConfig:
       cfg = ModelConfig.from_dict(stored)
     elif (path / "config.json").is_file():
       from jaxcredit.models import hf
+
       cfg = hf.config_from_hf(json.loads((path / "config.json").read_text()))
     elif path.is_file():
       from jaxcredit.models.gguf_loader import config_from_metadata, gguf_metadata, open_gguf
+
       reader = open_gguf(path)
       has_output = any(t.name == "output.weight" for t in reader.tensors)
       cfg = config_from_metadata(gguf_metadata(reader), has_output)
     else:
-      raise FileNotFoundError(f"config.model.source {source!r} is not a preset ({sorted(presets.PRESETS)}), "
-                              f"a checkpoint folder or a GGUF file")
+      raise FileNotFoundError(
+        f"config.model.source {source!r} is not a preset ({sorted(presets.PRESETS)}), "
+        f"a checkpoint folder or a GGUF file"
+      )
   if config is not None:
     from jaxcredit.train.trainer import model_overrides
+
     cfg = model_overrides(cfg, config)
     if config.model.dtype:
       cfg = dataclasses.replace(cfg, dtype=config.model.dtype)
@@ -337,6 +445,7 @@ def run_plan(config, topology: str, mesh_spec: str) -> dict[str, Any]:
   config.plan.seq_len tokens (0: sampling.max_len).
   """
   from jaxcredit.train.config import validate
+
   validate(config)
   sharding.set_rules(dict(config.sharding_rules))
   cfg = model_config_for(config.model.source, config)
@@ -349,7 +458,14 @@ def run_plan(config, topology: str, mesh_spec: str) -> dict[str, Any]:
     dp = mesh["data"] * mesh.get("fsdp", 1) * mesh.get("expert", 1)
   batch = int(config.plan.batch_size) or dp * micro
   seq_len = int(config.plan.seq_len) or int(config.sampling.max_len)
-  report = plan_step(cfg, topology=topology, mesh=mesh, batch_size=batch, seq_len=seq_len,
-                     num_micro_batches=micro, step_time_s=float(config.plan.step_time_s) or None)
+  report = plan_step(
+    cfg,
+    topology=topology,
+    mesh=mesh,
+    batch_size=batch,
+    seq_len=seq_len,
+    num_micro_batches=micro,
+    step_time_s=float(config.plan.step_time_s) or None,
+  )
   print(format_report(report))
   return report

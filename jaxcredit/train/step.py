@@ -36,7 +36,7 @@ class PolicyLossConfig:
   kl_coef: float = 0.0
   kl_estimator: str = "k3"
   temperature: float = 1.0
-  terms: tuple[str, ...] = ("policy",)   # LOSS_TERMS names; "kl" joins when kl_coef > 0
+  terms: tuple[str, ...] = ("policy",)  # LOSS_TERMS names; "kl" joins when kl_coef > 0
   distill_coef: float = 0.0
 
   def __post_init__(self):
@@ -53,15 +53,27 @@ class PolicyLossConfig:
       raise ValueError(f"unknown loss terms {unknown}; known: {sorted(LOSS_TERMS)}")
 
 
-def make_optimizer(learning_rate: float, *, warmup_steps: int = 0, weight_decay: float = 0.0,
-                   max_grad_norm: float | None = 1.0, b1: float = 0.9, b2: float = 0.999) -> optax.GradientTransformation:
+def make_optimizer(
+  learning_rate: float,
+  *,
+  warmup_steps: int = 0,
+  weight_decay: float = 0.0,
+  max_grad_norm: float | None = 1.0,
+  b1: float = 0.9,
+  b2: float = 0.999,
+) -> optax.GradientTransformation:
   """AdamW with linear warmup then a constant rate (the schedule never depends on the run length, so a run
   can be extended on resume)."""
   if learning_rate <= 0:
     raise ValueError(f"learning rate must be > 0, got {learning_rate}")
-  schedule = optax.join_schedules(
+  schedule = (
+    optax.join_schedules(
       [optax.linear_schedule(0.0, learning_rate, max(warmup_steps, 1)), optax.constant_schedule(learning_rate)],
-      [max(warmup_steps, 1)]) if warmup_steps > 0 else learning_rate
+      [max(warmup_steps, 1)],
+    )
+    if warmup_steps > 0
+    else learning_rate
+  )
   chain = [optax.clip_by_global_norm(max_grad_norm)] if max_grad_norm else []
   chain.append(optax.adamw(schedule, b1=b1, b2=b2, weight_decay=weight_decay))
   return optax.chain(*chain)
@@ -81,11 +93,18 @@ def _logp(graphdef, params, rest, tokens, token_mask, temperature):
 # micro-batch to per-token values; `loss_and_grads` aggregates each with its own mode into (numerator,
 # denominator) over the whole batch and sums coef * numerator / denominator.
 
+
 def policy_term(logp_BxL, mb: dict, cfg: PolicyLossConfig):
   """PPO-clip on the token advantages `adv_BxL` (`loss.ppo_clip_token_loss`)."""
   tok_loss, clipped = loss_lib.ppo_clip_token_loss(
-      logp_BxL, mb["behavior_logp_BxL"], mb["adv_BxL"], eps_low=cfg.eps_low, eps_high=cfg.eps_high,
-      dual_clip=cfg.dual_clip, max_log_ratio=cfg.max_log_ratio)
+    logp_BxL,
+    mb["behavior_logp_BxL"],
+    mb["adv_BxL"],
+    eps_low=cfg.eps_low,
+    eps_high=cfg.eps_high,
+    dual_clip=cfg.dual_clip,
+    max_log_ratio=cfg.max_log_ratio,
+  )
   ratio_dev = jnp.abs(jnp.exp(logp_BxL - mb["behavior_logp_BxL"]) - 1.0)
   return tok_loss, {"clip": clipped, "ratio_dev": ratio_dev}
 
@@ -117,15 +136,20 @@ class LossTerm:
   coef: Callable[[PolicyLossConfig], float]
   aggregation: Callable[[PolicyLossConfig], str]
   batch_keys: tuple[str, ...] = ()
-  knob: str | None = None   # a method that declares the term sets its weight with this knob (a PolicyLossConfig field)
+  knob: str | None = None  # a method that declares the term sets its weight with this knob (a PolicyLossConfig field)
 
 
 LOSS_TERMS: dict[str, LossTerm] = {
-    "policy": LossTerm(policy_term, lambda c: 1.0, lambda c: c.aggregation, ("adv_BxL",)),
-    "kl": LossTerm(kl_term, lambda c: c.kl_coef, lambda c: c.aggregation, ("ref_logp_BxL",)),
-    "distill": LossTerm(distill_term, lambda c: c.distill_coef, lambda c: "token-mean",
-                        ("distill_weight_BxL", "distill_target_BxL"), knob="distill_coef"),
-    "nll": LossTerm(nll_term, lambda c: 1.0, lambda c: "token-mean"),
+  "policy": LossTerm(policy_term, lambda c: 1.0, lambda c: c.aggregation, ("adv_BxL",)),
+  "kl": LossTerm(kl_term, lambda c: c.kl_coef, lambda c: c.aggregation, ("ref_logp_BxL",)),
+  "distill": LossTerm(
+    distill_term,
+    lambda c: c.distill_coef,
+    lambda c: "token-mean",
+    ("distill_weight_BxL", "distill_target_BxL"),
+    knob="distill_coef",
+  ),
+  "nll": LossTerm(nll_term, lambda c: 1.0, lambda c: "token-mean"),
 }
 
 
@@ -165,14 +189,17 @@ SFT_LOSS = PolicyLossConfig(terms=("nll",))  # the warm start: cross-entropy at 
 def _split_micro(batch: dict, num_micro: int) -> dict:
   def f(x):
     if x.shape[0] % num_micro:
-      raise ValueError(f"batch of {x.shape[0]} is not divisible into {num_micro} micro-batches "
-                       f"(config.train.num_micro_batches)")
+      raise ValueError(
+        f"batch of {x.shape[0]} is not divisible into {num_micro} micro-batches (config.train.num_micro_batches)"
+      )
     return x.reshape(num_micro, x.shape[0] // num_micro, *x.shape[1:])
+
   return jax.tree_util.tree_map(f, batch)
 
 
-def loss_and_grads(token_loss_fn: Callable, graphdef, params, rest, batch: dict, cfg: PolicyLossConfig,
-                   num_micro: int = 1):
+def loss_and_grads(
+  token_loss_fn: Callable, graphdef, params, rest, batch: dict, cfg: PolicyLossConfig, num_micro: int = 1
+):
   """Exact full-batch loss and gradients, accumulated over `num_micro` micro-batches.
 
   loss = Σ_terms coef · numerator / denominator, each term aggregated with its own mode (`LOSS_TERMS`); every
@@ -210,8 +237,11 @@ def loss_and_grads(token_loss_fn: Callable, graphdef, params, rest, batch: dict,
     def body(carry, mb):
       loss_acc, grads_acc, sums_acc = carry
       (l, s), g = grad_fn(params, mb)
-      return (loss_acc + l, jax.tree_util.tree_map(jnp.add, grads_acc, g),
-              jax.tree_util.tree_map(jnp.add, sums_acc, s)), None
+      return (
+        loss_acc + l,
+        jax.tree_util.tree_map(jnp.add, grads_acc, g),
+        jax.tree_util.tree_map(jnp.add, sums_acc, s),
+      ), None
 
     zero_g = jax.tree_util.tree_map(jnp.zeros_like, params)
     _, zero_s = jax.eval_shape(lambda: mb_fn(params, jax.tree_util.tree_map(lambda x: x[0], micro)))
@@ -223,8 +253,18 @@ def loss_and_grads(token_loss_fn: Callable, graphdef, params, rest, batch: dict,
   return loss, grads, metrics
 
 
-def make_update_fn(token_loss_fn: Callable, graphdef, rest, optimizer: optax.GradientTransformation,
-                   cfg: PolicyLossConfig, mesh: Mesh, params_shardings, opt_shardings, *, num_micro: int = 1):
+def make_update_fn(
+  token_loss_fn: Callable,
+  graphdef,
+  rest,
+  optimizer: optax.GradientTransformation,
+  cfg: PolicyLossConfig,
+  mesh: Mesh,
+  params_shardings,
+  opt_shardings,
+  *,
+  num_micro: int = 1,
+):
   """A jitted (params, opt_state, batch) -> (params, opt_state, metrics) over `mesh`.
 
   Parameters and optimizer state keep the shardings given (`jaxcredit.sharding.param_shardings`); the batch
@@ -237,9 +277,15 @@ def make_update_fn(token_loss_fn: Callable, graphdef, rest, optimizer: optax.Gra
     params = optax.apply_updates(params, updates)
     return params, opt_state, metrics
 
-  return MeshJit(jax.jit(update, in_shardings=(params_shardings, opt_shardings, None),
-                         out_shardings=(params_shardings, opt_shardings, sharding.replicated(mesh)),
-                         donate_argnums=(0, 1)), mesh)
+  return MeshJit(
+    jax.jit(
+      update,
+      in_shardings=(params_shardings, opt_shardings, None),
+      out_shardings=(params_shardings, opt_shardings, sharding.replicated(mesh)),
+      donate_argnums=(0, 1),
+    ),
+    mesh,
+  )
 
 
 class MeshJit:
@@ -275,8 +321,16 @@ def make_packed_gold_fn(graphdef, rest):
 
   def fn(p, tokens, token_mask, positions, segment_ids, prefix_limit, slots):
     model = nnx.merge(graphdef, p, rest)
-    return packed_slot_logprobs(model, tokens, token_mask, slots, 1.0, positions_BxL=positions,
-                                segment_ids_BxL=segment_ids, prefix_limit_BxL=prefix_limit)
+    return packed_slot_logprobs(
+      model,
+      tokens,
+      token_mask,
+      slots,
+      1.0,
+      positions_BxL=positions,
+      segment_ids_BxL=segment_ids,
+      prefix_limit_BxL=prefix_limit,
+    )
 
   return jax.jit(fn)
 
@@ -295,4 +349,3 @@ def opt_state_shardings(optimizer, params, params_shardings, mesh):
     return sharding.replicated(mesh)
 
   return jax.tree_util.tree_map_with_path(pick, abstract)
-

@@ -75,8 +75,12 @@ def _bar(config, **kw):
 
 def model_overrides_dict(config: ml_collections.ConfigDict) -> dict:
   """The numerics the config may change (remat, attention, MoE implementation), as ModelConfig fields."""
-  return {"remat": bool(config.model.remat), "attention_impl": config.model.attention_impl,
-          "attention_chunk": int(config.model.attention_chunk), "moe_impl": config.model.moe_impl}
+  return {
+    "remat": bool(config.model.remat),
+    "attention_impl": config.model.attention_impl,
+    "attention_chunk": int(config.model.attention_chunk),
+    "moe_impl": config.model.moe_impl,
+  }
 
 
 def model_overrides(cfg, config: ml_collections.ConfigDict):
@@ -85,10 +89,14 @@ def model_overrides(cfg, config: ml_collections.ConfigDict):
 
 
 def _make_sampler(config, model, tok) -> Sampler:
-  return Sampler(model, max_len=config.sampling.max_len, pad_id=tok.pad_id, chunk_size=config.sampling.chunk_size,
-                 prompt_bucket=config.sampling.prompt_bucket,
-                 batch_buckets=tuple(sorted({config.rollout.prompts_per_step * config.rollout.group_size,
-                                             config.eval.batch_size})))
+  return Sampler(
+    model,
+    max_len=config.sampling.max_len,
+    pad_id=tok.pad_id,
+    chunk_size=config.sampling.chunk_size,
+    prompt_bucket=config.sampling.prompt_bucket,
+    batch_buckets=tuple(sorted({config.rollout.prompts_per_step * config.rollout.group_size, config.eval.batch_size})),
+  )
 
 
 def _load_teacher(config, mesh, tok, policy_cfg) -> passes_lib.Model | None:
@@ -100,17 +108,26 @@ def _load_teacher(config, mesh, tok, policy_cfg) -> passes_lib.Model | None:
   cache_dir = config.model.cache_dir or None
   try:
     path = resolve_source(source)  # once: a Hub id is looked up in its cache (or fetched) a single time
-    model, _ = load(path, cache_dir=cache_dir, dtype=config.model.dtype or None, mesh=mesh,
-                    config_overrides=model_overrides_dict(config))
+    model, _ = load(
+      path,
+      cache_dir=cache_dir,
+      dtype=config.model.dtype or None,
+      mesh=mesh,
+      config_overrides=model_overrides_dict(config),
+    )
     teacher_tok = load_tokenizer(path, cache_dir=cache_dir)
   except (OSError, ValueError) as e:
-    raise ValueError(f"config.teacher.source={source!r} could not be loaded as a teacher ({e}); it must be "
-                     f"'policy', 'reference', 'smollm2', a .gguf file, a Hugging Face or converted folder, "
-                     f"or a Hub id") from None
+    raise ValueError(
+      f"config.teacher.source={source!r} could not be loaded as a teacher ({e}); it must be "
+      f"'policy', 'reference', 'smollm2', a .gguf file, a Hugging Face or converted folder, "
+      f"or a Hub id"
+    ) from None
   if teacher_tok.vocab_size != tok.vocab_size or model.cfg.vocab_size != policy_cfg.vocab_size:
-    raise ValueError(f"config.teacher.source={source!r} has a vocabulary of {teacher_tok.vocab_size} tokens "
-                     f"({model.cfg.vocab_size} embedding rows); the policy's has {tok.vocab_size} "
-                     f"({policy_cfg.vocab_size} rows). A teacher must share the policy's tokenizer.")
+    raise ValueError(
+      f"config.teacher.source={source!r} has a vocabulary of {teacher_tok.vocab_size} tokens "
+      f"({model.cfg.vocab_size} embedding rows); the policy's has {tok.vocab_size} "
+      f"({policy_cfg.vocab_size} rows). A teacher must share the policy's tokenizer."
+    )
   graphdef, params, rest = step_lib.split_model(model)
   params = jax.device_put(params, sharding.param_shardings(params, mesh, param_logical_axes(model.cfg)))
   return passes_lib.Model(graphdef, rest, params)
@@ -132,13 +149,20 @@ def build(config: ml_collections.ConfigDict, *, write_config: bool = True) -> Ru
   source = resolve_source(config.model.source)
   env = make_env_spec(config.env)
   if config.sft.steps > 0 and env.demonstration is None:
-    raise ValueError(f"config.sft.steps={config.sft.steps}, but environment {config.env.name!r} has no "
-                     f"demonstrations for a warm start; set config.sft.steps=0")
+    raise ValueError(
+      f"config.sft.steps={config.sft.steps}, but environment {config.env.name!r} has no "
+      f"demonstrations for a warm start; set config.sft.steps=0"
+    )
   train_tasks = env.make_tasks("train", config.env.num_train_tasks, config.seed)  # bad sizes fail before the load
   eval_tasks = env.make_tasks("eval", config.eval.num_tasks, None)
   t0 = time.time()
-  model, _ = load(source, cache_dir=cache_dir, dtype=config.model.dtype or None, mesh=mesh,
-                  config_overrides=model_overrides_dict(config))
+  model, _ = load(
+    source,
+    cache_dir=cache_dir,
+    dtype=config.model.dtype or None,
+    mesh=mesh,
+    config_overrides=model_overrides_dict(config),
+  )
   tok = load_tokenizer(source, cache_dir=cache_dir)
   print(f"[jaxcredit] model {config.model.source} loaded in {time.time() - t0:.1f}s")
   graphdef, params, rest = step_lib.split_model(model)
@@ -148,13 +172,25 @@ def build(config: ml_collections.ConfigDict, *, write_config: bool = True) -> Ru
   teacher = _load_teacher(config, mesh, tok, model.cfg)
   if write_config:
     ckpt_lib.check_or_write_config(config.workdir, config.to_dict())
-  return Run(config=config, mesh=mesh, tok=tok, fmt=ChatFormat.from_tokenizer(tok), graphdef=graphdef,
-             rest=rest, params=params, params_shardings=p_sh, sampler=sampler, env=env, train_tasks=train_tasks,
-             eval_tasks=eval_tasks, teacher=teacher,
-             pass_fns=passes_lib.PassFns(mesh, config.sampling.temperature), writer=metrics_lib.MetricsWriter(config.workdir, tensorboard=config.tensorboard,
-                                                    enabled=jax.process_index() == 0),
-             ckpt=ckpt_lib.Checkpointer(config.workdir, max_to_keep=config.max_checkpoints_to_keep),
-             key=jax.random.key(config.seed))
+  return Run(
+    config=config,
+    mesh=mesh,
+    tok=tok,
+    fmt=ChatFormat.from_tokenizer(tok),
+    graphdef=graphdef,
+    rest=rest,
+    params=params,
+    params_shardings=p_sh,
+    sampler=sampler,
+    env=env,
+    train_tasks=train_tasks,
+    eval_tasks=eval_tasks,
+    teacher=teacher,
+    pass_fns=passes_lib.PassFns(mesh, config.sampling.temperature),
+    writer=metrics_lib.MetricsWriter(config.workdir, tensorboard=config.tensorboard, enabled=jax.process_index() == 0),
+    ckpt=ckpt_lib.Checkpointer(config.workdir, max_to_keep=config.max_checkpoints_to_keep),
+    key=jax.random.key(config.seed),
+  )
 
 
 def _data_iterator(num_tasks: int, batch: int, seed: int):
@@ -164,9 +200,13 @@ def _data_iterator(num_tasks: int, batch: int, seed: int):
 
 def _sampling_params(run: Run, *, greedy: bool = False) -> SamplingParams:
   s = run.config.sampling
-  return SamplingParams(temperature=1.0 if greedy else s.temperature, top_p=1e-6 if greedy else s.top_p,
-                        max_new_tokens=s.max_new_tokens, stop_token_ids=(run.tok.eos_id,),
-                        stop_strings=run.env.stop_strings)
+  return SamplingParams(
+    temperature=1.0 if greedy else s.temperature,
+    top_p=1e-6 if greedy else s.top_p,
+    max_new_tokens=s.max_new_tokens,
+    stop_token_ids=(run.tok.eos_id,),
+    stop_strings=run.env.stop_strings,
+  )
 
 
 def _model(run: Run, params):
@@ -177,8 +217,17 @@ def rollouts(run: Run, params, tasks, key, *, greedy=False, desc=None):
   run.sampler.update_model(_model(run, params))
   envs = [run.env.make_env(t) for t in tasks]
   prompts = [run.env.initial_messages(t) for t in tasks]
-  return run_rollouts(run.sampler, run.tok, run.fmt, envs, prompts, _sampling_params(run, greedy=greedy), key,
-                      max_turns=run.env.max_turns, max_len=run.config.sampling.max_len)
+  return run_rollouts(
+    run.sampler,
+    run.tok,
+    run.fmt,
+    envs,
+    prompts,
+    _sampling_params(run, greedy=greedy),
+    key,
+    max_turns=run.env.max_turns,
+    max_len=run.config.sampling.max_len,
+  )
 
 
 def evaluate(run: Run, params, stage: str, step: int) -> dict:
@@ -187,20 +236,22 @@ def evaluate(run: Run, params, stage: str, step: int) -> dict:
   results = []
   bs = run.config.eval.batch_size
   for i in _bar(run.config, iterable=range(0, len(run.eval_tasks), bs), desc=f"eval {stage}", leave=False):
-    results += rollouts(run, params, run.eval_tasks[i:i + bs], jax.random.key(0), greedy=True)
+    results += rollouts(run, params, run.eval_tasks[i : i + bs], jax.random.key(0), greedy=True)
   m = {
-      "stage": stage,
-      "success_rate": float(np.mean([run.env.is_success(r.reward) for r in results])),
-      "tool_calls": float(np.mean([r.tool_calls for r in results])),
-      "mean_turns": float(np.mean([r.builder.num_turns for r in results])),
-      "answered_frac": float(np.mean([r.finish == "answer" for r in results])),
-      **_env_metrics(run, results),
-      "num_tasks": len(results),
-      "seconds": time.time() - t0,
+    "stage": stage,
+    "success_rate": float(np.mean([run.env.is_success(r.reward) for r in results])),
+    "tool_calls": float(np.mean([r.tool_calls for r in results])),
+    "mean_turns": float(np.mean([r.builder.num_turns for r in results])),
+    "answered_frac": float(np.mean([r.finish == "answer" for r in results])),
+    **_env_metrics(run, results),
+    "num_tasks": len(results),
+    "seconds": time.time() - t0,
   }
   run.writer.write("eval", step, m)
-  print(f"[jaxcredit] eval {stage}: success {m['success_rate']:.3f}, tool calls {m['tool_calls']:.2f}, "
-        f"answered {m['answered_frac']:.2f} ({m['seconds']:.0f}s)")
+  print(
+    f"[jaxcredit] eval {stage}: success {m['success_rate']:.3f}, tool calls {m['tool_calls']:.2f}, "
+    f"answered {m['answered_frac']:.2f} ({m['seconds']:.0f}s)"
+  )
   return m
 
 
@@ -214,34 +265,60 @@ def _env_metrics(run: Run, results) -> dict:
 def warm_start(run: Run, params) -> Any:
   """Supervised warm start on demonstrations from the training tasks (cross-entropy on action tokens)."""
   c = run.config
-  optimizer = step_lib.make_optimizer(c.sft.learning_rate, warmup_steps=c.sft.warmup_steps,
-                                      max_grad_norm=c.optim.max_grad_norm)
+  optimizer = step_lib.make_optimizer(
+    c.sft.learning_rate, warmup_steps=c.sft.warmup_steps, max_grad_norm=c.optim.max_grad_norm
+  )
   opt_state = optimizer.init(params)
   opt_sh = step_lib.opt_state_shardings(optimizer, params, run.params_shardings, run.mesh)
-  update = step_lib.make_update_fn(step_lib.pg_token_loss, run.graphdef, run.rest, optimizer, step_lib.SFT_LOSS,
-                                   run.mesh, run.params_shardings, opt_sh, num_micro=c.train.num_micro_batches)
+  update = step_lib.make_update_fn(
+    step_lib.pg_token_loss,
+    run.graphdef,
+    run.rest,
+    optimizer,
+    step_lib.SFT_LOSS,
+    run.mesh,
+    run.params_shardings,
+    opt_sh,
+    num_micro=c.train.num_micro_batches,
+  )
   data = _data_iterator(len(run.train_tasks), c.sft.batch_size, seed=c.seed + 1)
   rng = np.random.default_rng(c.seed)
   params = jax.tree_util.tree_map(jnp.copy, params)  # the update donates its input
   for s in _bar(c, iterable=range(1, c.sft.steps + 1), desc="warm start"):
     t0 = time.time()
-    demos = [build_demonstration(run.tok, run.fmt, run.env.demonstration(run.train_tasks[int(i)], rng))
-             for i in next(data)]
-    traj = pack(demos, [0.0] * len(demos), list(range(len(demos))), max_turns=run.env.max_turns,
-                pad_id=run.tok.pad_id, length_bucket=c.sft.length_bucket)
+    demos = [
+      build_demonstration(run.tok, run.fmt, run.env.demonstration(run.train_tasks[int(i)], rng)) for i in next(data)
+    ]
+    traj = pack(
+      demos,
+      [0.0] * len(demos),
+      list(range(len(demos))),
+      max_turns=run.env.max_turns,
+      pad_id=run.tok.pad_id,
+      length_bucket=c.sft.length_bucket,
+    )
     batch = _batch(traj, {})
     params, opt_state, m = update(params, opt_state, sharding.shard_batch(batch, run.mesh))
     m = jax.device_get(m)
     dt = time.time() - t0
     n_tok = int(traj.action_mask_BxL.sum())
-    run.writer.write("sft", s, {"loss": float(m["loss"]), "grad_norm": float(m["grad_norm"]),
-                                "action_tokens": n_tok, "tokens_per_s": traj.token_mask_BxL.sum() / dt,
-                                "step_s": dt})
+    run.writer.write(
+      "sft",
+      s,
+      {
+        "loss": float(m["loss"]),
+        "grad_norm": float(m["grad_norm"]),
+        "action_tokens": n_tok,
+        "tokens_per_s": traj.token_mask_BxL.sum() / dt,
+        "step_s": dt,
+      },
+    )
   return params
 
 
-def ppo_updates(update, params, opt_state, batch: dict, mesh, *, epochs: int, mini_batch_size: int,
-                seed: tuple[int, int]):
+def ppo_updates(
+  update, params, opt_state, batch: dict, mesh, *, epochs: int, mini_batch_size: int, seed: tuple[int, int]
+):
   """`epochs` passes over one step's rollouts, each split into mini-batches of `mini_batch_size` rollouts (0: the
   whole batch), one optimizer update per mini-batch: PPO's epochs and mini-batches, with verl's and TRL's meaning.
   One epoch of the whole batch is exactly one update, as without PPO epochs.
@@ -268,7 +345,7 @@ def ppo_updates(update, params, opt_state, batch: dict, mesh, *, epochs: int, mi
   for _ in range(epochs):
     order = rng.permutation(b) if epochs * num_mini_batches > 1 else np.arange(b)
     for k in range(num_mini_batches):
-      idx = np.sort(order[k * size:(k + 1) * size])
+      idx = np.sort(order[k * size : (k + 1) * size])
       mini = sharding.shard_batch({name: np.asarray(x)[idx] for name, x in batch.items()}, mesh)
       params, opt_state, m = update(params, opt_state, mini)
       rows.append(jax.device_get(m))
@@ -283,10 +360,11 @@ def ppo_updates(update, params, opt_state, batch: dict, mesh, *, epochs: int, mi
 def _batch(traj, extra: dict) -> dict:
   """The update's batch: the trajectory's token arrays plus what the loss terms read (`LossTerm.batch_keys`)."""
   return {
-      "tokens_BxL": traj.tokens_BxL, "token_mask_BxL": traj.token_mask_BxL,
-      "action_mask_BxL": traj.action_mask_BxL & traj.sample_mask_B[:, None],
-      "behavior_logp_BxL": traj.behavior_logp_BxL,
-      **{k: np.asarray(v, np.float32) for k, v in extra.items()},
+    "tokens_BxL": traj.tokens_BxL,
+    "token_mask_BxL": traj.token_mask_BxL,
+    "action_mask_BxL": traj.action_mask_BxL & traj.sample_mask_B[:, None],
+    "behavior_logp_BxL": traj.behavior_logp_BxL,
+    **{k: np.asarray(v, np.float32) for k, v in extra.items()},
   }
 
 
@@ -294,12 +372,21 @@ def _loss_config(c: ml_collections.ConfigDict) -> step_lib.PolicyLossConfig:
   """The loss: PPO-clip, the KL term when `loss.kl_coef > 0`, and the method's own terms weighted by its knobs."""
   method = METHODS[c.credit.method]
   knobs = c.credit[c.credit.method]
-  weights = {step_lib.LOSS_TERMS[t].knob: float(knobs[step_lib.LOSS_TERMS[t].knob]) for t in method.loss_terms
-             if step_lib.LOSS_TERMS[t].knob}
+  weights = {
+    step_lib.LOSS_TERMS[t].knob: float(knobs[step_lib.LOSS_TERMS[t].knob])
+    for t in method.loss_terms
+    if step_lib.LOSS_TERMS[t].knob
+  }
   return step_lib.PolicyLossConfig(
-      eps_low=c.loss.eps_low, eps_high=c.loss.eps_high, aggregation=c.loss.aggregation, kl_coef=c.loss.kl_coef,
-      kl_estimator=c.loss.kl_estimator, temperature=c.sampling.temperature, terms=("policy",) + method.loss_terms,
-      **weights)
+    eps_low=c.loss.eps_low,
+    eps_high=c.loss.eps_high,
+    aggregation=c.loss.aggregation,
+    kl_coef=c.loss.kl_coef,
+    kl_estimator=c.loss.kl_estimator,
+    temperature=c.sampling.temperature,
+    terms=("policy",) + method.loss_terms,
+    **weights,
+  )
 
 
 def _fresh_start(run: Run, optimizer, opt_sh, data):
@@ -326,8 +413,10 @@ class TrainingStopped(Exception):
 
   def __init__(self, signum: int, rl_step: int, directory: str):
     self.signum, self.rl_step, self.directory = signum, rl_step, directory
-    super().__init__(f"stopped by {signal.Signals(signum).name} after RL step {rl_step}, checkpointed in "
-                     f"{directory}; the same command resumes from it")
+    super().__init__(
+      f"stopped by {signal.Signals(signum).name} after RL step {rl_step}, checkpointed in "
+      f"{directory}; the same command resumes from it"
+    )
 
 
 class StopRequests:
@@ -343,8 +432,11 @@ class StopRequests:
     if self.signum is not None:
       raise KeyboardInterrupt
     self.signum = signum
-    print(f"\n[jaxcredit] {signal.Signals(signum).name}: finishing the RL step in flight, then saving a checkpoint "
-          f"(send it again to stop at once)", flush=True)
+    print(
+      f"\n[jaxcredit] {signal.Signals(signum).name}: finishing the RL step in flight, then saving a checkpoint "
+      f"(send it again to stop at once)",
+      flush=True,
+    )
 
   def __enter__(self):
     if threading.current_thread() is threading.main_thread():
@@ -358,8 +450,9 @@ class StopRequests:
     return False
 
 
-def run_overview(c: ml_collections.ConfigDict, *, resume_step: int | None, num_eval_tasks: int,
-                 sft_only: bool = False) -> str:
+def run_overview(
+  c: ml_collections.ConfigDict, *, resume_step: int | None, num_eval_tasks: int, sft_only: bool = False
+) -> str:
   """The run's phases and their sizes, in order, as printed when training starts (each phase then has its own
   progress bar). `resume_step` is the latest checkpoint's RL step, or None for a fresh run."""
   phases = []
@@ -375,9 +468,13 @@ def run_overview(c: ml_collections.ConfigDict, *, resume_step: int | None, num_e
     rollouts = c.rollout.prompts_per_step * c.rollout.group_size
     updates = c.train.ppo_epochs * (rollouts // (c.train.mini_batch_size or rollouts))
     left = max(c.total_steps - rl_start, 0)
-    phases.append(f"RL steps {rl_start + 1}-{c.total_steps} ({left} x {rollouts} rollouts, {c.credit.method}"
-                  + (f", {updates} updates each" if updates > 1 else "") + ")" if left else
-                  f"RL: none left (checkpoint at step {rl_start} of total_steps={c.total_steps})")
+    phases.append(
+      f"RL steps {rl_start + 1}-{c.total_steps} ({left} x {rollouts} rollouts, {c.credit.method}"
+      + (f", {updates} updates each" if updates > 1 else "")
+      + ")"
+      if left
+      else f"RL: none left (checkpoint at step {rl_start} of total_steps={c.total_steps})"
+    )
     if c.eval.at_end:
       phases.append(f"eval ({num_eval_tasks})")
   where = "fresh run" if resume_step is None else f"resuming at RL step {resume_step}"
@@ -388,20 +485,28 @@ def train(config: ml_collections.ConfigDict, *, sft_only: bool = False) -> dict:
   """Runs (or resumes) the whole job. Returns the last eval metrics (or {})."""
   run = build(config)
   c = config
-  optimizer = step_lib.make_optimizer(c.optim.learning_rate, warmup_steps=c.optim.warmup_steps,
-                                      weight_decay=c.optim.weight_decay, max_grad_norm=c.optim.max_grad_norm)
+  optimizer = step_lib.make_optimizer(
+    c.optim.learning_rate,
+    warmup_steps=c.optim.warmup_steps,
+    weight_decay=c.optim.weight_decay,
+    max_grad_norm=c.optim.max_grad_norm,
+  )
   opt_sh = step_lib.opt_state_shardings(optimizer, run.params, run.params_shardings, run.mesh)
   loss_cfg = _loss_config(c)
   data = _data_iterator(len(run.train_tasks), c.rollout.prompts_per_step, seed=c.seed)
   latest = run.ckpt.latest_step()
   print(run_overview(c, resume_step=latest, num_eval_tasks=len(run.eval_tasks), sft_only=sft_only))
   if latest is not None:
-    params, opt_state, meta = run.ckpt.restore(latest, run.params, jax.jit(optimizer.init, out_shardings=opt_sh)(run.params))
+    params, opt_state, meta = run.ckpt.restore(
+      latest, run.params, jax.jit(optimizer.init, out_shardings=opt_sh)(run.params)
+    )
     rl_step = int(meta["rl_step"])
     data.set_state(meta["data_state"])
     dropped = run.writer.truncate_after("rl", rl_step)
-    print(f"[jaxcredit] resumed from {run.ckpt.directory} at RL step {rl_step}"
-          + (f" (dropped {dropped} metric rows past the checkpoint)" if dropped else ""))
+    print(
+      f"[jaxcredit] resumed from {run.ckpt.directory} at RL step {rl_step}"
+      + (f" (dropped {dropped} metric rows past the checkpoint)" if dropped else "")
+    )
     ref_params = run.ckpt.restore_reference(run.params)
   else:
     params, opt_state, ref_params = _fresh_start(run, optimizer, opt_sh, data)
@@ -411,8 +516,17 @@ def train(config: ml_collections.ConfigDict, *, sft_only: bool = False) -> dict:
     run.writer.close()
     return {}
 
-  update = step_lib.make_update_fn(step_lib.pg_token_loss, run.graphdef, run.rest, optimizer, loss_cfg, run.mesh,
-                                   run.params_shardings, opt_sh, num_micro=c.train.num_micro_batches)
+  update = step_lib.make_update_fn(
+    step_lib.pg_token_loss,
+    run.graphdef,
+    run.rest,
+    optimizer,
+    loss_cfg,
+    run.mesh,
+    run.params_shardings,
+    opt_sh,
+    num_micro=c.train.num_micro_batches,
+  )
   ref_logp = step_lib.make_logp_fn(run.graphdef, run.rest, c.sampling.temperature) if c.loss.kl_coef > 0 else None
   bar = _bar(c, total=c.total_steps, initial=rl_step, desc="RL")
   with StopRequests() as stop:
@@ -420,14 +534,18 @@ def train(config: ml_collections.ConfigDict, *, sft_only: bool = False) -> dict:
       params, opt_state, row = rl_step_fn(run, params, opt_state, ref_params, data, update, ref_logp, rl_step)
       if not (np.isfinite(row["loss"]) and np.isfinite(row["grad_norm"])):
         raise FloatingPointError(
-            f"RL step {rl_step}: loss {row['loss']}, grad norm {row['grad_norm']}; stopping before this state is "
-            f"checkpointed (latest good checkpoint: step {run.ckpt.latest_step()} in {run.ckpt.directory})")
+          f"RL step {rl_step}: loss {row['loss']}, grad norm {row['grad_norm']}; stopping before this state is "
+          f"checkpointed (latest good checkpoint: step {run.ckpt.latest_step()} in {run.ckpt.directory})"
+        )
       bar.update(1)
-      bar.set_postfix(reward=f"{row['reward_mean']:.2f}", loss=f"{row['loss']:.3f}",
-                      tools=f"{row['tool_calls']:.1f}")
+      bar.set_postfix(reward=f"{row['reward_mean']:.2f}", loss=f"{row['loss']:.3f}", tools=f"{row['tool_calls']:.1f}")
       if rl_step % c.checkpoint_every == 0 or rl_step == c.total_steps or stop.signum is not None:
-        run.ckpt.save(rl_step, params, opt_state, {"rl_step": rl_step, "data_state": data.get_state(),
-                                                  "phase": "rl", "seed": c.seed})
+        run.ckpt.save(
+          rl_step,
+          params,
+          opt_state,
+          {"rl_step": rl_step, "data_state": data.get_state(), "phase": "rl", "seed": c.seed},
+        )
       if stop.signum is not None:
         bar.close()
         run.writer.close()
@@ -446,6 +564,7 @@ def train(config: ml_collections.ConfigDict, *, sft_only: bool = False) -> dict:
 def _sampler_for(run: Run):
   """Binds the policy's sampler to a model of the policy's graph, or builds (once) a sampler for a teacher
   checkpoint. The next rollouts rebind the policy's sampler to the policy (`rollouts`)."""
+
   def bind(model: passes_lib.Model):
     merged = nnx.merge(model.graphdef, model.params, model.rest)
     if model.graphdef is run.graphdef:
@@ -455,6 +574,7 @@ def _sampler_for(run: Run):
       run.teacher_sampler = _make_sampler(run.config, merged, run.tok)
     run.teacher_sampler.update_model(merged)
     return run.teacher_sampler
+
   return bind
 
 
@@ -462,15 +582,26 @@ def run_passes(run: Run, traj, results, tasks, params, ref_params, key) -> dict:
   """Runs the chosen method's passes in order, filling `traj.passes`; returns their metrics."""
   c = run.config
   method = METHODS[c.credit.method]
-  models = {"policy": passes_lib.Model(run.graphdef, run.rest, params),
-            "reference": passes_lib.Model(run.graphdef, run.rest, ref_params)}
+  models = {
+    "policy": passes_lib.Model(run.graphdef, run.rest, params),
+    "reference": passes_lib.Model(run.graphdef, run.rest, ref_params),
+  }
   if run.teacher is not None:
     models["checkpoint"] = run.teacher
   source = config_lib.teacher_source(c)
   ctx = passes_lib.PassContext(
-      config=c, knobs=c.credit[c.credit.method], tok=run.tok, env=run.env, tasks=tasks, results=results, key=key,
-      models=models, teacher=source if source in ("policy", "reference") else "checkpoint", fns=run.pass_fns,
-      sampler_for=_sampler_for(run))
+    config=c,
+    knobs=c.credit[c.credit.method],
+    tok=run.tok,
+    env=run.env,
+    tasks=tasks,
+    results=results,
+    key=key,
+    models=models,
+    teacher=source if source in ("policy", "reference") else "checkpoint",
+    fns=run.pass_fns,
+    sampler_for=_sampler_for(run),
+  )
   row = {}
   for name in method.passes:
     t0 = time.time()
@@ -492,10 +623,16 @@ def rl_step_fn(run: Run, params, opt_state, ref_params, data, update, ref_logp, 
   results = rollouts(run, params, tasks, key)
   t_roll = time.time() - t0
   sampler_stats = {f"sampler_{k}": int(v - stats_before.get(k, 0)) for k, v in run.sampler.stats.items()}
-  unit_rewards = ([list(run.env.unit_rewards(r.env)) for r in results] if run.env.unit_rewards is not None else None)
-  traj = pack([r.builder for r in results], [r.reward for r in results], [k // g for k in range(len(results))],
-              max_turns=run.env.max_turns, pad_id=run.tok.pad_id, length_bucket=c.train.length_bucket,
-              unit_rewards=unit_rewards)
+  unit_rewards = [list(run.env.unit_rewards(r.env)) for r in results] if run.env.unit_rewards is not None else None
+  traj = pack(
+    [r.builder for r in results],
+    [r.reward for r in results],
+    [k // g for k in range(len(results))],
+    max_turns=run.env.max_turns,
+    pad_id=run.tok.pad_id,
+    length_bucket=c.train.length_bucket,
+    unit_rewards=unit_rewards,
+  )
   t1 = time.time()
   pass_row = run_passes(run, traj, results, tasks, params, ref_params, jax.random.fold_in(key, 1))
   out = method.advantages(traj, c.credit[c.credit.method])
@@ -505,30 +642,46 @@ def rl_step_fn(run: Run, params, opt_state, ref_params, data, update, ref_logp, 
   if ref_logp is not None:
     extra["ref_logp_BxL"] = np.asarray(ref_logp(ref_params, traj.tokens_BxL, traj.token_mask_BxL))
   step_lib.check_batch_keys(extra, _loss_config(c), who=f"method {c.credit.method!r}")
-  params, opt_state, m = ppo_updates(update, params, opt_state, _batch(traj, extra), run.mesh,
-                                     epochs=c.train.ppo_epochs, mini_batch_size=c.train.mini_batch_size,
-                                     seed=(c.seed, rl_step))
+  params, opt_state, m = ppo_updates(
+    update,
+    params,
+    opt_state,
+    _batch(traj, extra),
+    run.mesh,
+    epochs=c.train.ppo_epochs,
+    mini_batch_size=c.train.mini_batch_size,
+    seed=(c.seed, rl_step),
+  )
   t_update = time.time() - t2
   act = traj.action_mask_BxL & traj.sample_mask_B[:, None]
   a = out.adv_BxL[act]
   tm = traj.turn_mask_BxT
   row = {
-      "method": c.credit.method,
-      "reward_mean": float(np.mean(traj.rewards_B)),
-      "success_rate": float(np.mean([run.env.is_success(r.reward) for r in results])),
-      "mean_turns": float(np.mean([r.builder.num_turns for r in results])),
-      "tool_calls": float(np.mean([r.tool_calls for r in results])),
-      "tool_errors": float(np.mean([r.tool_errors for r in results])),
-      "answered_frac": float(np.mean([r.finish == "answer" for r in results])),
-      "adv_mean": float(a.mean()) if a.size else 0.0,
-      "adv_std": float(a.std()) if a.size else 0.0,
-      "loss": float(m["loss"]), "clip_frac": float(m["clip"]),
-      "ratio_dev": float(m["ratio_dev"]), "grad_norm": float(m["grad_norm"]), "updates": int(m["updates"]),
-      "clip_frac_last": m["clip_last"], "ratio_dev_last": m["ratio_dev_last"], "clip_frac_max": m["clip_max"],
-      "ratio_dev_max": m["ratio_dev_max"],
-      "action_tokens": int(act.sum()), "tokens": int(traj.token_mask_BxL.sum()),
-      "tokens_per_s": float(traj.token_mask_BxL.sum() / max(t_update, 1e-9)),
-      "rollout_s": t_roll, "score_s": t_score, "update_s": t_update, "step_s": time.time() - t0,
+    "method": c.credit.method,
+    "reward_mean": float(np.mean(traj.rewards_B)),
+    "success_rate": float(np.mean([run.env.is_success(r.reward) for r in results])),
+    "mean_turns": float(np.mean([r.builder.num_turns for r in results])),
+    "tool_calls": float(np.mean([r.tool_calls for r in results])),
+    "tool_errors": float(np.mean([r.tool_errors for r in results])),
+    "answered_frac": float(np.mean([r.finish == "answer" for r in results])),
+    "adv_mean": float(a.mean()) if a.size else 0.0,
+    "adv_std": float(a.std()) if a.size else 0.0,
+    "loss": float(m["loss"]),
+    "clip_frac": float(m["clip"]),
+    "ratio_dev": float(m["ratio_dev"]),
+    "grad_norm": float(m["grad_norm"]),
+    "updates": int(m["updates"]),
+    "clip_frac_last": m["clip_last"],
+    "ratio_dev_last": m["ratio_dev_last"],
+    "clip_frac_max": m["clip_max"],
+    "ratio_dev_max": m["ratio_dev_max"],
+    "action_tokens": int(act.sum()),
+    "tokens": int(traj.token_mask_BxL.sum()),
+    "tokens_per_s": float(traj.token_mask_BxL.sum() / max(t_update, 1e-9)),
+    "rollout_s": t_roll,
+    "score_s": t_score,
+    "update_s": t_update,
+    "step_s": time.time() - t0,
   }
   row.update(_env_metrics(run, results))
   row.update(sampler_stats)  # prefill_tokens, decode_tokens, extends, rebuilds of this step's rollouts
@@ -545,8 +698,15 @@ def rl_step_fn(run: Run, params, opt_state, ref_params, data, update, ref_logp, 
   if rl_step % c.log_every == 0:
     run.writer.write("rl", rl_step, row)
   if c.rollout.export_jsonl and jax.process_index() == 0:
-    export_rollouts(run, os.path.join(c.workdir, "rollouts", f"step_{rl_step}.jsonl"), results, tasks, traj, out,
-                    rollout_ids=[f"step{rl_step}_{i}" for i in range(len(results))])
+    export_rollouts(
+      run,
+      os.path.join(c.workdir, "rollouts", f"step_{rl_step}.jsonl"),
+      results,
+      tasks,
+      traj,
+      out,
+      rollout_ids=[f"step{rl_step}_{i}" for i in range(len(results))],
+    )
   return params, opt_state, row
 
 
@@ -555,10 +715,16 @@ def export_rollouts(run: Run, path: str, results, tasks, traj, out, *, rollout_i
   them: one line per rollout, its group id the index of its prompt group."""
   records = []
   for i, (res, task) in enumerate(zip(results, tasks)):
-    records.append(jsonl_lib.rollout_to_record(
-        res, rollout_id=rollout_ids[i], group_id=int(traj.group_ids_B[i]),
+    records.append(
+      jsonl_lib.rollout_to_record(
+        res,
+        rollout_id=rollout_ids[i],
+        group_id=int(traj.group_ids_B[i]),
         unit_rewards=[float(x) for x in traj.unit_rewards_BxU[i][traj.unit_mask_BxU[i]]],
-        task_id=_task_id(task), tools=run.env.tools(task) if run.env.tools is not None else None))
+        task_id=_task_id(task),
+        tools=run.env.tools(task) if run.env.tools is not None else None,
+      )
+    )
   records = jsonl_lib.attach_credit(records, out.adv_BxL, out.turn_adv_BxT, method=run.config.credit.method)
   os.makedirs(os.path.dirname(path), exist_ok=True)
   jsonl_lib.write_jsonl(path, records)
@@ -609,23 +775,28 @@ def credit_file(config: ml_collections.ConfigDict, in_path: str, out_path: str) 
     raise ValueError(f"{in_path}: rollout_id {dup!r} appears more than once (rollout ids must be unique)")
   longest = max(turns, key=turns.get)
   if turns[longest] > max(env.max_turns, MAX_CREDIT_TURNS):
-    raise ValueError(f"{in_path}: rollout {longest!r} has num_turns={turns[longest]}, more than the environment's "
-                     f"max_turns ({env.max_turns}) and the {MAX_CREDIT_TURNS} a credit run accepts")
+    raise ValueError(
+      f"{in_path}: rollout {longest!r} has num_turns={turns[longest]}, more than the environment's "
+      f"max_turns ({env.max_turns}) and the {MAX_CREDIT_TURNS} a credit run accepts"
+    )
   max_turns = max(env.max_turns, turns[longest])
   sizes = {}
   for r in records:
     sizes[r["group_id"]] = sizes.get(r["group_id"], 0) + 1
   small = {g: n for g, n in sizes.items() if n < method.min_group_size}
   if small:
-    raise ValueError(f"{c.credit.method} needs groups of at least {method.min_group_size} rollouts; in {in_path} "
-                     f"group(s) {sorted(small, key=str)[:5]} have {sorted(set(small.values()))}")
+    raise ValueError(
+      f"{c.credit.method} needs groups of at least {method.min_group_size} rollouts; in {in_path} "
+      f"group(s) {sorted(small, key=str)[:5]} have {sorted(set(small.values()))}"
+    )
   if method.passes:
     run = build(c, write_config=False)
     pad_id = run.tok.pad_id
   else:
     run, pad_id = None, 0
-  traj, groups = jsonl_lib.records_to_trajectory(records, max_turns=max_turns, pad_id=pad_id,
-                                                 length_bucket=c.train.length_bucket)
+  traj, groups = jsonl_lib.records_to_trajectory(
+    records, max_turns=max_turns, pad_id=pad_id, length_bucket=c.train.length_bucket
+  )
   if method.passes:
     index = {}
     for t in list(run.train_tasks) + list(run.eval_tasks):
@@ -633,13 +804,24 @@ def credit_file(config: ml_collections.ConfigDict, in_path: str, out_path: str) 
     tasks = []
     for r in records:
       if r.get("task_id") not in index:
-        raise ValueError(f"{in_path}: rollout {r['rollout_id']!r} has task_id {r.get('task_id')!r}, which environment "
-                         f"{c.env.name!r} does not have among its {len(index)} train and eval tasks; "
-                         f"{c.credit.method}'s passes need the task")
+        raise ValueError(
+          f"{in_path}: rollout {r['rollout_id']!r} has task_id {r.get('task_id')!r}, which environment "
+          f"{c.env.name!r} does not have among its {len(index)} train and eval tasks; "
+          f"{c.credit.method}'s passes need the task"
+        )
       tasks.append(index[r["task_id"]])
-    results = [RolloutResult(builder=b, env=None, reward=float(r["reward"]),
-                             finish=r.get("finish") or "", tool_calls=0, tool_errors=0,
-                             messages=list(r.get("messages") or [])) for r, b in zip(records, builders)]
+    results = [
+      RolloutResult(
+        builder=b,
+        env=None,
+        reward=float(r["reward"]),
+        finish=r.get("finish") or "",
+        tool_calls=0,
+        tool_errors=0,
+        messages=list(r.get("messages") or []),
+      )
+      for r, b in zip(records, builders)
+    ]
     params, ref_params = run.params, run.params
     latest = run.ckpt.latest_step()
     if latest is not None:

@@ -101,15 +101,27 @@ def trace_td(gold_logp, boundary_mask):
   return r
 
 
-def trace_adv(rewards, gold_logp, boundary_mask, turn_mask, sample_mask=None, beta=1.0, scale="group",
-              dense_norm="group_rms", eps=1e-6):
+def trace_adv(
+  rewards,
+  gold_logp,
+  boundary_mask,
+  turn_mask,
+  sample_mask=None,
+  beta=1.0,
+  scale="group",
+  dense_norm="group_rms",
+  eps=1e-6,
+):
   rewards = np.asarray(rewards, f32)
   num_g, num_turns = np.shape(turn_mask)
   mask = _mask(sample_mask, num_g)
   valid = [mask[g] and _finite(rewards[g]) for g in range(num_g)]
   a_out = grpo(rewards, sample_mask, scale, eps)
-  r = np.stack([trace_td(gold_logp[g], boundary_mask[g]) for g in range(num_g)]) if num_g else np.zeros(
-      (0, num_turns), f32)
+  r = (
+    np.stack([trace_td(gold_logp[g], boundary_mask[g]) for g in range(num_g)])
+    if num_g
+    else np.zeros((0, num_turns), f32)
+  )
   if dense_norm == "group_rms":
     dense = []
     for g in range(num_g):
@@ -148,8 +160,17 @@ def _sigmoid(x):
   return f32(1.0 / (1.0 + math.exp(-x))) if x > -80 else f32(0.0)
 
 
-def crest_weights(turn_adv, turn_ids, action_mask, teacher_logp, policy_logp, teacher_entropy, tau=1.0,
-                  temperature=0.25, max_log_ratio=2.0):
+def crest_weights(
+  turn_adv,
+  turn_ids,
+  action_mask,
+  teacher_logp,
+  policy_logp,
+  teacher_entropy,
+  tau=1.0,
+  temperature=0.25,
+  max_log_ratio=2.0,
+):
   num_u = len(turn_adv)
   raw = {}
   for i in range(len(turn_ids)):
@@ -174,13 +195,35 @@ def crest_weights(turn_adv, turn_ids, action_mask, teacher_logp, policy_logp, te
   return w
 
 
-def crest_adv(turn_rewards, turn_mask, turn_ids, action_mask, teacher_logp, policy_logp, teacher_entropy,
-              sample_mask=None, scale="group", eps=1e-6, tau=1.0, temperature=0.25, max_log_ratio=2.0):
+def crest_adv(
+  turn_rewards,
+  turn_mask,
+  turn_ids,
+  action_mask,
+  teacher_logp,
+  policy_logp,
+  teacher_entropy,
+  sample_mask=None,
+  scale="group",
+  eps=1e-6,
+  tau=1.0,
+  temperature=0.25,
+  max_log_ratio=2.0,
+):
   adv = crest_turn(turn_rewards, turn_mask, sample_mask, scale, eps)
   out = np.zeros(np.shape(turn_ids), f32)
   for g in range(len(adv)):
-    w = crest_weights(adv[g], turn_ids[g], action_mask[g], teacher_logp[g], policy_logp[g], teacher_entropy[g],
-                      tau, temperature, max_log_ratio)
+    w = crest_weights(
+      adv[g],
+      turn_ids[g],
+      action_mask[g],
+      teacher_logp[g],
+      policy_logp[g],
+      teacher_entropy[g],
+      tau,
+      temperature,
+      max_log_ratio,
+    )
     out[g] = turn_to_token(adv[g], turn_ids[g], action_mask[g]) * w
   return out
 
@@ -211,8 +254,7 @@ def hsd_eligible(rewards, sample_mask, success_threshold=0.5):
   mask = _mask(sample_mask, len(rewards))
   valid = [mask[j] and _finite(rewards[j]) for j in range(len(rewards))]
   success = [valid[j] and rewards[j] > success_threshold for j in range(len(rewards))]
-  return [{j for j in range(len(rewards)) if success[j] and j != g} if valid[g] else set()
-          for g in range(len(rewards))]
+  return [{j for j in range(len(rewards)) if success[j] and j != g} if valid[g] else set() for g in range(len(rewards))]
 
 
 def hsd_tokens(teacher_logp, policy_logp, action_mask, clip=1.0):
@@ -263,8 +305,18 @@ def gear_segs(divergence, entropy, action_mask, k_sigma=2.0, tau_low=0.1, entrop
   return seg
 
 
-def gear_adv(seq_adv, divergence, entropy, action_mask, alpha=1.0, k_sigma=2.0, tau_low=0.1, entropy_floor=1.0,
-             normalize=True, eps=1e-6):
+def gear_adv(
+  seq_adv,
+  divergence,
+  entropy,
+  action_mask,
+  alpha=1.0,
+  k_sigma=2.0,
+  tau_low=0.1,
+  entropy_floor=1.0,
+  normalize=True,
+  eps=1e-6,
+):
   d, tau, _ = gear_threshold(divergence, action_mask, k_sigma, eps)
   seg = gear_segs(divergence, entropy, action_mask, k_sigma, tau_low, entropy_floor, eps)
   out = np.zeros(len(d), f32)
@@ -288,7 +340,9 @@ def gear_adv(seq_adv, divergence, entropy, action_mask, alpha=1.0, k_sigma=2.0, 
 # -------------------------------------------------------------------------------------------------- GiGPO
 
 
-def gigpo_advantages_ref(rewards, state_ids, turn_mask, sample_mask=None, gamma=0.95, omega=1.0, scale="group", eps=1e-6):
+def gigpo_advantages_ref(
+  rewards, state_ids, turn_mask, sample_mask=None, gamma=0.95, omega=1.0, scale="group", eps=1e-6
+):
   rewards = np.asarray(rewards, f32)
   num_g, num_turns = np.shape(turn_mask)
   mask = _mask(sample_mask, num_g)
@@ -302,7 +356,7 @@ def gigpo_advantages_ref(rewards, state_ids, turn_mask, sample_mask=None, gamma=
       for t in real:
         step_return[g, t] = f32(f32(f32(gamma) ** (real[-1] - t)) * rewards[g])
   members = {}  # state id -> the (g, t) taken in that state
-  for (g, t) in step_return:
+  for g, t in step_return:
     k = int(state_ids[g][t])
     if k >= 0:
       members.setdefault(k, []).append((g, t))
@@ -312,6 +366,6 @@ def gigpo_advantages_ref(rewards, state_ids, turn_mask, sample_mask=None, gamma=
     for gt, a in zip(turns, a_group):
       a_step[gt] = a
   out = np.zeros((num_g, num_turns), f32)
-  for (g, t) in step_return:
+  for g, t in step_return:
     out[g, t] = a_episode[g] + f32(omega) * a_step.get((g, t), f32(0.0))
   return out

@@ -21,8 +21,9 @@ turn_adv_jit = jax.jit(credit.crest_turn_advantages, static_argnames=("scale", "
 
 @functools.lru_cache(maxsize=None)
 def _weights(tau, temperature, max_log_ratio):
-  return jax.jit(functools.partial(credit.crest_token_weights, tau=tau, temperature=temperature,
-                                   max_log_ratio=max_log_ratio))
+  return jax.jit(
+    functools.partial(credit.crest_token_weights, tau=tau, temperature=temperature, max_log_ratio=max_log_ratio)
+  )
 
 
 @functools.lru_cache(maxsize=None)
@@ -37,14 +38,16 @@ def _weights_nested():
 
 @functools.lru_cache(maxsize=None)
 def _advantages(scale, tau, temperature, max_log_ratio, batched=False):
-  fn = functools.partial(credit.crest_advantages, scale=scale, tau=tau, temperature=temperature,
-                         max_log_ratio=max_log_ratio)
+  fn = functools.partial(
+    credit.crest_advantages, scale=scale, tau=tau, temperature=temperature, max_log_ratio=max_log_ratio
+  )
   return jax.jit(jax.vmap(fn) if batched else fn)
 
 
 def _entropy():
-  return st.one_of(st.integers(0, 32).map(lambda k: k / 8.0), st.integers(0, 32).map(lambda k: k / 8.0),
-                   st.sampled_from(NONFINITE))
+  return st.one_of(
+    st.integers(0, 32).map(lambda k: k / 8.0), st.integers(0, 32).map(lambda k: k / 8.0), st.sampled_from(NONFINITE)
+  )
 
 
 def _logp():
@@ -54,11 +57,22 @@ def _logp():
 @st.composite
 def token_inputs(draw, g=None, num_u=None, length=None):
   shape = () if g is None else (g,)
-  ids = np.asarray(draw(st.lists(st.integers(-1, num_u), min_size=int(np.prod(shape + (length,))),
-                                 max_size=int(np.prod(shape + (length,))))), np.int32).reshape(shape + (length,))
+  ids = np.asarray(
+    draw(
+      st.lists(
+        st.integers(-1, num_u), min_size=int(np.prod(shape + (length,))), max_size=int(np.prod(shape + (length,)))
+      )
+    ),
+    np.int32,
+  ).reshape(shape + (length,))
   action = bools(draw, shape + (length,), p_true=4)
-  return (ids, action, arrays(draw, shape + (length,), _logp()), arrays(draw, shape + (length,), _logp()),
-          arrays(draw, shape + (length,), _entropy()))
+  return (
+    ids,
+    action,
+    arrays(draw, shape + (length,), _logp()),
+    arrays(draw, shape + (length,), _logp()),
+    arrays(draw, shape + (length,), _entropy()),
+  )
 
 
 @st.composite
@@ -159,31 +173,63 @@ def test_advantages_vmapped(group):
   args = (rewards, tmask, ids, action, teacher, policy, entropy, smask)
   got = np.asarray(_advantages("group", *KNOBS[0], batched=True)(*map(stack, args)))
   np.testing.assert_allclose(got[0], ref.crest_adv(*args, "group", 1e-6, *KNOBS[0]), atol=1e-5)
-  np.testing.assert_allclose(got[1], ref.crest_adv(*[x[::-1] for x in args], "group", 1e-6, *KNOBS[0]),
-                             atol=1e-5)
+  np.testing.assert_allclose(got[1], ref.crest_adv(*[x[::-1] for x in args], "group", 1e-6, *KNOBS[0]), atol=1e-5)
 
 
 def test_weights_stop_gradient():
   ids = np.array([0, 0, 1, 1], np.int32)
-  grad = jax.jit(jax.grad(lambda p: credit.crest_token_weights(np.array([1.0, -1.0]), ids, np.ones(4, bool),
-                                                        np.full(4, -1.0), p, np.zeros(4)) @ np.arange(4.0)))
+  grad = jax.jit(
+    jax.grad(
+      lambda p: (
+        credit.crest_token_weights(np.array([1.0, -1.0]), ids, np.ones(4, bool), np.full(4, -1.0), p, np.zeros(4))
+        @ np.arange(4.0)
+      )
+    )
+  )
   assert np.all(np.asarray(grad(np.array([-2.0, -0.5, -2.0, -0.5]))) == 0.0)
 
 
 L3 = np.zeros((2, 4))
 BAD_SHAPES = [
-    (lambda: credit.crest_turn_advantages(np.zeros((2, 3)), np.ones((2, 4), bool)), "`turn_mask` must have shape [G,U]"),
-    (lambda: credit.crest_turn_advantages(np.zeros(3), np.ones(3, bool)), "`turn_rewards` must have rank 2"),
-    (lambda: credit.crest_token_weights(np.zeros(2), np.zeros(4, np.int32), np.ones(4, bool), np.zeros(4),
-                                        np.zeros(5), np.zeros(4)), "`policy_logp` must have shape [L]"),
-    (lambda: credit.crest_token_weights(np.zeros(2), np.zeros(4), np.ones(4, bool), np.zeros(4), np.zeros(4),
-                                        np.zeros(4)), "`turn_ids` must be an integer"),
-    (lambda: credit.crest_advantages(np.zeros((2, 3)), np.ones((2, 3), bool), np.zeros((2, 4), np.int32),
-                                     np.ones((2, 4), bool), L3, L3, np.zeros((3, 4))),
-     "`teacher_entropy` must have shape [G,L]"),
-    (lambda: credit.crest_advantages(np.zeros((2, 3)), np.ones((2, 3), bool), np.zeros((2, 4), np.int32),
-                                     np.ones((2, 4), bool), L3, L3, L3, np.ones(3, bool)),
-     "`sample_mask` must have shape [G]"),
+  (lambda: credit.crest_turn_advantages(np.zeros((2, 3)), np.ones((2, 4), bool)), "`turn_mask` must have shape [G,U]"),
+  (lambda: credit.crest_turn_advantages(np.zeros(3), np.ones(3, bool)), "`turn_rewards` must have rank 2"),
+  (
+    lambda: credit.crest_token_weights(
+      np.zeros(2), np.zeros(4, np.int32), np.ones(4, bool), np.zeros(4), np.zeros(5), np.zeros(4)
+    ),
+    "`policy_logp` must have shape [L]",
+  ),
+  (
+    lambda: credit.crest_token_weights(
+      np.zeros(2), np.zeros(4), np.ones(4, bool), np.zeros(4), np.zeros(4), np.zeros(4)
+    ),
+    "`turn_ids` must be an integer",
+  ),
+  (
+    lambda: credit.crest_advantages(
+      np.zeros((2, 3)),
+      np.ones((2, 3), bool),
+      np.zeros((2, 4), np.int32),
+      np.ones((2, 4), bool),
+      L3,
+      L3,
+      np.zeros((3, 4)),
+    ),
+    "`teacher_entropy` must have shape [G,L]",
+  ),
+  (
+    lambda: credit.crest_advantages(
+      np.zeros((2, 3)),
+      np.ones((2, 3), bool),
+      np.zeros((2, 4), np.int32),
+      np.ones((2, 4), bool),
+      L3,
+      L3,
+      L3,
+      np.ones(3, bool),
+    ),
+    "`sample_mask` must have shape [G]",
+  ),
 ]
 
 
@@ -194,11 +240,18 @@ def test_shape_errors_name_the_argument(call, message):
   assert message in str(info.value)
 
 
-@pytest.mark.parametrize("kwargs,knob", [
-    ({"temperature": 0.0}, "temperature"), ({"temperature": -1.0}, "temperature"),
-    ({"max_log_ratio": -0.1}, "max_log_ratio"), ({"max_log_ratio": float("inf")}, "max_log_ratio"),
-    ({"tau": float("nan")}, "tau"), ({"eps": 0.0}, "eps"), ({"scale": "rms"}, "scale"),
-])
+@pytest.mark.parametrize(
+  "kwargs,knob",
+  [
+    ({"temperature": 0.0}, "temperature"),
+    ({"temperature": -1.0}, "temperature"),
+    ({"max_log_ratio": -0.1}, "max_log_ratio"),
+    ({"max_log_ratio": float("inf")}, "max_log_ratio"),
+    ({"tau": float("nan")}, "tau"),
+    ({"eps": 0.0}, "eps"),
+    ({"scale": "rms"}, "scale"),
+  ],
+)
 def test_knob_errors(kwargs, knob):
   args = (np.zeros((2, 3)), np.ones((2, 3), bool), np.zeros((2, 4), np.int32), np.ones((2, 4), bool), L3, L3, L3)
   with pytest.raises(ValueError, match=f"`{knob}`"):
@@ -211,13 +264,16 @@ def test_token_weights_batched_like_single_rollouts(rollout, data):
   gives each row what the unbatched call gives."""
   turn_adv, ids, action, teacher, policy, entropy = rollout
   perm = data.draw(st.permutations(range(len(ids))))
-  rows = [(ids, action, teacher, policy, entropy), tuple(x[list(perm)] for x in (ids, action, teacher, policy,
-                                                                                  entropy))]
+  rows = [
+    (ids, action, teacher, policy, entropy),
+    tuple(x[list(perm)] for x in (ids, action, teacher, policy, entropy)),
+  ]
   stacked = [np.stack(x) for x in zip(*rows)]
   fn = _weights(*KNOBS[0])
   shared = np.asarray(_weights_shared_table()(turn_adv, *stacked))
-  nested = np.asarray(_weights_nested()(
-      np.stack([np.stack([turn_adv] * 2)] * 3), *[np.stack([x] * 3) for x in stacked]))
+  nested = np.asarray(
+    _weights_nested()(np.stack([np.stack([turn_adv] * 2)] * 3), *[np.stack([x] * 3) for x in stacked])
+  )
   for r, row in enumerate(rows):
     single = np.asarray(fn(turn_adv, *row))
     np.testing.assert_array_equal(shared[r], single)

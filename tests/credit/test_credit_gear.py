@@ -19,14 +19,19 @@ SEQ_ADVS = (1.0, -0.75)
 
 @functools.lru_cache(maxsize=None)
 def _segments(k_sigma, tau_low, entropy_floor):
-  return jax.jit(functools.partial(credit.gear_segments, k_sigma=k_sigma, tau_low=tau_low,
-                                   entropy_floor=entropy_floor))
+  return jax.jit(functools.partial(credit.gear_segments, k_sigma=k_sigma, tau_low=tau_low, entropy_floor=entropy_floor))
 
 
 @functools.lru_cache(maxsize=None)
 def _advantages(alpha, k_sigma, tau_low, entropy_floor, normalize, batched=False):
-  fn = functools.partial(credit.gear_advantages, alpha=alpha, k_sigma=k_sigma, tau_low=tau_low,
-                         entropy_floor=entropy_floor, normalize=normalize)
+  fn = functools.partial(
+    credit.gear_advantages,
+    alpha=alpha,
+    k_sigma=k_sigma,
+    tau_low=tau_low,
+    entropy_floor=entropy_floor,
+    normalize=normalize,
+  )
   return jax.jit(jax.vmap(fn) if batched else fn)
 
 
@@ -73,7 +78,7 @@ def test_segments_start_exactly_at_spikes(rollout, knobs):
   for i in np.flatnonzero(seg >= 0):
     start = seg[i]
     assert start <= i and spikes[start]  # opened by a spike, at or before the token
-    assert np.all(seg[start:i + 1] == start) and np.all(action[start:i + 1])  # contiguous, never crosses
+    assert np.all(seg[start : i + 1] == start) and np.all(action[start : i + 1])  # contiguous, never crosses
 
 
 @given(rollouts(), st.sampled_from(KNOBS), st.sampled_from(SEQ_ADVS))
@@ -133,19 +138,26 @@ def test_non_finite_seq_adv_gives_zero():
 
 
 def test_stop_gradient():
-  grad = jax.jit(jax.grad(lambda d: credit.gear_advantages(1.0, d, np.ones(5), np.ones(5, bool), k_sigma=0.5)
-                          @ np.arange(5.0)))
+  grad = jax.jit(
+    jax.grad(lambda d: credit.gear_advantages(1.0, d, np.ones(5), np.ones(5, bool), k_sigma=0.5) @ np.arange(5.0))
+  )
   assert np.all(np.asarray(grad(np.array([0.1, 0.2, 3.0, 0.1, 0.0]))) == 0.0)
 
 
 BAD_SHAPES = [
-    (lambda: credit.gear_segments(np.zeros(4), np.zeros(3), np.ones(4, bool)), "`entropy` must have shape [L]"),
-    (lambda: credit.gear_segments(np.zeros((1, 4)), np.zeros(4), np.ones(4, bool)),
-     "`divergence` must have rank 1 with shape [L]"),
-    (lambda: credit.gear_advantages(np.zeros(2), np.zeros(4), np.zeros(4), np.ones(4, bool)),
-     "`seq_adv` must have rank 0"),
-    (lambda: credit.gear_advantages(1.0, np.zeros(4), np.zeros(4), np.ones(5, bool)),
-     "`action_mask` must have shape [L]"),
+  (lambda: credit.gear_segments(np.zeros(4), np.zeros(3), np.ones(4, bool)), "`entropy` must have shape [L]"),
+  (
+    lambda: credit.gear_segments(np.zeros((1, 4)), np.zeros(4), np.ones(4, bool)),
+    "`divergence` must have rank 1 with shape [L]",
+  ),
+  (
+    lambda: credit.gear_advantages(np.zeros(2), np.zeros(4), np.zeros(4), np.ones(4, bool)),
+    "`seq_adv` must have rank 0",
+  ),
+  (
+    lambda: credit.gear_advantages(1.0, np.zeros(4), np.zeros(4), np.ones(5, bool)),
+    "`action_mask` must have shape [L]",
+  ),
 ]
 
 
@@ -156,11 +168,17 @@ def test_shape_errors_name_the_argument(call, message):
   assert message in str(info.value)
 
 
-@pytest.mark.parametrize("kwargs,knob", [
-    ({"k_sigma": -0.1}, "k_sigma"), ({"alpha": -1.0}, "alpha"), ({"eps": 0.0}, "eps"),
-    ({"tau_low": float("nan")}, "tau_low"), ({"entropy_floor": float("nan")}, "entropy_floor"),
+@pytest.mark.parametrize(
+  "kwargs,knob",
+  [
+    ({"k_sigma": -0.1}, "k_sigma"),
+    ({"alpha": -1.0}, "alpha"),
+    ({"eps": 0.0}, "eps"),
+    ({"tau_low": float("nan")}, "tau_low"),
+    ({"entropy_floor": float("nan")}, "entropy_floor"),
     ({"normalize": 1}, "normalize"),
-])
+  ],
+)
 def test_knob_errors(kwargs, knob):
   with pytest.raises(ValueError, match=f"`{knob}`"):
     credit.gear_advantages(1.0, np.zeros(4), np.zeros(4), np.ones(4, bool), **kwargs)

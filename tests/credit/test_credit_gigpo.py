@@ -34,8 +34,9 @@ def _gigpo_batched(gamma, omega, scale):
 def groups(draw, shapes=GROUP_SHAPES):
   g, num_turns = draw(st.sampled_from(shapes))
   rewards = arrays(draw, (g,), grid_or_nonfinite(REWARD_GRID))
-  ids = np.asarray(draw(st.lists(st.sampled_from(STATE_IDS), min_size=g * num_turns, max_size=g * num_turns)),
-                   np.int32).reshape(g, num_turns)
+  ids = np.asarray(
+    draw(st.lists(st.sampled_from(STATE_IDS), min_size=g * num_turns, max_size=g * num_turns)), np.int32
+  ).reshape(g, num_turns)
   if draw(st.booleans()):  # state_key="observation": turn 0's state is the prompt, shared by the whole group
     ids[:, 0] = draw(st.sampled_from(STATE_IDS[1:]))
   if draw(st.booleans()):  # the usual layout: the real turns are a prefix of n_g turns
@@ -102,13 +103,13 @@ def test_gamma_one_with_one_shared_state_per_turn(group, knobs):
   ids = np.broadcast_to(1000 + 17 * np.arange(tmask.shape[1], dtype=np.int32), tmask.shape)
   got = np.asarray(_gigpo(1.0, omega, scale)(rewards, ids, tmask, smask))
   a_episode = np.asarray(grpo_jit(rewards, smask, scale=scale))
-  a_step = np.stack([np.asarray(grpo_jit(rewards, smask & tmask[:, t], scale=scale))
-                     for t in range(tmask.shape[1])], axis=1)
+  a_step = np.stack(
+    [np.asarray(grpo_jit(rewards, smask & tmask[:, t], scale=scale)) for t in range(tmask.shape[1])], axis=1
+  )
   want = np.where(_real(rewards, tmask, smask), a_episode[:, None] + omega * a_step, 0.0)
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
   if np.all(tmask):
-    np.testing.assert_allclose(got, (1.0 + omega) * a_episode[:, None] * np.ones_like(tmask), rtol=1e-5,
-                               atol=1e-5)
+    np.testing.assert_allclose(got, (1.0 + omega) * a_episode[:, None] * np.ones_like(tmask), rtol=1e-5, atol=1e-5)
 
 
 @given(groups(shapes=((4, 5),)), groups(shapes=((4, 5),)))
@@ -153,18 +154,30 @@ def test_no_turns():
 
 
 BAD_SHAPES = [
-    (lambda: credit.gigpo_advantages(np.zeros((2, 1)), np.zeros((2, 3), np.int32), np.ones((2, 3), bool)),
-     "`rewards` must have rank 1 with shape [G]"),
-    (lambda: credit.gigpo_advantages(np.zeros(2), np.zeros((3, 3), np.int32), np.ones((2, 3), bool)),
-     "`state_ids` must have shape [G,T]"),
-    (lambda: credit.gigpo_advantages(np.zeros(2), np.zeros(3, np.int32), np.ones((2, 3), bool)),
-     "`state_ids` must have rank 2 with shape [G,T]"),
-    (lambda: credit.gigpo_advantages(np.zeros(2), np.zeros((2, 3), np.int32), np.ones((2, 4), bool)),
-     "`turn_mask` must have shape [G,T]"),
-    (lambda: credit.gigpo_advantages(np.zeros(2), np.zeros((2, 3), np.int32), np.ones((2, 3), bool),
-                                     np.ones(3, bool)), "`sample_mask` must have shape [G]"),
-    (lambda: credit.gigpo_advantages(np.zeros(2), np.zeros((2, 3), np.float32), np.ones((2, 3), bool)),
-     "`state_ids` must be an integer (int32) array"),
+  (
+    lambda: credit.gigpo_advantages(np.zeros((2, 1)), np.zeros((2, 3), np.int32), np.ones((2, 3), bool)),
+    "`rewards` must have rank 1 with shape [G]",
+  ),
+  (
+    lambda: credit.gigpo_advantages(np.zeros(2), np.zeros((3, 3), np.int32), np.ones((2, 3), bool)),
+    "`state_ids` must have shape [G,T]",
+  ),
+  (
+    lambda: credit.gigpo_advantages(np.zeros(2), np.zeros(3, np.int32), np.ones((2, 3), bool)),
+    "`state_ids` must have rank 2 with shape [G,T]",
+  ),
+  (
+    lambda: credit.gigpo_advantages(np.zeros(2), np.zeros((2, 3), np.int32), np.ones((2, 4), bool)),
+    "`turn_mask` must have shape [G,T]",
+  ),
+  (
+    lambda: credit.gigpo_advantages(np.zeros(2), np.zeros((2, 3), np.int32), np.ones((2, 3), bool), np.ones(3, bool)),
+    "`sample_mask` must have shape [G]",
+  ),
+  (
+    lambda: credit.gigpo_advantages(np.zeros(2), np.zeros((2, 3), np.float32), np.ones((2, 3), bool)),
+    "`state_ids` must be an integer (int32) array",
+  ),
 ]
 
 
@@ -175,18 +188,27 @@ def test_shape_errors_name_the_argument(call, message):
   assert message in str(info.value)
 
 
-@pytest.mark.parametrize("kwargs,knob", [
-    ({"gamma": -0.1}, "gamma"), ({"gamma": 1.5}, "gamma"), ({"gamma": float("nan")}, "gamma"),
-    ({"omega": -1.0}, "omega"), ({"omega": float("inf")}, "omega"), ({"eps": 0.0}, "eps"),
-    ({"scale": "batch"}, "scale"), ({"gamma": "0.9"}, "gamma"),
-])
+@pytest.mark.parametrize(
+  "kwargs,knob",
+  [
+    ({"gamma": -0.1}, "gamma"),
+    ({"gamma": 1.5}, "gamma"),
+    ({"gamma": float("nan")}, "gamma"),
+    ({"omega": -1.0}, "omega"),
+    ({"omega": float("inf")}, "omega"),
+    ({"eps": 0.0}, "eps"),
+    ({"scale": "batch"}, "scale"),
+    ({"gamma": "0.9"}, "gamma"),
+  ],
+)
 def test_knob_errors(kwargs, knob):
   with pytest.raises(ValueError, match=f"`{knob}`"):
     credit.gigpo_advantages(np.zeros(2), np.zeros((2, 3), np.int32), np.ones((2, 3), bool), **kwargs)
 
 
 def test_traced_knob_is_refused_by_name():
-  call = jax.jit(lambda omega: credit.gigpo_advantages(np.zeros(2), np.zeros((2, 3), np.int32),
-                                                       np.ones((2, 3), bool), omega=omega))
+  call = jax.jit(
+    lambda omega: credit.gigpo_advantages(np.zeros(2), np.zeros((2, 3), np.int32), np.ones((2, 3), bool), omega=omega)
+  )
   with pytest.raises(ValueError, match="`omega`"):
     call(1.0)

@@ -20,8 +20,10 @@ THRESHOLDS = (0.5, 0.0)
 def _select_many(threshold):
   """[num_keys, G] peers: one draw per key split from `key`, the group fixed."""
   select = jax.vmap(functools.partial(credit.hsd_select_peers, success_threshold=threshold), in_axes=(None, None, 0))
-  return jax.jit(lambda rewards, mask, key, num_keys=NUM_KEYS: select(rewards, mask, jax.random.split(key, num_keys)),
-                 static_argnames="num_keys")
+  return jax.jit(
+    lambda rewards, mask, key, num_keys=NUM_KEYS: select(rewards, mask, jax.random.split(key, num_keys)),
+    static_argnames="num_keys",
+  )
 
 
 @st.composite
@@ -67,13 +69,20 @@ def test_raw_uint32_key_and_batched_groups():
   np.testing.assert_array_equal(peers, [[-1, 0], [-1, -1]])
 
 
-@pytest.mark.parametrize("call,message", [
+@pytest.mark.parametrize(
+  "call,message",
+  [
     (lambda: credit.hsd_select_peers(np.zeros((2, 2)), None, jax.random.key(0)), "`rewards` must have rank 1"),
-    (lambda: credit.hsd_select_peers(np.zeros(3), np.ones(2, bool), jax.random.key(0)),
-     "`sample_mask` must have shape [G]"),
-    (lambda: credit.hsd_select_peers(np.zeros(3), None, jax.random.key(0), success_threshold=float("nan")),
-     "`success_threshold`"),
-])
+    (
+      lambda: credit.hsd_select_peers(np.zeros(3), np.ones(2, bool), jax.random.key(0)),
+      "`sample_mask` must have shape [G]",
+    ),
+    (
+      lambda: credit.hsd_select_peers(np.zeros(3), None, jax.random.key(0), success_threshold=float("nan")),
+      "`success_threshold`",
+    ),
+  ],
+)
 def test_errors(call, message):
   with pytest.raises(ValueError) as info:
     call()

@@ -60,7 +60,7 @@ def test_grpo_default_mask_is_all_valid(group):
   np.testing.assert_array_equal(grpo_jit(rewards), grpo_jit(rewards, np.ones_like(rewards, bool)))
 
 
-@given(st.sampled_from(GROUP_SIZES), st.floats(-2.0**100, 2.0**100, width=32), st.data(), st.sampled_from(SCALES))
+@given(st.sampled_from(GROUP_SIZES), st.floats(-(2.0**100), 2.0**100, width=32), st.data(), st.sampled_from(SCALES))
 def test_equal_rewards_give_exactly_zero(g, value, data, scale):
   rewards = np.full(g, value, np.float32)
   mask = bools(data.draw, (g,))
@@ -107,7 +107,8 @@ def test_rloo_is_scaled_dr_grpo(group):
   n = mask.sum()
   if n >= 2:
     np.testing.assert_allclose(
-        rloo_jit(rewards, mask), n / (n - 1) * np.asarray(grpo_jit(rewards, mask, scale="none")), atol=1e-5)
+      rloo_jit(rewards, mask), n / (n - 1) * np.asarray(grpo_jit(rewards, mask, scale="none")), atol=1e-5
+    )
 
 
 @st.composite
@@ -133,17 +134,20 @@ def test_turn_to_token_batched():
   got = jax.jit(jax.vmap(jax.vmap(credit.turn_to_token)))(values_PxGxT, ids_PxGxL, action_PxGxL)
   for p in range(2):
     for g in range(3):
-      np.testing.assert_array_equal(got[p, g], ref.turn_to_token(values_PxGxT[p, g], ids_PxGxL[p, g],
-                                                                 action_PxGxL[p, g]))
+      np.testing.assert_array_equal(
+        got[p, g], ref.turn_to_token(values_PxGxT[p, g], ids_PxGxL[p, g], action_PxGxL[p, g])
+      )
 
 
 BAD_SHAPES = [
-    (lambda: credit.grpo_advantages(np.zeros((2, 3))), "`rewards` must have rank 1 with shape [G]"),
-    (lambda: credit.grpo_advantages(np.zeros(3), np.ones(4, bool)), "`sample_mask` must have shape [G]"),
-    (lambda: credit.rloo_advantages(np.zeros(3), np.ones((3, 1), bool)), "`sample_mask` must have rank 1"),
-    (lambda: credit.turn_to_token(np.zeros(3), np.zeros(5, np.int32), np.ones(4, bool)),
-     "`action_mask` must have shape [L]"),
-    (lambda: credit.turn_to_token(np.zeros(3), np.zeros(5), np.ones(5, bool)), "`turn_ids` must be an integer"),
+  (lambda: credit.grpo_advantages(np.zeros((2, 3))), "`rewards` must have rank 1 with shape [G]"),
+  (lambda: credit.grpo_advantages(np.zeros(3), np.ones(4, bool)), "`sample_mask` must have shape [G]"),
+  (lambda: credit.rloo_advantages(np.zeros(3), np.ones((3, 1), bool)), "`sample_mask` must have rank 1"),
+  (
+    lambda: credit.turn_to_token(np.zeros(3), np.zeros(5, np.int32), np.ones(4, bool)),
+    "`action_mask` must have shape [L]",
+  ),
+  (lambda: credit.turn_to_token(np.zeros(3), np.zeros(5), np.ones(5, bool)), "`turn_ids` must be an integer"),
 ]
 
 
@@ -159,10 +163,16 @@ def test_shape_errors_raise_at_trace_time():
     jax.jit(credit.grpo_advantages)(np.zeros(3), np.ones(4, bool))
 
 
-@pytest.mark.parametrize("kwargs,knob", [
-    ({"eps": 0.0}, "eps"), ({"eps": -1.0}, "eps"), ({"eps": float("nan")}, "eps"),
-    ({"scale": "std"}, "scale"), ({"scale": None}, "scale"),
-])
+@pytest.mark.parametrize(
+  "kwargs,knob",
+  [
+    ({"eps": 0.0}, "eps"),
+    ({"eps": -1.0}, "eps"),
+    ({"eps": float("nan")}, "eps"),
+    ({"scale": "std"}, "scale"),
+    ({"scale": None}, "scale"),
+  ],
+)
 def test_grpo_knob_errors(kwargs, knob):
   with pytest.raises(ValueError, match=f"`{knob}`"):
     credit.grpo_advantages(np.zeros(3), **kwargs)
@@ -177,6 +187,7 @@ def test_empty_group_is_refused_by_name():
   import jax.numpy as jnp
   import pytest as _pytest
   from jaxcredit import credit as _credit
+
   with _pytest.raises(ValueError, match="empty group axis"):
     _credit.grpo_advantages(jnp.zeros((0,)))
   with _pytest.raises(ValueError, match="empty group axis"):

@@ -92,23 +92,36 @@ def test_opd_tokens_match_reference(pair):
 def test_dense_terms_stop_gradient():
   t = np.array([-1.0, -0.5, -3.0])
   a = np.ones(3, bool)
-  for fn in (credit.opd_token_advantages, credit.hsd_token_advantages,
-             lambda s, b, m: credit.toolopd_token_weights(s, b, True, m, normalize=False)):
+  for fn in (
+    credit.opd_token_advantages,
+    credit.hsd_token_advantages,
+    lambda s, b, m: credit.toolopd_token_weights(s, b, True, m, normalize=False),
+  ):
     grads = jax.jit(jax.grad(lambda x, y: fn(x, y, a) @ np.arange(3.0), argnums=(0, 1)))(t, np.full(3, -1.5))
     assert all(np.all(np.asarray(g) == 0.0) for g in grads)
 
 
 BAD_SHAPES = [
-    (lambda: credit.toolopd_token_weights(np.zeros(4), np.zeros(3), True, np.ones(4, bool)),
-     "`logp_base` must have shape [L]"),
-    (lambda: credit.toolopd_token_weights(np.zeros(4), np.zeros(4), np.array([True]), np.ones(4, bool)),
-     "`success` must have rank 0"),
-    (lambda: credit.toolopd_token_weights(np.zeros(4), np.zeros(4), 0.7, np.ones(4, bool)),
-     "`success` must be a bool scalar"),
-    (lambda: credit.hsd_token_advantages(np.zeros(4), np.zeros(4), np.ones(5, bool)),
-     "`action_mask` must have shape [L]"),
-    (lambda: credit.opd_token_advantages(np.zeros((2, 4)), np.zeros(4), np.ones(4, bool)),
-     "`teacher_logp` must have rank 1 with shape [L]"),
+  (
+    lambda: credit.toolopd_token_weights(np.zeros(4), np.zeros(3), True, np.ones(4, bool)),
+    "`logp_base` must have shape [L]",
+  ),
+  (
+    lambda: credit.toolopd_token_weights(np.zeros(4), np.zeros(4), np.array([True]), np.ones(4, bool)),
+    "`success` must have rank 0",
+  ),
+  (
+    lambda: credit.toolopd_token_weights(np.zeros(4), np.zeros(4), 0.7, np.ones(4, bool)),
+    "`success` must be a bool scalar",
+  ),
+  (
+    lambda: credit.hsd_token_advantages(np.zeros(4), np.zeros(4), np.ones(5, bool)),
+    "`action_mask` must have shape [L]",
+  ),
+  (
+    lambda: credit.opd_token_advantages(np.zeros((2, 4)), np.zeros(4), np.ones(4, bool)),
+    "`teacher_logp` must have rank 1 with shape [L]",
+  ),
 ]
 
 
@@ -119,14 +132,21 @@ def test_shape_errors_name_the_argument(call, message):
   assert message in str(info.value)
 
 
-@pytest.mark.parametrize("call,knob", [
-    (lambda: credit.toolopd_token_weights(np.zeros(2), np.zeros(2), True, np.ones(2, bool), max_credit=0.0),
-     "max_credit"),
-    (lambda: credit.toolopd_token_weights(np.zeros(2), np.zeros(2), True, np.ones(2, bool), normalize="yes"),
-     "normalize"),
+@pytest.mark.parametrize(
+  "call,knob",
+  [
+    (
+      lambda: credit.toolopd_token_weights(np.zeros(2), np.zeros(2), True, np.ones(2, bool), max_credit=0.0),
+      "max_credit",
+    ),
+    (
+      lambda: credit.toolopd_token_weights(np.zeros(2), np.zeros(2), True, np.ones(2, bool), normalize="yes"),
+      "normalize",
+    ),
     (lambda: credit.hsd_token_advantages(np.zeros(2), np.zeros(2), np.ones(2, bool), clip=0.0), "clip"),
     (lambda: credit.hsd_token_advantages(np.zeros(2), np.zeros(2), np.ones(2, bool), clip=-1.0), "clip"),
-])
+  ],
+)
 def test_knob_errors(call, knob):
   with pytest.raises(ValueError, match=f"`{knob}`"):
     call()

@@ -27,8 +27,7 @@ def _trace_adv(beta, scale, dense_norm):
 
 @functools.lru_cache(maxsize=None)
 def _trace_adv_batched(beta, scale, dense_norm):
-  return jax.jit(jax.vmap(functools.partial(credit.trace_advantages, beta=beta, scale=scale,
-                                            dense_norm=dense_norm)))
+  return jax.jit(jax.vmap(functools.partial(credit.trace_advantages, beta=beta, scale=scale, dense_norm=dense_norm)))
 
 
 def _gold(draw, shape):
@@ -72,7 +71,7 @@ def test_redundant_call_gets_zero_and_changes_nothing_else(rollout, data):
   valid = mask & np.isfinite(gold)
   assume(valid[0])
   b = data.draw(st.integers(0, len(gold) - 1))
-  latest = np.flatnonzero(valid[:b + 1])[-1]
+  latest = np.flatnonzero(valid[: b + 1])[-1]
   gold2 = np.insert(gold, b + 1, gold[latest])
   mask2 = np.insert(mask, b + 1, True)
   r = np.asarray(td_jit(gold, mask))
@@ -120,8 +119,9 @@ def test_trace_advantages_vmapped(group):
   stack = lambda x: np.stack([x, x[::-1]])
   got = np.asarray(batched(stack(rewards), stack(gold), stack(bmask), stack(tmask), stack(smask)))
   np.testing.assert_allclose(got[0], ref.trace_adv(rewards, gold, bmask, tmask, smask, *knobs), atol=1e-5)
-  np.testing.assert_allclose(got[1], ref.trace_adv(rewards[::-1], gold[::-1], bmask[::-1], tmask[::-1],
-                                                   smask[::-1], *knobs), atol=1e-5)
+  np.testing.assert_allclose(
+    got[1], ref.trace_adv(rewards[::-1], gold[::-1], bmask[::-1], tmask[::-1], smask[::-1], *knobs), atol=1e-5
+  )
 
 
 def test_redundant_call_keeps_the_outcome_advantage_under_rms():
@@ -144,23 +144,38 @@ def test_no_dense_turn_gives_grpo():
 
 def test_dense_terms_apply_in_a_group_with_one_valid_sample():
   got = _trace_adv(1.0, "group", "none")(
-      np.array([1.0, np.nan], np.float32), np.array([[-4, -2, -1], [-4, -2, -1]], np.float32),
-      np.ones((2, 3), bool), np.ones((2, 2), bool))
+    np.array([1.0, np.nan], np.float32),
+    np.array([[-4, -2, -1], [-4, -2, -1]], np.float32),
+    np.ones((2, 3), bool),
+    np.ones((2, 2), bool),
+  )
   np.testing.assert_allclose(got, [[2.0, 1.0], [0.0, 0.0]])
 
 
 BAD_SHAPES = [
-    (lambda: credit.trace_td_rewards(np.zeros((2, 3)), np.ones((2, 3), bool)),
-     "`gold_logp` must have rank 1 with shape [T+1]"),
-    (lambda: credit.trace_td_rewards(np.zeros(4), np.ones(3, bool)), "`boundary_mask` must have shape [T+1]"),
-    (lambda: credit.trace_advantages(np.zeros(2), np.zeros((2, 5)), np.ones((2, 4), bool), np.ones((2, 4), bool)),
-     "`boundary_mask` must have shape [G,T+1]"),
-    (lambda: credit.trace_advantages(np.zeros(2), np.zeros((2, 5)), np.ones((2, 5), bool), np.ones((2, 5), bool)),
-     "`turn_mask` must have shape [G,T]"),
-    (lambda: credit.trace_advantages(np.zeros(3), np.zeros((2, 5)), np.ones((2, 5), bool), np.ones((2, 4), bool)),
-     "`gold_logp` must have shape [G,T+1]"),
-    (lambda: credit.trace_advantages(np.zeros(2), np.zeros((2, 5)), np.ones((2, 5), bool), np.ones((2, 4), bool),
-                                     np.ones(3, bool)), "`sample_mask` must have shape [G]"),
+  (
+    lambda: credit.trace_td_rewards(np.zeros((2, 3)), np.ones((2, 3), bool)),
+    "`gold_logp` must have rank 1 with shape [T+1]",
+  ),
+  (lambda: credit.trace_td_rewards(np.zeros(4), np.ones(3, bool)), "`boundary_mask` must have shape [T+1]"),
+  (
+    lambda: credit.trace_advantages(np.zeros(2), np.zeros((2, 5)), np.ones((2, 4), bool), np.ones((2, 4), bool)),
+    "`boundary_mask` must have shape [G,T+1]",
+  ),
+  (
+    lambda: credit.trace_advantages(np.zeros(2), np.zeros((2, 5)), np.ones((2, 5), bool), np.ones((2, 5), bool)),
+    "`turn_mask` must have shape [G,T]",
+  ),
+  (
+    lambda: credit.trace_advantages(np.zeros(3), np.zeros((2, 5)), np.ones((2, 5), bool), np.ones((2, 4), bool)),
+    "`gold_logp` must have shape [G,T+1]",
+  ),
+  (
+    lambda: credit.trace_advantages(
+      np.zeros(2), np.zeros((2, 5)), np.ones((2, 5), bool), np.ones((2, 4), bool), np.ones(3, bool)
+    ),
+    "`sample_mask` must have shape [G]",
+  ),
 ]
 
 
@@ -171,10 +186,16 @@ def test_shape_errors_name_the_argument(call, message):
   assert message in str(info.value)
 
 
-@pytest.mark.parametrize("kwargs,knob", [
-    ({"beta": -1.0}, "beta"), ({"beta": float("inf")}, "beta"), ({"eps": 0.0}, "eps"),
-    ({"scale": "batch"}, "scale"), ({"dense_norm": "std"}, "dense_norm"),
-])
+@pytest.mark.parametrize(
+  "kwargs,knob",
+  [
+    ({"beta": -1.0}, "beta"),
+    ({"beta": float("inf")}, "beta"),
+    ({"eps": 0.0}, "eps"),
+    ({"scale": "batch"}, "scale"),
+    ({"dense_norm": "std"}, "dense_norm"),
+  ],
+)
 def test_knob_errors(kwargs, knob):
   with pytest.raises(ValueError, match=f"`{knob}`"):
     credit.trace_advantages(np.zeros(2), np.zeros((2, 5)), np.ones((2, 5), bool), np.ones((2, 4), bool), **kwargs)

@@ -12,8 +12,9 @@ from jaxcredit.envs.calculator import calculate
 
 
 def _task(answer="14", expression="2*(3+4)", question="Calculate 2*(3+4)."):
-  return ar.ArithmeticTask(task_id="t/0", question=question, answer=answer, source="basic_arithmetic",
-                           expression=expression)
+  return ar.ArithmeticTask(
+    task_id="t/0", question=question, answer=answer, source="basic_arithmetic", expression=expression
+  )
 
 
 def _call(expr):
@@ -32,16 +33,20 @@ def train_tasks():
 
 # --- tasks -----------------------------------------------------------------------------------------------
 
+
 def test_eval_split_pinned_values(eval_tasks):
   assert len(eval_tasks) == ar.EVAL_SIZE == 64
   first = [(t.task_id, t.question, t.answer, t.expression) for t in eval_tasks[:4]]
   assert first == [
-      ("eval/basic_arithmetic/0", "Calculate -70 * -53.", "3710", "-70 * -53"),
-      ("eval/chain_sum/0", "State the final answer to the following arithmetic problem: 58 - 59 =", "-1",
-       "58 - 59"),
-      ("eval/basic_arithmetic/1", "Calculate ( -58 + -34 * -90 ).", "3002", "( -58 + -34 * -90 )"),
-      ("eval/chain_sum/1", "State the final answer to the following arithmetic problem: 87 - 77 - 41 =", "-31",
-       "87 - 77 - 41"),
+    ("eval/basic_arithmetic/0", "Calculate -70 * -53.", "3710", "-70 * -53"),
+    ("eval/chain_sum/0", "State the final answer to the following arithmetic problem: 58 - 59 =", "-1", "58 - 59"),
+    ("eval/basic_arithmetic/1", "Calculate ( -58 + -34 * -90 ).", "3002", "( -58 + -34 * -90 )"),
+    (
+      "eval/chain_sum/1",
+      "State the final answer to the following arithmetic problem: 87 - 77 - 41 =",
+      "-31",
+      "87 - 77 - 41",
+    ),
   ]
   assert [t.source for t in eval_tasks] == ["basic_arithmetic", "chain_sum"] * 32
 
@@ -93,8 +98,7 @@ def test_tasks_are_distinct_integers_and_the_expression_is_in_the_question(train
 def test_small_operands(train_tasks):
   for t in train_tasks:
     assert t.metadata["num_terms"] in (2, 3) and t.metadata["num_digits"] in (1, 2), t
-    nums = [int(x) for x in t.expression.replace("(", " ").replace(")", " ").replace("-", " ").split()
-            if x.isdigit()]
+    nums = [int(x) for x in t.expression.replace("(", " ").replace(")", " ").replace("-", " ").split() if x.isdigit()]
     assert nums and max(nums) <= 99, t
 
 
@@ -114,7 +118,9 @@ def test_inexact_floor_division_tasks_are_dropped():
   assert all(calculate(t.expression) == t.answer for t in tasks)
 
 
-@pytest.mark.parametrize("kwargs, message", [
+@pytest.mark.parametrize(
+  "kwargs, message",
+  [
     (dict(split="test", num=3), "split must be"),
     (dict(split="train"), "train num"),
     (dict(split="train", num=-1), "train num"),
@@ -122,9 +128,12 @@ def test_inexact_floor_division_tasks_are_dropped():
     (dict(split="eval", num=ar.EVAL_RESERVE + 1), "eval num"),
     (dict(split="train", num=5, datasets=("leg_counting",)), "unknown dataset"),
     (dict(split="train", num=5, max_terms=1), "invalid difficulty"),
-    (dict(split="train", num=5, datasets=("chain_sum",), min_terms=1, max_terms=1, max_digits=1),
-     "only 0 distinct train tasks"),
-])
+    (
+      dict(split="train", num=5, datasets=("chain_sum",), min_terms=1, max_terms=1, max_digits=1),
+      "only 0 distinct train tasks",
+    ),
+  ],
+)
 def test_make_tasks_errors(kwargs, message):
   with pytest.raises(ValueError, match=message):
     ar.make_tasks(**kwargs)
@@ -132,10 +141,10 @@ def test_make_tasks_errors(kwargs, message):
 
 # --- prompt ----------------------------------------------------------------------------------------------
 
+
 def test_initial_messages_and_system_prompt(eval_tasks):
   msgs = ar.initial_messages(eval_tasks[0])
-  assert msgs == [{"role": "system", "content": ar.SYSTEM_PROMPT},
-                  {"role": "user", "content": "Calculate -70 * -53."}]
+  assert msgs == [{"role": "system", "content": ar.SYSTEM_PROMPT}, {"role": "user", "content": "Calculate -70 * -53."}]
   assert _call("2*(3+4)") in ar.SYSTEM_PROMPT
   assert "<answer>14</answer>" in ar.SYSTEM_PROMPT and "<tool_response>" in ar.SYSTEM_PROMPT
   assert len(ar.SYSTEM_PROMPT.split()) <= 40
@@ -147,6 +156,7 @@ def test_gold_answer_text(eval_tasks):
 
 # --- stepping --------------------------------------------------------------------------------------------
 
+
 def test_call_then_answer():
   env = ar.ArithmeticEnv(_task(), max_tool_calls=2)
   r = env.step("I will use the tool. " + _call("2*(3+4)"))
@@ -154,8 +164,15 @@ def test_call_then_answer():
   assert r.info["tool_calls"] == 1 and r.info["tool_errors"] == 0 and not r.info["answered"]
   r = env.step("<answer>14</answer>")
   assert r.observation is None and r.done
-  assert r.info == {"tool_calls": 1, "tool_errors": 0, "answered": True, "budget_exhausted": False,
-                    "turns": 2, "finish": "answer", "answer": "14"}
+  assert r.info == {
+    "tool_calls": 1,
+    "tool_errors": 0,
+    "answered": True,
+    "budget_exhausted": False,
+    "turns": 2,
+    "finish": "answer",
+    "answer": "14",
+  }
   assert env.reward() == 1.0
 
 
@@ -230,7 +247,10 @@ def test_step_info_is_a_snapshot():
 
 # --- rewards ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("gold, answer, expected", [
+
+@pytest.mark.parametrize(
+  "gold, answer, expected",
+  [
     ("14", "14", 1.0),
     ("14", " 14 ", 1.0),
     ("14", "14.0", 1.0),
@@ -238,7 +258,7 @@ def test_step_info_is_a_snapshot():
     ("14", "$14$", 1.0),
     ("14", "\\boxed{14}", 1.0),
     ("-28", "-28", 1.0),
-    ("-28", "\u221228", 1.0),       # unicode minus
+    ("-28", "\u221228", 1.0),  # unicode minus
     ("1000", "1,000", 1.0),
     ("3710", "3710.00", 1.0),
     ("14", "15", 0.0),
@@ -247,12 +267,13 @@ def test_step_info_is_a_snapshot():
     ("-28", "28", 0.0),
     ("14", "", 0.0),
     ("14", "fourteen", 0.0),
-    ("14", "2*(3+4)", 0.0),         # an unevaluated expression does not earn the reward
+    ("14", "2*(3+4)", 0.0),  # an unevaluated expression does not earn the reward
     ("14", "7+7", 0.0),
     ("14", "14 apples", 0.0),
     ("14", "1,4", 0.0),
     ("14", "1" * 80, 0.0),
-])
+  ],
+)
 def test_reward(gold, answer, expected):
   env = ar.ArithmeticEnv(_task(answer=gold))
   env.step(f"<answer>{answer}</answer>")
@@ -262,8 +283,15 @@ def test_reward(gold, answer, expected):
 def test_hostile_answers_score_zero_quickly():
   # math-verify alone spends minutes on "10^10^10^10" (sympy); such answers never reach it
   start = time.perf_counter()
-  for answer in ("10^10^10^10", "9**9**9**9", "\\frac{1}{" * 20, "(" * 30 + "1" + ")" * 30, "10!!!!",
-                 "9" * 5000, "$10^{10^{10^{10}}}$"):
+  for answer in (
+    "10^10^10^10",
+    "9**9**9**9",
+    "\\frac{1}{" * 20,
+    "(" * 30 + "1" + ")" * 30,
+    "10!!!!",
+    "9" * 5000,
+    "$10^{10^{10^{10}}}$",
+  ):
     env = ar.ArithmeticEnv(_task())
     env.step(f"<answer>{answer}</answer>")
     assert env.reward() == 0.0
@@ -286,14 +314,25 @@ def test_gold_answer_text_earns_the_reward(eval_tasks):
 
 # --- demonstrations --------------------------------------------------------------------------------------
 
+
 def test_demonstration_structure(eval_tasks):
   t = eval_tasks[2]  # ( -58 + -34 * -90 ) = 3002
   demos = {tuple(m["content"] for m in ar.demonstration(t, random.Random(s))) for s in range(20)}
   assert demos == {
-      (ar.SYSTEM_PROMPT, "Calculate ( -58 + -34 * -90 ).", _call("( -58 + -34 * -90 )"),
-       "<tool_response>3002</tool_response>", "<answer>3002</answer>"),
-      (ar.SYSTEM_PROMPT, "Calculate ( -58 + -34 * -90 ).", _call("(-58+-34*-90)"),
-       "<tool_response>3002</tool_response>", "<answer>3002</answer>"),
+    (
+      ar.SYSTEM_PROMPT,
+      "Calculate ( -58 + -34 * -90 ).",
+      _call("( -58 + -34 * -90 )"),
+      "<tool_response>3002</tool_response>",
+      "<answer>3002</answer>",
+    ),
+    (
+      ar.SYSTEM_PROMPT,
+      "Calculate ( -58 + -34 * -90 ).",
+      _call("(-58+-34*-90)"),
+      "<tool_response>3002</tool_response>",
+      "<answer>3002</answer>",
+    ),
   }
   roles = [m["role"] for m in ar.demonstration(t, np.random.default_rng(0))]
   assert roles == ["system", "user", "assistant", "tool", "assistant"]
@@ -317,7 +356,7 @@ def test_demonstrations_verify_when_replayed(train_tasks):
       env = ar.ArithmeticEnv(t, max_tool_calls=2)
       r = env.step(msgs[2]["content"])
       assert r.observation == msgs[3]["content"], t
-      value = r.observation[len("<tool_response>"):-len("</tool_response>")]
-      assert ar.answer_is_correct(value, t.answer), t   # the calculator result verifies (math-verify)
+      value = r.observation[len("<tool_response>") : -len("</tool_response>")]
+      assert ar.answer_is_correct(value, t.answer), t  # the calculator result verifies (math-verify)
       assert env.step(msgs[4]["content"]).done
       assert env.reward() == 1.0, t

@@ -79,13 +79,16 @@ def test_empty_ground_truth_requests_pass_only_without_a_call():
   for k in range(task.num_units):
     calls = bm.ground_truth_calls(task, k)
     if k == u:
-      s.step(tc.render_tool_call("ls", {}) if "GorillaFileSystem" in task.involved_classes
-             else bm.render_calls(bm.ground_truth_calls(task, u + 1)))
+      s.step(
+        tc.render_tool_call("ls", {})
+        if "GorillaFileSystem" in task.involved_classes
+        else bm.render_calls(bm.ground_truth_calls(task, u + 1))
+      )
     elif calls:
       s.step(bm.render_calls(calls))
     s.step("ok")
   assert s.unit_passed[u] is False
-  assert s.official[u] is True          # BFCL's official checker does not check these requests
+  assert s.official[u] is True  # BFCL's official checker does not check these requests
   assert s.reward() == 0.0
 
 
@@ -109,19 +112,22 @@ def test_sessions_of_one_task_do_not_share_state():
   a.step(bm.render_calls(calls))
   fs_a, fs_b = a.model_backends["GorillaFileSystem"], b.model_backends["GorillaFileSystem"]
   assert fs_a is not fs_b
-  assert vars(fs_a) != vars(fs_b)                     # a changed its file system ...
+  assert vars(fs_a) != vars(fs_b)  # a changed its file system ...
   fresh = bm.make_backends(task)["GorillaFileSystem"]
-  assert str(vars(fs_b)) == str(vars(fresh))          # ... b's is still the initial one
+  assert str(vars(fs_b)) == str(vars(fresh))  # ... b's is still the initial one
 
 
-@pytest.mark.parametrize("text, needle", [
+@pytest.mark.parametrize(
+  "text, needle",
+  [
     ('<tool_call>{"name": "cd", "arguments": {"folder": ', "not valid JSON"),
     ('<tool_call>{"name": "no_such_function", "arguments": {}}</tool_call>', "unknown tool 'no_such_function'"),
     ('<tool_call>{"name": "cd", "arguments": {"folder": "x", "extra": 1}}</tool_call>', "unexpected argument"),
     ('<tool_call>{"name": "cd", "arguments": {}}</tool_call>', "missing required argument(s): 'folder'"),
     ('<tool_call>{"name": "cd", "arguments": {"folder": "no_such_dir"}}</tool_call>', "No such file or directory"),
     ("<think>I will call <tool_call>", "unclosed <think> block"),
-])
+  ],
+)
 def test_bad_calls_become_error_observations(text, needle):
   task = next(t for t in TASKS if t.task_id == "multi_turn_base_0")
   s = bm.BfclSession(task)
@@ -134,8 +140,12 @@ def test_calls_inside_think_blocks_do_not_run_and_several_calls_run_in_order():
   task = next(t for t in TASKS if t.task_id == "multi_turn_base_0")
   s = bm.BfclSession(task)
   hidden = "<think>" + tc.render_tool_call("mkdir", {"dir_name": "hidden"}) + "</think>"
-  r = s.step(hidden + tc.render_tool_call("pwd", {}) + tc.render_tool_call("mkdir", {"dir_name": "shown"})
-             + tc.render_tool_call("ls", {}))
+  r = s.step(
+    hidden
+    + tc.render_tool_call("pwd", {})
+    + tc.render_tool_call("mkdir", {"dir_name": "shown"})
+    + tc.render_tool_call("ls", {})
+  )
   results = r.observation.split("\n")
   assert len(results) == 3 and "shown" in results[2] and "hidden" not in r.observation
   assert s.info["tool_calls"] == 3
@@ -146,7 +156,7 @@ def test_long_output_is_truncated_not_an_error():
   s = bm.BfclSession(task, max_output_chars=50)
   r = s.step(tc.render_tool_call("ls", {"a": True}))
   assert "[truncated" in r.observation and "error" not in r.observation
-  assert s.model_results[-1].startswith("{") and len(s.model_results[-1]) > 50   # the checker sees all of it
+  assert s.model_results[-1].startswith("{") and len(s.model_results[-1]) > 50  # the checker sees all of it
 
 
 def test_step_limit_ends_a_request_and_unfinished_requests_score_zero():
@@ -154,27 +164,36 @@ def test_step_limit_ends_a_request_and_unfinished_requests_score_zero():
   s = bm.BfclSession(task, max_steps_per_unit=1, reward="unit_fraction")
   r = s.step(bm.render_calls(bm.ground_truth_calls(task, 0)))
   assert r.role == "user" and s.unit == 1 and s.unit_passed == [True]
-  assert s.unit_rewards() == [1.0]                   # request 1 shown, not acted in: not a unit of the rollout
-  s.step("<think>unclosed")                           # a message in request 1 (an error: ends it, 1 step)
+  assert s.unit_rewards() == [1.0]  # request 1 shown, not acted in: not a unit of the rollout
+  s.step("<think>unclosed")  # a message in request 1 (an error: ends it, 1 step)
   assert s.unit_passed == [True, False]
   s2 = bm.BfclSession(task, max_steps_per_unit=3)
   s2.step(bm.render_calls(bm.ground_truth_calls(task, 0)))
-  assert s2.unit_rewards() == [0.0]                  # acted in, unfinished when the rollout stopped
-  assert s.reward() == pytest.approx(1 / task.num_units)      # unit_fraction: 1 of the task's requests passed
+  assert s2.unit_rewards() == [0.0]  # acted in, unfinished when the rollout stopped
+  assert s.reward() == pytest.approx(1 / task.num_units)  # unit_fraction: 1 of the task's requests passed
 
 
-@pytest.mark.parametrize("kwargs, key", [
-    ({"max_steps_per_unit": 0}, "max_steps_per_unit"), ({"max_output_chars": 0}, "max_output_chars"),
-    ({"reward": "sum"}, "reward"), ({"categories": ["base", "nope"]}, "categories"), ({"max_turns": 0}, "max_turns"),
-])
+@pytest.mark.parametrize(
+  "kwargs, key",
+  [
+    ({"max_steps_per_unit": 0}, "max_steps_per_unit"),
+    ({"max_output_chars": 0}, "max_output_chars"),
+    ({"reward": "sum"}, "reward"),
+    ({"categories": ["base", "nope"]}, "categories"),
+    ({"max_turns": 0}, "max_turns"),
+  ],
+)
 def test_env_spec_refuses_bad_keys_by_name(kwargs, key):
   with pytest.raises(ValueError, match=f"config.env.bfcl_multi_turn.{key}"):
     bm.env_spec(**kwargs)
 
 
 def test_ground_truth_calls_are_parsed_without_eval():
-  assert bm.parse_python_call("mv(source='a.txt', destination='tmp')") == ("mv", (), {"source": "a.txt",
-                                                                                       "destination": "tmp"})
+  assert bm.parse_python_call("mv(source='a.txt', destination='tmp')") == (
+    "mv",
+    (),
+    {"source": "a.txt", "destination": "tmp"},
+  )
   assert bm.parse_python_call("sort('final_report.pdf')") == ("sort", ("final_report.pdf",), {})
   for bad in ("__import__('os').system('ls')", "f(x=open('a'))", "a.b(1)", "1 + 2"):
     with pytest.raises(ValueError):

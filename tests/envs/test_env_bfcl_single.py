@@ -39,6 +39,7 @@ def _step(task, text):
 
 # --- BFCL's own decoding and runner rules, executed from bfcl-eval's source (its modules import API clients) -----
 
+
 def _bfcl_functions(relpath, names, namespace):
   """Compiles the named functions (or `Class.method`) of a bfcl-eval source file, decorators dropped."""
   path = b.package_dir() / relpath
@@ -52,7 +53,7 @@ def _bfcl_functions(relpath, names, namespace):
     node = next(n for n in body if isinstance(n, ast.FunctionDef) and n.name == fn)
     node.decorator_list, node.returns = [], None
     for arg in node.args.args + node.args.kwonlyargs:
-      arg.annotation = None   # type names from modules not imported here
+      arg.annotation = None  # type names from modules not imported here
     ns = dict(namespace)
     exec(compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec"), ns)
     out[name] = ns[fn]
@@ -64,17 +65,32 @@ def bfcl():
   """BFCL's Qwen FC handler decoder and its eval runner's relevance / AST entry rules, from bfcl-eval's source."""
   from bfcl_eval.constants.enums import Language, ReturnFormat
   from bfcl_eval.utils import is_empty_output, is_function_calling_format_output
+
   checker, language, model = b._ast_checker()
-  qwen = _bfcl_functions("model_handler/local_inference/qwen_fc.py",
-                         ["QwenFCHandler.decode_ast", "QwenFCHandler._extract_tool_calls"],
-                         {"json": json, "re": __import__("re"), "Any": object})
-  handler = type("QwenDecoder", (), {"decode_ast": qwen["QwenFCHandler.decode_ast"],
-                                     "_extract_tool_calls": staticmethod(qwen["QwenFCHandler._extract_tool_calls"])})()
-  runner = _bfcl_functions("eval_checker/eval_runner.py",
-                           ["_evaluate_single_relevance_entry", "_evaluate_single_ast_entry"],
-                           {"ReturnFormat": ReturnFormat, "Language": Language, "is_empty_output": is_empty_output,
-                            "is_function_calling_format_output": is_function_calling_format_output,
-                            "ast_checker": checker})
+  qwen = _bfcl_functions(
+    "model_handler/local_inference/qwen_fc.py",
+    ["QwenFCHandler.decode_ast", "QwenFCHandler._extract_tool_calls"],
+    {"json": json, "re": __import__("re"), "Any": object},
+  )
+  handler = type(
+    "QwenDecoder",
+    (),
+    {
+      "decode_ast": qwen["QwenFCHandler.decode_ast"],
+      "_extract_tool_calls": staticmethod(qwen["QwenFCHandler._extract_tool_calls"]),
+    },
+  )()
+  runner = _bfcl_functions(
+    "eval_checker/eval_runner.py",
+    ["_evaluate_single_relevance_entry", "_evaluate_single_ast_entry"],
+    {
+      "ReturnFormat": ReturnFormat,
+      "Language": Language,
+      "is_empty_output": is_empty_output,
+      "is_function_calling_format_output": is_function_calling_format_output,
+      "ast_checker": checker,
+    },
+  )
 
   def verdict(task, text):
     """BFCL's `valid` for an entry whose model response is `text` (what the handler keeps after `</think>`)."""
@@ -82,8 +98,16 @@ def bfcl():
     if task.category == "irrelevance":
       return runner["_evaluate_single_relevance_entry"](handler, task.task_id, text, {}, model, "irrelevance")["valid"]
     return runner["_evaluate_single_ast_entry"](
-        handler, task.task_id, text, list(task.ground_truth), {"function": list(task.functions)}, model,
-        task.bfcl_category, language, ReturnFormat.PYTHON)["valid"]
+      handler,
+      task.task_id,
+      text,
+      list(task.ground_truth),
+      {"function": list(task.functions)},
+      model,
+      task.bfcl_category,
+      language,
+      ReturnFormat.PYTHON,
+    )["valid"]
 
   return types.SimpleNamespace(verdict=verdict, decode=handler.decode_ast)
 
@@ -94,6 +118,7 @@ def _qwen_text(calls):
 
 
 # --- every task ---------------------------------------------------------------------------------------------------
+
 
 def test_ground_truth_passes_every_task_through_our_parser_and_bfcls_checker(tasks):
   assert len(tasks) == 1000 and {t.category for t in tasks} == set(RELEVANT)
@@ -136,13 +161,13 @@ def test_wrong_argument_value_fails(tasks):
 
 def test_ground_truth_rendering_fixes_the_data_quirks():
   # simple_python_200: a required argument whose first possible answer is "" (omitted would fail the checker)
-  (_, args), = b.ground_truth_calls(_task("simple_python_200"))
+  ((_, args),) = b.ground_truth_calls(_task("simple_python_200"))
   assert args["fuel_efficiency"] == 25.0
   # parallel_multiple_26: the possible answer names an argument the function does not have ("type", may be omitted)
   calls = dict(b.ground_truth_calls(_task("parallel_multiple_26")))
   assert "type" not in calls["bank.calculate_balance"]
   # a dict argument holds one possible answer per key
-  (_, args), = b.ground_truth_calls(_task("simple_python_94"))
+  ((_, args),) = b.ground_truth_calls(_task("simple_python_94"))
   assert all(not isinstance(v, list) for v in args["update_info"].values())
   naive = [(n, {k: v[0] for k, v in a.items()}) for g in _task("simple_python_94").ground_truth for n, a in g.items()]
   assert not b.ast_check(_task("simple_python_94"), naive)["valid"]
@@ -150,12 +175,13 @@ def test_ground_truth_rendering_fixes_the_data_quirks():
 
 def test_dotted_names_are_checked_as_written(tasks):
   task = next(t for t in tasks if t.category == "simple" and "." in t.functions[0]["name"])
-  (name, args), = b.ground_truth_calls(task)
+  ((name, args),) = b.ground_truth_calls(task)
   assert _step(task, tool_calls.render_tool_call(name, args))[0] == 1.0
   assert _step(task, tool_calls.render_tool_call(name.replace(".", "_"), args))[0] == 0.0
 
 
 # --- irrelevance: the trap ----------------------------------------------------------------------------------------
+
 
 def test_irrelevance_no_call_earns_reward_and_official(irrelevance, bfcl):
   task = irrelevance[0]
@@ -165,19 +191,22 @@ def test_irrelevance_no_call_earns_reward_and_official(irrelevance, bfcl):
   assert b.demonstration(task)[-1] == {"role": "assistant", "content": b.REFUSAL_TEXT}
 
 
-@pytest.mark.parametrize("text", [
+@pytest.mark.parametrize(
+  "text",
+  [
     "<tool_call>{bad json</tool_call>",
-    "<tool_call>\n{bad json\n</tool_call>",                                            # BFCL's regex matches this one
+    "<tool_call>\n{bad json\n</tool_call>",  # BFCL's regex matches this one
     '<tool_call>\n{"name": "determine_body_mass_index", "arguments": "{\\"weight\\": 70}"}\n</tool_call>',
     '<tool_call>\n{"name": "determine_body_mass_index"}\n</tool_call>',
-])
+  ],
+)
 def test_irrelevance_malformed_call_never_earns_reward_but_bfcl_counts_it(irrelevance, bfcl, text):
   task = irrelevance[0]
   reward, result = _step(task, text)
   assert reward == 0.0 and not result.info["answered"]
   official = bfcl.verdict(task, text)
   assert result.info["official_valid"] is official
-  assert official is True   # BFCL's metric: a call that does not decode is a correct refusal
+  assert official is True  # BFCL's metric: a call that does not decode is a correct refusal
 
 
 def test_irrelevance_well_formed_call_fails_both(irrelevance, bfcl):
@@ -190,15 +219,16 @@ def test_irrelevance_well_formed_call_fails_both(irrelevance, bfcl):
 
 # --- the official verdict agrees with BFCL's runner on relevant tasks ---------------------------------------------
 
+
 def test_official_valid_matches_bfcls_runner(tasks, bfcl):
   rng = random.Random(1)
   for task in rng.sample(list(tasks), 40):
     calls = b.ground_truth_calls(task)
     variants = {
-        "gold": (_qwen_text(calls), 1.0),
-        "wrong name": (_qwen_text([(calls[0][0] + "_v2", calls[0][1])] + calls[1:]), 0.0),
-        "one malformed extra": (_qwen_text(calls) + "\n<tool_call>\n{oops\n</tool_call>", 0.0),
-        "thinking first": ("<think>\nI will call it.\n</think>\n\n" + _qwen_text(calls), 1.0),
+      "gold": (_qwen_text(calls), 1.0),
+      "wrong name": (_qwen_text([(calls[0][0] + "_v2", calls[0][1])] + calls[1:]), 0.0),
+      "one malformed extra": (_qwen_text(calls) + "\n<tool_call>\n{oops\n</tool_call>", 0.0),
+      "thinking first": ("<think>\nI will call it.\n</think>\n\n" + _qwen_text(calls), 1.0),
     }
     for what, (text, want_reward) in variants.items():
       reward, result = _step(task, text)
@@ -210,6 +240,7 @@ def test_official_valid_matches_bfcls_runner(tasks, bfcl):
 
 # --- parsing: think blocks, several calls, arguments as a JSON string --------------------------------------------
 
+
 def test_calls_inside_think_do_not_count(tasks, irrelevance):
   task = next(t for t in tasks if t.category == "simple")
   gold = b.gold_answer_text(task)
@@ -219,15 +250,15 @@ def test_calls_inside_think_do_not_count(tasks, irrelevance):
   assert reward == 1.0 and result.info["tool_calls"] == 1
   reward, result = _step(irrelevance[0], "<think>" + wrong + "</think>\n" + b.REFUSAL_TEXT)
   assert reward == 1.0 and result.info["tool_calls"] == 0
-  assert _step(task, "<think>unfinished " + gold)[0] == 0.0   # an unclosed think block hides everything after it
+  assert _step(task, "<think>unfinished " + gold)[0] == 0.0  # an unclosed think block hides everything after it
 
 
 def test_several_calls_in_one_message(tasks):
   task = next(t for t in tasks if t.category == "parallel" and len(t.ground_truth) >= 3)
   calls = b.ground_truth_calls(task)
-  reward, result = _step(task, b.render_calls(calls[::-1]))   # any order
+  reward, result = _step(task, b.render_calls(calls[::-1]))  # any order
   assert reward == 1.0 and result.info["tool_calls"] == len(calls)
-  assert _step(task, b.render_calls(calls[:-1]))[0] == 0.0      # one missing
+  assert _step(task, b.render_calls(calls[:-1]))[0] == 0.0  # one missing
   assert _step(task, b.render_calls(calls + calls[:1]))[0] == 0.0  # one repeated
   assert _step(task, " ".join(b.render_calls([c]) for c in calls))[0] == 1.0  # on one line
   multiple = next(t for t in tasks if t.category == "multiple")
@@ -236,14 +267,15 @@ def test_several_calls_in_one_message(tasks):
 
 def test_arguments_as_a_json_string(tasks, bfcl):
   task = next(t for t in tasks if t.category == "simple")
-  (name, args), = b.ground_truth_calls(task)
+  ((name, args),) = b.ground_truth_calls(task)
   text = "<tool_call>\n" + json.dumps({"name": name, "arguments": json.dumps(args)}) + "\n</tool_call>"
   reward, result = _step(task, text)
   assert reward == 1.0
-  assert result.info["official_valid"] is bfcl.verdict(task, text) is False   # BFCL's Qwen decoder wants an object
+  assert result.info["official_valid"] is bfcl.verdict(task, text) is False  # BFCL's Qwen decoder wants an object
 
 
 # --- environment state --------------------------------------------------------------------------------------------
+
 
 def test_two_envs_of_one_task_are_independent(tasks):
   task = tasks[0]
@@ -255,11 +287,11 @@ def test_two_envs_of_one_task_are_independent(tasks):
   assert (first.reward(), second.reward()) == (1.0, 0.0)
   assert first.info == info_before == r1.info and r2.info["finish"] == "no_calls"
   assert r1.done and r1.observation is None and r1.info["turns"] == 1
-  r1.info["tool_calls"] = 99   # the returned info is a copy
+  r1.info["tool_calls"] = 99  # the returned info is a copy
   assert first.info["tool_calls"] == 1
   with pytest.raises(RuntimeError):
     first.step(b.gold_answer_text(task))
-  assert task.functions[0]["parameters"]["type"] == "dict"   # the checker and the prompt left the docs unchanged
+  assert task.functions[0]["parameters"]["type"] == "dict"  # the checker and the prompt left the docs unchanged
 
 
 def test_info_keys_and_metrics(tasks, irrelevance):
@@ -280,11 +312,12 @@ def test_info_keys_and_metrics(tasks, irrelevance):
 
 # --- tasks and prompt ---------------------------------------------------------------------------------------------
 
+
 def test_splits_are_deterministic_disjoint_and_refuse_too_many():
   train = b.make_tasks("train", None, 3)
   evals = b.make_tasks("eval", None, None)
   assert len(train) + len(evals) == 1000 and not {t.task_id for t in train} & {t.task_id for t in evals}
-  assert 60 < len(evals) < 140 and len({t.category for t in evals[:20]}) >= 3   # mixed, not one category first
+  assert 60 < len(evals) < 140 and len({t.category for t in evals[:20]}) >= 3  # mixed, not one category first
   assert b.make_tasks("train", 50, 3) == train[:50] and b.make_tasks("train", 50, 4) != train[:50]
   assert b.make_tasks("eval", 10, None) == evals[:10]
   with pytest.raises(ValueError, match="config.env.num_train_tasks"):
@@ -298,7 +331,7 @@ def test_splits_are_deterministic_disjoint_and_refuse_too_many():
 
 
 def test_initial_messages_list_tools_as_json_schema():
-  task = _task("simple_python_83")   # tuple of floats
+  task = _task("simple_python_83")  # tuple of floats
   system, user = b.initial_messages(task)
   assert system["role"] == "system" and user == {"role": "user", "content": task.question[0]["content"]}
   assert system["content"].startswith(tool_calls.render_tools_prompt(b.schemas(task)))
@@ -307,8 +340,11 @@ def test_initial_messages_list_tools_as_json_schema():
   assert listed == b.schemas(task)
   params = listed[0]["function"]["parameters"]
   assert params["type"] == "object"
-  assert params["properties"]["coord1"] == {"type": "array", "description": task.functions[0]["parameters"]
-                                            ["properties"]["coord1"]["description"], "items": {"type": "number"}}
+  assert params["properties"]["coord1"] == {
+    "type": "array",
+    "description": task.functions[0]["parameters"]["properties"]["coord1"]["description"],
+    "items": {"type": "number"},
+  }
   types_used = set()
 
   def walk(x):
@@ -320,6 +356,7 @@ def test_initial_messages_list_tools_as_json_schema():
     elif isinstance(x, list):
       for v in x:
         walk(v)
+
   for t in b.load_tasks(b.CATEGORIES):
     walk([s["function"]["parameters"] for s in b.schemas(t)])
   assert types_used <= {"object", "number", "integer", "string", "boolean", "array"}
@@ -347,6 +384,7 @@ def test_env_spec():
 
 def test_missing_bfcl_eval_names_the_install_command(monkeypatch):
   import importlib.util
+
   real = importlib.util.find_spec
   monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "bfcl_eval" else real(name, *a))
   with pytest.raises(ImportError, match=r"pip install --no-deps bfcl-eval mpmath"):
@@ -358,6 +396,7 @@ def test_checker_import_uses_a_stand_in_only_when_needed():
   module = sys.modules["bfcl_eval.constants.model_config"]
   try:
     import anthropic  # noqa: F401  (the real model_config imports every API client, this one first)
+
     real_importable = True
   except ImportError:
     real_importable = False

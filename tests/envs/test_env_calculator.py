@@ -11,13 +11,15 @@ from jaxcredit.envs import calculator
 from jaxcredit.envs.calculator import CalculatorError, calculate, evaluate, format_number
 
 
-@pytest.mark.parametrize("expr, expected", [
+@pytest.mark.parametrize(
+  "expr, expected",
+  [
     ("2*(3+4)", "14"),
     ("7/2", "3.5"),
     ("1/3", "0.3333333333"),
     ("2/3", "0.6666666667"),
     ("-2/3", "-0.6666666667"),
-    ("0.1+0.2", "0.3"),            # exact arithmetic, not 0.30000000000000004
+    ("0.1+0.2", "0.3"),  # exact arithmetic, not 0.30000000000000004
     ("0.1*3", "0.3"),
     ("10/4*2", "5"),
     ("1/3*3", "1"),
@@ -34,16 +36,17 @@ from jaxcredit.envs.calculator import CalculatorError, calculate, evaluate, form
     ("((((((((((7))))))))))", "7"),
     ("97 * 81 * -93", "-730701"),
     ("58 - 59", "-1"),
-    ("4 - 1 =", "3"),               # one trailing "=" (chain_sum questions end with it) is ignored
+    ("4 - 1 =", "3"),  # one trailing "=" (chain_sum questions end with it) is ignored
     ("  2 + 2  ", "4"),
     ("6 \u00d7 7 \u2212 2 \u00f7 2", "41"),  # x, unicode minus, division sign
     ("123456789012.5", "123456789012.5"),
     ("2/3*0.00001", "0.000006666666667"),
     ("3.14159265358979", "3.141592654"),
-    ("1000000000000000", "1000000000000000"),   # exactly MAX_ABS
+    ("1000000000000000", "1000000000000000"),  # exactly MAX_ABS
     ("999999*999999", "999998000001"),
     ("1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1", "40"),
-])
+  ],
+)
 def test_values(expr, expected):
   assert calculate(expr) == expected
 
@@ -54,69 +57,81 @@ def test_evaluate_is_exact():
   assert evaluate("-( -91 / 7 )") == 13
 
 
-@pytest.mark.parametrize("x, expected", [
-    (Fraction(14), "14"), (Fraction(-3), "-3"), (Fraction(0), "0"), (Fraction(7, 2), "3.5"),
-    (Fraction(1, 3), "0.3333333333"), (Fraction(-1, 8), "-0.125"), (Fraction(1, 100000), "0.00001"),
-    (Fraction(2, 3) * 10**6, "666666.6667"), (Fraction(1, 10**12) * -1, "-0.000000000001"), (5, "5"),
-])
+@pytest.mark.parametrize(
+  "x, expected",
+  [
+    (Fraction(14), "14"),
+    (Fraction(-3), "-3"),
+    (Fraction(0), "0"),
+    (Fraction(7, 2), "3.5"),
+    (Fraction(1, 3), "0.3333333333"),
+    (Fraction(-1, 8), "-0.125"),
+    (Fraction(1, 100000), "0.00001"),
+    (Fraction(2, 3) * 10**6, "666666.6667"),
+    (Fraction(1, 10**12) * -1, "-0.000000000001"),
+    (5, "5"),
+  ],
+)
 def test_format_number(x, expected):
   assert format_number(x) == expected
 
 
 HOSTILE = [
-    ("9**9**9", "'**'"),
-    ("9**9**9**9**9", "'**'"),
-    ("2**10", "'**'"),
-    ("10^10^10", "'^'"),
-    ("(" * 1000 + "1" + ")" * 1000, "too long"),
-    ("-" * 150 + "1", "nested too deeply"),
-    ("+" * 199 + "1", "nested too deeply"),
-    ("__import__('os')", "function calls"),
-    ("__import__('os').system('ls')", "not allowed"),
-    ("().__class__.__bases__[0].__subclasses__()", "not allowed"),
-    ("(1).real", "attribute access"),
-    ("x", "unknown name 'x'"),
-    ("os", "unknown name 'os'"),
-    ("abs(-1)", "function calls"),
-    ("[1, 2][0]", "indexing"),
-    ("'a' * 10", "strings"),
-    ("'a' * 1000000000000000", "strings"),
-    ("1/0", "division by zero"),
-    ("1/(2-2)", "division by zero"),
-    ("5/(0.5-0.5)", "division by zero"),
-    ("1" + "0" * 400, "too long"),
-    ("1" + "0" * 150, "number too large"),
-    ("1000000000000001", "number too large"),
-    ("99999999*99999999*99999999*99999999", "number too large"),
-    ("999999999999999+999999999999999", "number too large"),
-    ("1/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3",
-     "too small or too precise"),
-    ("1e400", "unsupported number"),
-    ("1e5", "unsupported number"),
-    ("0x10", "unsupported number"),
-    ("1_000", "unsupported number"),
-    ("1j", "unsupported constant"),
-    ("True", "unsupported constant"),
-    ("None", "unsupported constant"),
-    ("0." + "1" * 100, "too many decimal places"),
-    ("7 // 2", "'//'"),
-    ("7 % 2", "'%'"),
-    ("1 << 100000", "'<<'"),
-    ("lambda: 1", "unsupported syntax"),
-    ("[x for x in range(10**9)]", "unsupported syntax"),
-    ("1 if 1 else 2", "unsupported syntax"),
-    ("1 < 2", "unsupported syntax"),
-    ("not 1", "unsupported unary"),
-    ("~1", "unsupported unary"),
-    ("1, 2", "unsupported syntax"),
-    ("1; 2", "invalid syntax"),
-    ("import os", "invalid syntax"),
-    ("1\n+2", "invalid syntax"),
-    ("\x00", "invalid syntax"),
-    ("2 +", "invalid syntax"),
-    ("", "empty"),
-    ("   ", "empty"),
-    ("a" * 5000, "too long"),
+  ("9**9**9", "'**'"),
+  ("9**9**9**9**9", "'**'"),
+  ("2**10", "'**'"),
+  ("10^10^10", "'^'"),
+  ("(" * 1000 + "1" + ")" * 1000, "too long"),
+  ("-" * 150 + "1", "nested too deeply"),
+  ("+" * 199 + "1", "nested too deeply"),
+  ("__import__('os')", "function calls"),
+  ("__import__('os').system('ls')", "not allowed"),
+  ("().__class__.__bases__[0].__subclasses__()", "not allowed"),
+  ("(1).real", "attribute access"),
+  ("x", "unknown name 'x'"),
+  ("os", "unknown name 'os'"),
+  ("abs(-1)", "function calls"),
+  ("[1, 2][0]", "indexing"),
+  ("'a' * 10", "strings"),
+  ("'a' * 1000000000000000", "strings"),
+  ("1/0", "division by zero"),
+  ("1/(2-2)", "division by zero"),
+  ("5/(0.5-0.5)", "division by zero"),
+  ("1" + "0" * 400, "too long"),
+  ("1" + "0" * 150, "number too large"),
+  ("1000000000000001", "number too large"),
+  ("99999999*99999999*99999999*99999999", "number too large"),
+  ("999999999999999+999999999999999", "number too large"),
+  (
+    "1/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3/3",
+    "too small or too precise",
+  ),
+  ("1e400", "unsupported number"),
+  ("1e5", "unsupported number"),
+  ("0x10", "unsupported number"),
+  ("1_000", "unsupported number"),
+  ("1j", "unsupported constant"),
+  ("True", "unsupported constant"),
+  ("None", "unsupported constant"),
+  ("0." + "1" * 100, "too many decimal places"),
+  ("7 // 2", "'//'"),
+  ("7 % 2", "'%'"),
+  ("1 << 100000", "'<<'"),
+  ("lambda: 1", "unsupported syntax"),
+  ("[x for x in range(10**9)]", "unsupported syntax"),
+  ("1 if 1 else 2", "unsupported syntax"),
+  ("1 < 2", "unsupported syntax"),
+  ("not 1", "unsupported unary"),
+  ("~1", "unsupported unary"),
+  ("1, 2", "unsupported syntax"),
+  ("1; 2", "invalid syntax"),
+  ("import os", "invalid syntax"),
+  ("1\n+2", "invalid syntax"),
+  ("\x00", "invalid syntax"),
+  ("2 +", "invalid syntax"),
+  ("", "empty"),
+  ("   ", "empty"),
+  ("a" * 5000, "too long"),
 ]
 
 
@@ -150,6 +165,7 @@ def test_error_is_a_value_error():
 def test_no_eval_call_in_envs():
   import pathlib
   import re
+
   src_dir = pathlib.Path(calculator.__file__).parent
   files = sorted(src_dir.glob("*.py"))
   assert len(files) >= 4
@@ -158,6 +174,7 @@ def test_no_eval_call_in_envs():
 
 
 # --- property: agrees with an exact reference on random expression trees ---------------------------------
+
 
 def _trees():
   leaf = st.integers(min_value=-99, max_value=99).map(lambda n: (str(n), Fraction(n)))

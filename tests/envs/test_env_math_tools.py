@@ -36,6 +36,7 @@ def eval_tasks():
 
 # --- generator tasks ------------------------------------------------------------------------------------------------
 
+
 def test_gym_tasks_are_deterministic_per_seed(eval_tasks):
   train0 = mt.make_gym_tasks("train", 24, seed=0, eval_reserve=64)
   assert mt.make_gym_tasks("train", 24, seed=0, eval_reserve=64) == train0
@@ -111,6 +112,7 @@ def test_generator_kwargs_and_errors():
 
 # --- the environment: calculator calls, think blocks ----------------------------------------------------------------
 
+
 def test_calls_run_and_think_block_calls_do_not(eval_tasks):
   t = next(t for t in eval_tasks if t.source == "leg_counting")
   env = mt.MathEnv(t, max_tool_calls=1)
@@ -130,12 +132,20 @@ def test_calls_run_and_think_block_calls_do_not(eval_tasks):
 
 # --- file tasks -----------------------------------------------------------------------------------------------------
 
+
 def _math_jsonl(path, n=30, dup=False):
   rows = []
   for i in range(n):
     gold = f"\\frac{{{2 * i + 1}}}{{2}}" if i % 3 == 0 else (str(i * 7) if i % 3 == 1 else f"${i}.25$")
-    rows.append({"uid": f"p{i}", "question": f"Problem {i}: compute it.", "answer": gold,
-                 "solution": f"worked solution {i}", "expr": f"{2 * i + 1} / 2" if i % 3 == 0 else None})
+    rows.append(
+      {
+        "uid": f"p{i}",
+        "question": f"Problem {i}: compute it.",
+        "answer": gold,
+        "solution": f"worked solution {i}",
+        "expr": f"{2 * i + 1} / 2" if i % 3 == 0 else None,
+      }
+    )
   if dup:
     rows.append(dict(rows[0], uid="dup"))
   with open(path, "w") as f:
@@ -194,8 +204,11 @@ def test_file_expressions_give_demonstrations_and_are_checked(tmp_path):
   rows = [{"question": f"What is {i} / 4?", "answer": str(i / 4), "expr": f"{i} / 4"} for i in range(1, 13)]
   path = tmp_path / "e.jsonl"
   path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-  spec = mt.env_spec(ml_collections.ConfigDict({"source": f"jsonl:{path}", "expression_field": "expr",
-                                                "eval_holdout": 3, "max_tool_calls": 1}))
+  spec = mt.env_spec(
+    ml_collections.ConfigDict(
+      {"source": f"jsonl:{path}", "expression_field": "expr", "eval_holdout": 3, "max_tool_calls": 1}
+    )
+  )
   assert spec.demonstration is not None and spec.max_turns == 2
   train = spec.make_tasks("train", 100, 0)
   ev = spec.make_tasks("eval", 3, None)
@@ -210,8 +223,15 @@ def test_file_expressions_give_demonstrations_and_are_checked(tmp_path):
   rows[4]["expr"] = "4 / 5"
   path.write_text("".join(json.dumps(r) + "\n" for r in rows))
   with pytest.raises(sources.SourceError, match=r"expression '4 / 5' evaluates to 0.8"):
-    mt.make_file_tasks("train", None, 0, source=f"jsonl:{path}", eval_source=f"jsonl:{path}", eval_holdout=1,
-                       fields=mt.FileFields(expression_field="expr"))
+    mt.make_file_tasks(
+      "train",
+      None,
+      0,
+      source=f"jsonl:{path}",
+      eval_source=f"jsonl:{path}",
+      eval_holdout=1,
+      fields=mt.FileFields(expression_field="expr"),
+    )
 
 
 def test_file_errors_are_named(tmp_path):
@@ -224,6 +244,7 @@ def test_file_errors_are_named(tmp_path):
 
 # --- EnvSpec --------------------------------------------------------------------------------------------------------
 
+
 def test_env_spec_keys_and_defaults():
   spec = mt.env_spec(ml_collections.ConfigDict({"name": "math_tools", "max_tool_calls": 3}))
   assert spec.demonstration is None  # the default generators include word problems without expressions
@@ -232,13 +253,25 @@ def test_env_spec_keys_and_defaults():
   tasks = spec.make_tasks("eval", 8, None)
   assert [t.source for t in tasks] == list(mt.DEFAULT_GENERATORS)
   assert spec.initial_messages(tasks[0])[0]["content"] == mt.SYSTEM_PROMPT
-  assert set(mt.CONFIG_DEFAULTS) >= {"generators", "source", "max_tool_calls", "prompt_field", "answer_field",
-                                     "info_field", "expression_field"}
+  assert set(mt.CONFIG_DEFAULTS) >= {
+    "generators",
+    "source",
+    "max_tool_calls",
+    "prompt_field",
+    "answer_field",
+    "info_field",
+    "expression_field",
+  }
   only_expr = mt.env_spec({"generators": "chain_sum, products", "generator_kwargs": '{"products": {"max_digits": 2}}'})
   assert only_expr.demonstration is mt.demonstration
   assert [t.source for t in only_expr.make_tasks("train", 4, 0)] == ["chain_sum", "products"] * 2
-  for bad, match in (({"generators": "chain_sum,nope"}, "unknown generator 'nope'"), ({"generators": " , "}, "empty"),
-                     ({"generator_kwargs": "{oops"}, "not JSON"), ({"generator_kwargs": "[1]"}, "JSON object"),
-                     ({"source": "csv:/x"}, "must be '' or start with"), ({"max_tool_calls": -1}, ">= 0")):
+  for bad, match in (
+    ({"generators": "chain_sum,nope"}, "unknown generator 'nope'"),
+    ({"generators": " , "}, "empty"),
+    ({"generator_kwargs": "{oops"}, "not JSON"),
+    ({"generator_kwargs": "[1]"}, "JSON object"),
+    ({"source": "csv:/x"}, "must be '' or start with"),
+    ({"max_tool_calls": -1}, ">= 0"),
+  ):
     with pytest.raises(ValueError, match=match):
       mt.env_spec(bad)

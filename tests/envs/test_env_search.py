@@ -31,15 +31,20 @@ def _responses(observation):
 
 
 DOCS = [
-    se.Document("d1", "Orvane Holdings", "Orvane Holdings is a shipping company founded by Tamsin Korvel in 1894."),
-    se.Document("d2", "Orvane Shipping", "Orvane Shipping is a rival firm. It was founded in 1897 in Kelmarsh."),
-    se.Document("d3", "Tamsin Korvel", "Tamsin Korvel was born in Kelmarsh. Korvel worked as a surveyor."),
-    se.Document("d4", "Kelmarsh", "Kelmarsh is a river town on the Velsa. Kelmarsh holds a market."),
-    se.Document("d5", "Veltrana Bridge", "The Veltrana Bridge was built by Orvane Holdings and completed in 1873."),
-    se.Document("long", "Long Chronicle", "chronicle " + "x" * 5000),
+  se.Document("d1", "Orvane Holdings", "Orvane Holdings is a shipping company founded by Tamsin Korvel in 1894."),
+  se.Document("d2", "Orvane Shipping", "Orvane Shipping is a rival firm. It was founded in 1897 in Kelmarsh."),
+  se.Document("d3", "Tamsin Korvel", "Tamsin Korvel was born in Kelmarsh. Korvel worked as a surveyor."),
+  se.Document("d4", "Kelmarsh", "Kelmarsh is a river town on the Velsa. Kelmarsh holds a market."),
+  se.Document("d5", "Veltrana Bridge", "The Veltrana Bridge was built by Orvane Holdings and completed in 1873."),
+  se.Document("long", "Long Chronicle", "chronicle " + "x" * 5000),
 ]
-TASK = se.SearchTask("q1", "What river flows through the birthplace of the founder of Orvane Holdings?", "Velsa",
-                     aliases=("River Velsa",), evidence_docids=("d1", "d3", "d4"))
+TASK = se.SearchTask(
+  "q1",
+  "What river flows through the birthplace of the founder of Orvane Holdings?",
+  "Velsa",
+  aliases=("River Velsa",),
+  evidence_docids=("d1", "d3", "d4"),
+)
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +64,7 @@ def small():
 
 # --- retrieval ---------------------------------------------------------------------------------------------------
 
+
 def test_bm25_title_query_returns_its_document_first(index):
   for doc in DOCS:
     hits = index.search(doc.title, k=3)
@@ -71,8 +77,8 @@ def test_bm25_title_query_returns_its_document_first(index):
 
 def test_bm25_no_shared_terms_and_large_k(index):
   assert index.search("zzzq qqqz", k=5) == []
-  assert index.search("the of and", k=5) == []          # stopwords only
-  assert len(index.search("Kelmarsh", k=100)) == 3      # k past the corpus; zero-score documents left out
+  assert index.search("the of and", k=5) == []  # stopwords only
+  assert len(index.search("Kelmarsh", k=100)) == 3  # k past the corpus; zero-score documents left out
   assert index.get("d4").title == "Kelmarsh" and index.get("nope") is None
 
 
@@ -86,6 +92,7 @@ def test_index_refuses_duplicate_docids_and_empty_corpus():
 def test_stemmer_without_pystemmer_is_refused_with_the_fix():
   try:
     import Stemmer  # noqa: F401
+
     pytest.skip("PyStemmer is installed")
   except ImportError:
     pass
@@ -94,6 +101,7 @@ def test_stemmer_without_pystemmer_is_refused_with_the_fix():
 
 
 # --- the generated corpus ----------------------------------------------------------------------------------------
+
 
 def test_every_generated_hop_is_retrievable_and_the_gold_chain_scores_1(spec):
   tasks = spec.make_tasks("eval", 128, None) + spec.make_tasks("train", 1000, 0)
@@ -165,16 +173,20 @@ def test_generated_corpus_argument_checks():
 
 # --- answers -----------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("text,norm", [
+
+@pytest.mark.parametrize(
+  "text,norm",
+  [
     ("The Veltrana Bridge", "veltrana bridge"),
     ("  a   Cat. ", "cat"),
     ("An apple, the pear!", "apple pear"),
     ("O’Brien", "obrien"),
     ("O'Brien", "obrien"),
-    ("Theatre of Anne", "theatre of anne"),   # articles only as whole words
+    ("Theatre of Anne", "theatre of anne"),  # articles only as whole words
     ("3 May, 1841", "3 may 1841"),
     ("", ""),
-])
+  ],
+)
 def test_normalize_answer(text, norm):
   assert se.normalize_answer(text) == norm
 
@@ -184,11 +196,18 @@ def test_answer_matches_gold_or_alias():
   assert se.answer_matches("VELSA", "Velsa")
   assert not se.answer_matches("Velsa River", "Velsa", ("River Velsa",))
   assert not se.answer_matches("Velsa river town", "Velsa")
-  assert not se.answer_matches("the", "a")                 # both normalise to ""
+  assert not se.answer_matches("the", "a")  # both normalise to ""
 
 
-@pytest.mark.parametrize("answer,reward", [("<answer>the River Velsa</answer>", 1.0), ("<answer>Velsa.</answer>", 1.0),
-                                           ("<answer>Kelmarsh</answer>", 0.0), ("I think Velsa.", 0.0)])
+@pytest.mark.parametrize(
+  "answer,reward",
+  [
+    ("<answer>the River Velsa</answer>", 1.0),
+    ("<answer>Velsa.</answer>", 1.0),
+    ("<answer>Kelmarsh</answer>", 0.0),
+    ("I think Velsa.", 0.0),
+  ],
+)
 def test_env_reward_from_the_final_message(index, answer, reward):
   env = se.SearchEnv(TASK, index)
   result = env.step(answer)
@@ -199,25 +218,37 @@ def test_env_reward_from_the_final_message(index, answer, reward):
 
 # --- the environment ---------------------------------------------------------------------------------------------
 
+
 def test_search_and_open_observations(index):
   env = se.SearchEnv(TASK, index, top_k=2, snippet_chars=20)
   result = env.step("Let me look.\n" + _search("Orvane Holdings founder"))
   assert not result.done and result.role == "tool"
   assert result.observation == (
-      "<tool_response>docid: d1\ntitle: Orvane Holdings\nsnippet: Orvane Holdings is a...\n\n"
-      "docid: d5\ntitle: Veltrana Bridge\nsnippet: The Veltrana Bridge...</tool_response>")  # "Orvane Holdings" in text
+    "<tool_response>docid: d1\ntitle: Orvane Holdings\nsnippet: Orvane Holdings is a...\n\n"
+    "docid: d5\ntitle: Veltrana Bridge\nsnippet: The Veltrana Bridge...</tool_response>"
+  )  # "Orvane Holdings" in text
   result = env.step(_open("d3") + _search("Kelmarsh"))
   first, second = _responses(result.observation)
   assert first == "docid: d3\ntitle: Tamsin Korvel\n\n" + DOCS[2].text
   assert _docids(second)[0] == "d4"
-  assert result.info | {} == {"tool_calls": 3, "tool_errors": 0, "answered": False, "budget_exhausted": False,
-                              "turns": 2, "finish": None, "answer": None, "searches": 2, "opens": 1}
-  assert env.evidence_found() == 1.0   # d1 and d4 seen in results, d3 opened
+  assert result.info | {} == {
+    "tool_calls": 3,
+    "tool_errors": 0,
+    "answered": False,
+    "budget_exhausted": False,
+    "turns": 2,
+    "finish": None,
+    "answer": None,
+    "searches": 2,
+    "opens": 1,
+  }
+  assert env.evidence_found() == 1.0  # d1 and d4 seen in results, d3 opened
 
 
 def test_malformed_calls_and_unknown_docids_become_error_observations(index):
   env = se.SearchEnv(TASK, index)
-  text = "".join([
+  text = "".join(
+    [
       "<tool_call>{not json}</tool_call>",
       tc.render_tool_call("browse", {"url": "x"}),
       tc.render_tool_call("search", {}),
@@ -225,7 +256,8 @@ def test_malformed_calls_and_unknown_docids_become_error_observations(index):
       _open("d999"),
       _search("   "),
       tc.render_tool_call("search", {"query": "Kelmarsh", "k": 3}),
-  ])
+    ]
+  )
   result = env.step(text)
   contents = _responses(result.observation)
   assert len(contents) == 7 and all(c.startswith("error: ") for c in contents)
@@ -238,7 +270,11 @@ def test_malformed_calls_and_unknown_docids_become_error_observations(index):
   assert "unexpected argument(s): 'k'" in contents[6]
   assert not result.done
   assert (result.info["tool_calls"], result.info["tool_errors"], result.info["searches"], result.info["opens"]) == (
-      7, 7, 1, 1)   # dispatched: the blank search and the unknown docid
+    7,
+    7,
+    1,
+    1,
+  )  # dispatched: the blank search and the unknown docid
   assert env.seen_docids == set()
 
 
@@ -295,20 +331,38 @@ def test_call_budget(index):
 # --- loaders -----------------------------------------------------------------------------------------------------
 
 CORPUS_ROWS = [
-    {"docid": 101, "text": "---\ntitle: Orvane Holdings\n---\nOrvane Holdings was founded by Tamsin Korvel.",
-     "url": "u1"},
-    {"docid": "102", "text": "# Tamsin Korvel\n\nTamsin Korvel was born in Kelmarsh.", "url": "u2"},
-    {"docid": "103", "text": "Kelmarsh\nKelmarsh lies on the river Velsa.", "url": "u3"},
-    {"docid": "104", "title": "Unrelated", "text": "Copper wire and glassware.", "url": "u4"},
+  {
+    "docid": 101,
+    "text": "---\ntitle: Orvane Holdings\n---\nOrvane Holdings was founded by Tamsin Korvel.",
+    "url": "u1",
+  },
+  {"docid": "102", "text": "# Tamsin Korvel\n\nTamsin Korvel was born in Kelmarsh.", "url": "u2"},
+  {"docid": "103", "text": "Kelmarsh\nKelmarsh lies on the river Velsa.", "url": "u3"},
+  {"docid": "104", "title": "Unrelated", "text": "Copper wire and glassware.", "url": "u4"},
 ]
 QUERY_ROWS = [
-    {"query_id": "1", "query": "Which river flows through the birthplace of the founder of Orvane Holdings?",
-     "answer": "Velsa", "evidence_docs": [{"docid": "101", "text": "...", "url": "u1"}, {"docid": "102"}],
-     "gold_docs": [{"docid": "103"}], "negative_docs": [{"docid": "104"}]},
-    {"query_id": "2", "query": "Where was Tamsin Korvel born?", "answer": "Kelmarsh",
-     "evidence_docs": [{"docid": "102"}], "gold_docs": []},
-    {"query_id": "3", "query": "What does the unrelated document list?", "answer": "copper wire",
-     "evidence_docs": [{"docid": "104"}], "gold_docs": [{"docid": "104"}]},
+  {
+    "query_id": "1",
+    "query": "Which river flows through the birthplace of the founder of Orvane Holdings?",
+    "answer": "Velsa",
+    "evidence_docs": [{"docid": "101", "text": "...", "url": "u1"}, {"docid": "102"}],
+    "gold_docs": [{"docid": "103"}],
+    "negative_docs": [{"docid": "104"}],
+  },
+  {
+    "query_id": "2",
+    "query": "Where was Tamsin Korvel born?",
+    "answer": "Kelmarsh",
+    "evidence_docs": [{"docid": "102"}],
+    "gold_docs": [],
+  },
+  {
+    "query_id": "3",
+    "query": "What does the unrelated document list?",
+    "answer": "copper wire",
+    "evidence_docs": [{"docid": "104"}],
+    "gold_docs": [{"docid": "104"}],
+  },
 ]
 
 
@@ -319,8 +373,12 @@ def _jsonl(path, rows):
 
 def test_load_jsonl_maps_browsecomp_plus_fields(tmp_path):
   docs = se.load_corpus(_jsonl(tmp_path / "corpus.jsonl", CORPUS_ROWS))
-  assert [(d.docid, d.title) for d in docs] == [("101", "Orvane Holdings"), ("102", "Tamsin Korvel"),
-                                               ("103", "Kelmarsh"), ("104", "Unrelated")]
+  assert [(d.docid, d.title) for d in docs] == [
+    ("101", "Orvane Holdings"),
+    ("102", "Tamsin Korvel"),
+    ("103", "Kelmarsh"),
+    ("104", "Unrelated"),
+  ]
   assert docs[2].text == "Kelmarsh\nKelmarsh lies on the river Velsa."
   tasks = se.load_queries(_jsonl(tmp_path / "queries.jsonl", QUERY_ROWS))
   assert tasks[0] == se.SearchTask("1", QUERY_ROWS[0]["query"], "Velsa", evidence_docids=("101", "102", "103"))
@@ -329,26 +387,34 @@ def test_load_jsonl_maps_browsecomp_plus_fields(tmp_path):
 
 def test_load_datasets_folders(tmp_path):
   import datasets
-  datasets.Dataset.from_list([dict(r, docid=str(r["docid"]), title=r.get("title", "")) for r in CORPUS_ROWS]
-                             ).save_to_disk(str(tmp_path / "corpus"))
+
+  datasets.Dataset.from_list(
+    [dict(r, docid=str(r["docid"]), title=r.get("title", "")) for r in CORPUS_ROWS]
+  ).save_to_disk(str(tmp_path / "corpus"))
   datasets.DatasetDict({"test": datasets.Dataset.from_list(QUERY_ROWS[:2])}).save_to_disk(str(tmp_path / "queries"))
   docs = se.load_corpus(str(tmp_path / "corpus"))
   assert [d.title for d in docs] == ["Orvane Holdings", "Tamsin Korvel", "Kelmarsh", "Unrelated"]  # "" -> derived
   tasks = se.load_queries(str(tmp_path / "queries"))
-  assert [(t.query_id, t.answer, t.evidence_docids) for t in tasks] == [("1", "Velsa", ("101", "102", "103")),
-                                                                         ("2", "Kelmarsh", ("102",))]
-  datasets.DatasetDict({"a": datasets.Dataset.from_list(QUERY_ROWS[:1]),
-                        "b": datasets.Dataset.from_list(QUERY_ROWS[1:2])}).save_to_disk(str(tmp_path / "two"))
+  assert [(t.query_id, t.answer, t.evidence_docids) for t in tasks] == [
+    ("1", "Velsa", ("101", "102", "103")),
+    ("2", "Kelmarsh", ("102",)),
+  ]
+  datasets.DatasetDict(
+    {"a": datasets.Dataset.from_list(QUERY_ROWS[:1]), "b": datasets.Dataset.from_list(QUERY_ROWS[1:2])}
+  ).save_to_disk(str(tmp_path / "two"))
   with pytest.raises(ValueError, match=r"splits \['a', 'b'\]"):
     se.load_queries(str(tmp_path / "two"))
 
 
-@pytest.mark.parametrize("loader,rows,field", [
+@pytest.mark.parametrize(
+  "loader,rows,field",
+  [
     ("load_corpus", [{"docid": "1", "text": "ok"}, {"docid": "2", "body": "no text"}], "'text'"),
     ("load_corpus", [{"text": "no id"}], "'docid'"),
     ("load_queries", [{"query_id": "1", "query": "Who?"}], "'answer'"),
     ("load_queries", [{"query_id": "1", "answer": "x"}], "'query'"),
-])
+  ],
+)
 def test_loader_refuses_a_missing_field_naming_it(tmp_path, loader, rows, field):
   path = _jsonl(tmp_path / "f.jsonl", rows)
   with pytest.raises(ValueError, match=f"record {len(rows) - 1} has no {field} field"):
@@ -390,7 +456,7 @@ def test_env_spec_on_loaded_data_with_demonstrations(tmp_path):
   task = next(t for t in train + held_out if t.query_id == "1")
   messages = spec.demonstration(task, random.Random(0))
   assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "assistant", "tool", "assistant"]
-  assert messages[2]["content"].count("<tool_call>") == 3   # one search per evidence document, in one message
+  assert messages[2]["content"].count("<tool_call>") == 3  # one search per evidence document, in one message
   assert messages[-1]["content"] == "<answer>Velsa</answer>"
   info = spec.privileged_info(task)
   assert "<answer>Velsa</answer>" in info and "[101] Orvane Holdings" in info and "[103] Kelmarsh" in info
@@ -405,6 +471,7 @@ def test_loaded_demonstration_refuses_unretrievable_evidence(tmp_path):
 
 
 # --- the EnvSpec -------------------------------------------------------------------------------------------------
+
 
 def test_env_spec_fields(spec):
   assert spec.stop_strings == ("</answer>",) and spec.max_turns == se.MAX_TOOL_CALLS + 1
@@ -425,8 +492,8 @@ def test_make_tasks_splits(spec):
   assert spec.make_tasks("eval", 10, None) == eval64[:10] and spec.make_tasks("eval", 64, None) == eval64
   train = spec.make_tasks("train", 2500, 3)
   assert spec.make_tasks("train", 2500, 3) == train
-  assert len({t.query_id for t in train[:1000]}) == 1000   # one pass over the pool before any repeat
-  assert train[:1000] != train[1000:2000]                  # the second pass is reshuffled
+  assert len({t.query_id for t in train[:1000]}) == 1000  # one pass over the pool before any repeat
+  assert train[:1000] != train[1000:2000]  # the second pass is reshuffled
   assert {t.query_id for t in train[:1000]} == {t.query_id for t in train[1000:2000]}
   assert spec.make_tasks("train", 50, 4) != train[:50]
   with pytest.raises(ValueError, match="eval_size"):
@@ -453,10 +520,10 @@ def test_generated_demonstrations_reach_reward_1_within_the_budget(spec):
       if m["role"] == "assistant":
         result = env.step(m["content"])
       else:
-        assert m["content"] == result.observation   # exactly what the environment returns
+        assert m["content"] == result.observation  # exactly what the environment returns
     assert result.done and env.reward() == 1.0 and result.info["tool_calls"] <= se.MAX_TOOL_CALLS
     opened += result.info["opens"]
-  assert opened == sum(len(t.chain) for t in tasks)   # the default budget opens every hop's document
+  assert opened == sum(len(t.chain) for t in tasks)  # the default budget opens every hop's document
   # a tight budget (one call per hop): searches only, and only where the snippet shows the hop's fact
   tight = se.env_spec({"max_tool_calls": 4})
   made = four_hops = 0

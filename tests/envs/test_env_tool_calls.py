@@ -15,7 +15,8 @@ def call_text(payload: str, close: bool = True) -> str:
 
 def test_render_tool_call_exact_text():
   assert tc.render_tool_call("calculator", {"expression": "2*(3+4)"}) == (
-      '<tool_call>{"name": "calculator", "arguments": {"expression": "2*(3+4)"}}</tool_call>')
+    '<tool_call>{"name": "calculator", "arguments": {"expression": "2*(3+4)"}}</tool_call>'
+  )
 
 
 def test_render_then_parse_roundtrip():
@@ -40,8 +41,9 @@ def test_roundtrip_any_expression_string(expr):
 
 
 def test_first_call_wins():
-  text = (tc.render_tool_call("calculator", {"expression": "1+1"})
-          + tc.render_tool_call("calculator", {"expression": "5*5"}))
+  text = tc.render_tool_call("calculator", {"expression": "1+1"}) + tc.render_tool_call(
+    "calculator", {"expression": "5*5"}
+  )
   assert tc.execute_tool_call(text).content == "2"
 
 
@@ -60,7 +62,9 @@ def test_whitespace_inside_tags():
   assert tc.execute_tool_call(text).content == "42"
 
 
-@pytest.mark.parametrize("payload, message", [
+@pytest.mark.parametrize(
+  "payload, message",
+  [
     ('{"name": "calculator", "arguments": {"expression": "1+1"}', "error: tool call is not valid JSON"),
     ("{'name': 'calculator'}", "error: tool call is not valid JSON"),
     ('{"name": "calculator", "arguments": {"expression": "1"}} extra', "error: tool call is not valid JSON"),
@@ -79,16 +83,20 @@ def test_whitespace_inside_tags():
     ('{"name": "calculator", "arguments": {"expression": 14}}', 'error: calculator needs an "expression" string'),
     ('{"name": "calculator", "arguments": {"expression": "1/0"}}', "error: division by zero"),
     ('{"name": "calculator", "arguments": {"expression": "9**9**9"}}', "error: '**' (power) is not supported"),
-    ('{"name": "calculator", "arguments": {"expression": "__import__(\'os\')"}}',
-     "error: function calls are not allowed"),
+    (
+      '{"name": "calculator", "arguments": {"expression": "__import__(\'os\')"}}',
+      "error: function calls are not allowed",
+    ),
     ('{"name": "calculator", "arguments": {"expression": "x + 1"}}', "error: unknown name 'x'"),
-    ('{"name": "calculator", "arguments": {"expression": "' + "1+" * 150 + '1"}}',
-     "error: expression too long (301 characters; max 200)"),
-    ('{"name": "calculator", "arguments": {"expression": "' + "1" * 2000 + '"}}',
-     "error: tool call too long"),
+    (
+      '{"name": "calculator", "arguments": {"expression": "' + "1+" * 150 + '1"}}',
+      "error: expression too long (301 characters; max 200)",
+    ),
+    ('{"name": "calculator", "arguments": {"expression": "' + "1" * 2000 + '"}}', "error: tool call too long"),
     ("[" * 5000 + "]" * 5000, "error: tool call too long"),
     ("[" * 499 + "]" * 499, "error: tool call must be a JSON object"),
-])
+  ],
+)
 def test_malformed_calls_become_error_observations(payload, message):
   outcome = tc.execute_tool_call(call_text(payload))
   assert not outcome.ok
@@ -107,8 +115,9 @@ def test_over_long_output_is_truncated_with_a_marker():
   assert ok == tc.ToolOutcome("ababab", ok=True)
   long = tc.execute_tool_call(call_text(json.dumps({"name": "echo", "arguments": {"text": "a" * 100}})), tools)
   assert long == tc.ToolOutcome("a" * 200 + "...[truncated 100 characters]", ok=True)
-  short = tc.execute_tool_call(call_text(json.dumps({"name": "echo", "arguments": {"text": "abc"}})), tools,
-                               max_output_chars=4)
+  short = tc.execute_tool_call(
+    call_text(json.dumps({"name": "echo", "arguments": {"text": "abc"}})), tools, max_output_chars=4
+  )
   assert short.content == "abca...[truncated 5 characters]"
 
 
@@ -122,14 +131,19 @@ def test_arguments_as_a_json_string_or_absent():
 def test_tool_error_from_custom_tool():
   def picky(args):
     raise tc.ToolError("bad thing")
+
   out = tc.execute_tool_call(call_text('{"name": "picky", "arguments": {}}'), {"picky": picky})
   assert out == tc.ToolOutcome("error: bad thing", ok=False)
 
 
 @given(st.text(max_size=400))
 def test_execute_never_raises(text):
-  for t in (text, tc.TOOL_CALL_OPEN + text, tc.TOOL_CALL_OPEN + text + tc.TOOL_CALL_CLOSE,
-            call_text('{"name": "calculator", "arguments": {"expression": ' + json.dumps(text) + "}}")):
+  for t in (
+    text,
+    tc.TOOL_CALL_OPEN + text,
+    tc.TOOL_CALL_OPEN + text + tc.TOOL_CALL_CLOSE,
+    call_text('{"name": "calculator", "arguments": {"expression": ' + json.dumps(text) + "}}"),
+  ):
     out = tc.execute_tool_call(t)
     assert out is None or (isinstance(out.content, str) and out.ok == (not out.content.startswith("error:")))
 
@@ -139,15 +153,18 @@ def test_render_tool_response_and_answer():
   assert tc.render_answer("-28") == "<answer>-28</answer>"
 
 
-@pytest.mark.parametrize("text, expected", [
+@pytest.mark.parametrize(
+  "text, expected",
+  [
     ("<answer>14</answer>", "14"),
     ("so <answer> -28 </answer> done", "-28"),
     ("<answer>1</answer><answer>2</answer>", "1"),
-    ("<answer>3.5", "3.5"),          # unterminated: rest of the text
+    ("<answer>3.5", "3.5"),  # unterminated: rest of the text
     ("<answer></answer>", ""),
     ("no answer here", None),
     ("</answer>14", None),
-])
+  ],
+)
 def test_extract_answer(text, expected):
   assert tc.extract_answer(text) == expected
 
@@ -155,10 +172,14 @@ def test_extract_answer(text, expected):
 # --- parse_message: several calls, think blocks, fuzzing -------------------------------------------------------
 
 _JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers(-10**12, 10**12) | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=20),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
-    max_leaves=12)
+  st.none()
+  | st.booleans()
+  | st.integers(-(10**12), 10**12)
+  | st.floats(allow_nan=False, allow_infinity=False)
+  | st.text(max_size=20),
+  lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+  max_leaves=12,
+)
 _CALLS = st.tuples(st.text(min_size=1, max_size=24), st.dictionaries(st.text(max_size=12), _JSON_VALUES, max_size=5))
 
 
@@ -166,7 +187,7 @@ def _near_valid(draw_text: str, mutation: int, pos: int) -> str:
   """A valid call text damaged by one edit: a character dropped, a brace or quote added, a tag cut."""
   pos = pos % (len(draw_text) + 1)
   if mutation == 0:
-    return draw_text[:pos] + draw_text[pos + 1:]
+    return draw_text[:pos] + draw_text[pos + 1 :]
   if mutation == 1:
     return draw_text[:pos] + "{" + draw_text[pos:]
   if mutation == 2:
@@ -177,8 +198,14 @@ def _near_valid(draw_text: str, mutation: int, pos: int) -> str:
 
 
 @settings(max_examples=2500, deadline=None)
-@given(calls=st.lists(_CALLS, min_size=1, max_size=4), noise=st.text(max_size=30), think=st.booleans(),
-       mutation=st.integers(0, 5), pos=st.integers(0, 10**6), raw=st.text(max_size=200))
+@given(
+  calls=st.lists(_CALLS, min_size=1, max_size=4),
+  noise=st.text(max_size=30),
+  think=st.booleans(),
+  mutation=st.integers(0, 5),
+  pos=st.integers(0, 10**6),
+  raw=st.text(max_size=200),
+)
 def test_fuzz_parse_message_never_raises_and_valid_calls_round_trip(calls, noise, think, mutation, pos, raw):
   text = noise.replace("<", "(") + "".join(tc.render_tool_call(n, a) for n, a in calls)
   hidden = tc.render_tool_call("hidden", {"x": 1})
@@ -186,34 +213,55 @@ def test_fuzz_parse_message_never_raises_and_valid_calls_round_trip(calls, noise
   assert [(p.call.name, p.call.arguments) for p in msg.calls] == [(n, a) for n, a in calls]
   assert msg.error is None
   for s in (_near_valid(text, mutation, pos), raw, tc.TOOL_CALL_OPEN + raw, "<think>" + raw):
-    m = tc.parse_message(s)      # never raises; every entry is a call or an error
+    m = tc.parse_message(s)  # never raises; every entry is a call or an error
     assert all((p.call is None) != (p.error is None) for p in m.calls)
-    tc.run_calls(m.calls, {})    # unknown tools and parse errors become observations
+    tc.run_calls(m.calls, {})  # unknown tools and parse errors become observations
 
 
 def test_parse_message_reads_every_call_outside_think_blocks():
-  text = ("<think>" + tc.render_tool_call("a", {}) + "</think>first " + tc.render_tool_call("b", {"x": 1})
-          + " then " + tc.render_tool_call("c", {"s": "\u00e9\u4e2d"}) + "<tool_call>{bad}</tool_call>"
-          + '<tool_call>{"name": "d", "arguments": "{\\"k\\": 2}"}')
+  text = (
+    "<think>"
+    + tc.render_tool_call("a", {})
+    + "</think>first "
+    + tc.render_tool_call("b", {"x": 1})
+    + " then "
+    + tc.render_tool_call("c", {"s": "\u00e9\u4e2d"})
+    + "<tool_call>{bad}</tool_call>"
+    + '<tool_call>{"name": "d", "arguments": "{\\"k\\": 2}"}'
+  )
   msg = tc.parse_message(text)
   assert [p.call.name if p.call else p.error.split(" (")[0] for p in msg.calls] == [
-      "b", "c", "tool call is not valid JSON", "d"]
+    "b",
+    "c",
+    "tool call is not valid JSON",
+    "d",
+  ]
   assert msg.calls[1].call.arguments == {"s": "\u00e9\u4e2d"} and msg.calls[3].call.arguments == {"k": 2}
   many = tc.parse_message(tc.render_tool_call("f", {}) * 5, max_calls=3)
   assert [p.error for p in many.calls[3:]] == ["too many tool calls in one message: 2 past the first 3 were not run"]
 
 
 def test_run_calls_checks_the_schema():
-  tool = tc.Tool("add", "adds", {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "number"}},
-                                 "required": ["a"]}, lambda a, b=0: a + b)
-  calls = tc.parse_message("".join(tc.render_tool_call("add", args) for args in (
-      {"a": 1, "b": 2.5}, {"b": 1}, {"a": 1, "c": 2}, {"a": "1"}, {"a": True}))).calls
+  tool = tc.Tool(
+    "add",
+    "adds",
+    {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "number"}}, "required": ["a"]},
+    lambda a, b=0: a + b,
+  )
+  calls = tc.parse_message(
+    "".join(
+      tc.render_tool_call("add", args)
+      for args in ({"a": 1, "b": 2.5}, {"b": 1}, {"a": 1, "c": 2}, {"a": "1"}, {"a": True})
+    )
+  ).calls
   out = tc.run_calls(calls, {"add": tool})
   assert out[0].content == "3.5" and out[0].ok and out[0].dispatched
   assert [o.content for o in out[1:]] == [
-      "error: add: missing required argument(s): 'a'", "error: add: unexpected argument(s): 'c' (known: a, b)",
-      "error: add: argument 'a' must be of type integer, got str",
-      "error: add: argument 'a' must be of type integer, got a boolean"]
+    "error: add: missing required argument(s): 'a'",
+    "error: add: unexpected argument(s): 'c' (known: a, b)",
+    "error: add: argument 'a' must be of type integer, got str",
+    "error: add: argument 'a' must be of type integer, got a boolean",
+  ]
   assert not any(o.dispatched for o in out[1:])
   lenient = tc.run_calls(calls[3:4], {"add": tool}, check_types=False, errors_as_results=lambda e: f"E: {e}")
-  assert lenient[0].dispatched and lenient[0].content.startswith("E: ")   # "1" + 0 raised inside the tool
+  assert lenient[0].dispatched and lenient[0].content.startswith("E: ")  # "1" + 0 raised inside the tool

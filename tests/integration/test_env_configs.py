@@ -31,7 +31,7 @@ def _config(name, tmp_path):
   c.total_steps = 2
   c.rollout.prompts_per_step = 1
   c.rollout.group_size = 2
-  c.eval.batch_size = 2        # one sampler batch size: one compile
+  c.eval.batch_size = 2  # one sampler batch size: one compile
   c.sft.steps = 0
   c.eval.before_sft = c.eval.after_sft = c.eval.at_end = False
   c.rollout.export_jsonl = True
@@ -70,9 +70,9 @@ def test_trace_search_two_steps(tmp_path):
 def test_bfcl_configs_two_steps(name, tmp_path):
   c = _config(name, tmp_path)
   c.sampling.max_new_tokens = 12
-  c.env.bfcl_multi_turn.classes = "TradingBot"   # the shortest prompts (1.7k-1.9k tokens with compact tools)
+  c.env.bfcl_multi_turn.classes = "TradingBot"  # the shortest prompts (1.7k-1.9k tokens with compact tools)
   c.env.num_train_tasks = 40
-  c.eval.num_tasks = 4                           # the TradingBot eval split has 7
+  c.eval.num_tasks = 4  # the TradingBot eval split has 7
   c.sampling.max_len = 2560
   c.teacher.max_len = 3072
   c.env.bfcl_multi_turn.max_turns = 3
@@ -86,7 +86,7 @@ def test_bfcl_configs_two_steps(name, tmp_path):
   for step in (1, 2):
     for rec in _exported(c, step):
       units = [u for u in rec["unit_ids"] if u >= 0]
-      assert len(rec["unit_rewards"]) == max(units) + 1          # every unit the rollout acted in was verified
+      assert len(rec["unit_rewards"]) == max(units) + 1  # every unit the rollout acted in was verified
       assert rec["num_turns"] >= 1 and set(rec["unit_rewards"]) <= {0.0, 1.0}
       roles = [m["role"] for m in rec["messages"]]
       assert roles[:2] == ["system", "user"] and roles.count("user") >= len(rec["unit_rewards"])

@@ -21,7 +21,7 @@ from tests.integration.test_every_method_trains import ROOT, _config, _rl_rows, 
 def _readme_block(title: str) -> str:
   with open(os.path.join(ROOT, "README.md")) as f:
     text = f.read()
-  after = text[text.index(title):]
+  after = text[text.index(title) :]
   return re.search(r"```python\n(.*?)```", after, re.S).group(1)
 
 
@@ -44,6 +44,7 @@ def alternating_rewards(monkeypatch):
   """A random tiny model never solves a task: rollouts get rewards 1, 0, 1, 0, ... in creation order instead, so
   groups have advantages to compare."""
   from jaxcredit.envs.arithmetic import ArithmeticEnv
+
   counter = itertools.count()
   init = ArithmeticEnv.__init__
 
@@ -68,18 +69,30 @@ def test_credit_on_shuffled_exported_rollouts_matches_the_trainer(method, tiny, 
   assert sorted(r["group_id"] for r in exported) == [0, 0, 0, 1, 1, 1]
   assert any(any(a != 0 for a in r["advantages"]) for r in exported)
 
-  shuffled = [{k: v for k, v in r.items() if k not in ("advantages", "turn_advantages", "method")}
-              for r in exported]
+  shuffled = [{k: v for k, v in r.items() if k not in ("advantages", "turn_advantages", "method")} for r in exported]
   random.Random(0).shuffle(shuffled)
-  assert [r["group_id"] for r in shuffled] != sorted(r["group_id"] for r in shuffled)   # not group-major
+  assert [r["group_id"] for r in shuffled] != sorted(r["group_id"] for r in shuffled)  # not group-major
   src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
   jsonl.write_jsonl(src, shuffled)
-  argv = ["jaxcredit", "credit", "--config", os.path.join(ROOT, "configs", f"{method}.py"), "--in", str(src),
-          "--out", str(out), f"--config.workdir={c.workdir}", f"--config.model.source={c.model.source}",
-          f"--config.model.cache_dir={c.model.cache_dir}", f"--config.sampling.max_len={c.sampling.max_len}",
-          f"--config.teacher.max_len={c.teacher.max_len}", f"--config.env.num_train_tasks={c.env.num_train_tasks}",
-          "--config.eval.num_tasks=4", f"--config.train.length_bucket={c.train.length_bucket}",
-          f"--config.compilation_cache_dir={c.compilation_cache_dir}"]
+  argv = [
+    "jaxcredit",
+    "credit",
+    "--config",
+    os.path.join(ROOT, "configs", f"{method}.py"),
+    "--in",
+    str(src),
+    "--out",
+    str(out),
+    f"--config.workdir={c.workdir}",
+    f"--config.model.source={c.model.source}",
+    f"--config.model.cache_dir={c.model.cache_dir}",
+    f"--config.sampling.max_len={c.sampling.max_len}",
+    f"--config.teacher.max_len={c.teacher.max_len}",
+    f"--config.env.num_train_tasks={c.env.num_train_tasks}",
+    "--config.eval.num_tasks=4",
+    f"--config.train.length_bucket={c.train.length_bucket}",
+    f"--config.compilation_cache_dir={c.compilation_cache_dir}",
+  ]
   assert cli.main(argv) == 0
   credited = {r["rollout_id"]: r for r in jsonl.read_jsonl(out)}
   for r in exported:
@@ -104,12 +117,26 @@ def test_credit_refuses_small_groups_and_unknown_tasks(tiny, tmp_path):
   assert not os.path.exists(tmp_path / "o.jsonl")
   bad = tmp_path / "bad.jsonl"
   bad.write_text(json.dumps(records[0]) + "\n{not json\n")
-  assert cli.main(["jaxcredit", "credit", "--config", os.path.join(ROOT, "configs", "trace.py"), "--in", str(bad),
-                   "--out", str(tmp_path / "o.jsonl")]) == 2
+  assert (
+    cli.main(
+      [
+        "jaxcredit",
+        "credit",
+        "--config",
+        os.path.join(ROOT, "configs", "trace.py"),
+        "--in",
+        str(bad),
+        "--out",
+        str(tmp_path / "o.jsonl"),
+      ]
+    )
+    == 2
+  )
 
 
 def _records(rewards_by_group, **extra):
   from jaxcredit.trajectory import RolloutBuilder
+
   out = []
   for g, rewards in rewards_by_group.items():
     for k, r in enumerate(rewards):
@@ -123,8 +150,9 @@ def test_credit_without_passes_loads_no_model_and_refuses_bad_files(tmp_path):
   """GRPO needs no pass: credit reads, groups and writes without a model. Duplicate ids, absurd turn counts and a
   directory as --out are refused with exit code 2 and one line."""
   from jaxcredit.train.config import base_config
+
   records = _records({"g2": [0.0, 0.0], "g1": [1.0, 0.0]})
-  records = [records[2], records[0], records[3], records[1]]           # g1, g2, g1, g2
+  records = [records[2], records[0], records[3], records[1]]  # g1, g2, g1, g2
   jsonl.write_jsonl(tmp_path / "in.jsonl", records)
   c = base_config()
   c.credit.method = "grpo"
@@ -132,7 +160,7 @@ def test_credit_without_passes_loads_no_model_and_refuses_bad_files(tmp_path):
   info = trainer.credit_file(c, str(tmp_path / "in.jsonl"), str(tmp_path / "out.jsonl"))
   assert info == {"rollouts": 4, "groups": 2, "method": "grpo"}
   adv = {r["rollout_id"]: r["advantages"] for r in jsonl.read_jsonl(tmp_path / "out.jsonl")}
-  s = 1 / np.sqrt(2)                                                   # (1 - 0.5) / std([1, 0], ddof=1)
+  s = 1 / np.sqrt(2)  # (1 - 0.5) / std([1, 0], ddof=1)
   np.testing.assert_allclose(adv["g1-0"], [0, 0, 0, s, s], atol=1e-6)
   np.testing.assert_allclose(adv["g1-1"], [0, 0, 0, -s, -s], atol=1e-6)
   assert adv["g2-0"] == adv["g2-1"] == [0.0] * 5

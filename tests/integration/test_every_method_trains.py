@@ -33,14 +33,14 @@ def _config(name, workdir, tiny, config_dir=os.path.join(ROOT, "configs")):
   c.model.source = str(gguf_path)
   c.model.cache_dir = str(cache)
   if c.teacher.source not in ("", "policy", "reference"):
-    c.teacher.source = str(gguf_path)        # OPD: a teacher checkpoint with the policy's tokenizer
-  c.compilation_cache_dir = str(xla_cache)   # the methods share the sampler's and most steps' executables
+    c.teacher.source = str(gguf_path)  # OPD: a teacher checkpoint with the policy's tokenizer
+  c.compilation_cache_dir = str(xla_cache)  # the methods share the sampler's and most steps' executables
   c.progress = False
   c.tensorboard = False
   c.total_steps = 2
   c.env.num_train_tasks = 8
   c.sampling.max_new_tokens = 6
-  c.sampling.max_len = 1024   # the tiny byte-level vocabulary makes prompts long
+  c.sampling.max_len = 1024  # the tiny byte-level vocabulary makes prompts long
   c.sampling.chunk_size = 3
   c.rollout.prompts_per_step = 2
   c.rollout.group_size = 2
@@ -85,14 +85,16 @@ def test_a_toy_method_is_one_function_one_row_one_config(tiny, tmp_path, monkeyp
     return MethodOutput(adv.astype(np.float32), metrics={"toy_baseline": knobs["baseline"]})
 
   monkeypatch.setitem(METHODS, "toy", Method(toy, {"baseline": 0.5}, summary="reward minus a constant"))
-  (tmp_path / "toy.py").write_text("from jaxcredit.train.config import base_config\n\n\ndef get_config():\n"
-                                    "  c = base_config()\n  c.credit.method = 'toy'\n  return c\n")
+  (tmp_path / "toy.py").write_text(
+    "from jaxcredit.train.config import base_config\n\n\ndef get_config():\n"
+    "  c = base_config()\n  c.credit.method = 'toy'\n  return c\n"
+  )
   c = _config("toy", tmp_path / "run", tiny, config_dir=str(tmp_path))
   c.total_steps = 1
   trainer.train(c)
   rows = _rl_rows(c.workdir)
   assert len(rows) == 1 and rows[0]["method"] == "toy" and rows[0]["toy_baseline"] == 0.5
-  assert rows[0]["adv_mean"] in (-0.5, 0.5) or -0.5 < rows[0]["adv_mean"] < 0.5   # reward 0 or 1, minus 0.5
+  assert rows[0]["adv_mean"] in (-0.5, 0.5) or -0.5 < rows[0]["adv_mean"] < 0.5  # reward 0 or 1, minus 0.5
 
 
 def test_reference_and_teacher_passes_use_the_sampling_temperature(tiny, tmp_path):
@@ -115,6 +117,7 @@ def test_toolopd_with_a_teacher_checkpoint_and_a_refused_vocabulary(tiny, tmp_pa
   """A separate teacher checkpoint scores and writes the hindsight skills (its own sampler); a teacher whose
   vocabulary differs from the policy's is refused naming both sizes, before anything is written."""
   import dataclasses
+
   gguf_path = tiny[0]
   c = _config("toolopd", tmp_path / "run", tiny)
   c.teacher.source = str(gguf_path)
@@ -142,5 +145,5 @@ def test_a_pass_over_budget_drops_only_the_dense_term_and_is_counted(tiny, tmp_p
   row = _rl_rows(c.workdir)[0]
   assert row["pass/teacher_privileged/dropped"] == 4
   assert row["pass/teacher_privileged/dropped_over_budget"] == 4
-  assert row["crest_weight_std"] == 0.0 and "teacher_policy_gap" not in row   # no valid pass: no gap to report
+  assert row["crest_weight_std"] == 0.0 and "teacher_policy_gap" not in row  # no valid pass: no gap to report
   assert np.isfinite(row["loss"])

@@ -16,14 +16,32 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def _command(tmp_path, gguf_path, total_steps):
-  return [sys.executable, "-m", "jaxcredit.cli", "train", "--config", "configs/quickstart.py",
-          f"--config.workdir={tmp_path}/run", f"--config.model.source={gguf_path}",
-          f"--config.model.cache_dir={tmp_path}/converted", "--config.compilation_cache_dir=",
-          "--config.progress=False", f"--config.total_steps={total_steps}", "--config.checkpoint_every=1000",
-          "--config.env.num_train_tasks=40", "--config.sampling.max_new_tokens=6", "--config.sampling.max_len=1024",
-          "--config.sampling.chunk_size=3", "--config.rollout.prompts_per_step=2", "--config.rollout.group_size=2",
-          "--config.sft.steps=0", "--config.train.length_bucket=256", "--config.eval.before_sft=False",
-          "--config.eval.after_sft=False", "--config.eval.at_end=False"]
+  return [
+    sys.executable,
+    "-m",
+    "jaxcredit.cli",
+    "train",
+    "--config",
+    "configs/quickstart.py",
+    f"--config.workdir={tmp_path}/run",
+    f"--config.model.source={gguf_path}",
+    f"--config.model.cache_dir={tmp_path}/converted",
+    "--config.compilation_cache_dir=",
+    "--config.progress=False",
+    f"--config.total_steps={total_steps}",
+    "--config.checkpoint_every=1000",
+    "--config.env.num_train_tasks=40",
+    "--config.sampling.max_new_tokens=6",
+    "--config.sampling.max_len=1024",
+    "--config.sampling.chunk_size=3",
+    "--config.rollout.prompts_per_step=2",
+    "--config.rollout.group_size=2",
+    "--config.sft.steps=0",
+    "--config.train.length_bucket=256",
+    "--config.eval.before_sft=False",
+    "--config.eval.after_sft=False",
+    "--config.eval.at_end=False",
+  ]
 
 
 def _rl_steps(tmp_path):
@@ -38,8 +56,9 @@ def _rl_steps(tmp_path):
 def test_a_signal_during_rl_checkpoints_the_step_and_the_run_resumes(tmp_path, signum, code):
   gguf_path = write_gguf(tmp_path / "tiny.gguf", "llama", CFG, random_params(CFG))
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  proc = subprocess.Popen(_command(tmp_path, gguf_path, 1000), cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True)
+  proc = subprocess.Popen(
+    _command(tmp_path, gguf_path, 1000), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+  )
   deadline = time.time() + 600
   while not _rl_steps(tmp_path) and proc.poll() is None and time.time() < deadline:
     time.sleep(1)
@@ -54,8 +73,9 @@ def test_a_signal_during_rl_checkpoints_the_step_and_the_run_resumes(tmp_path, s
   assert last.startswith(f"jaxcredit train: stopped by {name} after RL step {steps[-1]}, checkpointed in "), last
   assert str(steps[-1]) in os.listdir(tmp_path / "run" / "checkpoints")
 
-  p = subprocess.run(_command(tmp_path, gguf_path, steps[-1] + 1), cwd=ROOT, env=env, capture_output=True,
-                     text=True, timeout=600)
+  p = subprocess.run(
+    _command(tmp_path, gguf_path, steps[-1] + 1), cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+  )
   assert p.returncode == 0, p.stderr[-3000:]
   assert f"resuming at RL step {steps[-1]}" in p.stdout
   assert _rl_steps(tmp_path) == steps + [steps[-1] + 1]

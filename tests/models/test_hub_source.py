@@ -16,8 +16,11 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 def hub_cache(root):
   """models--test-org--tiny-qwen3 in the Hub cache layout: refs/main -> a commit, snapshots/<commit>/files."""
   repo = root / "models--test-org--tiny-qwen3"
-  snapshot = write_numpy_hf(repo / "snapshots" / COMMIT, dict(TINY, model_type="qwen3", tie_word_embeddings=False,
-                                                                 architectures=["Qwen3ForCausalLM"]), shards=1)
+  snapshot = write_numpy_hf(
+    repo / "snapshots" / COMMIT,
+    dict(TINY, model_type="qwen3", tie_word_embeddings=False, architectures=["Qwen3ForCausalLM"]),
+    shards=1,
+  )
   (repo / "refs").mkdir()
   (repo / "refs" / "main").write_text(COMMIT)
   return snapshot
@@ -46,8 +49,14 @@ SCRIPT = textwrap.dedent(r"""
 def test_a_hub_id_loads_from_the_hub_cache_offline(tmp_path):
   snapshot = hub_cache(tmp_path / "hub")
   env = dict(os.environ, HF_HUB_CACHE=str(tmp_path / "hub"), HF_HUB_OFFLINE="1", JAX_PLATFORMS="cpu")
-  p = subprocess.run([sys.executable, "-c", SCRIPT, str(snapshot), str(tmp_path / "converted"), COMMIT],
-                     capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+  p = subprocess.run(
+    [sys.executable, "-c", SCRIPT, str(snapshot), str(tmp_path / "converted"), COMMIT],
+    capture_output=True,
+    text=True,
+    env=env,
+    cwd=ROOT,
+    timeout=300,
+  )
   assert p.returncode == 0, p.stderr[-3000:]
   out = json.loads(p.stdout.strip().splitlines()[-1])
   assert out["max_diff"] == 0.0
@@ -56,8 +65,13 @@ def test_a_hub_id_loads_from_the_hub_cache_offline(tmp_path):
 
 
 def test_the_cli_refuses_a_path_that_is_neither_a_folder_nor_a_hub_id(tmp_path):
-  p = subprocess.run([sys.executable, "-m", "jaxcredit.cli", "convert", "--hf", "no such folder",
-                      "--out", str(tmp_path / "out")], capture_output=True, text=True, cwd=ROOT, timeout=120,
-                     env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  p = subprocess.run(
+    [sys.executable, "-m", "jaxcredit.cli", "convert", "--hf", "no such folder", "--out", str(tmp_path / "out")],
+    capture_output=True,
+    text=True,
+    cwd=ROOT,
+    timeout=120,
+    env=dict(os.environ, JAX_PLATFORMS="cpu"),
+  )
   assert p.returncode == 2 and "not a Hub id" in p.stderr and "Traceback" not in p.stderr, p.stderr[-2000:]
   assert not (tmp_path / "out").exists()

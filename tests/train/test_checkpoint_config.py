@@ -39,12 +39,15 @@ def test_refusal_names_keys_and_writes_nothing(tmp_path):
   assert json.load(open(path))["total_steps"] == 100
 
 
-@pytest.mark.parametrize("key,value,match", [
+@pytest.mark.parametrize(
+  "key,value,match",
+  [
     ("credit.method", "ppo", "credit.method"),
     ("sampling.temperature", 0.0, "sampling.temperature"),
     ("rollout.group_size", 0, "rollout.group_size"),
     ("sampling.top_p", 1.5, "sampling.top_p"),
-])
+  ],
+)
 def test_validate_names_bad_key(key, value, match):
   c = base_config()
   section, name = key.split(".")
@@ -55,6 +58,7 @@ def test_validate_names_bad_key(key, value, match):
 
 def _load_config(name):
   import importlib.util
+
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   spec = importlib.util.spec_from_file_location(f"cfg_{name}", os.path.join(root, "configs", f"{name}.py"))
   mod = importlib.util.module_from_spec(spec)
@@ -62,10 +66,12 @@ def _load_config(name):
   return mod.get_config()
 
 
-@pytest.mark.parametrize("name", ["quickstart", "grpo", "drgrpo", "rloo", "gigpo", "trace", "crest", "toolopd", "hsd",
-                                  "gear", "opd"])
+@pytest.mark.parametrize(
+  "name", ["quickstart", "grpo", "drgrpo", "rloo", "gigpo", "trace", "crest", "toolopd", "hsd", "gear", "opd"]
+)
 def test_every_method_has_a_config_that_validates(name):
   from jaxcredit.train.methods import METHODS
+
   c = _load_config(name)
   validate(c)
   assert c.credit.method == ("trace" if name == "quickstart" else name)
@@ -74,6 +80,7 @@ def test_every_method_has_a_config_that_validates(name):
 
 def test_every_method_has_a_config():
   from jaxcredit.train.methods import METHODS
+
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   assert sorted(m for m in METHODS if not os.path.exists(os.path.join(root, "configs", f"{m}.py"))) == []
 

@@ -10,20 +10,27 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def _cli(*args, cwd=ROOT):
-  return subprocess.run([sys.executable, "-m", "jaxcredit.cli", *args], cwd=cwd, capture_output=True, text=True,
-                        timeout=120, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  return subprocess.run(
+    [sys.executable, "-m", "jaxcredit.cli", *args],
+    cwd=cwd,
+    capture_output=True,
+    text=True,
+    timeout=120,
+    env=dict(os.environ, JAX_PLATFORMS="cpu"),
+  )
 
 
 def test_unknown_config_key_is_rejected_by_name(tmp_path):
-  p = _cli("train", "--config", "configs/quickstart.py", "--config.nope_key=1",
-           f"--config.workdir={tmp_path}/w")
+  p = _cli("train", "--config", "configs/quickstart.py", "--config.nope_key=1", f"--config.workdir={tmp_path}/w")
   assert p.returncode != 0
   assert "nope_key" in p.stderr
   assert not os.path.exists(tmp_path / "w")
 
 
-@pytest.mark.parametrize("overrides,words", [
-    (["--config.credit.method=opd"], ["config.teacher.source", "opd"]),            # OPD has no default teacher
+@pytest.mark.parametrize(
+  "overrides,words",
+  [
+    (["--config.credit.method=opd"], ["config.teacher.source", "opd"]),  # OPD has no default teacher
     (["--config.credit.method=nope"], ["config.credit.method", "nope"]),
     (["--config.credit.method=hsd", "--config.credit.hsd.fallback=maybe"], ["config.credit.hsd.fallback"]),
     (["--config.credit.method=crest", "--config.credit.crest.tau=nan"], ["config.credit.crest.tau"]),
@@ -31,25 +38,40 @@ def test_unknown_config_key_is_rejected_by_name(tmp_path):
     (["--config.env.name=bfcl"], ["config.env.name", "arithmetic"]),
     # Values that would otherwise fail late (after the warm start) or silently (a flipped sign):
     (["--config.credit.method=grpo", "--config.teacher.source=policy"], ["config.teacher.source", "no teacher pass"]),
-    (["--config.credit.method=toolopd", "--config.credit.toolopd.distill_coef=-0.1"],
-     ["config.credit.toolopd.distill_coef", ">= 0"]),
-    (["--config.credit.method=toolopd", "--config.credit.toolopd.skill_template=Task: {question}"],
-     ["config.credit.toolopd.skill_template", "question"]),
-    (["--config.credit.method=toolopd", "--config.credit.toolopd.skill_max_tokens=288"],
-     ["config.credit.toolopd.skill_max_tokens"]),
+    (
+      ["--config.credit.method=toolopd", "--config.credit.toolopd.distill_coef=-0.1"],
+      ["config.credit.toolopd.distill_coef", ">= 0"],
+    ),
+    (
+      ["--config.credit.method=toolopd", "--config.credit.toolopd.skill_template=Task: {question}"],
+      ["config.credit.toolopd.skill_template", "question"],
+    ),
+    (
+      ["--config.credit.method=toolopd", "--config.credit.toolopd.skill_max_tokens=288"],
+      ["config.credit.toolopd.skill_max_tokens"],
+    ),
     (["--config.train.num_micro_batches=3"], ["config.train.num_micro_batches", "8 rollouts"]),
     (["--config.train.mini_batch_size=3"], ["config.train.mini_batch_size", "8 rollouts"]),
-    (["--config.train.mini_batch_size=4", "--config.train.num_micro_batches=3"],
-     ["config.train.num_micro_batches", "4 rollouts of a mini-batch"]),
+    (
+      ["--config.train.mini_batch_size=4", "--config.train.num_micro_batches=3"],
+      ["config.train.num_micro_batches", "4 rollouts of a mini-batch"],
+    ),
     # Out of a credit function's range: refused by its own check, named under the method's node.
-    (["--config.credit.method=crest", "--config.credit.crest.temperature=-1"],
-     ["config.credit.crest", "`temperature` must be > 0"]),
+    (
+      ["--config.credit.method=crest", "--config.credit.crest.temperature=-1"],
+      ["config.credit.crest", "`temperature` must be > 0"],
+    ),
     (["--config.credit.method=gigpo", "--config.credit.gigpo.gamma=2.0"], ["config.credit.gigpo", "`gamma`"]),
-    (["--config.credit.method=hsd", "--config.credit.hsd.success_threshold=inf"],
-     ["config.credit.hsd", "success_threshold"]),
-    (["--config.credit.method=toolopd", "--config.credit.toolopd.skill_template={task.nope}"],
-     ["config.credit.toolopd.skill_template"]),
-])
+    (
+      ["--config.credit.method=hsd", "--config.credit.hsd.success_threshold=inf"],
+      ["config.credit.hsd", "success_threshold"],
+    ),
+    (
+      ["--config.credit.method=toolopd", "--config.credit.toolopd.skill_template={task.nope}"],
+      ["config.credit.toolopd.skill_template"],
+    ),
+  ],
+)
 def test_bad_method_teacher_and_env_settings_are_refused_by_name(tmp_path, overrides, words):
   p = _cli("train", "--config", "configs/quickstart.py", *overrides, f"--config.workdir={tmp_path}/w")
   assert p.returncode == 1, p.stderr[-2000:]
@@ -71,12 +93,15 @@ def test_config_that_fails_to_build_leaves_nothing_behind(tmp_path):
   assert not os.path.exists(tmp_path / "w" / "config.json")
 
 
-@pytest.mark.parametrize("override,key", [
+@pytest.mark.parametrize(
+  "override,key",
+  [
     ("--config.loss.aggregation=bogus", "loss.aggregation"),
     ("--config.sampling.temperature=nan", "sampling.temperature"),
     ("--config.optim.learning_rate=-1", "optim.learning_rate"),
     ("--config.credit.trace.gold_reduce=max", "credit.trace.gold_reduce"),
-])
+  ],
+)
 def test_bad_values_are_refused_before_anything_is_written(tmp_path, override, key):
   p = _cli("train", "--config", "configs/quickstart.py", override, f"--config.workdir={tmp_path}/w")
   assert p.returncode == 1 and key in p.stderr, p.stderr[-2000:]
@@ -92,16 +117,20 @@ def test_missing_config_file_and_missing_flag(tmp_path):
 
 def test_an_infinite_knob_the_credit_function_allows_passes_validation():
   from jaxcredit.train.config import base_config, validate
+
   c = base_config()
   c.credit.method = "crest"
-  c.credit.crest.tau = float("-inf")     # gate closed: CrEST is plain per-unit GRPO
-  c.teacher.context_wrapper = ""         # no insertion
+  c.credit.crest.tau = float("-inf")  # gate closed: CrEST is plain per-unit GRPO
+  c.teacher.context_wrapper = ""  # no insertion
   validate(c)
 
 
 def test_a_misspelt_key_is_named_with_the_closest_existing_key(tmp_path):
-  for typo, closest in (("rollout.group_sise", "rollout.group_size"), ("rollut.group_size", "rollout.group_size"),
-                        ("credit.trace.betta", "credit.trace.beta")):
+  for typo, closest in (
+    ("rollout.group_sise", "rollout.group_size"),
+    ("rollut.group_size", "rollout.group_size"),
+    ("credit.trace.betta", "credit.trace.beta"),
+  ):
     p = _cli("train", "--config", "configs/quickstart.py", f"--config.{typo}=1", f"--config.workdir={tmp_path}/w")
     assert p.returncode == 2, p.stderr[-2000:]
     lines = p.stderr.strip().splitlines()
@@ -121,6 +150,7 @@ def test_help_lists_every_config_key_with_its_value_and_description():
   assert any(l.startswith("credit.gear.alpha = 1.0") and "strength of the redistribution" in l for l in lines)
   from jaxcredit.train import config as config_lib
   from jaxcredit.train.config_help import config_items
+
   every = [k for k, _ in config_items(config_lib.base_config())]
   listed = {l.split(" = ", 1)[0] for l in lines if " = " in l}
   assert set(every) <= listed, sorted(set(every) - listed)[:5]
@@ -145,9 +175,12 @@ def test_ctrl_c_stops_with_one_line_naming_the_last_checkpoint(tmp_path, monkeyp
     raise KeyboardInterrupt
 
   monkeypatch.setattr(trainer, "train", interrupted)
-  code = cli.main(["jaxcredit", "train", "--config", os.path.join(ROOT, "configs/quickstart.py"),
-                   f"--config.workdir={tmp_path}/w"])
+  code = cli.main(
+    ["jaxcredit", "train", "--config", os.path.join(ROOT, "configs/quickstart.py"), f"--config.workdir={tmp_path}/w"]
+  )
   err = capsys.readouterr().err.strip()
   assert code == 130
-  assert err == (f"jaxcredit train: interrupted; the last checkpoint is RL step 4 in {tmp_path}/w/checkpoints "
-                 f"(step 0: the warm start); the same command resumes from it"), err
+  assert err == (
+    f"jaxcredit train: interrupted; the last checkpoint is RL step 4 in {tmp_path}/w/checkpoints "
+    f"(step 0: the warm start); the same command resumes from it"
+  ), err

@@ -51,7 +51,9 @@ def test_micro_batches_sum_to_full_batch_every_mode():
   m = rng.random((6, 10)) > 0.4
   for mode in loss_lib.AGGREGATIONS:
     n, d = loss_lib.aggregate(jnp.asarray(v), jnp.asarray(m), mode, max_len=10)
-    parts = [loss_lib.aggregate(jnp.asarray(v[i:i + 2]), jnp.asarray(m[i:i + 2]), mode, max_len=10) for i in (0, 2, 4)]
+    parts = [
+      loss_lib.aggregate(jnp.asarray(v[i : i + 2]), jnp.asarray(m[i : i + 2]), mode, max_len=10) for i in (0, 2, 4)
+    ]
     if mode == "seq-mean-token-sum-norm":
       # The constant denominator is B*L_max of the whole batch; numerators still add up.
       assert float(sum(p[0] for p in parts)) == pytest.approx(float(n), rel=1e-6)
@@ -71,8 +73,9 @@ def test_ppo_clip_values():
   # ratio 0.5, A<0: min(-0.5, -0.8) = -0.8 -> 0.8 (clipped)
   np.testing.assert_allclose(loss[0], [-1.2, -0.5, 1.1, 0.8], atol=1e-6)
   np.testing.assert_array_equal(clipped[0], [1, 0, 0, 1])
-  dual, _ = loss_lib.ppo_clip_token_loss(jnp.log(jnp.asarray([[5.0]])), jnp.zeros((1, 1)), jnp.asarray([[-1.0]]),
-                                         dual_clip=3.0)
+  dual, _ = loss_lib.ppo_clip_token_loss(
+    jnp.log(jnp.asarray([[5.0]])), jnp.zeros((1, 1)), jnp.asarray([[-1.0]]), dual_clip=3.0
+  )
   assert float(dual[0, 0]) == pytest.approx(3.0)
 
 

@@ -12,8 +12,16 @@ from jaxcredit.models.config import ModelConfig
 from jaxcredit.models.decoder import Decoder
 from jaxcredit.train import step as step_lib
 
-CFG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-                  head_dim=8, rope_theta=10000.0)
+CFG = ModelConfig(
+  vocab_size=64,
+  hidden_size=32,
+  intermediate_size=64,
+  num_layers=2,
+  num_heads=4,
+  num_kv_heads=2,
+  head_dim=8,
+  rope_theta=10000.0,
+)
 B, L = 4, 16
 
 
@@ -25,21 +33,22 @@ def setup():
   token_mask = np.arange(L)[None, :] < lengths[:, None]
   action = token_mask & (np.arange(L)[None, :] >= 3)
   batch = {
-      "tokens_BxL": rng.integers(0, 64, size=(B, L)).astype(np.int32),
-      "token_mask_BxL": token_mask,
-      "action_mask_BxL": action,
-      "behavior_logp_BxL": np.where(action, rng.normal(-4.0, 0.3, size=(B, L)), 0).astype(np.float32),
-      "adv_BxL": np.where(action, rng.normal(size=(B, 1)), 0).astype(np.float32),
-      "distill_weight_BxL": np.where(action, rng.uniform(0, 2, size=(B, L)), 0).astype(np.float32),
-      "distill_target_BxL": np.where(action, rng.normal(-4.0, 0.5, size=(B, L)), 0).astype(np.float32),
+    "tokens_BxL": rng.integers(0, 64, size=(B, L)).astype(np.int32),
+    "token_mask_BxL": token_mask,
+    "action_mask_BxL": action,
+    "behavior_logp_BxL": np.where(action, rng.normal(-4.0, 0.3, size=(B, L)), 0).astype(np.float32),
+    "adv_BxL": np.where(action, rng.normal(size=(B, 1)), 0).astype(np.float32),
+    "distill_weight_BxL": np.where(action, rng.uniform(0, 2, size=(B, L)), 0).astype(np.float32),
+    "distill_target_BxL": np.where(action, rng.normal(-4.0, 0.5, size=(B, L)), 0).astype(np.float32),
   }
   return graphdef, params, rest, batch
 
 
 def _loss(setup, cfg, num_micro=1, batch=None):
   graphdef, params, rest, b = setup
-  return jax.jit(lambda p, bt: step_lib.loss_and_grads(step_lib.pg_token_loss, graphdef, p, rest, bt, cfg,
-                                                       num_micro))(params, b if batch is None else batch)
+  return jax.jit(lambda p, bt: step_lib.loss_and_grads(step_lib.pg_token_loss, graphdef, p, rest, bt, cfg, num_micro))(
+    params, b if batch is None else batch
+  )
 
 
 def test_distill_term_value_and_gradient(setup):
@@ -102,5 +111,6 @@ def test_a_term_whose_batch_array_is_missing_is_refused_by_name():
     step_lib.check_batch_keys({"adv_BxL": 1, "ref_logp_BxL": 1, "distill_target_BxL": 1}, cfg, who="method 'x'")
   with pytest.raises(ValueError, match=r"loss term 'kl' needs \['ref_logp_BxL'\]"):
     step_lib.check_batch_keys({"adv_BxL": 1, "distill_weight_BxL": 1, "distill_target_BxL": 1}, cfg, who="m")
-  step_lib.check_batch_keys({"adv_BxL": 1, "ref_logp_BxL": 1, "distill_weight_BxL": 1, "distill_target_BxL": 1},
-                            cfg, who="m")
+  step_lib.check_batch_keys(
+    {"adv_BxL": 1, "ref_logp_BxL": 1, "distill_weight_BxL": 1, "distill_target_BxL": 1}, cfg, who="m"
+  )

@@ -15,10 +15,10 @@ def _traj(rewards=(1.0, 0.0, 0.0, 0.0), group_ids=(0, 0, 0, 0)):
   rollouts = []
   for g in range(len(rewards)):
     b = RolloutBuilder.from_prompt([1, 2, 3])
-    b.append_action([10 + g, 11], [-0.5, -0.5])   # turn 0: tool call
+    b.append_action([10 + g, 11], [-0.5, -0.5])  # turn 0: tool call
     b.append_context([4, 5])
     b.mark_boundary()
-    b.append_action([12, 13, 14], [-0.1] * 3)     # turn 1: answer
+    b.append_action([12, 13, 14], [-0.1] * 3)  # turn 1: answer
     rollouts.append(b)
   return pack(rollouts, list(rewards), list(group_ids), max_turns=3, pad_id=0, length_bucket=L)
 
@@ -31,9 +31,12 @@ def _knobs(method, **kw):
 
 def _teacher(traj, logp=None, entropy=None, valid=None, **extra):
   b = traj.batch_size
-  out = {"logp_BxL": np.where(traj.action_mask_BxL, traj.behavior_logp_BxL if logp is None else logp, 0.0),
-         "entropy_BxL": np.where(traj.action_mask_BxL, 0.5 if entropy is None else entropy, 0.0),
-         "valid_B": np.ones(b, bool) if valid is None else np.asarray(valid), "reasons": [""] * b}
+  out = {
+    "logp_BxL": np.where(traj.action_mask_BxL, traj.behavior_logp_BxL if logp is None else logp, 0.0),
+    "entropy_BxL": np.where(traj.action_mask_BxL, 0.5 if entropy is None else entropy, 0.0),
+    "valid_B": np.ones(b, bool) if valid is None else np.asarray(valid),
+    "reasons": [""] * b,
+  }
   out.update(extra)
   return out
 
@@ -70,9 +73,13 @@ def test_unequal_groups_are_refused():
 def test_trace_adds_td_rewards_per_turn():
   traj = _traj()
   gold = np.tile(np.asarray([[-5.0, -3.0, 0.0, 0.0]], np.float32), (4, 1))
-  gold[1, 1] = -5.0   # rollout 1's tool call did not help: TD reward 0
-  traj.passes["gold_answer"] = {"gold_logp_BxT1": gold, "boundary_mask_BxT1": traj.boundary_mask_BxT1.copy(),
-                                "valid_B": np.ones(4, bool), "reasons": [""] * 4}
+  gold[1, 1] = -5.0  # rollout 1's tool call did not help: TD reward 0
+  traj.passes["gold_answer"] = {
+    "gold_logp_BxT1": gold,
+    "boundary_mask_BxT1": traj.boundary_mask_BxT1.copy(),
+    "valid_B": np.ones(4, bool),
+    "reasons": [""] * 4,
+  }
   out = METHODS["trace"].advantages(traj, _knobs("trace"))
   rms = np.sqrt(np.mean(np.asarray([2.0, 0.0, 2.0, 2.0]) ** 2))
   assert out.turn_adv_BxT[0, 0] == pytest.approx(1.5 + 2.0 / (rms + 1e-6), abs=1e-5)
@@ -86,14 +93,14 @@ def test_crest_with_teacher_equal_to_policy_is_grpo_and_modulates_otherwise():
   traj = _traj()
   traj.passes["teacher_privileged"] = _teacher(traj)
   out = METHODS["crest"].advantages(traj, _knobs("crest"))
-  _assert_seq(out.adv_BxL, traj, GRPO)      # U = 1 and teacher == policy: w = 1
+  _assert_seq(out.adv_BxL, traj, GRPO)  # U = 1 and teacher == policy: w = 1
   # A confident teacher (entropy 0.1 < tau) that endorses rollout 0's tokens more than the policy does.
   logp = np.where(np.arange(L)[None, :] % 2 == 0, traj.behavior_logp_BxL + 1.0, traj.behavior_logp_BxL)
   traj.passes["teacher_privileged"] = _teacher(traj, logp=logp, entropy=0.1, valid=[True, True, False, True])
   out = METHODS["crest"].advantages(traj, _knobs("crest"))
   a0 = out.adv_BxL[0][traj.action_mask_BxL[0]]
-  assert a0.max() > 1.5 + 1e-3 and a0.min() < 1.5 - 1e-3 and np.all(a0 > 0)   # scaled, never flipped
-  np.testing.assert_allclose(a0.mean(), 1.5, atol=1e-5)                         # mean weight 1 per unit
+  assert a0.max() > 1.5 + 1e-3 and a0.min() < 1.5 - 1e-3 and np.all(a0 > 0)  # scaled, never flipped
+  np.testing.assert_allclose(a0.mean(), 1.5, atol=1e-5)  # mean weight 1 per unit
   np.testing.assert_allclose(out.adv_BxL[2][traj.action_mask_BxL[2]], -0.5, atol=1e-6)  # invalid pass: unmodulated
   assert out.metrics["crest_gate_open_frac"] == pytest.approx(1.0)
 
@@ -102,15 +109,20 @@ def test_toolopd_weights_only_valid_rollouts_and_keeps_grpo_advantage():
   traj = _traj()
   base = traj.behavior_logp_BxL
   skill = np.where(traj.action_mask_BxL, base + 0.5, 0.0)
-  traj.passes["hindsight_skill"] = {"skills": ["s"] * 4, "skill_tokens_B": np.full(4, 3), "valid_B": np.ones(4, bool),
-                                    "success_B": np.asarray([True, False, False, False]), "reasons": [""] * 4}
+  traj.passes["hindsight_skill"] = {
+    "skills": ["s"] * 4,
+    "skill_tokens_B": np.full(4, 3),
+    "valid_B": np.ones(4, bool),
+    "success_B": np.asarray([True, False, False, False]),
+    "reasons": [""] * 4,
+  }
   traj.passes["teacher_plain"] = _teacher(traj, logp=base)
   traj.passes["teacher_skill"] = _teacher(traj, logp=skill, valid=[True, True, False, True])
   out = METHODS["toolopd"].advantages(traj, _knobs("toolopd"))
   _assert_seq(out.adv_BxL, traj, GRPO)
   w = out.distill_weight_BxL
-  assert np.all(w[0][traj.action_mask_BxL[0]] > 0)     # success, the skill raised every token: all credited
-  assert np.all(w[1] == 0) and np.all(w[2] == 0)        # failure with raised tokens: no credit; invalid: none
+  assert np.all(w[0][traj.action_mask_BxL[0]] > 0)  # success, the skill raised every token: all credited
+  assert np.all(w[1] == 0) and np.all(w[2] == 0)  # failure with raised tokens: no credit; invalid: none
   np.testing.assert_array_equal(out.distill_target_BxL, skill)
   assert out.metrics["toolopd_credited_frac"] == pytest.approx(1 / 3)
 
@@ -118,18 +130,20 @@ def test_toolopd_weights_only_valid_rollouts_and_keeps_grpo_advantage():
 def test_hsd_adds_clipped_peer_teacher_ratio():
   traj = _traj()
   logp = np.where(traj.action_mask_BxL, traj.behavior_logp_BxL + 3.0, 0.0)
-  traj.passes["teacher_peer"] = _teacher(traj, logp=logp, valid=[True, True, True, False],
-                                         peer_B=np.asarray([-1, 0, 0, 0]))
+  traj.passes["teacher_peer"] = _teacher(
+    traj, logp=logp, valid=[True, True, True, False], peer_B=np.asarray([-1, 0, 0, 0])
+  )
   k = _knobs("hsd", dense_coef=0.5, clip=1.0)
   out = METHODS["hsd"].advantages(traj, k)
-  _assert_seq(out.adv_BxL, traj, GRPO + np.asarray([0.5, 0.5, 0.5, 0.0]))   # clip(3) = 1; invalid: 0
+  _assert_seq(out.adv_BxL, traj, GRPO + np.asarray([0.5, 0.5, 0.5, 0.0]))  # clip(3) = 1; invalid: 0
   assert out.metrics["hsd_peers_found_frac"] == pytest.approx(0.75)
 
 
 def test_gear_with_zero_divergence_is_grpo():
   traj = _traj()
-  traj.passes["teacher_divergence"] = _teacher(traj, divergence_BxL=np.zeros((B, L), np.float32),
-                                               student_entropy_BxL=np.zeros((B, L), np.float32))
+  traj.passes["teacher_divergence"] = _teacher(
+    traj, divergence_BxL=np.zeros((B, L), np.float32), student_entropy_BxL=np.zeros((B, L), np.float32)
+  )
   out = METHODS["gear"].advantages(traj, _knobs("gear"))
   _assert_seq(out.adv_BxL, traj, GRPO)
   assert out.metrics["gear_spikes_per_rollout"] == 0.0
@@ -146,7 +160,7 @@ def test_gear_redistributes_toward_a_spike():
   a0 = out.adv_BxL[0][traj.action_mask_BxL[0]]
   assert a0[0] > a0[1:].max() and a0.mean() == pytest.approx(1.5, abs=1e-5)
   assert out.metrics["gear_spikes_per_rollout"] == 1.0
-  assert out.metrics["gear_segment_tokens_per_rollout"] == 1.0   # the policy is sure: the segment is the spike
+  assert out.metrics["gear_segment_tokens_per_rollout"] == 1.0  # the policy is sure: the segment is the spike
   # An unsure policy (its entropy above the floor) extends the segment over the turn; the teacher's entropy
   # (5.0 above) never enters.
   traj.passes["teacher_divergence"]["student_entropy_BxL"] = np.where(traj.action_mask_BxL, 2.0, 0.0)
@@ -166,16 +180,15 @@ def test_opd_is_teacher_minus_policy_and_zero_on_invalid():
 def test_gigpo_state_ids_and_omega_zero_is_grpo():
   traj = _traj()
   ids = gigpo_state_ids(traj, "observation")
-  assert np.all(ids[:, 0] == ids[0, 0])                  # turn 0: the shared prompt
-  assert np.all(ids[:, 1] == ids[0, 1]) and ids[0, 1] != ids[0, 0]   # same observation [4, 5] after turn 0
+  assert np.all(ids[:, 0] == ids[0, 0])  # turn 0: the shared prompt
+  assert np.all(ids[:, 1] == ids[0, 1]) and ids[0, 1] != ids[0, 0]  # same observation [4, 5] after turn 0
   assert np.all(ids[:, 2] == -1)
   hist = gigpo_state_ids(traj, "history")
-  assert len(set(hist[:, 1].tolist())) == 4               # histories differ by each rollout's first action
+  assert len(set(hist[:, 1].tolist())) == 4  # histories differ by each rollout's first action
   out = METHODS["gigpo"].advantages(traj, _knobs("gigpo", omega=0.0))
   _assert_seq(out.adv_BxL, traj, GRPO)
   out = METHODS["gigpo"].advantages(traj, _knobs("gigpo"))
-  expect = credit.gigpo_advantages(traj.rewards_B, ids, traj.turn_mask_BxT, traj.sample_mask_B, gamma=0.95,
-                                   omega=1.0)
+  expect = credit.gigpo_advantages(traj.rewards_B, ids, traj.turn_mask_BxT, traj.sample_mask_B, gamma=0.95, omega=1.0)
   np.testing.assert_allclose(out.turn_adv_BxT, expect, atol=1e-6)
 
 

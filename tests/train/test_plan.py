@@ -15,13 +15,28 @@ from jaxcredit import cli
 from jaxcredit.models import ModelConfig
 from jaxcredit.train import plan
 
-needs_libtpu = pytest.mark.skipif(plan.libtpu_library_path() is None,
-                                  reason="no libtpu: run python tools/install_libtpu.py (the README's test command does)")
+needs_libtpu = pytest.mark.skipif(
+  plan.libtpu_library_path() is None,
+  reason="no libtpu: run python tools/install_libtpu.py (the README's test command does)",
+)
 
-TINY_MOE = ModelConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=4,
-                       num_kv_heads=2, head_dim=64, qk_norm=True, num_experts=8, num_experts_per_tok=2,
-                       moe_intermediate_size=64, tie_word_embeddings=False, dtype="bfloat16",
-                       attention_impl="chunked", attention_chunk=128)
+TINY_MOE = ModelConfig(
+  vocab_size=512,
+  hidden_size=128,
+  intermediate_size=256,
+  num_layers=2,
+  num_heads=4,
+  num_kv_heads=2,
+  head_dim=64,
+  qk_norm=True,
+  num_experts=8,
+  num_experts_per_tok=2,
+  moe_intermediate_size=64,
+  tie_word_embeddings=False,
+  dtype="bfloat16",
+  attention_impl="chunked",
+  attention_chunk=128,
+)
 
 
 def _shard_bytes(tree) -> int:
@@ -47,13 +62,15 @@ def test_parse_topology_and_mesh():
 
 @needs_libtpu
 def test_tpu_plan_memory_matches_the_arrays():
-  report = plan.plan_step(TINY_MOE, topology="v5p:2x2x2", mesh={"fsdp": 2, "expert": 4}, batch_size=8,
-                          seq_len=256, step_time_s=0.5)
+  report = plan.plan_step(
+    TINY_MOE, topology="v5p:2x2x2", mesh={"fsdp": 2, "expert": 4}, batch_size=8, seq_len=256, step_time_s=0.5
+  )
   assert report["is_tpu"] and report["chips"] == 8
   assert report["mesh"] == {"fsdp": 2, "expert": 4, "data": 1}
   # The arguments are the sharded parameters, AdamW moments and the batch: recompute them from the shapes.
   devices, _ = plan.topology_devices("v5p:2x2x2")
   from jaxcredit import sharding
+
   mesh = sharding.make_mesh(report["mesh"], devices)
   _, (params, opt_state, batch) = plan.abstract_step(TINY_MOE, mesh, batch_size=8, seq_len=256)
   expected = _shard_bytes((params, opt_state, batch))
@@ -62,8 +79,9 @@ def test_tpu_plan_memory_matches_the_arrays():
   # Parameters and optimizer state are donated: the outputs alias them.
   assert report["alias_bytes"] >= _shard_bytes((params, opt_state)) - 2**16
   assert report["temp_bytes"] > 0
-  assert report["peak_bytes"] == (report["argument_bytes"] + report["output_bytes"] - report["alias_bytes"]
-                                  + report["temp_bytes"])
+  assert report["peak_bytes"] == (
+    report["argument_bytes"] + report["output_bytes"] - report["alias_bytes"] + report["temp_bytes"]
+  )
   assert report["fits"]
   tokens = 8 * 256
   assert report["model_flops_per_device"] == pytest.approx(6 * TINY_MOE.num_params(active=True) * tokens / 8)
@@ -76,9 +94,22 @@ def test_plan_cli_writes_a_report(tmp_path, capsys):
   model_dir.mkdir()
   (model_dir / "model_config.json").write_text(json.dumps(TINY_MOE.to_dict()))
   out = tmp_path / "plan.json"
-  code = cli.main(["jaxcredit", "plan", "--config", "configs/plan_qwen3_30b_a3b.py", "--topology", "v5e:2x2",
-                   "--mesh", "fsdp=2,tensor=2", f"--json={out}", f"--config.model.source={model_dir}",
-                   "--config.plan.seq_len=128", "--config.model.attention_impl=full"])
+  code = cli.main(
+    [
+      "jaxcredit",
+      "plan",
+      "--config",
+      "configs/plan_qwen3_30b_a3b.py",
+      "--topology",
+      "v5e:2x2",
+      "--mesh",
+      "fsdp=2,tensor=2",
+      f"--json={out}",
+      f"--config.model.source={model_dir}",
+      "--config.plan.seq_len=128",
+      "--config.model.attention_impl=full",
+    ]
+  )
   assert code == 0, capsys.readouterr().err
   report = json.loads(out.read_text())
   assert report["chips"] == 4 and report["mesh"] == {"fsdp": 2, "tensor": 2, "data": 1}
@@ -90,14 +121,43 @@ def test_plan_cli_writes_a_report(tmp_path, capsys):
 def test_plan_cli_refuses_bad_topology_and_mesh(capsys):
   assert cli.main(["jaxcredit", "plan", "--config", "configs/plan_qwen3_4b.py", "--topology", "v9:2x2"]) == 2
   assert "--topology" in capsys.readouterr().err
-  assert cli.main(["jaxcredit", "plan", "--config", "configs/plan_qwen3_4b.py", "--topology", "v5p:2x2x2",
-                   "--mesh", "fsdp=x"]) == 2
+  assert (
+    cli.main(
+      ["jaxcredit", "plan", "--config", "configs/plan_qwen3_4b.py", "--topology", "v5p:2x2x2", "--mesh", "fsdp=x"]
+    )
+    == 2
+  )
   assert "fsdp=x" in capsys.readouterr().err
-  assert cli.main(["jaxcredit", "plan", "--config", "configs/plan_qwen3_4b.py", "--topology", "v5p:2x2x2",
-                   "--json", "/nonexistent-dir/plan.json"]) == 2
+  assert (
+    cli.main(
+      [
+        "jaxcredit",
+        "plan",
+        "--config",
+        "configs/plan_qwen3_4b.py",
+        "--topology",
+        "v5p:2x2x2",
+        "--json",
+        "/nonexistent-dir/plan.json",
+      ]
+    )
+    == 2
+  )
   assert "--json" in capsys.readouterr().err
-  assert cli.main(["jaxcredit", "plan", "--config", "configs/plan_qwen3_4b.py", "--topology", "v5p:2x2x2",
-                   "--config.plan.seq_len=-5"]) == 2
+  assert (
+    cli.main(
+      [
+        "jaxcredit",
+        "plan",
+        "--config",
+        "configs/plan_qwen3_4b.py",
+        "--topology",
+        "v5p:2x2x2",
+        "--config.plan.seq_len=-5",
+      ]
+    )
+    == 2
+  )
   assert "plan.seq_len" in capsys.readouterr().err
 
 
@@ -114,6 +174,7 @@ def test_plan_without_libtpu_simulates_the_chips_on_cpu_and_says_so():
   import subprocess
   import sys
   import textwrap
+
   script = textwrap.dedent("""
       import jax
       from jaxcredit.models import ModelConfig

@@ -13,8 +13,17 @@ from jaxcredit.models.decoder import Decoder, param_logical_axes
 from jaxcredit.train import step as step_lib
 from jaxcredit.train.trainer import ppo_updates
 
-CFG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-                  head_dim=8, rope_theta=10000.0, tie_word_embeddings=False)
+CFG = ModelConfig(
+  vocab_size=64,
+  hidden_size=32,
+  intermediate_size=64,
+  num_layers=2,
+  num_heads=4,
+  num_kv_heads=2,
+  head_dim=8,
+  rope_theta=10000.0,
+  tie_word_embeddings=False,
+)
 B, L = 8, 16
 
 
@@ -25,8 +34,9 @@ def setup(learning_rate):
   p_sh = sharding.param_shardings(params, mesh, param_logical_axes(CFG))
   opt = optax.adam(learning_rate)
   opt_sh = step_lib.opt_state_shardings(opt, params, p_sh, mesh)
-  update = step_lib.make_update_fn(step_lib.pg_token_loss, graphdef, rest, opt, step_lib.PolicyLossConfig(), mesh,
-                                   p_sh, opt_sh)
+  update = step_lib.make_update_fn(
+    step_lib.pg_token_loss, graphdef, rest, opt, step_lib.PolicyLossConfig(), mesh, p_sh, opt_sh
+  )
   rng = np.random.default_rng(0)
   tokens = rng.integers(0, 64, size=(B, L)).astype(np.int32)
   token_mask = np.ones((B, L), bool)
@@ -34,9 +44,13 @@ def setup(learning_rate):
   action = np.broadcast_to(action, (B, L)).copy()
   # The behaviour log-probs are the policy's own (as the sampler's are): the first update sees ratio 1.
   logp = np.asarray(jax.jit(step_lib.make_logp_fn(graphdef, rest, 1.0))(params, tokens, token_mask))
-  batch = {"tokens_BxL": tokens, "token_mask_BxL": token_mask, "action_mask_BxL": action,
-           "behavior_logp_BxL": np.where(action, logp, 0).astype(np.float32),
-           "adv_BxL": np.where(action, rng.normal(size=(B, 1)), 0).astype(np.float32)}
+  batch = {
+    "tokens_BxL": tokens,
+    "token_mask_BxL": token_mask,
+    "action_mask_BxL": action,
+    "behavior_logp_BxL": np.where(action, logp, 0).astype(np.float32),
+    "adv_BxL": np.where(action, rng.normal(size=(B, 1)), 0).astype(np.float32),
+  }
 
   def fresh():
     p = jax.device_put(jax.tree_util.tree_map(jnp.copy, params), p_sh)

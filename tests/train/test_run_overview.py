@@ -16,8 +16,9 @@ def config():
 
 def test_a_fresh_run_lists_every_phase_with_its_size():
   assert run_overview(config(), resume_step=None, num_eval_tasks=64) == (
-      "[jaxcredit] runs/x, fresh run: eval (64 held-out tasks) -> warm start (10 steps of 4 demonstrations) -> "
-      "eval (64) -> RL steps 1-6 (6 x 8 rollouts, trace) -> eval (64)")
+    "[jaxcredit] runs/x, fresh run: eval (64 held-out tasks) -> warm start (10 steps of 4 demonstrations) -> "
+    "eval (64) -> RL steps 1-6 (6 x 8 rollouts, trace) -> eval (64)"
+  )
 
 
 def test_a_resume_lists_what_is_left_and_ppo_updates():
@@ -25,15 +26,19 @@ def test_a_resume_lists_what_is_left_and_ppo_updates():
   c.train.ppo_epochs, c.train.mini_batch_size = 2, 4
   c.eval.at_end = False
   assert run_overview(c, resume_step=4, num_eval_tasks=64) == (
-      "[jaxcredit] runs/x, resuming at RL step 4: RL steps 5-6 (2 x 8 rollouts, trace, 4 updates each)")
+    "[jaxcredit] runs/x, resuming at RL step 4: RL steps 5-6 (2 x 8 rollouts, trace, 4 updates each)"
+  )
   assert run_overview(c, resume_step=6, num_eval_tasks=64) == (
-      "[jaxcredit] runs/x, resuming at RL step 6: RL: none left (checkpoint at step 6 of total_steps=6)")
+    "[jaxcredit] runs/x, resuming at RL step 6: RL: none left (checkpoint at step 6 of total_steps=6)"
+  )
 
 
 def test_sft_only_and_no_warm_start():
   c = config()
   assert run_overview(c, resume_step=None, num_eval_tasks=8, sft_only=True) == (
-      "[jaxcredit] runs/x, fresh run: eval (8 held-out tasks) -> warm start (10 steps of 4 demonstrations) -> eval (8)")
+    "[jaxcredit] runs/x, fresh run: eval (8 held-out tasks) -> warm start (10 steps of 4 demonstrations) -> eval (8)"
+  )
   c.sft.steps = 0
   assert run_overview(c, resume_step=None, num_eval_tasks=8) == (
-      "[jaxcredit] runs/x, fresh run: RL steps 1-6 (6 x 8 rollouts, trace) -> eval (8)")
+    "[jaxcredit] runs/x, fresh run: RL steps 1-6 (6 x 8 rollouts, trace) -> eval (8)"
+  )
