@@ -13,7 +13,7 @@ from jaxcredit.train.config import base_config
 def get_config():
   c = base_config()
   c.model.source = "preset:qwen3-4b"
-  c.model.dtype = "bfloat16"
+  c.model.compute_dtype = "bfloat16"  # float32 master weights and moments (model.param_dtype)
   c.model.remat = True
   c.model.attention_impl = "chunked"
   c.model.attention_chunk = 1024

@@ -209,10 +209,12 @@ def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
 
 
 # ModelConfig fields that change how the model computes but not its parameters: `load` may override them.
-RUNTIME_FIELDS = ("attention_impl", "attention_chunk", "moe_impl", "remat", "dtype")
+RUNTIME_FIELDS = ("attention_impl", "attention_chunk", "moe_impl", "remat", "dtype", "param_dtype")
 
 
-def _runtime_config(cfg: ModelConfig, dtype: str | None, overrides: dict[str, Any] | None) -> ModelConfig:
+def _runtime_config(
+  cfg: ModelConfig, dtype: str | None, overrides: dict[str, Any] | None, param_dtype: str | None = None
+) -> ModelConfig:
   overrides = dict(overrides or {})
   bad = sorted(set(overrides) - set(RUNTIME_FIELDS))
   if bad:
@@ -223,22 +225,33 @@ def _runtime_config(cfg: ModelConfig, dtype: str | None, overrides: dict[str, An
     from jaxcredit.models.hf import canonical_dtype
 
     overrides["dtype"] = canonical_dtype(dtype)
+  if param_dtype is not None:
+    from jaxcredit.models.hf import canonical_dtype
+
+    overrides["param_dtype"] = canonical_dtype(param_dtype) if param_dtype else ""
   return dataclasses.replace(cfg, **overrides) if overrides else cfg
 
 
 def load_converted(
-  folder: str | os.PathLike, *, dtype: str | None = None, mesh=None, config_overrides: dict[str, Any] | None = None
+  folder: str | os.PathLike,
+  *,
+  dtype: str | None = None,
+  param_dtype: str | None = None,
+  mesh=None,
+  config_overrides: dict[str, Any] | None = None,
 ) -> tuple[Decoder, ModelConfig]:
   """Loads a converted checkpoint folder (see the module docstring) without a random initialisation.
 
-  Orbax restores every parameter directly in cfg.dtype (casting from the stored dtype while reading) and, with
+  Orbax restores every parameter directly in its storage dtype (cfg.param_dtype, else cfg.dtype; cast from the
+  stored dtype while reading) and, with
   `mesh`, directly into its shards (`jaxcredit.sharding.param_shardings` of `param_logical_axes(cfg)`): each
   device's slice is read from the checkpoint, and no unsharded copy is built.
 
   Args:
     folder: the checkpoint folder.
-    dtype: overrides cfg.dtype ("float32", "bfloat16", "float16", or "f32", "bf16", "f16") for parameters and
-      compute.
+    dtype: overrides cfg.dtype, the compute dtype ("float32", "bfloat16", "float16", or "f32", "bf16", "f16").
+    param_dtype: overrides cfg.param_dtype, the parameters' storage dtype ("" = the compute dtype). "float32"
+      with dtype "bfloat16" is mixed precision: float32 master weights, bfloat16 matmuls.
     mesh: a `jax.sharding.Mesh`; None puts every parameter on the first device.
     config_overrides: other ModelConfig fields to change that leave the parameters as they are
       (attention_impl, attention_chunk, moe_impl, remat).
@@ -255,7 +268,7 @@ def load_converted(
   if not _is_converted(folder):
     raise FileNotFoundError(f"{folder} is not a converted checkpoint: it needs {_CONFIG_FILE} and {_PARAMS_DIR}/")
   cfg = ModelConfig.from_dict(json.loads((folder / _CONFIG_FILE).read_text()))
-  cfg = _runtime_config(cfg, dtype, config_overrides)
+  cfg = _runtime_config(cfg, dtype, config_overrides, param_dtype)
 
   with ocp.StandardCheckpointer() as checkpointer:
     stored_tree = checkpointer.metadata(folder / _PARAMS_DIR).item_metadata.tree
@@ -267,7 +280,7 @@ def load_converted(
     for name, shape in expected.items():
       if stored_flat[name] != shape:
         raise ValueError(f"checkpoint parameter {name!r} has shape {stored_flat[name]}, expected {shape}")
-    abstract = _unflatten({name: jax.ShapeDtypeStruct(shape, cfg.jnp_dtype) for name, shape in expected.items()})
+    abstract = _unflatten({name: jax.ShapeDtypeStruct(shape, cfg.jnp_param_dtype) for name, shape in expected.items()})
     if mesh is None:
       device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
       shardings = jax.tree.map(lambda _: device, abstract)
@@ -288,6 +301,7 @@ def load(
   path: str | os.PathLike,
   *,
   dtype: str | None = None,
+  param_dtype: str | None = None,
   mesh=None,
   cache_dir: str | os.PathLike | None = None,
   config_overrides: dict[str, Any] | None = None,
@@ -301,8 +315,10 @@ def load(
 
   Args:
     path: an HF folder, a .gguf file, or a converted checkpoint folder.
-    dtype: overrides the parameter/compute dtype ("float32", "bfloat16", "float16", "f32", "bf16", "f16");
-      default: the converted checkpoint's (the HF source's dtype).
+    dtype: overrides the compute dtype ("float32", "bfloat16", "float16", "f32", "bf16", "f16"); default: the
+      converted checkpoint's (the HF source's dtype).
+    param_dtype: the parameters' storage dtype ("" = the compute dtype; default: the checkpoint config's, "");
+      see `load_converted`.
     mesh: restore into these shards (see `load_converted`); None: the first device.
     cache_dir: root of the conversion cache (default ~/.cache/jaxcredit/converted).
     config_overrides: ModelConfig fields that leave the parameters as they are (attention_impl,
@@ -320,7 +336,7 @@ def load(
   path = Path(path).expanduser()
   if path.is_dir():
     if _is_converted(path):
-      return load_converted(path, dtype=dtype, mesh=mesh, config_overrides=config_overrides)
+      return load_converted(path, dtype=dtype, param_dtype=param_dtype, mesh=mesh, config_overrides=config_overrides)
     if not (path / "config.json").is_file():
       raise FileNotFoundError(
         f"{path} is neither a converted checkpoint ({_CONFIG_FILE} + {_PARAMS_DIR}/) nor "
@@ -329,7 +345,7 @@ def load(
     folder = converted_cache_dir(path, cache_dir)
     if not _is_converted(folder):
       _convert_into_cache(lambda out: convert_hf(path, out), folder)
-    return load_converted(folder, dtype=dtype, mesh=mesh, config_overrides=config_overrides)
+    return load_converted(folder, dtype=dtype, param_dtype=param_dtype, mesh=mesh, config_overrides=config_overrides)
   if not path.is_file():
     raise FileNotFoundError(f"no Hugging Face folder, GGUF file or converted checkpoint folder at {path}")
   folder = converted_cache_dir(path, cache_dir)
@@ -339,7 +355,7 @@ def load(
     tokenizer = ChatTokenizer.from_gguf(reader)
     save_converted(folder, cfg, params, tokenizer, source={"gguf": str(path.resolve())})
     del params
-  return load_converted(folder, dtype=dtype, mesh=mesh, config_overrides=config_overrides)
+  return load_converted(folder, dtype=dtype, param_dtype=param_dtype, mesh=mesh, config_overrides=config_overrides)
 
 
 def _convert_into_cache(convert, folder: Path) -> None:

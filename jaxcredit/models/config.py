@@ -45,8 +45,10 @@ class ModelConfig:
       attention_chunk: block size of the chunked attention, in tokens.
       moe_impl: "ragged" (tokens sorted by expert, `jax.lax.ragged_dot`: k/E of the dense FLOPs) or "dense"
           (every expert on every token, weighted by the sparse router weights: simple, E/k times the FLOPs).
-      dtype: parameter and compute dtype name ("float32", "bfloat16", "float16"); norms, softmax and logits run
-          in float32 regardless.
+      dtype: compute dtype name ("float32", "bfloat16", "float16"): every parameter is cast to it where the
+          forward pass reads it; norms, softmax and logits run in float32 regardless.
+      param_dtype: storage dtype of the parameters ("" = dtype). Mixed precision is param_dtype="float32" with
+          dtype="bfloat16": float32 master weights (and so float32 AdamW moments), bfloat16 matmuls.
       remat: rematerialise each layer's activations in the backward pass (jax.checkpoint on the layer body).
 
   Raises:
@@ -75,6 +77,7 @@ class ModelConfig:
   moe_impl: str = "ragged"
   dtype: str = "float32"
   remat: bool = False
+  param_dtype: str = ""
 
   def __post_init__(self):
     if isinstance(self.rope_scaling, dict) or isinstance(self.rope_scaling, list):
@@ -138,11 +141,18 @@ class ModelConfig:
         raise ValueError(f"ModelConfig.{name} must be a bool, got {getattr(self, name)!r}")
     if self.dtype not in _DTYPES:
       raise ValueError(f"ModelConfig.dtype must be one of {_DTYPES}, got {self.dtype!r}")
+    if self.param_dtype not in ("",) + _DTYPES:
+      raise ValueError(f"ModelConfig.param_dtype must be '' (= dtype) or one of {_DTYPES}, got {self.param_dtype!r}")
 
   @property
   def jnp_dtype(self) -> jnp.dtype:
-    """The parameter/compute dtype as a jnp dtype."""
+    """The compute dtype as a jnp dtype."""
     return jnp.dtype(self.dtype)
+
+  @property
+  def jnp_param_dtype(self) -> jnp.dtype:
+    """The parameters' storage dtype as a jnp dtype (param_dtype, or dtype when it is "")."""
+    return jnp.dtype(self.param_dtype or self.dtype)
 
   @property
   def is_moe(self) -> bool:

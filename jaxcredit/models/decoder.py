@@ -345,7 +345,7 @@ def _single_query_attention(
 
 @functools.partial(jax.jit, static_argnums=1)
 def _random_params(key: jax.Array, cfg: ModelConfig) -> dict[str, Any]:
-  """Initial parameters: N(0, 0.02²) matrices, unit norm weights, in cfg.dtype.
+  """Initial parameters: N(0, 0.02²) matrices, unit norm weights, in cfg.param_dtype (cfg.dtype when "").
 
   One normal draw for all matrices, sliced: a separate draw per shape costs a PRNG compile per shape, which
   dominates start-up of small models on CPU.
@@ -363,18 +363,33 @@ def _random_params(key: jax.Array, cfg: ModelConfig) -> dict[str, Any]:
   sizes = [int(np.prod(shape)) for shape in dense.values()]
   flat = 0.02 * jax.random.normal(key, (sum(sizes),), jnp.float32)
   drawn = {
-    name: part.reshape(shape).astype(cfg.jnp_dtype)
+    name: part.reshape(shape).astype(cfg.jnp_param_dtype)
     for (name, shape), part in zip(dense.items(), jnp.split(flat, np.cumsum(sizes)[:-1]))
   }
   ones = {"attn_norm": (n, d), "mlp_norm": (n, d)}
   if cfg.qk_norm:
     ones.update(q_norm=(n, dh), k_norm=(n, dh))
   layers = {name: value for name, value in drawn.items() if name not in ("embedding", "lm_head")}
-  layers.update({name: jnp.ones(shape, cfg.jnp_dtype) for name, shape in ones.items()})
-  out = {"embedding": drawn["embedding"], "layers": layers, "final_norm": jnp.ones((d,), cfg.jnp_dtype)}
+  layers.update({name: jnp.ones(shape, cfg.jnp_param_dtype) for name, shape in ones.items()})
+  out = {"embedding": drawn["embedding"], "layers": layers, "final_norm": jnp.ones((d,), cfg.jnp_param_dtype)}
   if "lm_head" in drawn:
     out["lm_head"] = drawn["lm_head"]
   return out
+
+
+def compute_params(cfg: ModelConfig, tree: Any) -> Any:
+  """`tree`'s floating arrays cast to the compute dtype cfg.dtype (no-op for arrays already in it).
+
+  The forward pass reads every parameter through this, so parameters stored in float32 (cfg.param_dtype, the
+  master weights of mixed-precision training) run bfloat16 matmuls when cfg.dtype is bfloat16. Inside the
+  layer scan it casts one layer at a time: never a second full copy of the stack.
+  """
+  dtype = cfg.jnp_dtype
+
+  def cast(x):
+    return x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dtype else x
+
+  return jax.tree.map(cast, tree)
 
 
 class DecoderLayers(nnx.Module):
@@ -766,13 +781,16 @@ class Decoder(nnx.Module):
       mask_old_BxLxS = jnp.broadcast_to(old_mask_BxS[:, None, :], (b, l, window))
       mask_new_BxLxL = jnp.tril(jnp.ones((l, l), jnp.bool_))[None, :, :] & token_mask_BxL[:, None, :]
 
-    x_BxLxD = constrain(jnp.take(self.embedding[...], tokens_BxL, axis=0), ACTIVATION_AXES)
+    x_BxLxD = constrain(
+      compute_params(cfg, jnp.take(self.embedding[...], tokens_BxL, axis=0)), ACTIVATION_AXES
+    )  # gather, then cast: only the B·L rows are converted
     params = self.layers.stacked()
 
     if cache is None:
       impl = "full" if packed else attention_impl(cfg, l)
 
       def body(x_BxLxD, p):
+        p = compute_params(cfg, p)
         q_BxLxHxDh, k_BxLxKxDh, v_BxLxKxDh = _qkv(cfg, x_BxLxD, p, cos_BxLxDh, sin_BxLxDh)
         if impl == "chunked":
           attn_BxLxHxDh = chunked_causal_attention(
@@ -799,6 +817,7 @@ class Decoder(nnx.Module):
 
       def body(x_BxLxD, layer):
         p, k_cache_BxSxKxDh, v_cache_BxSxKxDh = layer
+        p = compute_params(cfg, p)
         q_BxLxHxDh, k_BxLxKxDh, v_BxLxKxDh = _qkv(cfg, x_BxLxD, p, cos_BxLxDh, sin_BxLxDh)
         k_new = k_BxLxKxDh.astype(k_cache_BxSxKxDh.dtype)
         v_new = v_BxLxKxDh.astype(v_cache_BxSxKxDh.dtype)
@@ -838,7 +857,7 @@ class Decoder(nnx.Module):
       k_NxBxSxKxDh = jax.lax.dynamic_update_slice(cache.k_NxBxSxKxDh, k_NxBxLxKxDh, start)
       v_NxBxSxKxDh = jax.lax.dynamic_update_slice(cache.v_NxBxSxKxDh, v_NxBxLxKxDh, start)
 
-    h_BxLxD = rms_norm(x_BxLxD, self.final_norm[...], cfg.rms_norm_eps)
+    h_BxLxD = rms_norm(x_BxLxD, compute_params(cfg, self.final_norm[...]), cfg.rms_norm_eps)
     if cache is None:
       return h_BxLxD, None
     return h_BxLxD, KVCache(
@@ -847,16 +866,18 @@ class Decoder(nnx.Module):
 
   def logits(self, h_BxLxD: jax.Array) -> jax.Array:
     """Float32 logits_BxLxV = h · embeddingᵀ (tied) or h · lm_head (untied); h may have any leading axes."""
+    tied = self.lm_head is None
+    head = compute_params(self.cfg, self.embedding[...] if tied else self.lm_head[...])
     if not _flatten_dots():
-      if self.lm_head is None:
-        return jnp.einsum("...d,vd->...v", h_BxLxD, self.embedding[...], preferred_element_type=jnp.float32)
-      return jnp.einsum("...d,dv->...v", h_BxLxD, self.lm_head[...], preferred_element_type=jnp.float32)
+      if tied:
+        return jnp.einsum("...d,vd->...v", h_BxLxD, head, preferred_element_type=jnp.float32)
+      return jnp.einsum("...d,dv->...v", h_BxLxD, head, preferred_element_type=jnp.float32)
     lead, d = h_BxLxD.shape[:-1], h_BxLxD.shape[-1]
     h_TxD = h_BxLxD.reshape(math.prod(lead), d)  # one matrix product (see `_dense`)
-    if self.lm_head is None:
-      logits_TxV = jnp.einsum("td,vd->tv", h_TxD, self.embedding[...], preferred_element_type=jnp.float32)
+    if tied:
+      logits_TxV = jnp.einsum("td,vd->tv", h_TxD, head, preferred_element_type=jnp.float32)
     else:
-      logits_TxV = jnp.einsum("td,dv->tv", h_TxD, self.lm_head[...], preferred_element_type=jnp.float32)
+      logits_TxV = jnp.einsum("td,dv->tv", h_TxD, head, preferred_element_type=jnp.float32)
     return logits_TxV.reshape(*lead, logits_TxV.shape[-1])
 
 
@@ -904,7 +925,7 @@ def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 def set_params(model: Decoder, params: Mapping[str, Any]) -> None:
-  """Replaces every parameter of `model` with the arrays in `params` (cast to cfg.dtype).
+  """Replaces every parameter of `model` with the arrays in `params` (cast to cfg.param_dtype, else cfg.dtype).
 
   Args:
     model: the decoder to update in place; may be abstract (from `nnx.eval_shape`), so that loading a
@@ -934,7 +955,7 @@ def set_params(model: Decoder, params: Mapping[str, Any]) -> None:
     actual = tuple(np.shape(flat[name]))
     if actual != shape:
       raise ValueError(f"parameter {name!r} has shape {actual}, expected {shape}")
-  dtype = model.cfg.jnp_dtype
+  dtype = model.cfg.jnp_param_dtype
   for name in expected:
     *parents, leaf = name.split("/")
     owner = model

@@ -334,10 +334,13 @@ _chunked_logp_entropy.defvjp(_chunked_logp_entropy_fwd, _chunked_logp_entropy_bw
 
 
 def _output_head_DxV(model) -> jax.Array:
-  """The model's output projection as [D, V]: lm_head, or the transposed embedding table when tied."""
+  """The model's output projection as [D, V] in the compute dtype: lm_head, or the transposed embedding table when
+  tied."""
+  from jaxcredit.models.decoder import compute_params
+
   if model.lm_head is None:
-    return model.embedding[...].T
-  return model.lm_head[...]
+    return compute_params(model.cfg, model.embedding[...]).T
+  return compute_params(model.cfg, model.lm_head[...])
 
 
 def _check_tokens_and_mask(tokens_BxL, token_mask_BxL) -> tuple[jax.Array, jax.Array]:

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxcredit.models.decoder import KVCache, init_cache
+from jaxcredit.models.decoder import KVCache, compute_params, init_cache
 from jaxcredit.sampling.logprobs import temperature_log_softmax
 
 FINISH_STOP_TOKEN = "stop_token"
@@ -361,8 +361,11 @@ class Sampler:
     if not all(_is_int(b) and b >= 1 for b in buckets) or list(buckets) != sorted(set(buckets)):
       raise ValueError(f"Sampler batch_buckets must be strictly increasing positive ints, got {batch_buckets!r}")
     self.batch_buckets = tuple(int(b) for b in buckets)
-    self._graphdef, self._state = nnx.split(model)
-    self._shardings = jax.tree.map(lambda x: x.sharding, self._state)
+    # The sampler only reads the parameters: it holds them in the compute dtype (float32 master weights of
+    # mixed-precision training are cast once per update, not read at 4 bytes per parameter every decode step).
+    self._graphdef, state = nnx.split(model)
+    self._shardings = jax.tree.map(lambda x: x.sharding, state)
+    self._state = compute_params(self.cfg, state)
     self._traces = collections.Counter()
     self._version = 0
     # Every counter present from the start (a metrics row then always has each key).
@@ -401,6 +404,7 @@ class Sampler:
             a new Sampler).
     """
     graphdef, state = nnx.split(model)
+    state = compute_params(self.cfg, state)
     if graphdef != self._graphdef:
       raise ValueError(
         "update_model: the model's graph differs from the one this Sampler was built with; "

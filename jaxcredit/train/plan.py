@@ -307,6 +307,7 @@ def _report(
       "num_layers": cfg.num_layers,
       "remat": cfg.remat,
       "dtype": cfg.dtype,
+      "param_dtype": cfg.param_dtype or cfg.dtype,
       "attention_impl": cfg.attention_impl,
       "moe_impl": cfg.moe_impl if cfg.is_moe else None,
     },
@@ -353,7 +354,7 @@ def format_report(r: Mapping[str, Any]) -> str:
   lines = [
     f"plan: {r['topology']} ({r['chips']} chips), mesh {r['mesh']} - {where}",
     f"  model: {_count(r['model']['num_params'])} params ({_count(r['model']['active_params'])} active), "
-    f"{r['model']['num_layers']} layers, {r['model']['dtype']}, remat={r['model']['remat']}, "
+    f"{r['model']['num_layers']} layers, {r['model']['dtype']} compute, {r['model'].get('param_dtype', r['model']['dtype'])} parameters, remat={r['model']['remat']}, "
     f"attention={r['model']['attention_impl']}" + (f", moe={r['model']['moe_impl']}" if r['model']['moe_impl'] else ""),
     f"  batch: {r['batch_size']} x {r['seq_len']} tokens = {r['tokens']:,} tokens/step, "
     f"{r['num_micro_batches']} micro-batch(es)",
@@ -433,8 +434,9 @@ def model_config_for(source: str, config=None) -> ModelConfig:
     from jaxcredit.train.trainer import model_overrides
 
     cfg = model_overrides(cfg, config)
-    if config.model.dtype:
-      cfg = dataclasses.replace(cfg, dtype=config.model.dtype)
+    if config.model.compute_dtype:
+      cfg = dataclasses.replace(cfg, dtype=config.model.compute_dtype)
+    cfg = dataclasses.replace(cfg, param_dtype=config.model.param_dtype)
   return cfg
 
 

@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from jaxcredit import sharding
 from jaxcredit.envs import EnvSpec, make_env_spec
 from jaxcredit.models import load, load_tokenizer, resolve_source
-from jaxcredit.models.decoder import param_logical_axes
+from jaxcredit.models.decoder import compute_params, param_logical_axes
 from jaxcredit.rollout.chat_format import ChatFormat
 from jaxcredit.rollout import jsonl as jsonl_lib
 from jaxcredit.rollout.multiturn import RolloutResult, build_demonstration, run_rollouts
@@ -53,9 +53,10 @@ class Run:
   mesh: Any
   tok: Any
   fmt: ChatFormat
+  model_cfg: Any  # the policy's ModelConfig (compute dtype cfg.dtype; parameters stored in cfg.param_dtype)
   graphdef: Any
   rest: Any
-  params: Any
+  params: Any  # the trained parameters (master weights), in model_cfg.param_dtype
   params_shardings: Any
   sampler: Sampler
   env: EnvSpec
@@ -111,7 +112,8 @@ def _load_teacher(config, mesh, tok, policy_cfg) -> passes_lib.Model | None:
     model, _ = load(
       path,
       cache_dir=cache_dir,
-      dtype=config.model.dtype or None,
+      dtype=config.model.compute_dtype or None,
+      param_dtype="",  # frozen: stored in the compute dtype, no master weights
       mesh=mesh,
       config_overrides=model_overrides_dict(config),
     )
@@ -159,7 +161,8 @@ def build(config: ml_collections.ConfigDict, *, write_config: bool = True) -> Ru
   model, _ = load(
     source,
     cache_dir=cache_dir,
-    dtype=config.model.dtype or None,
+    dtype=config.model.compute_dtype or None,
+    param_dtype=config.model.param_dtype,
     mesh=mesh,
     config_overrides=model_overrides_dict(config),
   )
@@ -177,6 +180,7 @@ def build(config: ml_collections.ConfigDict, *, write_config: bool = True) -> Ru
     mesh=mesh,
     tok=tok,
     fmt=ChatFormat.from_tokenizer(tok),
+    model_cfg=model.cfg,
     graphdef=graphdef,
     rest=rest,
     params=params,
@@ -389,6 +393,12 @@ def _loss_config(c: ml_collections.ConfigDict) -> step_lib.PolicyLossConfig:
   )
 
 
+def _reference_copy(run: Run, params):
+  """The frozen reference: a copy of `params` in the compute dtype (it is only read; float32 master weights need
+  no float32 reference)."""
+  return jax.tree_util.tree_map(jnp.copy, compute_params(run.model_cfg, params))
+
+
 def _fresh_start(run: Run, optimizer, opt_sh, data):
   """Eval, warm start, eval; then the reference and the step-0 checkpoint, written together: a reference left
   by a run that died before its step-0 checkpoint is removed first, so such a workdir always starts over."""
@@ -400,7 +410,7 @@ def _fresh_start(run: Run, optimizer, opt_sh, data):
     params = warm_start(run, params)
     if c.eval.after_sft:
       evaluate(run, params, "after_warm_start", 0)
-  ref_params = jax.tree_util.tree_map(jnp.copy, params)
+  ref_params = _reference_copy(run, params)
   run.ckpt.remove_reference()
   run.ckpt.save_reference(ref_params)
   opt_state = jax.jit(optimizer.init, out_shardings=opt_sh)(params)
@@ -507,7 +517,7 @@ def train(config: ml_collections.ConfigDict, *, sft_only: bool = False) -> dict:
       f"[jaxcredit] resumed from {run.ckpt.directory} at RL step {rl_step}"
       + (f" (dropped {dropped} metric rows past the checkpoint)" if dropped else "")
     )
-    ref_params = run.ckpt.restore_reference(run.params)
+    ref_params = run.ckpt.restore_reference(_reference_copy(run, run.params))
   else:
     params, opt_state, ref_params = _fresh_start(run, optimizer, opt_sh, data)
     rl_step = 0
@@ -827,7 +837,7 @@ def credit_file(config: ml_collections.ConfigDict, in_path: str, out_path: str) 
     if latest is not None:
       params = run.ckpt.restore_params(latest, run.params)
     if run.ckpt.has_reference():
-      ref_params = run.ckpt.restore_reference(run.params)
+      ref_params = run.ckpt.restore_reference(_reference_copy(run, run.params))
     run_passes(run, traj, results, tasks, params, ref_params, jax.random.key(c.seed))
   out = method.advantages(traj, c.credit[c.credit.method])
   credited = jsonl_lib.attach_credit(records, out.adv_BxL, out.turn_adv_BxT, method=c.credit.method)
