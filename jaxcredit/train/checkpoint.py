@@ -1,7 +1,9 @@
 """Resumable runs: orbax checkpoints of everything a resume needs, and the config-compatibility check.
 
 A checkpoint holds params, optimizer state and a JSON `meta` item (RL step, phase, data-iterator state,
-RNG key, metrics-row count). The frozen reference (the policy as RL starts) is written once to
+RNG key, metrics-row count). The warm start keeps its own checkpoints in `<workdir>/warm_start` (its step, data
+position and the demonstration RNG's state in `meta`), so a warm start stopped mid-way resumes where it stopped;
+they are removed once the step-0 RL checkpoint is written. The frozen reference (the policy as RL starts) is written once to
 `<workdir>/reference`, right before the step-0 checkpoint; a fresh start removes any reference a dead run left. `<workdir>/config.json` records the training config; a rerun whose training keys
 differ is refused before anything in the workdir is touched.
 """
@@ -126,32 +128,46 @@ class Checkpointer:
       self.directory,
       options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True, enable_async_checkpointing=False),
     )
+    self.warm_start_dir = os.path.abspath(os.path.join(workdir, "warm_start"))
+    self._warm_start = None
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
 
+  def _warm_start_manager(self) -> ocp.CheckpointManager:
+    if self._warm_start is None:
+      self._warm_start = ocp.CheckpointManager(
+        self.warm_start_dir,
+        options=ocp.CheckpointManagerOptions(max_to_keep=1, create=True, enable_async_checkpointing=False),
+      )
+    return self._warm_start
+
+  def latest_warm_start_step(self) -> int | None:
+    """The warm-start step of the latest warm-start checkpoint, or None."""
+    if not os.path.isdir(self.warm_start_dir):
+      return None
+    return self._warm_start_manager().latest_step()
+
+  def save_warm_start(self, step: int, params, opt_state, meta: dict) -> None:
+    _save(self._warm_start_manager(), step, params, opt_state, meta)
+
+  def restore_warm_start(self, step: int, params_like, opt_state_like) -> tuple[Any, Any, dict]:
+    return _restore(self._warm_start_manager(), step, params_like, opt_state_like)
+
+  def remove_warm_start(self) -> None:
+    """Removes the warm-start checkpoints (called once the step-0 RL checkpoint holds their result)."""
+    if self._warm_start is not None:
+      self._warm_start.close()
+      self._warm_start = None
+    if os.path.isdir(self.warm_start_dir):
+      shutil.rmtree(self.warm_start_dir)
+
   def save(self, step: int, params, opt_state, meta: dict) -> None:
-    self.manager.save(
-      step,
-      args=ocp.args.Composite(
-        params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state), meta=ocp.args.JsonSave(meta)
-      ),
-      force=True,
-    )
-    self.manager.wait_until_finished()
+    _save(self.manager, step, params, opt_state, meta)
 
   def restore(self, step: int, params_like, opt_state_like) -> tuple[Any, Any, dict]:
     """Restores into the structure and shardings of the given templates (arrays or ShapeDtypeStructs)."""
-    abstract = lambda t: jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, t)
-    out = self.manager.restore(
-      step,
-      args=ocp.args.Composite(
-        params=ocp.args.StandardRestore(abstract(params_like)),
-        opt_state=ocp.args.StandardRestore(abstract(opt_state_like)),
-        meta=ocp.args.JsonRestore(),
-      ),
-    )
-    return out["params"], out["opt_state"], out["meta"]
+    return _restore(self.manager, step, params_like, opt_state_like)
 
   def restore_params(self, step: int, params_like):
     """Restores only the parameters of a step (e.g. for `jaxcredit credit`)."""
@@ -176,3 +192,27 @@ class Checkpointer:
     abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, params_like)
     with ocp.StandardCheckpointer() as checkpointer:
       return checkpointer.restore(self.reference_dir, abstract)
+
+
+def _save(manager: ocp.CheckpointManager, step: int, params, opt_state, meta: dict) -> None:
+  manager.save(
+    step,
+    args=ocp.args.Composite(
+      params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state), meta=ocp.args.JsonSave(meta)
+    ),
+    force=True,
+  )
+  manager.wait_until_finished()
+
+
+def _restore(manager: ocp.CheckpointManager, step: int, params_like, opt_state_like) -> tuple[Any, Any, dict]:
+  abstract = lambda t: jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, t)
+  out = manager.restore(
+    step,
+    args=ocp.args.Composite(
+      params=ocp.args.StandardRestore(abstract(params_like)),
+      opt_state=ocp.args.StandardRestore(abstract(opt_state_like)),
+      meta=ocp.args.JsonRestore(),
+    ),
+  )
+  return out["params"], out["opt_state"], out["meta"]

@@ -266,14 +266,19 @@ def _env_metrics(run: Run, results) -> dict:
   return {f"env/{k}": float(v) for k, v in run.env.metrics([r.env for r in results]).items()}
 
 
-def warm_start(run: Run, params) -> Any:
-  """Supervised warm start on demonstrations from the training tasks (cross-entropy on action tokens)."""
+def warm_start(run: Run, params, stop: "StopRequests | None" = None) -> Any:
+  """Supervised warm start on demonstrations from the training tasks (cross-entropy on action tokens).
+
+  Checkpoints every `sft.checkpoint_every` steps, at its last step, and when `stop` has seen SIGTERM / Ctrl-C
+  (then raises `TrainingStopped`); a warm-start checkpoint in the workdir is resumed from: parameters, optimizer
+  state, the demonstration order and the demonstration RNG, so the later steps equal an uninterrupted run's.
+  """
   c = run.config
   optimizer = step_lib.make_optimizer(
     c.sft.learning_rate, warmup_steps=c.sft.warmup_steps, max_grad_norm=c.optim.max_grad_norm
   )
-  opt_state = optimizer.init(params)
   opt_sh = step_lib.opt_state_shardings(optimizer, params, run.params_shardings, run.mesh)
+  opt_state = jax.jit(optimizer.init, out_shardings=opt_sh)(params)
   update = step_lib.make_update_fn(
     step_lib.pg_token_loss,
     run.graphdef,
@@ -287,8 +292,21 @@ def warm_start(run: Run, params) -> Any:
   )
   data = _data_iterator(len(run.train_tasks), c.sft.batch_size, seed=c.seed + 1)
   rng = np.random.default_rng(c.seed)
-  params = jax.tree_util.tree_map(jnp.copy, params)  # the update donates its input
-  for s in _bar(c, iterable=range(1, c.sft.steps + 1), desc="warm start"):
+  start = run.ckpt.latest_warm_start_step()
+  if start is not None:
+    params, opt_state, meta = run.ckpt.restore_warm_start(start, params, opt_state)
+    data.set_state(meta["data_state"])
+    rng.bit_generator.state = meta["rng_state"]
+    dropped = run.writer.truncate_after("sft", start)
+    print(
+      f"[jaxcredit] warm start resumed from {run.ckpt.warm_start_dir} at step {start}"
+      + (f" (dropped {dropped} metric rows past it)" if dropped else "")
+    )
+  else:
+    start = 0
+    params = jax.tree_util.tree_map(jnp.copy, params)  # the update donates its input
+  bar = _bar(c, total=c.sft.steps, initial=start, desc="warm start")
+  for s in range(start + 1, c.sft.steps + 1):
     t0 = time.time()
     demos = [
       build_demonstration(run.tok, run.fmt, run.env.demonstration(run.train_tasks[int(i)], rng)) for i in next(data)
@@ -317,6 +335,16 @@ def warm_start(run: Run, params) -> Any:
         "step_s": dt,
       },
     )
+    bar.update(1)
+    stopped = stop is not None and stop.signum is not None
+    if s % c.sft.checkpoint_every == 0 or s == c.sft.steps or stopped:
+      meta = {"sft_step": s, "data_state": data.get_state(), "rng_state": rng.bit_generator.state, "phase": "sft"}
+      run.ckpt.save_warm_start(s, params, opt_state, meta)
+    if stopped:
+      bar.close()
+      run.writer.close()
+      raise TrainingStopped(stop.signum, s, run.ckpt.warm_start_dir, phase="warm-start")
+  bar.close()
   return params
 
 
@@ -399,15 +427,17 @@ def _reference_copy(run: Run, params):
   return jax.tree_util.tree_map(jnp.copy, compute_params(run.model_cfg, params))
 
 
-def _fresh_start(run: Run, optimizer, opt_sh, data):
+def _fresh_start(run: Run, optimizer, opt_sh, data, stop: "StopRequests | None" = None):
   """Eval, warm start, eval; then the reference and the step-0 checkpoint, written together: a reference left
-  by a run that died before its step-0 checkpoint is removed first, so such a workdir always starts over."""
+  by a run that died before its step-0 checkpoint is removed first, so such a workdir always starts over. A
+  warm start stopped mid-way resumes (its eval before is not repeated); its checkpoints go once step 0 is saved."""
   c = run.config
   params = run.params
-  if c.eval.before_sft and c.sft.steps > 0:
+  resuming_warm_start = run.ckpt.latest_warm_start_step() is not None
+  if c.eval.before_sft and c.sft.steps > 0 and not resuming_warm_start:
     evaluate(run, params, "before_warm_start", 0)
   if c.sft.steps > 0:
-    params = warm_start(run, params)
+    params = warm_start(run, params, stop)
     if c.eval.after_sft:
       evaluate(run, params, "after_warm_start", 0)
   ref_params = _reference_copy(run, params)
@@ -415,16 +445,18 @@ def _fresh_start(run: Run, optimizer, opt_sh, data):
   run.ckpt.save_reference(ref_params)
   opt_state = jax.jit(optimizer.init, out_shardings=opt_sh)(params)
   run.ckpt.save(0, params, opt_state, {"rl_step": 0, "data_state": data.get_state(), "phase": "rl", "seed": c.seed})
+  run.ckpt.remove_warm_start()
   return params, opt_state, ref_params
 
 
 class TrainingStopped(Exception):
-  """Raised by `train` after a SIGTERM or Ctrl-C during RL: the step in flight finished and was checkpointed."""
+  """Raised by `train` after a SIGTERM or Ctrl-C during the warm start or RL: the step in flight finished and was
+  checkpointed."""
 
-  def __init__(self, signum: int, rl_step: int, directory: str):
-    self.signum, self.rl_step, self.directory = signum, rl_step, directory
+  def __init__(self, signum: int, step: int, directory: str, *, phase: str = "RL"):
+    self.signum, self.step, self.phase, self.directory = signum, step, phase, directory
     super().__init__(
-      f"stopped by {signal.Signals(signum).name} after RL step {rl_step}, checkpointed in "
+      f"stopped by {signal.Signals(signum).name} after {phase} step {step}, checkpointed in "
       f"{directory}; the same command resumes from it"
     )
 
@@ -443,7 +475,7 @@ class StopRequests:
       raise KeyboardInterrupt
     self.signum = signum
     print(
-      f"\n[jaxcredit] {signal.Signals(signum).name}: finishing the RL step in flight, then saving a checkpoint "
+      f"\n[jaxcredit] {signal.Signals(signum).name}: finishing the step in flight, then saving a checkpoint "
       f"(send it again to stop at once)",
       flush=True,
     )
@@ -461,15 +493,23 @@ class StopRequests:
 
 
 def run_overview(
-  c: ml_collections.ConfigDict, *, resume_step: int | None, num_eval_tasks: int, sft_only: bool = False
+  c: ml_collections.ConfigDict,
+  *,
+  resume_step: int | None,
+  num_eval_tasks: int,
+  sft_only: bool = False,
+  warm_start_step: int | None = None,
 ) -> str:
   """The run's phases and their sizes, in order, as printed when training starts (each phase then has its own
-  progress bar). `resume_step` is the latest checkpoint's RL step, or None for a fresh run."""
+  progress bar). `resume_step` is the latest checkpoint's RL step, or None for a fresh run; `warm_start_step` the
+  latest warm-start checkpoint's step (a warm start stopped mid-way), or None."""
   phases = []
   if resume_step is None:
-    if c.eval.before_sft and c.sft.steps > 0:
+    if c.eval.before_sft and c.sft.steps > 0 and warm_start_step is None:
       phases.append(f"eval ({num_eval_tasks} held-out tasks)")
-    if c.sft.steps > 0:
+    if c.sft.steps > 0 and warm_start_step is not None:
+      phases.append(f"warm start steps {warm_start_step + 1}-{c.sft.steps} (resumed)")
+    elif c.sft.steps > 0:
       phases.append(f"warm start ({c.sft.steps} steps of {c.sft.batch_size} demonstrations)")
       if c.eval.after_sft:
         phases.append(f"eval ({num_eval_tasks})")
@@ -487,7 +527,12 @@ def run_overview(
     )
     if c.eval.at_end:
       phases.append(f"eval ({num_eval_tasks})")
-  where = "fresh run" if resume_step is None else f"resuming at RL step {resume_step}"
+  if resume_step is not None:
+    where = f"resuming at RL step {resume_step}"
+  elif warm_start_step is not None:
+    where = f"resuming the warm start at step {warm_start_step}"
+  else:
+    where = "fresh run"
   return f"[jaxcredit] {c.workdir}, {where}: " + " -> ".join(phases)
 
 
@@ -505,22 +550,35 @@ def train(config: ml_collections.ConfigDict, *, sft_only: bool = False) -> dict:
   loss_cfg = _loss_config(c)
   data = _data_iterator(len(run.train_tasks), c.rollout.prompts_per_step, seed=c.seed)
   latest = run.ckpt.latest_step()
-  print(run_overview(c, resume_step=latest, num_eval_tasks=len(run.eval_tasks), sft_only=sft_only))
-  if latest is not None:
-    params, opt_state, meta = run.ckpt.restore(
-      latest, run.params, jax.jit(optimizer.init, out_shardings=opt_sh)(run.params)
+  print(
+    run_overview(
+      c,
+      resume_step=latest,
+      num_eval_tasks=len(run.eval_tasks),
+      sft_only=sft_only,
+      warm_start_step=None if latest is not None else run.ckpt.latest_warm_start_step(),
     )
-    rl_step = int(meta["rl_step"])
-    data.set_state(meta["data_state"])
-    dropped = run.writer.truncate_after("rl", rl_step)
-    print(
-      f"[jaxcredit] resumed from {run.ckpt.directory} at RL step {rl_step}"
-      + (f" (dropped {dropped} metric rows past the checkpoint)" if dropped else "")
-    )
-    ref_params = run.ckpt.restore_reference(_reference_copy(run, run.params))
-  else:
-    params, opt_state, ref_params = _fresh_start(run, optimizer, opt_sh, data)
-    rl_step = 0
+  )
+  stop = StopRequests()
+  with stop:
+    if latest is not None:
+      params, opt_state, meta = run.ckpt.restore(
+        latest, run.params, jax.jit(optimizer.init, out_shardings=opt_sh)(run.params)
+      )
+      rl_step = int(meta["rl_step"])
+      data.set_state(meta["data_state"])
+      dropped = run.writer.truncate_after("rl", rl_step)
+      print(
+        f"[jaxcredit] resumed from {run.ckpt.directory} at RL step {rl_step}"
+        + (f" (dropped {dropped} metric rows past the checkpoint)" if dropped else "")
+      )
+      ref_params = run.ckpt.restore_reference(_reference_copy(run, run.params))
+    else:
+      params, opt_state, ref_params = _fresh_start(run, optimizer, opt_sh, data, stop)
+      rl_step = 0
+      if stop.signum is not None:  # a signal during the eval after the warm start: step 0 is checkpointed
+        run.writer.close()
+        raise TrainingStopped(stop.signum, 0, run.ckpt.directory)
   if sft_only:
     print(f"[jaxcredit] warm start done; checkpoint in {run.ckpt.directory}")
     run.writer.close()
@@ -539,7 +597,7 @@ def train(config: ml_collections.ConfigDict, *, sft_only: bool = False) -> dict:
   )
   ref_logp = step_lib.make_logp_fn(run.graphdef, run.rest, c.sampling.temperature) if c.loss.kl_coef > 0 else None
   bar = _bar(c, total=c.total_steps, initial=rl_step, desc="RL")
-  with StopRequests() as stop:
+  with stop:
     for rl_step in range(rl_step + 1, c.total_steps + 1):
       params, opt_state, row = rl_step_fn(run, params, opt_state, ref_params, data, update, ref_logp, rl_step)
       if not (np.isfinite(row["loss"]) and np.isfinite(row["grad_norm"])):

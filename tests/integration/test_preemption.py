@@ -1,5 +1,6 @@
-"""SIGTERM (a preempted TPU VM) or Ctrl-C during RL: the step in flight finishes and is checkpointed, the command
-exits with one line (0 for SIGTERM, 130 for Ctrl-C), and the same command resumes after that step."""
+"""SIGTERM (a preempted TPU VM) or Ctrl-C during the warm start or RL: the step in flight finishes and is
+checkpointed, the command exits with one line (0 for SIGTERM, 130 for Ctrl-C), and the same command resumes after
+that step; the resumed run's later metrics equal those of a run that was never stopped."""
 
 import json
 import os
@@ -15,15 +16,15 @@ from tests.models.test_gguf import CFG, random_params, write_gguf
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _command(tmp_path, gguf_path, total_steps):
+def _command(tmp_path, gguf_path, total_steps, *, workdir="run", command="train", sft_steps=0):
   return [
     sys.executable,
     "-m",
     "jaxcredit.cli",
-    "train",
+    command,
     "--config",
     "configs/quickstart.py",
-    f"--config.workdir={tmp_path}/run",
+    f"--config.workdir={tmp_path}/{workdir}",
     f"--config.model.source={gguf_path}",
     f"--config.model.cache_dir={tmp_path}/converted",
     "--config.compilation_cache_dir=",
@@ -36,7 +37,9 @@ def _command(tmp_path, gguf_path, total_steps):
     "--config.sampling.chunk_size=3",
     "--config.rollout.prompts_per_step=2",
     "--config.rollout.group_size=2",
-    "--config.sft.steps=0",
+    f"--config.sft.steps={sft_steps}",
+    "--config.sft.batch_size=2",
+    "--config.sft.checkpoint_every=1000",
     "--config.train.length_bucket=256",
     "--config.eval.before_sft=False",
     "--config.eval.after_sft=False",
@@ -44,11 +47,29 @@ def _command(tmp_path, gguf_path, total_steps):
   ]
 
 
-def _rl_steps(tmp_path):
-  path = tmp_path / "run" / "metrics.jsonl"
+def _rows(tmp_path, phase, workdir="run"):
+  path = tmp_path / workdir / "metrics.jsonl"
   if not path.is_file():
     return []
-  return [r["step"] for r in map(json.loads, path.read_text().splitlines()) if r["phase"] == "rl"]
+  return [r for r in map(json.loads, path.read_text().splitlines()) if r["phase"] == phase]
+
+
+def _rl_steps(tmp_path):
+  return [r["step"] for r in _rows(tmp_path, "rl")]
+
+
+def _stop_when(proc, ready, signum):
+  deadline = time.time() + 600
+  while not ready() and proc.poll() is None and time.time() < deadline:
+    time.sleep(0.5)
+  assert proc.poll() is None, proc.communicate()[1][-3000:]
+  proc.send_signal(signum)
+  return proc.communicate(timeout=600)[1]
+
+
+def _same(a, b, keys):
+  for k in keys:
+    assert a[k] == pytest.approx(b[k], rel=1e-6, abs=1e-9), (k, a[k], b[k])
 
 
 @pytest.mark.slow
@@ -59,12 +80,7 @@ def test_a_signal_during_rl_checkpoints_the_step_and_the_run_resumes(tmp_path, s
   proc = subprocess.Popen(
     _command(tmp_path, gguf_path, 1000), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
   )
-  deadline = time.time() + 600
-  while not _rl_steps(tmp_path) and proc.poll() is None and time.time() < deadline:
-    time.sleep(1)
-  assert proc.poll() is None, proc.communicate()[1][-3000:]
-  proc.send_signal(signum)
-  _, err = proc.communicate(timeout=600)
+  err = _stop_when(proc, lambda: _rl_steps(tmp_path), signum)
   assert proc.returncode == code, err[-3000:]
   assert "Traceback" not in err, err[-3000:]
   last = err.strip().splitlines()[-1]
@@ -79,3 +95,56 @@ def test_a_signal_during_rl_checkpoints_the_step_and_the_run_resumes(tmp_path, s
   assert p.returncode == 0, p.stderr[-3000:]
   assert f"resuming at RL step {steps[-1]}" in p.stdout
   assert _rl_steps(tmp_path) == steps + [steps[-1] + 1]
+  if signum == signal.SIGTERM:  # the resumed step equals the same step of a run never stopped
+    p = subprocess.run(
+      _command(tmp_path, gguf_path, steps[-1] + 1, workdir="uninterrupted"),
+      cwd=ROOT,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=600,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    resumed, straight = _rows(tmp_path, "rl")[-1], _rows(tmp_path, "rl", "uninterrupted")[-1]
+    assert resumed["step"] == straight["step"] == steps[-1] + 1
+    _same(resumed, straight, ("loss", "grad_norm", "reward_mean", "tool_calls"))
+
+
+@pytest.mark.slow
+def test_sigterm_during_the_warm_start_resumes_it_mid_way(tmp_path):
+  gguf_path = write_gguf(tmp_path / "tiny.gguf", "llama", CFG, random_params(CFG))
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  sft = dict(command="sft", sft_steps=8)
+  proc = subprocess.Popen(
+    _command(tmp_path, gguf_path, 1, **sft),
+    cwd=ROOT,
+    env=env,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
+  err = _stop_when(proc, lambda: _rows(tmp_path, "sft"), signal.SIGTERM)
+  assert proc.returncode == 0, err[-3000:]
+  assert "Traceback" not in err, err[-3000:]
+  stopped = _rows(tmp_path, "sft")[-1]["step"]
+  assert 1 <= stopped < 8, stopped
+  last = err.strip().splitlines()[-1]
+  assert last.startswith(f"jaxcredit sft: stopped by SIGTERM after warm-start step {stopped}, checkpointed in "), last
+  assert os.listdir(tmp_path / "run" / "warm_start") == [str(stopped)]
+  assert not (tmp_path / "run" / "checkpoints").is_dir() or not os.listdir(tmp_path / "run" / "checkpoints")
+
+  p = subprocess.run(_command(tmp_path, gguf_path, 1, **sft), cwd=ROOT, env=env, capture_output=True, text=True)
+  assert p.returncode == 0, p.stderr[-3000:]
+  assert f"resuming the warm start at step {stopped}" in p.stdout
+  rows = _rows(tmp_path, "sft")
+  assert [r["step"] for r in rows] == list(range(1, 9))
+  assert os.listdir(tmp_path / "run" / "checkpoints") == ["0"] and not (tmp_path / "run" / "warm_start").exists()
+
+  p = subprocess.run(
+    _command(tmp_path, gguf_path, 1, workdir="uninterrupted", **sft), cwd=ROOT, env=env, capture_output=True, text=True
+  )
+  assert p.returncode == 0, p.stderr[-3000:]
+  straight = _rows(tmp_path, "sft", "uninterrupted")
+  for a, b in zip(rows, straight):  # every step, those after the resume included, equals the uninterrupted run's
+    assert a["step"] == b["step"]
+    _same(a, b, ("loss", "grad_norm", "action_tokens"))
