@@ -9,6 +9,11 @@ Every parameter and the main activations carry logical axis names (`jaxcredit.mo
 divide the dimension is dropped for that array (it is replicated over that axis instead), and a mesh axis is
 used at most once per array. Override rules with `config.sharding_rules` (a dict name -> axis, tuple or None).
 
+The table in force is a value, not a module global: `use_rules(table)` makes it active for the code (and the
+traces) inside its `with` block, in this thread and context only; outside any block the defaults apply. So a
+policy and a teacher may each carry their own table (`config.teacher.sharding_rules`), and functions that take a
+`rules=` argument (`logical_to_spec`, `param_shardings`, `batch_sharding`, `shard_batch`) need no context at all.
+
     logical name        mesh axes                   used by
     batch               (data, fsdp, expert)        leading axis of every batch array
     activation_batch    (data, fsdp, expert)        activations' batch axis
@@ -32,6 +37,8 @@ used at most once per array. Override rules with `config.sharding_rules` (a dict
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 from typing import Any, Mapping, Sequence
 
@@ -64,7 +71,33 @@ RULES: dict[str, Any] = {
   "norm": None,
 }
 
-_active_rules: dict[str, Any] = dict(RULES)
+_rules_in_force: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+  "jaxcredit_sharding_rules", default=None
+)
+
+
+def active_rules() -> dict[str, Any]:
+  """The table in force: the innermost `use_rules` block's, else RULES."""
+  rules = _rules_in_force.get()
+  return dict(RULES) if rules is None else rules
+
+
+@contextlib.contextmanager
+def use_rules(rules: Mapping[str, Any] | None):
+  """Makes a table the one in force inside the block (traces included: a jitted function traced inside it
+  constrains its activations by this table). `rules` is a resolved table or overrides of RULES (None: RULES).
+
+  jit caches a trace by function and argument types, not by table: a function already traced under one table
+  keeps it. Give each table its own function (a closure per model, as the trainer's passes and samplers are).
+
+  Raises:
+    ValueError: for an unknown logical name or mesh axis (see `resolve_rules`).
+  """
+  token = _rules_in_force.set(resolve_rules(rules))
+  try:
+    yield active_rules()
+  finally:
+    _rules_in_force.reset(token)
 
 
 def make_mesh(shape: Mapping[str, int], devices=None) -> Mesh:
@@ -125,13 +158,6 @@ def resolve_rules(overrides: Mapping[str, Any] | None) -> dict[str, Any]:
   return rules
 
 
-def set_rules(overrides: Mapping[str, Any] | None) -> dict[str, Any]:
-  """Makes `resolve_rules(overrides)` the active table (None restores the defaults); returns it."""
-  global _active_rules
-  _active_rules = resolve_rules(overrides)
-  return _active_rules
-
-
 def _as_tuple(axes) -> tuple[str, ...]:
   if axes is None:
     return ()
@@ -149,7 +175,7 @@ def logical_to_spec(
   Each dimension takes the mesh axes its logical name maps to, keeping only axes of size > 1 that are not used by
   an earlier dimension and whose product still divides the dimension.
   """
-  rules = _active_rules if rules is None else rules
+  rules = active_rules() if rules is None else rules
   if len(logical) != len(shape):
     raise ValueError(f"logical axes {tuple(logical)} do not match shape {tuple(shape)}")
   used: set[str] = set()
@@ -180,20 +206,24 @@ def constrain(x: jax.Array, logical: Sequence[str | None]) -> jax.Array:
   return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
 
-def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
-  """Leading axis over the batch axes, the rest replicated."""
-  return NamedSharding(mesh, P(_batch_axes(mesh), *([None] * (ndim - 1))))
+def batch_sharding(mesh: Mesh, ndim: int, rules: Mapping[str, Any] | None = None) -> NamedSharding:
+  """Leading axis over the batch axes (the table's `batch` entry; default: the table in force), the rest
+  replicated."""
+  return NamedSharding(mesh, P(_batch_axes(mesh, rules), *([None] * (ndim - 1))))
 
 
-def _batch_axes(mesh: Mesh) -> tuple[str, ...]:
-  return tuple(a for a in _as_tuple(_active_rules["batch"]) if a in mesh.shape)
+def _batch_axes(mesh: Mesh, rules: Mapping[str, Any] | None = None) -> tuple[str, ...]:
+  rules = active_rules() if rules is None else rules
+  return tuple(a for a in _as_tuple(rules["batch"]) if a in mesh.shape)
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 
 
-def param_shardings(params, mesh: Mesh, logical_axes: Mapping[str, tuple] | None = None):
+def param_shardings(
+  params, mesh: Mesh, logical_axes: Mapping[str, tuple] | None = None, rules: Mapping[str, Any] | None = None
+):
   """NamedShardings for a parameter pytree (an nnx.State or nested dict of the decoder's parameters).
 
   Args:
@@ -201,6 +231,7 @@ def param_shardings(params, mesh: Mesh, logical_axes: Mapping[str, tuple] | None
     mesh: the mesh.
     logical_axes: parameter path -> logical axes (`jaxcredit.models.decoder.param_logical_axes(cfg)`); default:
       derived from the leaf path and rank (`default_logical_axes`).
+    rules: the logical -> mesh axes table (default: the table in force, `use_rules`).
 
   Raises:
     ValueError: a parameter whose path is not in the table.
@@ -222,18 +253,19 @@ def param_shardings(params, mesh: Mesh, logical_axes: Mapping[str, tuple] | None
           break
     if logical is None:
       logical = default_logical_axes(name, np.ndim(x))
-    return NamedSharding(mesh, logical_to_spec(logical, np.shape(x), mesh_shape))
+    return NamedSharding(mesh, logical_to_spec(logical, np.shape(x), mesh_shape, rules))
 
   return jax.tree_util.tree_map_with_path(one, params)
 
 
-def shard_batch(batch, mesh: Mesh):
-  """Places every array of a batch pytree with its leading axis over the batch axes.
+def shard_batch(batch, mesh: Mesh, rules: Mapping[str, Any] | None = None):
+  """Places every array of a batch pytree with its leading axis over the batch axes (of `rules`; default: the table
+  in force).
 
   Raises:
     ValueError: if a leading axis is not divisible by the data-parallel size.
   """
-  dp = math.prod(mesh.shape[a] for a in _batch_axes(mesh))
+  dp = math.prod(mesh.shape[a] for a in _batch_axes(mesh, rules))
 
   def put(x):
     x = np.asarray(x)
@@ -244,6 +276,6 @@ def shard_batch(batch, mesh: Mesh):
         f"batch axis {x.shape[0]} is not divisible by the data-parallel size {dp} "
         f"(config.mesh data*fsdp*expert); change the number of rollouts per step"
       )
-    return jax.device_put(x, batch_sharding(mesh, x.ndim))
+    return jax.device_put(x, batch_sharding(mesh, x.ndim, rules))
 
   return jax.tree_util.tree_map(put, batch)

@@ -93,6 +93,9 @@ def base_config() -> ml_collections.ConfigDict:
   # The teacher of the dense methods' passes (docs/teacher-passes.md).
   c.teacher = ml_collections.ConfigDict()
   c.teacher.source = ""  # "" = the method's default; "policy", "reference", "smollm2", or a checkpoint
+  # A teacher checkpoint's own sharding table (overrides of the defaults, as config.sharding_rules): its
+  # parameters are placed by it and its passes run with it; "policy" / "reference" teachers use the policy's.
+  c.teacher.sharding_rules = ml_collections.ConfigDict(sharding.rules_to_config())
   c.teacher.max_context_tokens = 128  # a longer context is cut from its start (the end is kept)
   c.teacher.max_len = 512  # the teacher's sequence budget; a rollout that does not fit loses its pass
   c.teacher.context_wrapper = DEFAULT_CONTEXT_WRAPPER  # appended to the last user message; {context} = the text
@@ -137,6 +140,10 @@ def base_config() -> ml_collections.ConfigDict:
 def validate(c: ml_collections.ConfigDict) -> None:
   """Checks values a user can get wrong; raises ValueError naming the key and the fix."""
   sharding.resolve_rules(dict(c.sharding_rules))
+  try:
+    sharding.resolve_rules(dict(c.teacher.sharding_rules))
+  except ValueError as e:
+    raise ValueError(str(e).replace("config.sharding_rules", "config.teacher.sharding_rules")) from None
   choices_model = {
     "model.compute_dtype": (c.model.compute_dtype, ("", "float32", "bfloat16", "float16")),
     "model.param_dtype": (c.model.param_dtype, ("", "float32", "bfloat16", "float16")),

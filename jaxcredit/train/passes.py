@@ -24,13 +24,14 @@ Adding a pass is one function `(PassContext, Trajectory) -> dict` and one row.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import numpy as np
 
-from jaxcredit import credit
+from jaxcredit import credit, sharding
 from jaxcredit.plain_text import encode_chat, encode_plain
 from jaxcredit.rollout.multiturn import transcript
 from jaxcredit.sampling import SamplingParams
@@ -52,6 +53,7 @@ class Model:
   graphdef: Any
   rest: Any
   params: Any
+  rules: Any = None  # its sharding table (`jaxcredit.sharding.use_rules`); None: the table in force
 
 
 @dataclasses.dataclass
@@ -110,17 +112,21 @@ class PassFns:
         student_rest=None if student is None else student.rest,
       ),
     )
-    return self._under_mesh(fn)
+    return self._under_mesh(fn, teacher.rules)
 
   def gold(self, model: Model):
     """(params, packed arrays...) -> gold log-probs at temperature 1 (step.make_packed_gold_fn), under the mesh."""
     return self._under_mesh(
-      self._get(("gold", id(model.graphdef)), lambda: step_lib.make_packed_gold_fn(model.graphdef, model.rest))
+      self._get(("gold", id(model.graphdef)), lambda: step_lib.make_packed_gold_fn(model.graphdef, model.rest)),
+      model.rules,
     )
 
-  def _under_mesh(self, fn):
+  def _under_mesh(self, fn, rules=None):
+    """`fn` called under the mesh and, when given, the model's own sharding table (its trace constrains the
+    activations by it; inside a teacher pass the student's forward follows the teacher's table too)."""
+
     def call(*args):
-      with jax.set_mesh(self.mesh):
+      with jax.set_mesh(self.mesh), contextlib.nullcontext() if rules is None else sharding.use_rules(rules):
         return fn(*args)
 
     return call

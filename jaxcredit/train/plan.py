@@ -449,7 +449,11 @@ def run_plan(config, topology: str, mesh_spec: str) -> dict[str, Any]:
   from jaxcredit.train.config import validate
 
   validate(config)
-  sharding.set_rules(dict(config.sharding_rules))
+  with sharding.use_rules(dict(config.sharding_rules)):
+    return _run_plan(config, topology, mesh_spec)
+
+
+def _run_plan(config, topology: str, mesh_spec: str) -> dict[str, Any]:
   cfg = model_config_for(config.model.source, config)
   mesh = parse_mesh(mesh_spec)
   generation, chips = parse_topology(topology)

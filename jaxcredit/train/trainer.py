@@ -54,6 +54,7 @@ class Run:
   tok: Any
   fmt: ChatFormat
   model_cfg: Any  # the policy's ModelConfig (compute dtype cfg.dtype; parameters stored in cfg.param_dtype)
+  rules: dict  # the policy's sharding table (config.sharding_rules), in force while the run trains
   graphdef: Any
   rest: Any
   params: Any  # the trained parameters (master weights), in model_cfg.param_dtype
@@ -131,8 +132,9 @@ def _load_teacher(config, mesh, tok, policy_cfg) -> passes_lib.Model | None:
       f"({policy_cfg.vocab_size} rows). A teacher must share the policy's tokenizer."
     )
   graphdef, params, rest = step_lib.split_model(model)
-  params = jax.device_put(params, sharding.param_shardings(params, mesh, param_logical_axes(model.cfg)))
-  return passes_lib.Model(graphdef, rest, params)
+  rules = sharding.resolve_rules(dict(config.teacher.sharding_rules))
+  params = jax.device_put(params, sharding.param_shardings(params, mesh, param_logical_axes(model.cfg), rules))
+  return passes_lib.Model(graphdef, rest, params, rules=rules)
 
 
 def build(config: ml_collections.ConfigDict, *, write_config: bool = True) -> Run:
@@ -145,7 +147,7 @@ def build(config: ml_collections.ConfigDict, *, write_config: bool = True) -> Ru
     jax.config.update("jax_compilation_cache_dir", os.path.expanduser(config.compilation_cache_dir))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
   logging.getLogger("math_verify").setLevel(logging.ERROR)  # its "timeout disabled" notice: we bound inputs
-  sharding.set_rules(dict(config.sharding_rules))
+  rules = sharding.resolve_rules(dict(config.sharding_rules))
   mesh = sharding.make_mesh(dict(config.mesh))
   cache_dir = config.model.cache_dir or None
   source = resolve_source(config.model.source)
@@ -169,9 +171,10 @@ def build(config: ml_collections.ConfigDict, *, write_config: bool = True) -> Ru
   tok = load_tokenizer(source, cache_dir=cache_dir)
   print(f"[jaxcredit] model {config.model.source} loaded in {time.time() - t0:.1f}s")
   graphdef, params, rest = step_lib.split_model(model)
-  p_sh = sharding.param_shardings(params, mesh, param_logical_axes(model.cfg))
+  p_sh = sharding.param_shardings(params, mesh, param_logical_axes(model.cfg), rules)
   params = jax.device_put(params, p_sh)
-  sampler = _make_sampler(config, model, tok)
+  with sharding.use_rules(rules):
+    sampler = _make_sampler(config, model, tok)
   teacher = _load_teacher(config, mesh, tok, model.cfg)
   if write_config:
     ckpt_lib.check_or_write_config(config.workdir, config.to_dict())
@@ -181,6 +184,7 @@ def build(config: ml_collections.ConfigDict, *, write_config: bool = True) -> Ru
     tok=tok,
     fmt=ChatFormat.from_tokenizer(tok),
     model_cfg=model.cfg,
+    rules=rules,
     graphdef=graphdef,
     rest=rest,
     params=params,
@@ -537,9 +541,18 @@ def run_overview(
 
 
 def train(config: ml_collections.ConfigDict, *, sft_only: bool = False) -> dict:
-  """Runs (or resumes) the whole job. Returns the last eval metrics (or {})."""
+  """Runs (or resumes) the whole job. Returns the last eval metrics (or {}).
+
+  Everything runs with the policy's sharding table (config.sharding_rules) in force (`sharding.use_rules`); a
+  teacher checkpoint's passes run with its own (config.teacher.sharding_rules).
+  """
   run = build(config)
-  c = config
+  with sharding.use_rules(run.rules):
+    return _train(run, sft_only)
+
+
+def _train(run: Run, sft_only: bool) -> dict:
+  c = config = run.config
   optimizer = step_lib.make_optimizer(
     c.optim.learning_rate,
     warmup_steps=c.optim.warmup_steps,
@@ -896,7 +909,8 @@ def credit_file(config: ml_collections.ConfigDict, in_path: str, out_path: str) 
       params = run.ckpt.restore_params(latest, run.params)
     if run.ckpt.has_reference():
       ref_params = run.ckpt.restore_reference(_reference_copy(run, run.params))
-    run_passes(run, traj, results, tasks, params, ref_params, jax.random.key(c.seed))
+    with sharding.use_rules(run.rules):
+      run_passes(run, traj, results, tasks, params, ref_params, jax.random.key(c.seed))
   out = method.advantages(traj, c.credit[c.credit.method])
   credited = jsonl_lib.attach_credit(records, out.adv_BxL, out.turn_adv_BxT, method=c.credit.method)
   jsonl_lib.write_jsonl(out_path, credited)
