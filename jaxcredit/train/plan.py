@@ -158,6 +158,80 @@ def abstract_step(
   return update, (params, opt_state, batch)
 
 
+def _shard_bytes(tree) -> int:
+  """Per-device bytes of a pytree of sharded ShapeDtypeStructs (the largest shard; shards are equal here)."""
+  total = 0
+  for leaf in jax.tree_util.tree_leaves(tree):
+    total += math.prod(leaf.sharding.shard_shape(leaf.shape)) * np.dtype(leaf.dtype).itemsize
+  return total
+
+
+def _abstract_params(cfg: ModelConfig, mesh, dtype, rules=None):
+  abstract_model = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
+  _, params, _ = step_lib.split_model(abstract_model)
+  p_sh = sharding.param_shardings(params, mesh, param_logical_axes(cfg), rules)
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, dtype, sharding=s), params, p_sh)
+
+
+def rl_step_memory(
+  cfg: ModelConfig,
+  mesh,
+  *,
+  rollouts: int,
+  cache_len: int,
+  teacher_cfg: ModelConfig | None = None,
+  teacher_rules=None,
+) -> dict[str, int]:
+  """Per-device bytes of what an RL step keeps on the chips besides the update's own arguments and temporaries.
+
+  Args:
+    cfg: the policy (parameters stored in cfg.param_dtype, computed in cfg.dtype).
+    mesh: the mesh.
+    rollouts: rollouts sampled per step (prompts_per_step x group_size): the KV cache's batch.
+    cache_len: the sampler's cache slots per rollout (max_len + prompt_bucket + chunk_size).
+    teacher_cfg: a teacher checkpoint's model, when the method loads one; its own table `teacher_rules`.
+
+  Returns:
+    policy_bytes (master weights), optimizer_bytes (AdamW moments and count), sampler_weights_bytes (the
+    sampler's compute-dtype copy; 0 when the parameters are stored in it), reference_bytes (the frozen reference,
+    compute dtype; the trainer always keeps one), teacher_bytes, kv_cache_bytes (keys and values of every layer
+    for the rollouts, sharded over the batch axes and the kv heads over tensor where they divide), each per
+    device.
+  """
+  compute = jnp.dtype(cfg.dtype)
+  masters = _abstract_params(cfg, mesh, cfg.jnp_param_dtype)
+  p_sh = jax.tree.map(lambda x: x.sharding, masters)
+  optimizer = step_lib.make_optimizer(1e-6)
+  opt_sh = step_lib.opt_state_shardings(optimizer, masters, p_sh, mesh)
+  opt_state = jax.tree.map(
+    lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), jax.eval_shape(optimizer.init, masters), opt_sh
+  )
+  reference = _abstract_params(cfg, mesh, compute)
+  teacher = 0
+  if teacher_cfg is not None:
+    teacher = _shard_bytes(_abstract_params(teacher_cfg, mesh, jnp.dtype(teacher_cfg.dtype), teacher_rules))
+  kv_shape = (cfg.num_layers, rollouts, cache_len, cfg.num_kv_heads, cfg.head_dim)
+  kv_spec = sharding.logical_to_spec(
+    ("layers", "activation_batch", "activation_length", "activation_kv_heads", "head_dim"), kv_shape, dict(mesh.shape)
+  )
+  kv = jax.ShapeDtypeStruct(kv_shape, compute, sharding=jax.sharding.NamedSharding(mesh, kv_spec))
+  return {
+    "policy_bytes": _shard_bytes(masters),
+    "optimizer_bytes": _shard_bytes(opt_state),
+    "sampler_weights_bytes": 0 if cfg.jnp_param_dtype == compute else _shard_bytes(reference),
+    "reference_bytes": _shard_bytes(reference),
+    "teacher_bytes": teacher,
+    "kv_cache_bytes": 2 * _shard_bytes(kv),
+  }
+
+
+def attention_flops(cfg: ModelConfig, batch_size: int, seq_len: int) -> float:
+  """Training FLOPs of causal attention's two matrix products (QKᵀ and PV), forward and backward, for a step of
+  batch_size x seq_len tokens: 6 · layers · heads · head_dim · seq_len · tokens (2 FLOPs per multiply-add, two
+  products, causal halving, backward twice the forward). Not in 6·N·tokens; at 32k tokens Qwen3-4B's is 1.2x it."""
+  return 6.0 * cfg.num_layers * cfg.num_heads * cfg.head_dim * seq_len * batch_size * seq_len
+
+
 def plan_step(
   cfg: ModelConfig,
   *,
@@ -168,6 +242,7 @@ def plan_step(
   num_micro_batches: int = 1,
   step_time_s: float | None = None,
   devices=None,
+  rl: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
   """Compiles the training step for `topology` and reports memory, FLOPs and the MFU a step time implies.
 
@@ -180,6 +255,8 @@ def plan_step(
     num_micro_batches: gradient-accumulation micro-batches inside the step.
     step_time_s: an assumed step time, for the implied MFU (default: none).
     devices: override the devices (tests); default `topology_devices(topology)`.
+    rl: the rest of the RL step, `rl_step_memory`'s keyword arguments (rollouts, cache_len, teacher_cfg,
+      teacher_rules); the report then names each part resident on a chip and the RL step's peak.
 
   Returns:
     A dict: topology, chips, is_tpu (False: simulated CPU mesh, an estimate), mesh, per-device memory bytes
@@ -217,6 +294,7 @@ def plan_step(
     raise ValueError(
       f"batch_size {batch_size} must divide by data*fsdp*expert ({dp}) x micro-batches ({num_micro_batches})"
     )
+  rl_parts = rl_step_memory(cfg, m, **rl) if rl is not None else None
   t0 = time.time()
   update, args = abstract_step(cfg, m, batch_size=batch_size, seq_len=seq_len, num_micro_batches=num_micro_batches)
   lowered = update.lower(*args)
@@ -246,6 +324,7 @@ def plan_step(
       flops=float("nan"),
       compile_s=time.time() - t0,
       refused=" ".join(str(e).split())[:400],
+      rl_parts=rl_parts,
     )
   compile_s = time.time() - t0
   mem = compiled.memory_analysis()
@@ -268,6 +347,7 @@ def plan_step(
     temporaries=int(mem.temp_size_in_bytes),
     flops=float(cost.get("flops", float("nan"))) if cost else float("nan"),
     compile_s=compile_s,
+    rl_parts=rl_parts,
   )
 
 
@@ -290,6 +370,7 @@ def _report(
   flops,
   compile_s,
   refused=None,
+  rl_parts=None,
 ) -> dict[str, Any]:
   peak = arguments + outputs - aliased + temporaries if refused is None else temporaries
   tokens = batch_size * seq_len
@@ -329,10 +410,30 @@ def _report(
   }
   if refused is not None:
     report["compiler_refused"] = refused
+  attn = attention_flops(cfg, batch_size, seq_len)
+  report["attention_flops_per_device"] = attn / n
+  peak_flops = n * CHIPS[generation]["peak_flops"]
   if step_time_s:
     report["step_time_s"] = step_time_s
-    report["mfu"] = model_flops / (step_time_s * n * CHIPS[generation]["peak_flops"])
-  report["step_time_at_mfu_1.0_s"] = model_flops / (n * CHIPS[generation]["peak_flops"])
+    report["mfu"] = model_flops / (step_time_s * peak_flops)
+    report["mfu_with_attention"] = (model_flops + attn) / (step_time_s * peak_flops)
+  report["step_time_at_mfu_1.0_s"] = model_flops / peak_flops
+  report["step_time_with_attention_at_mfu_1.0_s"] = (model_flops + attn) / peak_flops
+  if rl_parts is not None:
+    # During the update: its own peak (the policy and optimizer state are its arguments) plus what stays resident
+    # beside it. During sampling: everything resident plus the KV cache of all rollouts.
+    beside = rl_parts["sampler_weights_bytes"] + rl_parts["reference_bytes"] + rl_parts["teacher_bytes"]
+    resident = rl_parts["policy_bytes"] + rl_parts["optimizer_bytes"] + beside
+    update_phase = (peak if refused is None else temporaries + resident - beside) + beside
+    sampling_phase = resident + rl_parts["kv_cache_bytes"]
+    rl_peak = max(update_phase, sampling_phase)
+    report["rl_step"] = {
+      **rl_parts,
+      "update_phase_bytes": update_phase,
+      "sampling_phase_bytes": sampling_phase,
+      "peak_bytes": rl_peak,
+      "fits": refused is None and rl_peak <= hbm,
+    }
   return report
 
 
@@ -377,8 +478,25 @@ def format_report(r: Mapping[str, Any]) -> str:
   if "mfu" in r:
     lines.append(
       f"  a {r['step_time_s']:.2f} s step would be {100 * r['mfu']:.1f}% MFU "
-      f"({r['peak_flops_per_chip'] / 1e12:.0f} TFLOP/s bf16 peak per chip)"
+      f"({r['peak_flops_per_chip'] / 1e12:.0f} TFLOP/s bf16 peak per chip); "
+      f"{100 * r['mfu_with_attention']:.1f}% counting attention's FLOPs"
     )
+  if "attention_flops_per_device" in r:
+    lines.append(
+      f"  attention FLOPs per device {r['attention_flops_per_device']:.3e} "
+      f"({r['attention_flops_per_device'] / r['model_flops_per_device']:.2f}x 6*N*tokens): step at 100% with "
+      f"attention {r['step_time_with_attention_at_mfu_1.0_s']:.2f} s (at 40%: "
+      f"{r['step_time_with_attention_at_mfu_1.0_s'] / 0.4:.2f} s)"
+    )
+  if "rl_step" in r:
+    q = r["rl_step"]
+    lines += [
+      f"  RL step per device: policy {_gib(q['policy_bytes'])}, optimizer {_gib(q['optimizer_bytes'])}, "
+      f"sampler weights {_gib(q['sampler_weights_bytes'])}, reference {_gib(q['reference_bytes'])}, "
+      f"teacher {_gib(q['teacher_bytes'])}, KV cache {_gib(q['kv_cache_bytes'])}",
+      f"  RL step peak {_gib(q['peak_bytes'])} (update {_gib(q['update_phase_bytes'])}, sampling "
+      f"{_gib(q['sampling_phase_bytes'])}) of {_gib(r['hbm_bytes'])}: {'FITS' if q['fits'] else 'DOES NOT FIT'}",
+    ]
   lines.append(
     f"  compiled in {r['compile_s']:.1f} s. XLA's FLOP count takes each loop body once (the scanned "
     f"layers, attention blocks, micro-batches): use 6*N*tokens for MFU"
@@ -394,7 +512,6 @@ def model_config_for(source: str, config=None) -> ModelConfig:
     ValueError / FileNotFoundError: a source that names no model.
   """
   import json
-  from pathlib import Path
 
   from jaxcredit.models import presets
 
@@ -464,6 +581,20 @@ def _run_plan(config, topology: str, mesh_spec: str) -> dict[str, Any]:
     dp = mesh["data"] * mesh.get("fsdp", 1) * mesh.get("expert", 1)
   batch = int(config.plan.batch_size) or dp * micro
   seq_len = int(config.plan.seq_len) or int(config.sampling.max_len)
+  from jaxcredit.train.config import teacher_source
+  from jaxcredit.train.methods import METHODS
+
+  teacher = teacher_source(config)
+  teacher_cfg = None
+  if METHODS[config.credit.method].teacher is not None and teacher not in ("", "policy", "reference"):
+    teacher_cfg = model_config_for(teacher, config)
+    teacher_cfg = dataclasses.replace(teacher_cfg, param_dtype="")  # frozen: stored in its compute dtype
+  rl = {
+    "rollouts": batch,  # the plan's batch is the step's rollouts, sampled then trained on
+    "cache_len": seq_len + int(config.sampling.prompt_bucket) + int(config.sampling.chunk_size),
+    "teacher_cfg": teacher_cfg,
+    "teacher_rules": sharding.resolve_rules(dict(config.teacher.sharding_rules)),
+  }
   report = plan_step(
     cfg,
     topology=topology,
@@ -472,6 +603,7 @@ def _run_plan(config, topology: str, mesh_spec: str) -> dict[str, Any]:
     seq_len=seq_len,
     num_micro_batches=micro,
     step_time_s=float(config.plan.step_time_s) or None,
+    rl=rl,
   )
   print(format_report(report))
   return report

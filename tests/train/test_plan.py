@@ -39,12 +39,7 @@ TINY_MOE = ModelConfig(
 )
 
 
-def _shard_bytes(tree) -> int:
-  total = 0
-  for leaf in jax.tree_util.tree_leaves(tree):
-    shape = leaf.sharding.shard_shape(leaf.shape)
-    total += math.prod(shape) * np.dtype(leaf.dtype).itemsize
-  return total
+_shard_bytes = plan._shard_bytes  # per-device bytes of sharded ShapeDtypeStructs
 
 
 def test_parse_topology_and_mesh():
@@ -191,3 +186,57 @@ def test_plan_without_libtpu_simulates_the_chips_on_cpu_and_says_so():
   proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "ESTIMATE" in proc.stdout and "simulated mesh of CPU devices" in proc.stdout
+
+
+@needs_libtpu
+def test_the_rl_step_names_every_resident_part():
+  """Float32 masters with bfloat16 compute: the update's arguments are masters + moments + batch; beside them sit
+  the sampler's bfloat16 copy and the bfloat16 reference, and during sampling the KV cache of every rollout."""
+  import dataclasses
+
+  cfg = dataclasses.replace(TINY_MOE, param_dtype="float32")
+  teacher = dataclasses.replace(TINY_MOE, num_layers=3)
+  rl = {"rollouts": 8, "cache_len": 300, "teacher_cfg": teacher}
+  report = plan.plan_step(cfg, topology="v5p:2x2x2", mesh={"fsdp": 2, "expert": 4}, batch_size=8, seq_len=256, rl=rl)
+  q = report["rl_step"]
+  devices, _ = plan.topology_devices("v5p:2x2x2")
+  from jaxcredit import sharding
+
+  mesh = sharding.make_mesh(report["mesh"], devices)
+  _, (params, opt_state, batch) = plan.abstract_step(cfg, mesh, batch_size=8, seq_len=256)
+  assert {x.dtype for x in jax.tree_util.tree_leaves(params)} == {np.dtype("float32")}
+  assert q["policy_bytes"] == _shard_bytes(params)
+  assert q["optimizer_bytes"] == _shard_bytes(opt_state)
+  assert q["optimizer_bytes"] >= 2 * q["policy_bytes"]  # two float32 moments per float32 master
+  # bfloat16 copies of the same shards: half the masters.
+  assert q["reference_bytes"] == q["sampler_weights_bytes"] == q["policy_bytes"] // 2
+  assert report["argument_bytes"] >= q["policy_bytes"] + q["optimizer_bytes"] + _shard_bytes(batch)
+  # The teacher: 3 of TINY_MOE's layers where the policy has 2, plus the same embedding and head.
+  per_layer = (q["reference_bytes"] - _layerless_bytes(cfg, mesh)) // 2
+  assert q["teacher_bytes"] == _layerless_bytes(cfg, mesh) + 3 * per_layer
+  # Keys and values of 2 layers x 8 rollouts x 300 slots x 2 kv heads x 64, bfloat16, rollouts over fsdp x expert.
+  assert q["kv_cache_bytes"] == 2 * 2 * 8 * 300 * 2 * 64 * 2 // 8
+  beside = q["sampler_weights_bytes"] + q["reference_bytes"] + q["teacher_bytes"]
+  assert q["update_phase_bytes"] == report["peak_bytes"] + beside
+  assert q["peak_bytes"] == max(q["update_phase_bytes"], q["sampling_phase_bytes"])
+
+
+def _layerless_bytes(cfg, mesh) -> int:
+  """Per-device bfloat16 bytes of the embedding, final norm and head (the parameters outside the layer stack)."""
+  import dataclasses
+
+  one = plan._shard_bytes(plan._abstract_params(dataclasses.replace(cfg, num_layers=1), mesh, np.dtype("bfloat16")))
+  two = plan._shard_bytes(plan._abstract_params(dataclasses.replace(cfg, num_layers=2), mesh, np.dtype("bfloat16")))
+  return one - (two - one)
+
+
+def test_attention_flops_are_counted_apart():
+  from jaxcredit.models.presets import preset
+
+  cfg = preset("qwen3-4b")
+  attn = plan.attention_flops(cfg, 32, 32768)
+  assert attn == 6 * 36 * 32 * 128 * 32768 * 32 * 32768
+  # At 32k tokens attention's FLOPs exceed the 6·N·tokens of Qwen3-4B's weights (the issue's "about half" of the
+  # total), so an MFU without them understates the work by more than half.
+  ratio = attn / (6 * cfg.num_params(active=True) * 32 * 32768)
+  assert 1.1 < ratio < 1.3, ratio
