@@ -28,8 +28,13 @@ PLOTTED = (
   "hsd_peers_found_frac",
   "gear_spikes_per_rollout",
   "tokens_per_s",
+  "tokens_per_s_per_chip",
+  "mfu",
   "eval_success_rate",
 )
+
+# The parts of an RL step's time, drawn in one panel ("step_s split").
+STEP_SPLIT = ("rollout_s", "passes_s", "credit_s", "update_s")
 
 
 def _clean(v: Any) -> Any:
@@ -102,6 +107,17 @@ class MetricsWriter:
       self._tb.close()
 
 
+def curve_panels(rows: list[dict]) -> list[str]:
+  """The panels `plot_curves` draws for these rows: the warm-start loss, every PLOTTED metric some RL row has, the
+  evals, and the split of the step's time when the rows carry it."""
+  rl = [r for r in rows if r.get("phase") == "rl"]
+  panels = [k for k in PLOTTED if any(isinstance(r.get(k), (int, float)) for r in rl)]
+  panels = ["sft_loss"] + panels + ["eval_success_rate"]
+  if any(isinstance(r.get("rollout_s"), (int, float)) for r in rl):
+    panels.append("step_s split")
+  return panels
+
+
 def plot_curves(workdir: str, rows: list[dict]) -> str:
   """Writes `<workdir>/curves.png`: one panel per plotted metric, RL rows against step, eval markers."""
   import matplotlib
@@ -112,8 +128,7 @@ def plot_curves(workdir: str, rows: list[dict]) -> str:
   rl = [r for r in rows if r.get("phase") == "rl"]
   sft = [r for r in rows if r.get("phase") == "sft"]
   ev = [r for r in rows if r.get("phase") == "eval"]
-  panels = [k for k in PLOTTED if any(isinstance(r.get(k), (int, float)) for r in rl)]
-  panels = ["sft_loss"] + panels + ["eval_success_rate"]
+  panels = curve_panels(rows)
   cols = 4
   nrows = -(-len(panels) // cols)
   fig, axes = plt.subplots(nrows, cols, figsize=(4 * cols, 3 * nrows), squeeze=False)
@@ -122,6 +137,14 @@ def plot_curves(workdir: str, rows: list[dict]) -> str:
       xs = [r["step"] for r in sft if "loss" in r]
       ax.plot(xs, [r["loss"] for r in sft if "loss" in r], marker=".")
       ax.set_xlabel("warm-start step")
+    elif name == "step_s split":
+      for key in STEP_SPLIT:
+        pts = [(r["step"], r[key]) for r in rl if isinstance(r.get(key), (int, float))]
+        if pts:
+          ax.plot(*zip(*pts), marker=".", label=key[:-2])
+      ax.legend(fontsize=7)
+      ax.set_xlabel("RL step")
+      ax.set_ylabel("seconds")
     elif name == "eval_success_rate":
       labels = [r.get("stage", str(r["step"])) for r in ev]
       ax.bar(range(len(ev)), [r.get("success_rate", 0.0) for r in ev])

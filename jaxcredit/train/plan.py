@@ -46,6 +46,25 @@ CHIPS = {
 }
 
 
+# jax's device_kind -> the CHIPS row (what a running TPU reports itself as).
+DEVICE_KINDS = {
+  "TPU v4": "v4",
+  "TPU v5 lite": "v5e",
+  "TPU v5e": "v5e",
+  "TPU v5": "v5p",
+  "TPU v5p": "v5p",
+  "TPU v6 lite": "v6e",
+  "TPU v6e": "v6e",
+}
+
+
+def peak_flops_per_chip(device_kind: str) -> float | None:
+  """Dense bf16 peak FLOP/s of one chip of this jax `device_kind` ("TPU v5p", "TPU v5 lite", ...), or None for a
+  kind not in the table (CPUs, GPUs): then no MFU is reported."""
+  generation = DEVICE_KINDS.get(device_kind)
+  return None if generation is None else CHIPS[generation]["peak_flops"]
+
+
 def parse_topology(topology: str) -> tuple[str, int]:
   """'v5p:4x4x4' -> ('v5p', 64 chips).
 

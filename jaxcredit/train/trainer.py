@@ -691,6 +691,19 @@ def run_passes(run: Run, traj, results, tasks, params, ref_params, key) -> dict:
   return row
 
 
+def _throughput(run: Run, tokens: int, step_s: float) -> dict:
+  """tokens_per_s_per_chip (the step's real tokens over its whole time, per device of the mesh) and, on a chip
+  kind with a known peak (`plan.peak_flops_per_chip`), mfu = 6·N_active·tokens / (step time · chips · peak)."""
+  from jaxcredit.train.plan import peak_flops_per_chip
+
+  chips = run.mesh.size
+  out = {"tokens_per_s_per_chip": tokens / max(step_s, 1e-9) / chips}
+  peak = peak_flops_per_chip(run.mesh.devices.flat[0].device_kind)
+  if peak is not None:
+    out["mfu"] = 6 * run.model_cfg.num_params(active=True) * tokens / (max(step_s, 1e-9) * chips * peak)
+  return out
+
+
 def rl_step_fn(run: Run, params, opt_state, ref_params, data, update, ref_logp, rl_step: int):
   """One RL step: rollouts, passes, advantages, update. Returns (params, opt_state, metrics row)."""
   c = run.config
@@ -716,6 +729,7 @@ def rl_step_fn(run: Run, params, opt_state, ref_params, data, update, ref_logp, 
   )
   t1 = time.time()
   pass_row = run_passes(run, traj, results, tasks, params, ref_params, jax.random.fold_in(key, 1))
+  t_passes = time.time() - t1
   out = method.advantages(traj, c.credit[c.credit.method])
   t_score = time.time() - t1
   t2 = time.time()
@@ -760,10 +774,13 @@ def rl_step_fn(run: Run, params, opt_state, ref_params, data, update, ref_logp, 
     "tokens": int(traj.token_mask_BxL.sum()),
     "tokens_per_s": float(traj.token_mask_BxL.sum() / max(t_update, 1e-9)),
     "rollout_s": t_roll,
+    "passes_s": t_passes,
+    "credit_s": t_score - t_passes,
     "score_s": t_score,
     "update_s": t_update,
     "step_s": time.time() - t0,
   }
+  row.update(_throughput(run, row["tokens"], row["step_s"]))
   row.update(_env_metrics(run, results))
   row.update(sampler_stats)  # prefill_tokens, decode_tokens, extends, rebuilds of this step's rollouts
   if traj.unit_mask_BxU.shape[1] > 1:
