@@ -366,7 +366,8 @@ def _plan(command: str, args: list[str]) -> int:
   if _wants_help(args):
     if not any(a == "--config" or a.startswith("--config=") for a in rest):
       print(
-        _command_help(command) + "\n\n  --topology  a TPU topology, e.g. v5p:4x4x4 or v5e:4x4 (required)\n"
+        _command_help(command)
+        + "\n\n  --topology  a TPU topology, e.g. v5p:4x4x4 or v5e:4x4 (default: config.plan.topology)\n"
         "  --mesh      mesh axis sizes, e.g. fsdp=16,tensor=4; `data` takes the chips the named axes leave\n"
         "  --json      also write the report to this file\n\n"
         "  libtpu: TPU_LIBRARY_PATH (python tools/install_libtpu.py installs one into .libtpu) or the `tpu`\n"
@@ -374,18 +375,28 @@ def _plan(command: str, args: list[str]) -> int:
       )
       return 0
     return _load_config(command, rest)
-  if "topology" not in own:
-    print("jaxcredit plan: --topology is required (e.g. v5p:4x4x4)", file=sys.stderr)
-    return 2
   from jaxcredit.train.plan import (
     libtpu_library_path,
     parse_mesh,
     parse_topology,
-  )  # no jax import at module level before here
+  )  # no jax backend starts before the XLA_FLAGS below
 
+  config = _load_config(command, rest)
+  if isinstance(config, int):
+    return config
+  # The pod: the flags, else the one the config states (config.plan.topology / config.plan.mesh).
+  own.setdefault("topology", config.plan.topology)
+  if "mesh" not in own or not own["mesh"]:
+    own["mesh"] = config.plan.mesh
+  if not own["topology"]:
+    print(
+      "jaxcredit plan: --topology is required (e.g. v5p:4x4x4), or config.plan.topology in the config",
+      file=sys.stderr,
+    )
+    return 2
   try:
     _, chips = parse_topology(own["topology"])
-    parse_mesh(own.get("mesh", ""))
+    parse_mesh(own["mesh"])
   except ValueError as e:
     print(f"jaxcredit plan: {e}", file=sys.stderr)
     return 2
@@ -396,9 +407,6 @@ def _plan(command: str, args: list[str]) -> int:
     os.environ["XLA_FLAGS"] = (
       os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={chips}"
     ).strip()
-  config = _load_config(command, rest)
-  if isinstance(config, int):
-    return config
   json_file = None
   if "json" in own:  # opened before the compile, so that a bad path costs nothing
     try:
@@ -409,7 +417,7 @@ def _plan(command: str, args: list[str]) -> int:
   from jaxcredit.train import plan
 
   try:
-    report = plan.run_plan(config, own["topology"], own.get("mesh", ""))
+    report = plan.run_plan(config, own["topology"], own["mesh"])
   except (ValueError, FileNotFoundError) as e:
     print(f"jaxcredit plan: error: {_one_line(e)}", file=sys.stderr)
     if json_file is not None:

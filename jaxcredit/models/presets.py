@@ -60,13 +60,18 @@ PRESETS: dict[str, ModelConfig] = {
 }
 
 
+# Hub ids whose config.json a preset is: `jaxcredit plan` sizes these without fetching anything (a training run
+# still downloads the weights). A pinned revision (`@...`) is not mapped: its config may differ.
+HUB_IDS = {"Qwen/Qwen3-0.6B": "qwen3-0.6b", "Qwen/Qwen3-4B": "qwen3-4b", "Qwen/Qwen3-30B-A3B": "qwen3-30b-a3b"}
+
+
 def preset(name: str, **overrides) -> ModelConfig:
   """The ModelConfig of a published model by name, with fields replaced by `overrides`.
 
   Raises:
     ValueError: an unknown name (the known ones are listed).
   """
-  key = name.lower().removeprefix("preset:")
+  key = HUB_IDS.get(name, name.lower().removeprefix("preset:"))
   if key not in PRESETS:
     raise ValueError(f"unknown model preset {name!r}; known: {sorted(PRESETS)}")
   return dataclasses.replace(PRESETS[key], **overrides)

@@ -53,6 +53,8 @@ def base_config() -> ml_collections.ConfigDict:
 
   # `jaxcredit plan` (ahead-of-time compile for a TPU topology): 0 = take it from the training keys.
   c.plan = ml_collections.ConfigDict()
+  c.plan.topology = ""  # the pod this config is sized for, e.g. "v5p:2x4x4" (`jaxcredit plan` default)
+  c.plan.mesh = ""  # its mesh, e.g. "fsdp=32" (`jaxcredit plan --mesh` default)
   c.plan.batch_size = 0  # sequences per step (0: one per data-parallel shard)
   c.plan.seq_len = 0  # tokens per sequence (0: sampling.max_len)
   c.plan.step_time_s = 0.0  # an assumed step time, to print the MFU it implies (0: skip)
@@ -134,6 +136,57 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval.before_sft = True
   c.eval.after_sft = True
   c.eval.at_end = True
+  return c
+
+
+def pod_config(
+  *, method: str, model: str, topology: str, mesh: str, max_len: int, prompts: int, group: int
+) -> ml_collections.ConfigDict:
+  """A base config sized for a TPU pod (the paper-scale configs in configs/paper/ start from it).
+
+  A Hub-id model with float32 master weights and bfloat16 compute, remat, splash/chunked attention; `prompts` x
+  `group` rollouts of up to `max_len` tokens per step, trained with one rollout per data-parallel chip per
+  micro-batch; no warm start (RL starts from the released checkpoint); config.plan states the pod, so that
+  `jaxcredit plan --config X` compiles the step for it without flags.
+
+  Args:
+    method: a METHODS name. model: a Hub id (its shapes for `plan` come from jaxcredit.models.presets.HUB_IDS).
+    topology: e.g. "v5p:2x4x4". mesh: e.g. "fsdp=32" (`jaxcredit plan --mesh`'s syntax).
+    max_len: the sampler's and the teacher's sequence budget, and the plan's sequence length.
+    prompts, group: rollout.prompts_per_step and rollout.group_size.
+
+  Raises:
+    ValueError: a malformed topology or mesh.
+  """
+  from jaxcredit.train.plan import parse_mesh, parse_topology
+
+  _, chips = parse_topology(topology)
+  axes = parse_mesh(mesh)
+  c = base_config()
+  c.workdir = f"runs/{method}_{model.split('/')[-1].lower()}"
+  c.credit.method = method
+  c.model.source = model
+  c.model.compute_dtype = "bfloat16"
+  c.model.param_dtype = "float32"
+  c.model.remat = True
+  c.model.attention_impl = "auto"  # splash on TPU at multiples of 128 tokens, else chunked
+  c.model.attention_chunk = 1024
+  c.mesh.fsdp = axes.get("fsdp", 1)
+  c.mesh.expert = axes.get("expert", 1)
+  c.mesh.tensor = axes.get("tensor", 1)
+  c.mesh.data = -1  # the chips the other axes leave
+  c.rollout.prompts_per_step = prompts
+  c.rollout.group_size = group
+  c.sampling.max_len = max_len
+  c.teacher.max_len = max_len
+  c.train.length_bucket = 1024
+  c.optim.learning_rate = 1e-6
+  c.sft.steps = 0
+  c.plan.topology = topology
+  c.plan.mesh = mesh
+  c.plan.seq_len = max_len
+  c.plan.batch_size = prompts * group  # the step's rollouts
+  c.train.num_micro_batches = max(prompts * group // (chips // axes.get("tensor", 1)), 1)
   return c
 
 

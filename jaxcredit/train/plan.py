@@ -534,8 +534,8 @@ def model_config_for(source: str, config=None) -> ModelConfig:
 
   from jaxcredit.models import presets
 
-  if source.startswith("preset:") or source.lower() in presets.PRESETS:
-    cfg = presets.preset(source)
+  if source.startswith("preset:") or source.lower() in presets.PRESETS or source in presets.HUB_IDS:
+    cfg = presets.preset(source)  # a Hub id in presets.HUB_IDS: its config.json, without a download
   else:
     from jaxcredit.models import resolve_source
 

@@ -1,0 +1,25 @@
+"""CrEST on Qwen3-4B, BFCL V3 multi-turn (each user request a verified unit), sized for a v5p-32 (16 chips,
+fsdp=16).
+
+Paper: CrEST (docs/credit.md, "CrEST"); its title is not on record here. BFCL multi-turn and Qwen3 follow the
+method's description; the rest is our choice: 16 sessions x 8 rollouts, 16k-token sessions, the privileged
+self-teacher seeing every request's ground-truth calls (1024 tokens), AdamW 1e-6.
+
+  jaxcredit plan --config configs/paper/crest_qwen3_4b_bfcl.py
+"""
+
+from jaxcredit.train.config import pod_config
+
+
+def get_config():
+  c = pod_config(
+    method="crest", model="Qwen/Qwen3-4B", topology="v5p:2x2x4", mesh="fsdp=16", max_len=16384, prompts=16, group=8
+  )
+  c.env.name = "bfcl_multi_turn"
+  c.env.num_train_tasks = 719
+  c.env.bfcl_multi_turn.max_turns = 12
+  c.env.bfcl_multi_turn.max_steps_per_unit = 4
+  c.env.bfcl_multi_turn.max_output_chars = 2000
+  c.sampling.max_new_tokens = 1024
+  c.teacher.max_context_tokens = 1024
+  return c
