@@ -173,8 +173,7 @@ def build(config: ml_collections.ConfigDict, *, write_config: bool = True) -> Ru
   graphdef, params, rest = step_lib.split_model(model)
   p_sh = sharding.param_shardings(params, mesh, param_logical_axes(model.cfg), rules)
   params = jax.device_put(params, p_sh)
-  with sharding.use_rules(rules):
-    sampler = _make_sampler(config, model, tok)
+  sampler = _make_sampler(config, model, tok)  # traced at its first generate, inside train's use_rules block
   teacher = _load_teacher(config, mesh, tok, model.cfg)
   if write_config:
     ckpt_lib.check_or_write_config(config.workdir, config.to_dict())
