@@ -31,6 +31,9 @@ RUN_LENGTH_KEYS = (
   "progress",
   "tensorboard",
   "compilation_cache_dir",
+  "log_rollouts_every",
+  "log_rollouts_count",
+  "sft.checkpoint_every",
 )
 
 

@@ -83,6 +83,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.rollout.prompts_per_step = 2  # P groups per RL step
   c.rollout.group_size = 4  # G rollouts per prompt
   c.rollout.export_jsonl = False  # write each step's rollouts, credited, to workdir/rollouts/step_N.jsonl
+  # Every N RL steps (0: never), the step's first log_rollouts_count rollouts with their advantages and every
+  # pass output (per token where the pass has one value per token) to workdir/rollout_samples/step_N.jsonl.
+  c.log_rollouts_every = 0
+  c.log_rollouts_count = 4
 
   c.credit = ml_collections.ConfigDict()
   c.credit.method = "trace"  # a name in jaxcredit.train.methods.METHODS
@@ -231,14 +235,18 @@ def validate(c: ml_collections.ConfigDict) -> None:
     "train.num_micro_batches",
     "train.ppo_epochs",
     "sft.batch_size",
+    "sft.checkpoint_every",
     "eval.batch_size",
     "env.num_train_tasks",
+    "log_rollouts_count",
   ):
     v = c
     for part in key.split("."):
       v = v[part]
     if int(v) < 1:
       raise ValueError(f"config.{key} must be >= 1, got {v}")
+  if int(c.log_rollouts_every) < 0:
+    raise ValueError(f"config.log_rollouts_every must be >= 0 (0: never), got {c.log_rollouts_every}")
   if c.sft.steps < 0:
     raise ValueError(f"config.sft.steps must be >= 0, got {c.sft.steps}")
   _validate_env_keys(c)

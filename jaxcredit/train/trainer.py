@@ -804,14 +804,31 @@ def rl_step_fn(run: Run, params, opt_state, ref_params, data, update, ref_logp, 
       out,
       rollout_ids=[f"step{rl_step}_{i}" for i in range(len(results))],
     )
+  if c.log_rollouts_every and rl_step % c.log_rollouts_every == 0 and jax.process_index() == 0:
+    export_rollouts(
+      run,
+      os.path.join(c.workdir, "rollout_samples", f"step_{rl_step}.jsonl"),
+      results,
+      tasks,
+      traj,
+      out,
+      rollout_ids=[f"step{rl_step}_{i}" for i in range(len(results))],
+      rows=range(min(c.log_rollouts_count, len(results))),
+      with_passes=True,
+    )
   return params, opt_state, row
 
 
-def export_rollouts(run: Run, path: str, results, tasks, traj, out, *, rollout_ids) -> None:
+def export_rollouts(
+  run: Run, path: str, results, tasks, traj, out, *, rollout_ids, rows=None, with_passes: bool = False
+) -> None:
   """Writes rollouts as JSONL (jaxcredit/rollout/jsonl.py; docs/rollouts-jsonl.md), with the advantages computed for
-  them: one line per rollout, its group id the index of its prompt group."""
+  them: one line per rollout, its group id the index of its prompt group. `rows`: which rollouts (default all);
+  `with_passes`: also every pass output of each rollout under metadata["passes"] (`pass_outputs_of`)."""
+  rows = range(len(results)) if rows is None else list(rows)
   records = []
-  for i, (res, task) in enumerate(zip(results, tasks)):
+  for i in rows:
+    res, task = results[i], tasks[i]
     records.append(
       jsonl_lib.rollout_to_record(
         res,
@@ -820,11 +837,41 @@ def export_rollouts(run: Run, path: str, results, tasks, traj, out, *, rollout_i
         unit_rewards=[float(x) for x in traj.unit_rewards_BxU[i][traj.unit_mask_BxU[i]]],
         task_id=_task_id(task),
         tools=run.env.tools(task) if run.env.tools is not None else None,
+        metadata={"passes": pass_outputs_of(traj, i)} if with_passes else None,
       )
     )
-  records = jsonl_lib.attach_credit(records, out.adv_BxL, out.turn_adv_BxT, method=run.config.credit.method)
+  turn_adv = None if out.turn_adv_BxT is None else out.turn_adv_BxT[list(rows)]
+  records = jsonl_lib.attach_credit(records, out.adv_BxL[list(rows)], turn_adv, method=run.config.credit.method)
   os.makedirs(os.path.dirname(path), exist_ok=True)
   jsonl_lib.write_jsonl(path, records)
+
+
+def pass_outputs_of(traj, i: int) -> dict:
+  """Rollout i's share of every pass output (`traj.passes[name][key]`), as JSON values: row i of each array or list
+  with one entry per rollout, per-token rows (`*_BxL`) cut to the rollout's tokens, non-finite numbers as None.
+  Outputs that are not per rollout are left out."""
+  b, n = traj.tokens_BxL.shape[0], int(traj.token_mask_BxL[i].sum())
+  out: dict = {}
+  for name, outputs in traj.passes.items():
+    row: dict = {}
+    for key, value in outputs.items():
+      if isinstance(value, (list, tuple)) and len(value) == b:
+        v = value[i]
+        row[key] = v if isinstance(v, (str, int, float, bool, type(None))) else str(v)
+        continue
+      array = np.asarray(value) if isinstance(value, np.ndarray) or hasattr(value, "shape") else None
+      if array is None or array.ndim == 0 or array.shape[0] != b:
+        continue
+      x = array[i]
+      if key.endswith("_BxL") and x.ndim >= 1:
+        x = x[:n]
+      if np.issubdtype(x.dtype, np.floating):
+        x = np.where(np.isfinite(x), x, np.nan).astype(np.float64)
+        row[key] = np.where(np.isnan(x), None, x).tolist() if x.ndim else (float(x) if np.isfinite(x) else None)
+      else:
+        row[key] = x.tolist()
+    out[name] = row
+  return out
 
 
 def _task_id(task) -> str | None:

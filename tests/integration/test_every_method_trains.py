@@ -9,6 +9,7 @@ import os
 import numpy as np
 import pytest
 
+from jaxcredit.rollout import jsonl as jsonl_lib
 from jaxcredit.train import trainer
 from jaxcredit.train.methods import METHODS, Method, MethodOutput
 
@@ -61,6 +62,7 @@ def _rl_rows(workdir):
 @pytest.mark.parametrize("name", sorted(METHODS))
 def test_method_trains_two_steps(name, tiny, tmp_path):
   c = _config(name, tmp_path / name, tiny)
+  c.log_rollouts_every, c.log_rollouts_count = 2, 3
   trainer.train(c)
   rows = _rl_rows(c.workdir)
   assert [r["step"] for r in rows] == [1, 2]
@@ -73,6 +75,17 @@ def test_method_trains_two_steps(name, tiny, tmp_path):
     # decoded once, unless a turn did not fit the cache and was prefilled again.
     assert r["sampler_prefill_tokens"] + r["sampler_decode_tokens"] == r["tokens"] or r["sampler_rebuilds"] > 0
   assert sorted(os.listdir(os.path.join(c.workdir, "checkpoints")))[-1] == "2"
+  # Rollout samples: step 2's first 3 rollouts, credited, with every pass output (per-token ones per token).
+  assert os.listdir(os.path.join(c.workdir, "rollout_samples")) == ["step_2.jsonl"]
+  samples = jsonl_lib.read_jsonl(os.path.join(c.workdir, "rollout_samples", "step_2.jsonl"))
+  assert [r["rollout_id"] for r in samples] == ["step2_0", "step2_1", "step2_2"]
+  for r in samples:
+    assert r["method"] == name and len(r["advantages"]) == len(r["token_ids"])
+    passes = r["metadata"]["passes"]
+    assert set(passes) == set(METHODS[name].passes)
+    for outputs in passes.values():
+      per_token = [v for k, v in outputs.items() if k.endswith("_BxL")]
+      assert all(len(v) == len(r["token_ids"]) for v in per_token)
   if "distill" in METHODS[name].loss_terms:
     assert all("loss_distill" in r for r in rows)
 
