@@ -217,9 +217,10 @@ def _train(command: str, args: list[str]) -> int:
   if isinstance(config, int):
     return config
   if os.environ.get("JAXCREDIT_DISTRIBUTED") == "1":
-    import jax
-
-    jax.distributed.initialize()  # coordinator, process count and id from the TPU / cluster environment
+    error = _convert_before_joining(config) or _initialize_distributed()
+    if error:
+      print(f"jaxcredit {command}: error: {error}", file=sys.stderr)
+      return 2
   from jaxcredit.train import trainer
 
   try:
@@ -234,6 +235,66 @@ def _train(command: str, args: list[str]) -> int:
     print(f"\njaxcredit {command}: interrupted; {_last_checkpoint(config.workdir)}", file=sys.stderr)
     return 130
   return 0
+
+
+DISTRIBUTED_ENV = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
+"""With JAXCREDIT_DISTRIBUTED=1: where the coordinator is, how many processes and which one this is. On a TPU VM
+(or SLURM, Open MPI, Kubernetes) leave them unset: `jax.distributed.initialize` finds them itself."""
+
+
+def _convert_before_joining(config) -> str | None:
+  """Converts the policy's (and a teacher checkpoint's) source into the conversion cache in a child process on the
+  CPU, before this process joins the distributed runtime: under `jax.distributed` orbax writes parameters from
+  process 0 only, so every host converts its own copy first (concurrent conversions into a shared cache are
+  atomic). Returns an error message, or None."""
+  import subprocess
+
+  from jaxcredit.train import config as config_lib
+  from jaxcredit.train.methods import METHODS
+
+  sources = [config.model.source]
+  teacher = config_lib.teacher_source(config)
+  if METHODS[config.credit.method].teacher is not None and teacher not in ("policy", "reference"):
+    sources.append(teacher)
+  code = (
+    "import sys\n"
+    "from jaxcredit.models import ensure_converted, resolve_source\n"
+    "for s in sys.argv[2:]: ensure_converted(resolve_source(s), cache_dir=sys.argv[1] or None)\n"
+  )
+  proc = subprocess.run(
+    [sys.executable, "-c", code, config.model.cache_dir or "", *sources],
+    env=dict(os.environ, JAX_PLATFORMS="cpu"),
+    capture_output=True,
+    text=True,
+  )
+  if proc.returncode:
+    lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+    return f"converting {sources} before joining the other processes failed: {lines[-1] if lines else proc.returncode}"
+  return None
+
+
+def _initialize_distributed() -> str | None:
+  """`jax.distributed.initialize` from DISTRIBUTED_ENV where set (all three, or none: auto-detection); on CPU the
+  collectives go through gloo. Returns an error message, or None."""
+  import jax
+
+  given = {k: os.environ[k] for k in DISTRIBUTED_ENV if os.environ.get(k)}
+  if given and len(given) != len(DISTRIBUTED_ENV):
+    missing = [k for k in DISTRIBUTED_ENV if k not in given]
+    return f"JAXCREDIT_DISTRIBUTED=1 with {sorted(given)} set but {missing} unset: set all three or none"
+  kwargs = {}
+  if given:
+    try:
+      kwargs = {
+        "coordinator_address": given["JAX_COORDINATOR_ADDRESS"],
+        "num_processes": int(given["JAX_NUM_PROCESSES"]),
+        "process_id": int(given["JAX_PROCESS_ID"]),
+      }
+    except ValueError:
+      return f"JAX_NUM_PROCESSES={given['JAX_NUM_PROCESSES']!r} and JAX_PROCESS_ID={given['JAX_PROCESS_ID']!r} must be integers"
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.distributed.initialize(**kwargs)
+  return None
 
 
 def _last_checkpoint(workdir: str) -> str:

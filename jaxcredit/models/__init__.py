@@ -40,6 +40,7 @@ __all__ = [
   "convert_gguf",
   "convert_hf",
   "converted_cache_dir",
+  "ensure_converted",
   "export_hf",
   "init_cache",
   "load",
@@ -333,10 +334,24 @@ def load(
     ValueError: a checkpoint that does not match its config (missing, mis-shaped or unexpected tensors, named),
       an unsupported architecture or model_type (named, with the supported ones), a bad dtype or override.
   """
+  folder = ensure_converted(path, cache_dir=cache_dir)
+  return load_converted(folder, dtype=dtype, param_dtype=param_dtype, mesh=mesh, config_overrides=config_overrides)
+
+
+def ensure_converted(path: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None) -> Path:
+  """The converted checkpoint folder for `path` (see `load`): `path` itself when it is one, else its conversion
+  cache, converted now if missing (atomically: a concurrent conversion of the same source is harmless).
+
+  Raises:
+    FileNotFoundError: as `load`.
+    RuntimeError: a conversion is needed inside a multi-process JAX runtime (`jax.distributed`): orbax there
+      writes parameters from process 0 only, so each host must convert before it joins (`jaxcredit train` with
+      JAXCREDIT_DISTRIBUTED=1 does; else `jaxcredit convert`).
+  """
   path = Path(path).expanduser()
   if path.is_dir():
     if _is_converted(path):
-      return load_converted(path, dtype=dtype, param_dtype=param_dtype, mesh=mesh, config_overrides=config_overrides)
+      return path
     if not (path / "config.json").is_file():
       raise FileNotFoundError(
         f"{path} is neither a converted checkpoint ({_CONFIG_FILE} + {_PARAMS_DIR}/) nor "
@@ -344,18 +359,31 @@ def load(
       )
     folder = converted_cache_dir(path, cache_dir)
     if not _is_converted(folder):
+      _refuse_under_distributed(path, folder)
       _convert_into_cache(lambda out: convert_hf(path, out), folder)
-    return load_converted(folder, dtype=dtype, param_dtype=param_dtype, mesh=mesh, config_overrides=config_overrides)
+    return folder
   if not path.is_file():
     raise FileNotFoundError(f"no Hugging Face folder, GGUF file or converted checkpoint folder at {path}")
   folder = converted_cache_dir(path, cache_dir)
   if not _is_converted(folder):
+    _refuse_under_distributed(path, folder)
     reader = open_gguf(path)
     cfg, params = load_gguf(reader)
     tokenizer = ChatTokenizer.from_gguf(reader)
     save_converted(folder, cfg, params, tokenizer, source={"gguf": str(path.resolve())})
     del params
-  return load_converted(folder, dtype=dtype, param_dtype=param_dtype, mesh=mesh, config_overrides=config_overrides)
+  return folder
+
+
+def _refuse_under_distributed(path: Path, folder: Path) -> None:
+  import jax
+
+  if jax.process_count() > 1:
+    raise RuntimeError(
+      f"{path} is not converted yet ({folder} is missing) and this is process {jax.process_index()} of "
+      f"{jax.process_count()}: convert it on every host before jax.distributed.initialize "
+      f"(`jaxcredit convert`, or `jaxcredit train` with JAXCREDIT_DISTRIBUTED=1, which converts first)"
+    )
 
 
 def _convert_into_cache(convert, folder: Path) -> None:

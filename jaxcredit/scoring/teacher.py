@@ -47,6 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxcredit import multihost
 from jaxcredit.sampling.logprobs import _output_head_DxV, chunked_logprobs_and_entropies, chunked_reverse_kl
 from jaxcredit.plain_text import encode_chat, encode_plain
 from jaxcredit.trajectory import Trajectory, pad_length
@@ -516,6 +517,6 @@ def make_teacher_pass_fn(
       traj.action_mask_BxL,
       student_params,
     )
-    return finish_teacher_pass(jax.device_get(outputs), batch)
+    return finish_teacher_pass(jax.tree.map(multihost.to_host, outputs), batch)  # global, on every process
 
   return run

@@ -18,6 +18,8 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from jaxcredit import multihost
+
 # Keys that only change how long a run is, how often it logs / checkpoints / evaluates, or where it goes.
 # Everything else changes what is trained and must match on resume.
 RUN_LENGTH_KEYS = (
@@ -162,8 +164,7 @@ class Checkpointer:
     if self._warm_start is not None:
       self._warm_start.close()
       self._warm_start = None
-    if os.path.isdir(self.warm_start_dir):
-      shutil.rmtree(self.warm_start_dir)
+    _remove_tree(self.warm_start_dir, "warm start removed")
 
   def save(self, step: int, params, opt_state, meta: dict) -> None:
     _save(self.manager, step, params, opt_state, meta)
@@ -183,8 +184,7 @@ class Checkpointer:
 
   def remove_reference(self) -> None:
     """Removes a reference left by a run that died before its step-0 checkpoint (orbax will not overwrite it)."""
-    if os.path.isdir(self.reference_dir):
-      shutil.rmtree(self.reference_dir)
+    _remove_tree(self.reference_dir, "stale reference removed")
 
   def save_reference(self, params) -> None:
     with ocp.StandardCheckpointer() as checkpointer:
@@ -195,6 +195,14 @@ class Checkpointer:
     abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, params_like)
     with ocp.StandardCheckpointer() as checkpointer:
       return checkpointer.restore(self.reference_dir, abstract)
+
+
+def _remove_tree(path: str, barrier: str) -> None:
+  """Removes a folder of the (shared) workdir: process 0 removes it, every process waits for it."""
+  multihost.barrier(barrier + " (before)")
+  if multihost.is_primary() and os.path.isdir(path):
+    shutil.rmtree(path)
+  multihost.barrier(barrier)
 
 
 def _save(manager: ocp.CheckpointManager, step: int, params, opt_state, meta: dict) -> None:

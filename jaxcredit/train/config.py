@@ -15,7 +15,7 @@ from jaxcredit import sharding
 from jaxcredit.envs import ENVS
 from jaxcredit.train.loss import AGGREGATIONS, KL_ESTIMATORS
 from jaxcredit.train.methods import METHODS, check_knobs
-from jaxcredit.train.step import LOSS_TERMS
+from jaxcredit.train.step import LOSS_TERMS, OPTIMIZERS
 
 DEFAULT_CONTEXT_WRAPPER = "\n\nReference (not visible to the assistant being trained): {context}"
 # Knobs whose values are one of a few strings, wherever a method has them.
@@ -114,6 +114,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.loss.kl_estimator = "k3"
 
   c.optim = ml_collections.ConfigDict()
+  c.optim.name = "adamw"  # or "sgd" (train/step.py OPTIMIZERS); the RL updates' rule (the warm start uses AdamW)
   c.optim.learning_rate = 1e-5
   c.optim.warmup_steps = 0
   c.optim.weight_decay = 0.0
@@ -273,6 +274,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
   choices = {
     "loss.aggregation": (c.loss.aggregation, AGGREGATIONS),
     "loss.kl_estimator": (c.loss.kl_estimator, KL_ESTIMATORS),
+    "optim.name": (c.optim.name, tuple(sorted(OPTIMIZERS))),
   }
   for key, (v, allowed) in choices.items():
     if v not in allowed:

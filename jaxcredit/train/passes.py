@@ -31,7 +31,7 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 import numpy as np
 
-from jaxcredit import credit, sharding
+from jaxcredit import credit, multihost, sharding
 from jaxcredit.plain_text import encode_chat, encode_plain
 from jaxcredit.rollout.multiturn import transcript
 from jaxcredit.sampling import SamplingParams
@@ -158,7 +158,7 @@ def gold_answer(ctx: PassContext, traj: Trajectory) -> dict:
   gold_ids = [encode_plain(ctx.tok, ctx.env.gold_answer_text(t)) + [ctx.tok.eos_id] for t in ctx.tasks]
   fn = ctx.fns.gold(ref)
   gold, mask = score_gold_answers_packed(
-    lambda *a: np.asarray(fn(ref.params, *a)),
+    lambda *a: multihost.to_host(fn(ref.params, *a)),
     traj,
     gold_ids,
     pad_id=ctx.tok.pad_id,

@@ -53,19 +53,39 @@ class PolicyLossConfig:
       raise ValueError(f"unknown loss terms {unknown}; known: {sorted(LOSS_TERMS)}")
 
 
+OPTIMIZERS = {
+  # name -> (learning rate or schedule, weight_decay, b1, b2) -> the update rule (after the optional clipping).
+  "adamw": lambda lr, weight_decay, b1, b2: optax.adamw(lr, b1=b1, b2=b2, weight_decay=weight_decay),
+  # Plain SGD (weight decay added to the gradient when > 0): what equality tests of gradients use, since with
+  # learning rate 1 the parameter change is the gradient itself.
+  "sgd": lambda lr, weight_decay, b1, b2: optax.chain(
+    *([optax.add_decayed_weights(weight_decay)] if weight_decay else []), optax.sgd(lr)
+  ),
+}
+"""The optimizers `config.optim.name` chooses from."""
+
+
 def make_optimizer(
   learning_rate: float,
   *,
+  name: str = "adamw",
   warmup_steps: int = 0,
   weight_decay: float = 0.0,
   max_grad_norm: float | None = 1.0,
   b1: float = 0.9,
   b2: float = 0.999,
 ) -> optax.GradientTransformation:
-  """AdamW with linear warmup then a constant rate (the schedule never depends on the run length, so a run
-  can be extended on resume)."""
+  """`OPTIMIZERS[name]` (AdamW by default) with linear warmup then a constant rate (the schedule never depends on
+  the run length, so a run can be extended on resume), after clipping the global gradient norm to `max_grad_norm`
+  (0 or None: no clipping).
+
+  Raises:
+    ValueError: a learning rate <= 0, or an unknown name.
+  """
   if learning_rate <= 0:
     raise ValueError(f"learning rate must be > 0, got {learning_rate}")
+  if name not in OPTIMIZERS:
+    raise ValueError(f"unknown optimizer {name!r}; known: {sorted(OPTIMIZERS)}")
   schedule = (
     optax.join_schedules(
       [optax.linear_schedule(0.0, learning_rate, max(warmup_steps, 1)), optax.constant_schedule(learning_rate)],
@@ -75,7 +95,7 @@ def make_optimizer(
     else learning_rate
   )
   chain = [optax.clip_by_global_norm(max_grad_norm)] if max_grad_norm else []
-  chain.append(optax.adamw(schedule, b1=b1, b2=b2, weight_decay=weight_decay))
+  chain.append(OPTIMIZERS[name](schedule, weight_decay, b1, b2))
   return optax.chain(*chain)
 
 

@@ -28,7 +28,7 @@ import numpy as np
 from flax import nnx
 from tqdm.auto import tqdm
 
-from jaxcredit import sharding
+from jaxcredit import multihost, sharding
 from jaxcredit.envs import EnvSpec, make_env_spec
 from jaxcredit.models import load, load_tokenizer, resolve_source
 from jaxcredit.models.decoder import compute_params, param_logical_axes
@@ -69,6 +69,9 @@ class Run:
   ckpt: ckpt_lib.Checkpointer
   key: jax.Array
   teacher_sampler: Sampler | None = None  # built on first use, for hindsight skills from a teacher checkpoint
+  # With several processes: the mesh over this process's devices that its samplers run on (None with one process:
+  # the sampler reads the training mesh's parameters directly).
+  local_mesh: Any = None
 
 
 def _bar(config, **kw):
@@ -91,14 +94,45 @@ def model_overrides(cfg, config: ml_collections.ConfigDict):
 
 
 def _make_sampler(config, model, tok) -> Sampler:
+  """The sampler; its batch buckets are this process's share of a step's rollouts and the eval batch."""
+  rollouts_per_process = config.rollout.prompts_per_step * config.rollout.group_size // jax.process_count()
   return Sampler(
     model,
     max_len=config.sampling.max_len,
     pad_id=tok.pad_id,
     chunk_size=config.sampling.chunk_size,
     prompt_bucket=config.sampling.prompt_bucket,
-    batch_buckets=tuple(sorted({config.rollout.prompts_per_step * config.rollout.group_size, config.eval.batch_size})),
+    batch_buckets=tuple(sorted({rollouts_per_process, config.eval.batch_size})),
   )
+
+
+def _check_processes(config) -> None:
+  """With several processes: each samples whole prompt groups (credit needs a group's rollouts together, and a
+  group never spans processes), and the mesh must split into equal per-process sampling meshes.
+
+  Raises:
+    ValueError: naming the field, its value and the process count.
+  """
+  p = jax.process_count()
+  if p == 1:
+    return
+  multihost.share(
+    config.rollout.prompts_per_step,
+    what=f"config.rollout.prompts_per_step={config.rollout.prompts_per_step} (groups of "
+    f"group_size={config.rollout.group_size} rollouts; a group never spans processes)",
+    unit="prompt groups",
+  )
+  multihost.local_mesh_shape(dict(config.mesh), p)
+
+
+def _sampling_model(run: Run, params, graphdef=None, rest=None):
+  """The model the sampler reads: `params` in the compute dtype; with several processes, this process's own copy
+  on its devices (`multihost.local_copy`; collective)."""
+  graphdef = run.graphdef if graphdef is None else graphdef
+  rest = run.rest if rest is None else rest
+  if run.local_mesh is None:
+    return nnx.merge(graphdef, params, rest)
+  return nnx.merge(graphdef, *multihost.local_copy((compute_params(run.model_cfg, params), rest), run.local_mesh))
 
 
 def _load_teacher(config, mesh, tok, policy_cfg) -> passes_lib.Model | None:
@@ -141,6 +175,7 @@ def build(config: ml_collections.ConfigDict, *, write_config: bool = True) -> Ru
   """Validates the config and loads everything a run needs. With `write_config=False` (e.g. `credit_file`) nothing
   is written to the workdir."""
   config_lib.validate(config)
+  _check_processes(config)
   if write_config:
     ckpt_lib.check_or_write_config(config.workdir, config.to_dict(), write=False)
   if config.compilation_cache_dir:
@@ -173,10 +208,18 @@ def build(config: ml_collections.ConfigDict, *, write_config: bool = True) -> Ru
   graphdef, params, rest = step_lib.split_model(model)
   p_sh = sharding.param_shardings(params, mesh, param_logical_axes(model.cfg), rules)
   params = jax.device_put(params, p_sh)
+  local_mesh = None
+  if jax.process_count() > 1:  # each process samples on its own devices, from its own copy of the policy
+    local_mesh = sharding.make_mesh(
+      multihost.local_mesh_shape(dict(config.mesh), jax.process_count()), devices=jax.local_devices()
+    )
+    model = nnx.merge(graphdef, *multihost.local_copy((params, rest), local_mesh))
   sampler = _make_sampler(config, model, tok)  # traced at its first generate, inside train's use_rules block
   teacher = _load_teacher(config, mesh, tok, model.cfg)
   if write_config:
-    ckpt_lib.check_or_write_config(config.workdir, config.to_dict())
+    if multihost.is_primary():
+      ckpt_lib.check_or_write_config(config.workdir, config.to_dict())
+    multihost.barrier("config.json written")
   return Run(
     config=config,
     mesh=mesh,
@@ -197,6 +240,7 @@ def build(config: ml_collections.ConfigDict, *, write_config: bool = True) -> Ru
     writer=metrics_lib.MetricsWriter(config.workdir, tensorboard=config.tensorboard, enabled=jax.process_index() == 0),
     ckpt=ckpt_lib.Checkpointer(config.workdir, max_to_keep=config.max_checkpoints_to_keep),
     key=jax.random.key(config.seed),
+    local_mesh=local_mesh,
   )
 
 
@@ -221,7 +265,14 @@ def _model(run: Run, params):
 
 
 def rollouts(run: Run, params, tasks, key, *, greedy=False, desc=None):
-  run.sampler.update_model(_model(run, params))
+  """Rollouts of `tasks` (this process's) by the policy `params`, on this process's sampler. With several
+  processes binding the parameters is collective: every process calls it together."""
+  run.sampler.update_model(_sampling_model(run, params))
+  return _sample(run, tasks, key, greedy=greedy)
+
+
+def _sample(run: Run, tasks, key, *, greedy=False):
+  """Rollouts of `tasks` by the parameters the sampler holds (process-local: no collective)."""
   envs = [run.env.make_env(t) for t in tasks]
   prompts = [run.env.initial_messages(t) for t in tasks]
   return run_rollouts(
@@ -238,20 +289,31 @@ def rollouts(run: Run, params, tasks, key, *, greedy=False, desc=None):
 
 
 def evaluate(run: Run, params, stage: str, step: int) -> dict:
-  """Greedy rollouts on the held-out tasks; logs a phase="eval" row."""
+  """Greedy rollouts on the held-out tasks; logs a phase="eval" row. With several processes each evaluates its
+  share of the tasks and the row is over all of them (the environment's own metrics: the mean of the processes')."""
   t0 = time.time()
   results = []
   bs = run.config.eval.batch_size
-  for i in _bar(run.config, iterable=range(0, len(run.eval_tasks), bs), desc=f"eval {stage}", leave=False):
-    results += rollouts(run, params, run.eval_tasks[i : i + bs], jax.random.key(0), greedy=True)
+  mine = run.eval_tasks[multihost.uneven_share(len(run.eval_tasks))]
+  run.sampler.update_model(_sampling_model(run, params))  # collective once; the batches below are local
+  for i in _bar(run.config, iterable=range(0, len(mine), bs), desc=f"eval {stage}", leave=False):
+    results += _sample(run, mine[i : i + bs], jax.random.key(0), greedy=True)
+  summaries = sum(
+    multihost.allgather_objects(
+      [(run.env.is_success(r.reward), r.tool_calls, r.builder.num_turns, r.finish == "answer") for r in results]
+    ),
+    [],
+  )
+  env_rows = multihost.allgather_objects(_env_metrics(run, results) if results else {})
+  success, tool_calls, turns, answered = (np.asarray(x, np.float64) for x in zip(*summaries))
   m = {
     "stage": stage,
-    "success_rate": float(np.mean([run.env.is_success(r.reward) for r in results])),
-    "tool_calls": float(np.mean([r.tool_calls for r in results])),
-    "mean_turns": float(np.mean([r.builder.num_turns for r in results])),
-    "answered_frac": float(np.mean([r.finish == "answer" for r in results])),
-    **_env_metrics(run, results),
-    "num_tasks": len(results),
+    "success_rate": float(success.mean()),
+    "tool_calls": float(tool_calls.mean()),
+    "mean_turns": float(turns.mean()),
+    "answered_frac": float(answered.mean()),
+    **multihost.mean_of(env_rows),
+    "num_tasks": len(summaries),
     "seconds": time.time() - t0,
   }
   run.writer.write("eval", step, m)
@@ -554,6 +616,7 @@ def _train(run: Run, sft_only: bool) -> dict:
   c = config = run.config
   optimizer = step_lib.make_optimizer(
     c.optim.learning_rate,
+    name=c.optim.name,
     warmup_steps=c.optim.warmup_steps,
     weight_decay=c.optim.weight_decay,
     max_grad_norm=c.optim.max_grad_norm,
@@ -643,13 +706,17 @@ def _train(run: Run, sft_only: bool) -> dict:
 
 def _sampler_for(run: Run):
   """Binds the policy's sampler to a model of the policy's graph, or builds (once) a sampler for a teacher
-  checkpoint. The next rollouts rebind the policy's sampler to the policy (`rollouts`)."""
+  checkpoint. The next rollouts rebind the policy's sampler to the policy (`rollouts`). With several processes
+  binding is collective, and each process samples on its own copy of the model."""
 
   def bind(model: passes_lib.Model):
-    merged = nnx.merge(model.graphdef, model.params, model.rest)
     if model.graphdef is run.graphdef:
-      run.sampler.update_model(merged)
+      run.sampler.update_model(_sampling_model(run, model.params, model.graphdef, model.rest))
       return run.sampler
+    if run.local_mesh is None:
+      merged = nnx.merge(model.graphdef, model.params, model.rest)
+    else:  # each process generates every rollout's text (the same inputs, the same outputs) on its own devices
+      merged = nnx.merge(model.graphdef, *multihost.local_copy((model.params, model.rest), run.local_mesh))
     if run.teacher_sampler is None:
       run.teacher_sampler = _make_sampler(run.config, merged, run.tok)
     run.teacher_sampler.update_model(merged)
@@ -703,20 +770,86 @@ def _throughput(run: Run, tokens: int, step_s: float) -> dict:
   return out
 
 
+@dataclasses.dataclass
+class StepRollouts:
+  """One RL step's rollouts, identical on every process (each process sampled its share of the prompt groups).
+
+  `results[i].env` is the environment object only where this process sampled rollout i (None for the others':
+  environments stay where they ran); `env_metrics` are the environment's own metrics, the mean over processes.
+  """
+
+  tasks: list  # the task of each rollout, [B] (group after group)
+  results: list  # RolloutResult per rollout, [B]
+  unit_rewards: list | None  # per rollout, the verified reward of each unit (EnvSpec.unit_rewards), or None
+  processes: list  # the process that sampled each rollout, [B]
+  env_metrics: dict
+  sampler_stats: dict  # sampler_<counter>: this step's counts, summed over processes
+  seconds: float  # the slowest process's sampling time
+
+
+def sample_step(run: Run, params, prompt_ids, key) -> StepRollouts:
+  """Samples one RL step's rollouts: `group_size` per prompt of `prompt_ids` (the step's global batch of training
+  task indices). With several processes each samples its contiguous share of the groups on its own devices (its
+  key folded with its process index), then all rollouts are gathered onto every process. Collective."""
+  c = run.config
+  g = c.rollout.group_size
+  t0 = time.time()
+  mine = prompt_ids[
+    multihost.share(len(prompt_ids), what=f"config.rollout.prompts_per_step={len(prompt_ids)}", unit="prompt groups")
+  ]
+  if jax.process_count() > 1:
+    key = jax.random.fold_in(jax.random.fold_in(key, 2), jax.process_index())
+  stats_before = dict(run.sampler.stats)
+  results = rollouts(run, params, [run.train_tasks[i] for i in mine for _ in range(g)], key)
+  sampler_stats = {f"sampler_{k}": int(v - stats_before.get(k, 0)) for k, v in run.sampler.stats.items()}
+  unit_rewards = [list(run.env.unit_rewards(r.env)) for r in results] if run.env.unit_rewards is not None else None
+  env_metrics = _env_metrics(run, results)
+  seconds = time.time() - t0
+  processes = [jax.process_index()] * len(results)
+  if jax.process_count() > 1:
+    local = [dataclasses.replace(r, env=None) for r in results]
+    shares = multihost.allgather_objects((local, unit_rewards, env_metrics, sampler_stats, seconds))
+    me = jax.process_index()
+    results = sum((results if k == me else share[0] for k, share in enumerate(shares)), [])
+    unit_rewards = None if unit_rewards is None else sum((share[1] for share in shares), [])
+    env_metrics = multihost.mean_of([share[2] for share in shares])
+    sampler_stats = {k: sum(share[3][k] for share in shares) for k in sampler_stats}
+    seconds = max(share[4] for share in shares)
+    processes = [k for k, share in enumerate(shares) for _ in share[0]]
+  return StepRollouts(
+    tasks=[run.train_tasks[int(i)] for i in prompt_ids for _ in range(g)],
+    results=results,
+    unit_rewards=unit_rewards,
+    processes=processes,
+    env_metrics=env_metrics,
+    sampler_stats=sampler_stats,
+    seconds=seconds,
+  )
+
+
 def rl_step_fn(run: Run, params, opt_state, ref_params, data, update, ref_logp, rl_step: int):
-  """One RL step: rollouts, passes, advantages, update. Returns (params, opt_state, metrics row)."""
+  """One RL step: rollouts (`sample_step`), then `learn_step`. Returns (params, opt_state, metrics row)."""
+  t0 = time.time()
+  key = jax.random.fold_in(run.key, rl_step)
+  sampled = sample_step(run, params, [int(i) for i in next(data)], key)
+  return learn_step(run, params, opt_state, ref_params, sampled, update, ref_logp, rl_step, t0=t0)
+
+
+def learn_step(
+  run: Run, params, opt_state, ref_params, sampled: StepRollouts, update, ref_logp, rl_step: int, *, t0=None
+):
+  """The rest of an RL step on its rollouts: pack, passes, advantages, the PPO updates, the metrics row (written
+  every `log_every` steps) and the rollout exports. Returns (params, opt_state, metrics row).
+
+  The same on every process (its inputs are): a 1-process run fed another run's rollouts computes that run's
+  losses and gradients."""
   c = run.config
   method = METHODS[c.credit.method]
   g = c.rollout.group_size
-  t0 = time.time()
-  idx = [int(i) for i in next(data)]
-  tasks = [run.train_tasks[i] for i in idx for _ in range(g)]
+  t0 = time.time() if t0 is None else t0
   key = jax.random.fold_in(run.key, rl_step)
-  stats_before = dict(run.sampler.stats)
-  results = rollouts(run, params, tasks, key)
-  t_roll = time.time() - t0
-  sampler_stats = {f"sampler_{k}": int(v - stats_before.get(k, 0)) for k, v in run.sampler.stats.items()}
-  unit_rewards = [list(run.env.unit_rewards(r.env)) for r in results] if run.env.unit_rewards is not None else None
+  tasks, results = sampled.tasks, sampled.results
+  t_roll = sampled.seconds
   traj = pack(
     [r.builder for r in results],
     [r.reward for r in results],
@@ -724,7 +857,7 @@ def rl_step_fn(run: Run, params, opt_state, ref_params, data, update, ref_logp, 
     max_turns=run.env.max_turns,
     pad_id=run.tok.pad_id,
     length_bucket=c.train.length_bucket,
-    unit_rewards=unit_rewards,
+    unit_rewards=sampled.unit_rewards,
   )
   t1 = time.time()
   pass_row = run_passes(run, traj, results, tasks, params, ref_params, jax.random.fold_in(key, 1))
@@ -734,7 +867,7 @@ def rl_step_fn(run: Run, params, opt_state, ref_params, data, update, ref_logp, 
   t2 = time.time()
   extra = out.batch_arrays()
   if ref_logp is not None:
-    extra["ref_logp_BxL"] = np.asarray(ref_logp(ref_params, traj.tokens_BxL, traj.token_mask_BxL))
+    extra["ref_logp_BxL"] = multihost.to_host(ref_logp(ref_params, traj.tokens_BxL, traj.token_mask_BxL))
   step_lib.check_batch_keys(extra, _loss_config(c), who=f"method {c.credit.method!r}")
   params, opt_state, m = ppo_updates(
     update,
@@ -780,8 +913,8 @@ def rl_step_fn(run: Run, params, opt_state, ref_params, data, update, ref_logp, 
     "step_s": time.time() - t0,
   }
   row.update(_throughput(run, row["tokens"], row["step_s"]))
-  row.update(_env_metrics(run, results))
-  row.update(sampler_stats)  # prefill_tokens, decode_tokens, extends, rebuilds of this step's rollouts
+  row.update(sampled.env_metrics)
+  row.update(sampled.sampler_stats)  # prefill_tokens, decode_tokens, extends, rebuilds of this step's rollouts
   if traj.unit_mask_BxU.shape[1] > 1:
     row["units_mean"] = float(traj.unit_mask_BxU.sum(1).mean())
     row["unit_reward_mean"] = float(traj.unit_rewards_BxU[traj.unit_mask_BxU].mean())
@@ -803,6 +936,7 @@ def rl_step_fn(run: Run, params, opt_state, ref_params, data, update, ref_logp, 
       traj,
       out,
       rollout_ids=[f"step{rl_step}_{i}" for i in range(len(results))],
+      processes=sampled.processes,
     )
   if c.log_rollouts_every and rl_step % c.log_rollouts_every == 0 and jax.process_index() == 0:
     export_rollouts(
@@ -815,16 +949,28 @@ def rl_step_fn(run: Run, params, opt_state, ref_params, data, update, ref_logp, 
       rollout_ids=[f"step{rl_step}_{i}" for i in range(len(results))],
       rows=range(min(c.log_rollouts_count, len(results))),
       with_passes=True,
+      processes=sampled.processes,
     )
   return params, opt_state, row
 
 
 def export_rollouts(
-  run: Run, path: str, results, tasks, traj, out, *, rollout_ids, rows=None, with_passes: bool = False
+  run: Run,
+  path: str,
+  results,
+  tasks,
+  traj,
+  out,
+  *,
+  rollout_ids,
+  rows=None,
+  with_passes: bool = False,
+  processes=None,
 ) -> None:
   """Writes rollouts as JSONL (jaxcredit/rollout/jsonl.py; docs/rollouts-jsonl.md), with the advantages computed for
   them: one line per rollout, its group id the index of its prompt group. `rows`: which rollouts (default all);
-  `with_passes`: also every pass output of each rollout under metadata["passes"] (`pass_outputs_of`)."""
+  `with_passes`: also every pass output of each rollout under metadata["passes"] (`pass_outputs_of`);
+  `processes`: the process that sampled each rollout, recorded as metadata["process"] when several did."""
   rows = range(len(results)) if rows is None else list(rows)
   records = []
   for i in rows:
@@ -837,7 +983,10 @@ def export_rollouts(
         unit_rewards=[float(x) for x in traj.unit_rewards_BxU[i][traj.unit_mask_BxU[i]]],
         task_id=_task_id(task),
         tools=run.env.tools(task) if run.env.tools is not None else None,
-        metadata={"passes": pass_outputs_of(traj, i)} if with_passes else None,
+        metadata={
+          **({"passes": pass_outputs_of(traj, i)} if with_passes else {}),
+          **({"process": int(processes[i])} if processes is not None and len(set(processes)) > 1 else {}),
+        },
       )
     )
   turn_adv = None if out.turn_adv_BxT is None else out.turn_adv_BxT[list(rows)]

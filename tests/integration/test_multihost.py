@@ -1,0 +1,169 @@
+"""Multi-host training: 2 processes x 4 CPU devices (jax.distributed over gloo, a 127.0.0.1 coordinator) run
+`jaxcredit train` for 3 RL steps of the quickstart pipeline on a tiny model. Each process samples its own prompt
+groups; every process then holds every rollout, and the sharded update runs on the global batch. A 1-process x
+8-device replay of the same rollouts gives the same losses, gradient norms and parameters (plain SGD, learning
+rate 1: the parameter change is the gradient)."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.models.test_gguf import CFG, random_params, write_gguf
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _overrides(tmp_path, policy, teacher, *, method="opd", prompts=4):
+  return [
+    f"--config.model.source={policy}",
+    f"--config.model.cache_dir={tmp_path}/converted",
+    "--config.compilation_cache_dir=",
+    "--config.progress=False",
+    "--config.total_steps=3",
+    "--config.checkpoint_every=1",
+    "--config.max_checkpoints_to_keep=10",
+    "--config.env.num_train_tasks=40",
+    "--config.sampling.max_new_tokens=6",
+    "--config.sampling.max_len=1024",
+    "--config.sampling.chunk_size=3",
+    f"--config.rollout.prompts_per_step={prompts}",
+    "--config.rollout.group_size=2",
+    "--config.rollout.export_jsonl=True",
+    "--config.sft.steps=1",
+    "--config.sft.batch_size=8",
+    "--config.train.length_bucket=256",
+    "--config.eval.before_sft=False",
+    "--config.eval.after_sft=False",
+    "--config.eval.at_end=True",
+    "--config.eval.num_tasks=3",  # uneven over 2 processes: 2 + 1
+    "--config.eval.batch_size=2",
+    "--config.mesh.fsdp=8",
+    f"--config.credit.method={method}",
+    f"--config.teacher.source={teacher}",
+    "--config.optim.name=sgd",
+    "--config.optim.learning_rate=1.0",
+    "--config.optim.max_grad_norm=0",
+  ]
+
+
+def _launch(tmp_path, overrides, workdir, num_processes=2, devices=4):
+  port = _free_port()
+  procs = []
+  for i in range(num_processes):
+    env = dict(
+      os.environ,
+      XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+      JAX_PLATFORMS="cpu",
+      JAXCREDIT_DISTRIBUTED="1",
+      JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+      JAX_NUM_PROCESSES=str(num_processes),
+      JAX_PROCESS_ID=str(i),
+    )
+    cmd = [sys.executable, "-m", "jaxcredit.cli", "train", "--config", "configs/quickstart.py"]
+    cmd += [*overrides, f"--config.workdir={workdir}"]
+    procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+  outs = []
+  for p in procs:
+    try:
+      out, _ = p.communicate(timeout=900)
+    except subprocess.TimeoutExpired:
+      for q in procs:
+        q.kill()
+      raise
+    outs.append((p.returncode, out))
+  return outs
+
+
+def _models(tmp_path):
+  policy = write_gguf(tmp_path / "policy.gguf", "llama", CFG, random_params(CFG, seed=0))
+  teacher = write_gguf(tmp_path / "teacher.gguf", "llama", CFG, random_params(CFG, seed=1))
+  return policy, teacher
+
+
+def _check_run(run_dir):
+  """Each process sampled whole groups of different prompts; the metrics were written once; every step learned."""
+  for step in (1, 2, 3):
+    records = [json.loads(line) for line in open(run_dir / "rollouts" / f"step_{step}.jsonl")]
+    assert len(records) == 8
+    by_process = {}
+    for r in records:
+      by_process.setdefault(r["metadata"]["process"], []).append(r)
+    assert sorted(by_process) == [0, 1]
+    groups = [{r["group_id"] for r in rs} for rs in by_process.values()]
+    assert not groups[0] & groups[1], "a group spans processes"
+    for rs in by_process.values():
+      assert len(rs) == 4 and all(sum(x["group_id"] == r["group_id"] for x in rs) == 2 for r in rs)
+    assert {r["task_id"] for r in by_process[0]}.isdisjoint({r["task_id"] for r in by_process[1]})
+  rows = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+  rl = [r for r in rows if r["phase"] == "rl"]
+  assert [r["step"] for r in rl] == [1, 2, 3]
+  assert all(r["grad_norm"] > 0 for r in rl)
+  evals = [r for r in rows if r["phase"] == "eval"]
+  assert len(evals) == 1 and evals[0]["num_tasks"] == 3
+  return rl
+
+
+@pytest.mark.slow
+def test_two_processes_sample_their_own_groups_and_train_like_one(tmp_path):
+  policy, teacher = _models(tmp_path)
+  overrides = _overrides(tmp_path, policy, teacher)
+  run_dir = tmp_path / "run"
+  outs = _launch(tmp_path, overrides, run_dir)
+  for k, (code, out) in enumerate(outs):
+    assert code == 0, f"process {k} exited {code}:\n{out[-6000:]}"
+  rl = _check_run(run_dir)
+
+  # The same rollouts on 1 process x 8 devices: the same losses, gradients and parameters.
+  out_path = tmp_path / "replay.json"
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+  cmd = [
+    sys.executable,
+    "-m",
+    "tests.integration.multihost_replay",
+    str(run_dir),
+    str(tmp_path / "replay"),
+    str(out_path),
+  ]
+  proc = subprocess.run([*cmd, "--", *overrides], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+  replay = json.loads(out_path.read_text())
+  assert replay["devices"] == 8 and replay["processes"] == 1
+  for theirs, mine in zip(rl, replay["steps"]):
+    assert mine["loss"] == pytest.approx(theirs["loss"], rel=1e-6), mine
+    assert mine["grad_norm"] == pytest.approx(theirs["grad_norm"], rel=1e-6), mine
+    # The parameters after the step agree to 1e-6 of the step's change (the gradient), up to the float32 rounding
+    # of parameter minus gradient (one unit in the last place of the largest parameter).
+    assert mine["change"] > 0.01
+    assert mine["diff"] <= 1e-6 * mine["change"] + float(np.finfo(np.float32).eps) * mine["scale"], mine
+
+
+@pytest.mark.slow
+def test_a_pass_that_samples_runs_on_every_process(tmp_path):
+  """ToolOPD's hindsight skills are generated by the policy itself: each process generates them on its own copy."""
+  policy, teacher = _models(tmp_path)
+  overrides = _overrides(tmp_path, policy, teacher, method="toolopd")
+  outs = _launch(tmp_path, [o for o in overrides if not o.startswith("--config.teacher.source")], tmp_path / "run")
+  for k, (code, out) in enumerate(outs):
+    assert code == 0, f"process {k} exited {code}:\n{out[-6000:]}"
+  rl = _check_run(tmp_path / "run")
+  assert all(r["pass/hindsight_skill/dropped"] < 8 for r in rl), rl
+
+
+def test_groups_that_cannot_be_split_over_the_processes_are_refused(tmp_path):
+  policy, teacher = _models(tmp_path)
+  outs = _launch(tmp_path, _overrides(tmp_path, policy, teacher, prompts=3), tmp_path / "run")
+  for code, out in outs:
+    assert code == 1, out[-3000:]
+    assert "config.rollout.prompts_per_step=3" in out and "over 2 processes" in out, out[-3000:]
+  assert not (tmp_path / "run" / "config.json").exists()
