@@ -401,14 +401,15 @@ def warm_start(run: Run, params, stop: "StopRequests | None" = None) -> Any:
       },
     )
     bar.update(1)
-    stopped = stop is not None and stop.signum is not None
+    signum = stop.agreed() if stop is not None else None
+    stopped = signum is not None
     if s % c.sft.checkpoint_every == 0 or s == c.sft.steps or stopped:
       meta = {"sft_step": s, "data_state": data.get_state(), "rng_state": rng.bit_generator.state, "phase": "sft"}
       run.ckpt.save_warm_start(s, params, opt_state, meta)
     if stopped:
       bar.close()
       run.writer.close()
-      raise TrainingStopped(stop.signum, s, run.ckpt.warm_start_dir, phase="warm-start")
+      raise TrainingStopped(signum, s, run.ckpt.warm_start_dir, phase="warm-start")
   bar.close()
   return params
 
@@ -529,7 +530,8 @@ class TrainingStopped(Exception):
 class StopRequests:
   """While active (a `with` block in the main thread), SIGTERM and SIGINT set `signum` instead of stopping the
   process, and print one line; the RL loop then checkpoints the step in flight and stops (preemption, Ctrl-C).
-  A second signal raises KeyboardInterrupt at once. Outside the main thread it does nothing."""
+  A second signal raises KeyboardInterrupt at once. Outside the main thread it does nothing. With several
+  processes the loop stops when any of them has seen a signal (`agreed`)."""
 
   def __init__(self):
     self.signum: int | None = None
@@ -544,6 +546,14 @@ class StopRequests:
       f"(send it again to stop at once)",
       flush=True,
     )
+
+  def agreed(self) -> int | None:
+    """The signal this process or any other has seen (None if none): with several processes every one stops after
+    the same step (one small all-gather, so every process calls it at the same point)."""
+    if jax.process_count() == 1:
+      return self.signum
+    seen = [s for s in multihost.allgather_objects(self.signum) if s is not None]
+    return self.signum if self.signum is not None else (seen[0] if seen else None)
 
   def __enter__(self):
     if threading.current_thread() is threading.main_thread():
@@ -651,9 +661,10 @@ def _train(run: Run, sft_only: bool) -> dict:
     else:
       params, opt_state, ref_params = _fresh_start(run, optimizer, opt_sh, data, stop)
       rl_step = 0
-      if stop.signum is not None:  # a signal during the eval after the warm start: step 0 is checkpointed
+      signum = stop.agreed()
+      if signum is not None:  # a signal during the eval after the warm start: step 0 is checkpointed
         run.writer.close()
-        raise TrainingStopped(stop.signum, 0, run.ckpt.directory)
+        raise TrainingStopped(signum, 0, run.ckpt.directory)
   if sft_only:
     print(f"[jaxcredit] warm start done; checkpoint in {run.ckpt.directory}")
     run.writer.close()
@@ -682,17 +693,18 @@ def _train(run: Run, sft_only: bool) -> dict:
         )
       bar.update(1)
       bar.set_postfix(reward=f"{row['reward_mean']:.2f}", loss=f"{row['loss']:.3f}", tools=f"{row['tool_calls']:.1f}")
-      if rl_step % c.checkpoint_every == 0 or rl_step == c.total_steps or stop.signum is not None:
+      signum = stop.agreed()
+      if rl_step % c.checkpoint_every == 0 or rl_step == c.total_steps or signum is not None:
         run.ckpt.save(
           rl_step,
           params,
           opt_state,
           {"rl_step": rl_step, "data_state": data.get_state(), "phase": "rl", "seed": c.seed},
         )
-      if stop.signum is not None:
+      if signum is not None:
         bar.close()
         run.writer.close()
-        raise TrainingStopped(stop.signum, rl_step, run.ckpt.directory)
+        raise TrainingStopped(signum, rl_step, run.ckpt.directory)
   bar.close()
   last = {}
   if c.eval.at_end:
@@ -785,6 +797,9 @@ class StepRollouts:
   env_metrics: dict
   sampler_stats: dict  # sampler_<counter>: this step's counts, summed over processes
   seconds: float  # the slowest process's sampling time
+  # sampler_sync_s: putting the policy's parameters into the sampler (with several processes, each process's copy);
+  # rollout_gather_s: gathering every process's rollouts (0 with one process).
+  timing: dict = dataclasses.field(default_factory=dict)
 
 
 def sample_step(run: Run, params, prompt_ids, key) -> StepRollouts:
@@ -800,12 +815,15 @@ def sample_step(run: Run, params, prompt_ids, key) -> StepRollouts:
   if jax.process_count() > 1:
     key = jax.random.fold_in(jax.random.fold_in(key, 2), jax.process_index())
   stats_before = dict(run.sampler.stats)
-  results = rollouts(run, params, [run.train_tasks[i] for i in mine for _ in range(g)], key)
+  run.sampler.update_model(_sampling_model(run, params))
+  sync_s = time.time() - t0
+  results = _sample(run, [run.train_tasks[i] for i in mine for _ in range(g)], key)
   sampler_stats = {f"sampler_{k}": int(v - stats_before.get(k, 0)) for k, v in run.sampler.stats.items()}
   unit_rewards = [list(run.env.unit_rewards(r.env)) for r in results] if run.env.unit_rewards is not None else None
   env_metrics = _env_metrics(run, results)
   seconds = time.time() - t0
   processes = [jax.process_index()] * len(results)
+  t_gather = time.time()
   if jax.process_count() > 1:
     local = [dataclasses.replace(r, env=None) for r in results]
     shares = multihost.allgather_objects((local, unit_rewards, env_metrics, sampler_stats, seconds))
@@ -816,6 +834,7 @@ def sample_step(run: Run, params, prompt_ids, key) -> StepRollouts:
     sampler_stats = {k: sum(share[3][k] for share in shares) for k in sampler_stats}
     seconds = max(share[4] for share in shares)
     processes = [k for k, share in enumerate(shares) for _ in share[0]]
+  timing = {"sampler_sync_s": sync_s, "rollout_gather_s": time.time() - t_gather}
   return StepRollouts(
     tasks=[run.train_tasks[int(i)] for i in prompt_ids for _ in range(g)],
     results=results,
@@ -824,6 +843,7 @@ def sample_step(run: Run, params, prompt_ids, key) -> StepRollouts:
     env_metrics=env_metrics,
     sampler_stats=sampler_stats,
     seconds=seconds,
+    timing=timing,
   )
 
 
@@ -914,7 +934,8 @@ def learn_step(
   }
   row.update(_throughput(run, row["tokens"], row["step_s"]))
   row.update(sampled.env_metrics)
-  row.update(sampled.sampler_stats)  # prefill_tokens, decode_tokens, extends, rebuilds of this step's rollouts
+  row.update(sampled.sampler_stats)
+  row.update(sampled.timing)  # prefill_tokens, decode_tokens, extends, rebuilds of this step's rollouts
   if traj.unit_mask_BxU.shape[1] > 1:
     row["units_mean"] = float(traj.unit_mask_BxU.sum(1).mean())
     row["unit_reward_mean"] = float(traj.unit_rewards_BxU[traj.unit_mask_BxU].mean())

@@ -6,9 +6,11 @@ rate 1: the parameter change is the gradient)."""
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -57,7 +59,7 @@ def _overrides(tmp_path, policy, teacher, *, method="opd", prompts=4):
   ]
 
 
-def _launch(tmp_path, overrides, workdir, num_processes=2, devices=4):
+def _start(overrides, workdir, num_processes=2, devices=4):
   port = _free_port()
   procs = []
   for i in range(num_processes):
@@ -73,6 +75,10 @@ def _launch(tmp_path, overrides, workdir, num_processes=2, devices=4):
     cmd = [sys.executable, "-m", "jaxcredit.cli", "train", "--config", "configs/quickstart.py"]
     cmd += [*overrides, f"--config.workdir={workdir}"]
     procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+  return procs
+
+
+def _wait(procs):
   outs = []
   for p in procs:
     try:
@@ -83,6 +89,10 @@ def _launch(tmp_path, overrides, workdir, num_processes=2, devices=4):
       raise
     outs.append((p.returncode, out))
   return outs
+
+
+def _launch(tmp_path, overrides, workdir, num_processes=2, devices=4):
+  return _wait(_start(overrides, workdir, num_processes, devices))
 
 
 def _models(tmp_path):
@@ -167,3 +177,35 @@ def test_groups_that_cannot_be_split_over_the_processes_are_refused(tmp_path):
     assert code == 1, out[-3000:]
     assert "config.rollout.prompts_per_step=3" in out and "over 2 processes" in out, out[-3000:]
   assert not (tmp_path / "run" / "config.json").exists()
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_process_stops_every_process_after_the_same_step(tmp_path):
+  """A preempted pod host: SIGTERM reaches one process; all of them checkpoint the same step, exit 0, and the same
+  command resumes after it."""
+  policy, teacher = _models(tmp_path)
+  overrides = [o for o in _overrides(tmp_path, policy, teacher) if not o.startswith("--config.total_steps")]
+  run_dir = tmp_path / "run"
+  procs = _start([*overrides, "--config.total_steps=1000", "--config.eval.at_end=False"], run_dir)
+  metrics = run_dir / "metrics.jsonl"
+  deadline = time.time() + 600
+  while time.time() < deadline and all(p.poll() is None for p in procs):
+    if metrics.is_file() and '"phase": "rl"' in metrics.read_text():
+      break
+    time.sleep(0.5)
+  assert all(p.poll() is None for p in procs), _wait(procs)
+  procs[1].send_signal(signal.SIGTERM)
+  outs = _wait(procs)
+  steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines() if '"phase": "rl"' in line]
+  for k, (code, out) in enumerate(outs):
+    assert code == 0, f"process {k} exited {code}:\n{out[-4000:]}"
+    assert f"stopped by SIGTERM after RL step {steps[-1]}, checkpointed in" in out, out[-3000:]
+  assert str(steps[-1]) in os.listdir(run_dir / "checkpoints")
+  resumed = _launch(
+    tmp_path, [*overrides, f"--config.total_steps={steps[-1] + 1}", "--config.eval.at_end=False"], run_dir
+  )
+  for k, (code, out) in enumerate(resumed):
+    assert code == 0, f"process {k} exited {code}:\n{out[-4000:]}"
+    assert f"resuming at RL step {steps[-1]}" in out
+  rl = [json.loads(line)["step"] for line in metrics.read_text().splitlines() if '"phase": "rl"' in line]
+  assert rl == steps + [steps[-1] + 1]
