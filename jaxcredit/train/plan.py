@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxcredit import sharding
+from jaxcredit import multihost, sharding
 from jaxcredit.models.config import ModelConfig
 from jaxcredit.models.decoder import Decoder, param_logical_axes
 from jaxcredit.train import step as step_lib
@@ -212,12 +212,26 @@ def rl_step_memory(
 
   Returns:
     policy_bytes (master weights), optimizer_bytes (AdamW moments and count), sampler_weights_bytes (the
-    sampler's compute-dtype copy; 0 when the parameters are stored in it), reference_bytes (the frozen reference,
-    compute dtype; the trainer always keeps one), teacher_bytes, kv_cache_bytes (keys and values of every layer
-    for the rollouts, sharded over the batch axes and the kv heads over tensor where they divide), each per
-    device.
+    sampler's compute-dtype copy; 0 when the parameters are stored in it on one host; on several hosts each host's
+    own copy, sharded over its chips only: `config.mesh` divided by the host count, as the trainer samples),
+    reference_bytes (the frozen reference, compute dtype; the trainer always keeps one), teacher_bytes,
+    kv_cache_bytes (keys and values of every layer for the host's share of the rollouts, sharded over the batch
+    axes and the kv heads over tensor where they divide), each per device; and hosts (processes: the mesh's
+    devices' distinct process indices).
+
+  Raises:
+    ValueError: `rollouts` or the mesh can't be split over the hosts (as the trainer refuses them).
   """
   compute = jnp.dtype(cfg.dtype)
+  devices = list(mesh.devices.flat)
+  hosts = len({d.process_index for d in devices})
+  sample_mesh = mesh
+  if hosts > 1:  # each host samples its share of the rollouts on its own chips, from its own copy of the policy
+    if rollouts % hosts:
+      raise ValueError(f"{rollouts} rollouts per step can't be split evenly over {hosts} hosts")
+    mine = [d for d in devices if d.process_index == devices[0].process_index]
+    sample_mesh = sharding.make_mesh(multihost.local_mesh_shape(dict(mesh.shape), hosts), mine)
+    rollouts //= hosts
   masters = _abstract_params(cfg, mesh, cfg.jnp_param_dtype)
   p_sh = jax.tree.map(lambda x: x.sharding, masters)
   optimizer = step_lib.make_optimizer(1e-6)
@@ -231,13 +245,20 @@ def rl_step_memory(
     teacher = _shard_bytes(_abstract_params(teacher_cfg, mesh, jnp.dtype(teacher_cfg.dtype), teacher_rules))
   kv_shape = (cfg.num_layers, rollouts, cache_len, cfg.num_kv_heads, cfg.head_dim)
   kv_spec = sharding.logical_to_spec(
-    ("layers", "activation_batch", "activation_length", "activation_kv_heads", "head_dim"), kv_shape, dict(mesh.shape)
+    ("layers", "activation_batch", "activation_length", "activation_kv_heads", "head_dim"),
+    kv_shape,
+    dict(sample_mesh.shape),
   )
-  kv = jax.ShapeDtypeStruct(kv_shape, compute, sharding=jax.sharding.NamedSharding(mesh, kv_spec))
+  kv = jax.ShapeDtypeStruct(kv_shape, compute, sharding=jax.sharding.NamedSharding(sample_mesh, kv_spec))
+  if hosts > 1:
+    sampler_weights = _shard_bytes(_abstract_params(cfg, sample_mesh, compute))
+  else:
+    sampler_weights = 0 if cfg.jnp_param_dtype == compute else _shard_bytes(reference)
   return {
+    "hosts": hosts,
     "policy_bytes": _shard_bytes(masters),
     "optimizer_bytes": _shard_bytes(opt_state),
-    "sampler_weights_bytes": 0 if cfg.jnp_param_dtype == compute else _shard_bytes(reference),
+    "sampler_weights_bytes": sampler_weights,
     "reference_bytes": _shard_bytes(reference),
     "teacher_bytes": teacher,
     "kv_cache_bytes": 2 * _shard_bytes(kv),
@@ -511,7 +532,9 @@ def format_report(r: Mapping[str, Any]) -> str:
     q = r["rl_step"]
     lines += [
       f"  RL step per device: policy {_gib(q['policy_bytes'])}, optimizer {_gib(q['optimizer_bytes'])}, "
-      f"sampler weights {_gib(q['sampler_weights_bytes'])}, reference {_gib(q['reference_bytes'])}, "
+      f"sampler weights {_gib(q['sampler_weights_bytes'])}"
+      + (f" (each of {q['hosts']} hosts' own copy)" if q.get("hosts", 1) > 1 else "")
+      + f", reference {_gib(q['reference_bytes'])}, "
       f"teacher {_gib(q['teacher_bytes'])}, KV cache {_gib(q['kv_cache_bytes'])}",
       f"  RL step peak {_gib(q['peak_bytes'])} (update {_gib(q['update_phase_bytes'])}, sampling "
       f"{_gib(q['sampling_phase_bytes'])}) of {_gib(r['hbm_bytes'])}: {'FITS' if q['fits'] else 'DOES NOT FIT'}",

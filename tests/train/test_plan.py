@@ -191,7 +191,8 @@ def test_plan_without_libtpu_simulates_the_chips_on_cpu_and_says_so():
 @needs_libtpu
 def test_the_rl_step_names_every_resident_part():
   """Float32 masters with bfloat16 compute: the update's arguments are masters + moments + batch; beside them sit
-  the sampler's bfloat16 copy and the bfloat16 reference, and during sampling the KV cache of every rollout."""
+  the sampler's bfloat16 copy (on 2 hosts, each host's own) and the bfloat16 reference, and during sampling the KV
+  cache of the host's rollouts."""
   import dataclasses
 
   cfg = dataclasses.replace(TINY_MOE, param_dtype="float32")
@@ -208,14 +209,22 @@ def test_the_rl_step_names_every_resident_part():
   assert q["policy_bytes"] == _shard_bytes(params)
   assert q["optimizer_bytes"] == _shard_bytes(opt_state)
   assert q["optimizer_bytes"] >= 2 * q["policy_bytes"]  # two float32 moments per float32 master
-  # bfloat16 copies of the same shards: half the masters.
-  assert q["reference_bytes"] == q["sampler_weights_bytes"] == q["policy_bytes"] // 2
+  # The reference: a bfloat16 copy of the same shards, half the masters.
+  assert q["reference_bytes"] == q["policy_bytes"] // 2
+  # v5p:2x2x2 is 2 hosts of 4 chips: each host samples from its own bfloat16 copy sharded over its 4 chips only
+  # (the mesh divided by the hosts, outer axes first: fsdp 2 -> 1, expert 4), so a device holds more of it.
+  assert q["hosts"] == 2
+  mine = [d for d in devices if d.process_index == devices[0].process_index]
+  host_mesh = sharding.make_mesh({"fsdp": 1, "expert": 4}, mine)
+  assert q["sampler_weights_bytes"] == plan._shard_bytes(plan._abstract_params(cfg, host_mesh, np.dtype("bfloat16")))
+  assert q["sampler_weights_bytes"] > q["reference_bytes"]
   assert report["argument_bytes"] >= q["policy_bytes"] + q["optimizer_bytes"] + _shard_bytes(batch)
   # The teacher: 3 of TINY_MOE's layers where the policy has 2, plus the same embedding and head.
   per_layer = (q["reference_bytes"] - _layerless_bytes(cfg, mesh)) // 2
   assert q["teacher_bytes"] == _layerless_bytes(cfg, mesh) + 3 * per_layer
-  # Keys and values of 2 layers x 8 rollouts x 300 slots x 2 kv heads x 64, bfloat16, rollouts over fsdp x expert.
-  assert q["kv_cache_bytes"] == 2 * 2 * 8 * 300 * 2 * 64 * 2 // 8
+  # Keys and values of 2 layers x 4 rollouts (a host's half) x 300 slots x 2 kv heads x 64, bfloat16, the rollouts
+  # over the host's expert axis (4 chips).
+  assert q["kv_cache_bytes"] == 2 * 2 * 4 * 300 * 2 * 64 * 2 // 4
   beside = q["sampler_weights_bytes"] + q["reference_bytes"] + q["teacher_bytes"]
   assert q["update_phase_bytes"] == report["peak_bytes"] + beside
   assert q["peak_bytes"] == max(q["update_phase_bytes"], q["sampling_phase_bytes"])
