@@ -415,7 +415,15 @@ class Sampler:
     if old != new:
       raise ValueError("update_model: parameter shapes or dtypes differ from the Sampler's; build a new Sampler")
     self._state = jax.device_put(state, self._shardings)
+    self._released = False
     self._version += 1  # sessions drop caches computed with the old parameters
+
+  def release_weights(self) -> None:
+    """Drops the sampler's parameters (keeping their shapes) until the next `update_model`: a trainer frees the
+    sampler's own copy (e.g. each host's copy on a pod) while the update needs the memory. `generate` meanwhile
+    raises."""
+    self._state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), self._state)
+    self._released = True
 
   def session(self) -> "SamplerSession":
     """A KV cache kept across `generate` calls (see `SamplerSession`)."""
@@ -433,6 +441,8 @@ class Sampler:
     return self.session().generate(prompts, params, key, decode_text=decode_text)
 
   def _check(self, prompts, params: SamplingParams, decode_text) -> None:
+    if getattr(self, "_released", False):
+      raise ValueError("the sampler's weights were released (release_weights); call update_model before generate")
     if not isinstance(params, SamplingParams):
       raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
     if len(prompts) == 0:

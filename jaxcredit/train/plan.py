@@ -461,11 +461,12 @@ def _report(
   report["step_time_with_attention_at_mfu_1.0_s"] = (model_flops + attn) / peak_flops
   if rl_parts is not None:
     # During the update: its own peak (the policy and optimizer state are its arguments) plus what stays resident
-    # beside it. During sampling: everything resident plus the KV cache of all rollouts.
-    beside = rl_parts["sampler_weights_bytes"] + rl_parts["reference_bytes"] + rl_parts["teacher_bytes"]
+    # beside it (the sampler's copy is released before the update). During sampling: everything resident, the
+    # sampler's copy and the KV cache of the rollouts.
+    beside = rl_parts["reference_bytes"] + rl_parts["teacher_bytes"]
     resident = rl_parts["policy_bytes"] + rl_parts["optimizer_bytes"] + beside
     update_phase = (peak if refused is None else temporaries + resident - beside) + beside
-    sampling_phase = resident + rl_parts["kv_cache_bytes"]
+    sampling_phase = resident + rl_parts["sampler_weights_bytes"] + rl_parts["kv_cache_bytes"]
     rl_peak = max(update_phase, sampling_phase)
     report["rl_step"] = {
       **rl_parts,

@@ -889,6 +889,9 @@ def learn_step(
   if ref_logp is not None:
     extra["ref_logp_BxL"] = multihost.to_host(ref_logp(ref_params, traj.tokens_BxL, traj.token_mask_BxL))
   step_lib.check_batch_keys(extra, _loss_config(c), who=f"method {c.credit.method!r}")
+  for sampler in (run.sampler, run.teacher_sampler):  # their weights are bound again before their next use
+    if sampler is not None:
+      sampler.release_weights()
   params, opt_state, m = ppo_updates(
     update,
     params,

@@ -201,6 +201,23 @@ def test_update_model_from_a_trainer_split_and_mesh_does_not_recompile(model, ot
     sampler.update_model(model)
 
 
+def test_released_weights_refuse_to_sample_until_bound_again(model, sampler, prompts):
+  """A trainer frees the sampler's copy for the update; sampling then names the fix, and the next update_model
+  samples as before, without recompiling."""
+  key = jax.random.key(23)
+  before = sampler.generate(prompts, GREEDY, key)
+  counts = sampler.trace_counts
+  sampler.release_weights()
+  assert all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(sampler._state))
+  try:
+    with pytest.raises(ValueError, match="released .* call update_model"):
+      sampler.generate(prompts, GREEDY, key)
+  finally:
+    sampler.update_model(model)
+  assert sampler.generate(prompts, GREEDY, key).tokens == before.tokens
+  assert sampler.trace_counts == counts
+
+
 def test_update_model_rejects_another_architecture(sampler):
   for change in (dict(num_layers=3), dict(qk_norm=True)):
     other = nnx.eval_shape(lambda: Decoder(dataclasses.replace(CFG, **change), rngs=nnx.Rngs(0)))

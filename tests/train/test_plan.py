@@ -225,8 +225,12 @@ def test_the_rl_step_names_every_resident_part():
   # Keys and values of 2 layers x 4 rollouts (a host's half) x 300 slots x 2 kv heads x 64, bfloat16, the rollouts
   # over the host's expert axis (4 chips).
   assert q["kv_cache_bytes"] == 2 * 2 * 4 * 300 * 2 * 64 * 2 // 4
-  beside = q["sampler_weights_bytes"] + q["reference_bytes"] + q["teacher_bytes"]
+  beside = q["reference_bytes"] + q["teacher_bytes"]  # the sampler's copy is released during the update
   assert q["update_phase_bytes"] == report["peak_bytes"] + beside
+  assert (
+    q["sampling_phase_bytes"]
+    == q["policy_bytes"] + q["optimizer_bytes"] + beside + q["sampler_weights_bytes"] + q["kv_cache_bytes"]
+  )
   assert q["peak_bytes"] == max(q["update_phase_bytes"], q["sampling_phase_bytes"])
 
 
