@@ -260,19 +260,9 @@ def _sampling_params(run: Run, *, greedy: bool = False) -> SamplingParams:
   )
 
 
-def _model(run: Run, params):
-  return nnx.merge(run.graphdef, params, run.rest)
-
-
-def rollouts(run: Run, params, tasks, key, *, greedy=False, desc=None):
-  """Rollouts of `tasks` (this process's) by the policy `params`, on this process's sampler. With several
-  processes binding the parameters is collective: every process calls it together."""
-  run.sampler.update_model(_sampling_model(run, params))
-  return _sample(run, tasks, key, greedy=greedy)
-
-
 def _sample(run: Run, tasks, key, *, greedy=False):
-  """Rollouts of `tasks` by the parameters the sampler holds (process-local: no collective)."""
+  """Rollouts of `tasks` by the parameters the sampler holds (bound with `run.sampler.update_model(
+  _sampling_model(run, params))`, collective with several processes; sampling itself is process-local)."""
   envs = [run.env.make_env(t) for t in tasks]
   prompts = [run.env.initial_messages(t) for t in tasks]
   return run_rollouts(
@@ -951,28 +941,22 @@ def learn_step(
   row.update(pass_row)
   if rl_step % c.log_every == 0:
     run.writer.write("rl", rl_step, row)
-  if c.rollout.export_jsonl and jax.process_index() == 0:
+  exports = []  # (folder, rows, with_passes)
+  if c.rollout.export_jsonl:
+    exports.append(("rollouts", None, False))
+  if c.log_rollouts_every and rl_step % c.log_rollouts_every == 0:
+    exports.append(("rollout_samples", range(min(c.log_rollouts_count, len(results))), True))
+  for folder, rows, with_passes in exports if jax.process_index() == 0 else ():
     export_rollouts(
       run,
-      os.path.join(c.workdir, "rollouts", f"step_{rl_step}.jsonl"),
+      os.path.join(c.workdir, folder, f"step_{rl_step}.jsonl"),
       results,
       tasks,
       traj,
       out,
       rollout_ids=[f"step{rl_step}_{i}" for i in range(len(results))],
-      processes=sampled.processes,
-    )
-  if c.log_rollouts_every and rl_step % c.log_rollouts_every == 0 and jax.process_index() == 0:
-    export_rollouts(
-      run,
-      os.path.join(c.workdir, "rollout_samples", f"step_{rl_step}.jsonl"),
-      results,
-      tasks,
-      traj,
-      out,
-      rollout_ids=[f"step{rl_step}_{i}" for i in range(len(results))],
-      rows=range(min(c.log_rollouts_count, len(results))),
-      with_passes=True,
+      rows=rows,
+      with_passes=with_passes,
       processes=sampled.processes,
     )
   return params, opt_state, row
