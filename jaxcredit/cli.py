@@ -221,11 +221,12 @@ def _train(command: str, args: list[str]) -> int:
     if error:
       print(f"jaxcredit {command}: error: {error}", file=sys.stderr)
       return 2
+  from jaxcredit.sampling.vllm_engine import EngineError
   from jaxcredit.train import trainer
 
   try:
     trainer.train(config, sft_only=(command == "sft"))
-  except (ValueError, NotImplementedError, FileNotFoundError, FloatingPointError) as e:
+  except (ValueError, NotImplementedError, FileNotFoundError, FloatingPointError, EngineError) as e:
     print(f"jaxcredit {command}: error: {e}", file=sys.stderr)
     return 1
   except trainer.TrainingStopped as e:  # SIGTERM (preemption) or Ctrl-C during RL: the step was checkpointed
@@ -389,6 +390,12 @@ def _export(command: str, args: list[str]) -> int:
       metavar="GB",
       help="shard size limit in GiB when the source's shard layout is unknown (default 5)",
     )
+    p.add_argument(
+      "--untie-embeddings",
+      action="store_true",
+      help="write a tied output head as its own lm_head.weight (config tie_word_embeddings: false), for a vLLM "
+      "server that rollout.engine=vllm syncs weights into (docs/engines.md)",
+    )
 
   try:
     ns = _parse(command, args, build)
@@ -396,7 +403,13 @@ def _export(command: str, args: list[str]) -> int:
       return 0
     from jaxcredit.models import hf
 
-    stats = hf.export_hf(ns.checkpoint, ns.out, max_shard_size=int(ns.max_shard_size * 2**30), progress=True)
+    stats = hf.export_hf(
+      ns.checkpoint,
+      ns.out,
+      max_shard_size=int(ns.max_shard_size * 2**30),
+      progress=True,
+      untie_embeddings=ns.untie_embeddings,
+    )
   except (_UsageError, ValueError, OSError) as e:  # OSError: missing, unreadable or existing paths
     print(f"jaxcredit {command}: error: {_one_line(e)}", file=sys.stderr)
     return 2

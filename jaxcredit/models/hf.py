@@ -1017,7 +1017,12 @@ def _shard_plan(
 
 
 def export_hf(
-  checkpoint: str | os.PathLike, out: str | os.PathLike, *, max_shard_size: int = 5 << 30, progress: bool = False
+  checkpoint: str | os.PathLike,
+  out: str | os.PathLike,
+  *,
+  max_shard_size: int = 5 << 30,
+  progress: bool = False,
+  untie_embeddings: bool = False,
 ) -> dict[str, Any]:
   """Writes a converted checkpoint back as an HF safetensors folder, one layer slice at a time.
 
@@ -1025,7 +1030,10 @@ def export_hf(
   (`mlp.experts.{e}.{gate,up,down}_proj.weight`). A checkpoint converted from HF gets back the source's
   config.json (its "dtype" updated when the conversion cast), generation_config.json, tokenizer files, shard
   files and tensor order, so converting and exporting is bit-exact per tensor. Other checkpoints (GGUF) get a
-  config.json from `hf_config_from_model_config` and shards of at most max_shard_size bytes.
+  config.json from `hf_config_from_model_config` and shards of at most max_shard_size bytes. With
+  `untie_embeddings`, a tied output head is written as its own `lm_head.weight` (a copy of the embedding) and
+  config.json says `tie_word_embeddings: false` (the folder a vLLM server serves for `rollout.engine=vllm`;
+  `save_hf_weights`, `untie`).
 
   Returns:
     {"out", "tensors", "files", "bytes_written", "seconds"}.
@@ -1051,6 +1059,9 @@ def export_hf(
         f"model_config.json implies {shape}"
       )
   slots = {s.hf_name: s for s in hf_slots(cfg)}
+  untie = untie_embeddings and cfg.tie_word_embeddings
+  if untie:
+    slots["lm_head.weight"] = Slot("lm_head.weight", (cfg.vocab_size, cfg.hidden_size), "embedding", (), False)
   dtypes = {name: stores[s.param].dtype.numpy_dtype for name, s in slots.items()}
   nbytes = {name: math.prod(s.hf_shape) * dtypes[name].itemsize for name, s in slots.items()}
   hf_dir = checkpoint / _HF_DIR
@@ -1063,6 +1074,9 @@ def export_hf(
       hf.pop("torch_dtype", None)
   else:
     hf = hf_config_from_model_config(cfg)
+  if untie:
+    hf["tie_word_embeddings"] = False
+    stored_layout = None  # the source's shards do not hold lm_head.weight
   shards = _shard_plan(list(slots.values()), nbytes, stored_layout, max_shard_size)
   total = 0
   with _AtomicFolder(Path(out), "--out") as tmp, _progress(len(slots), "exporting", progress) as bar:
@@ -1099,6 +1113,69 @@ def export_hf(
     "bytes_written": total,
     "seconds": time.perf_counter() - start,
   }
+
+
+def save_hf_weights(
+  cfg: ModelConfig,
+  params: Mapping[str, Any],
+  out: str | os.PathLike,
+  *,
+  max_shard_size: int = 5 << 30,
+  untie: bool = False,
+) -> dict[str, Any]:
+  """Writes in-memory parameters as the safetensors shards of an HF folder (no config, no tokenizer): what a
+  serving engine reloads its weights from (`jaxcredit.sampling.vllm_engine`).
+
+  Args:
+    cfg: the model's config.
+    params: host arrays keyed by '/'-joined parameter path ('embedding', 'layers/wq', ...), as
+      `Decoder.params` flattened; each is written in its own dtype.
+    out: the folder; created if missing. Shard files and the index it already holds are replaced.
+    max_shard_size: bytes per shard file.
+    untie: with tied embeddings, also write `lm_head.weight` (a copy of the embedding), for a folder whose
+      config.json says `tie_word_embeddings: false`. vLLM's CPU backend keeps its own packed copy of a tied output
+      head, which an in-place weight reload leaves stale; an untied head is reloaded like any other weight.
+
+  Returns:
+    {"files": [shard file names], "bytes_written"}.
+
+  Raises:
+    ValueError: a parameter missing from `params` or with a shape other than cfg implies (named).
+  """
+  from jaxcredit.models.decoder import param_shapes
+
+  for param, shape in param_shapes(cfg).items():
+    if param not in params:
+      raise ValueError(f"save_hf_weights: parameter {param!r} is missing")
+    if tuple(np.shape(params[param])) != shape:
+      raise ValueError(
+        f"save_hf_weights: parameter {param!r} has shape {tuple(np.shape(params[param]))}, expected {shape}"
+      )
+  slots = {s.hf_name: s for s in hf_slots(cfg)}
+  if untie and cfg.tie_word_embeddings:
+    slots["lm_head.weight"] = Slot("lm_head.weight", (cfg.vocab_size, cfg.hidden_size), "embedding", (), False)
+  dtypes = {name: np.asarray(params[s.param]).dtype for name, s in slots.items()}
+  nbytes = {name: math.prod(s.hf_shape) * dtypes[name].itemsize for name, s in slots.items()}
+  shards = _shard_plan(list(slots.values()), nbytes, None, max_shard_size)
+  out = Path(out)
+  out.mkdir(parents=True, exist_ok=True)
+  for stale in list(out.glob("*.safetensors")) + list(out.glob("model.safetensors.index.json")):
+    if stale.name not in shards:
+      stale.unlink()
+
+  def produce(name: str) -> np.ndarray:
+    slot = slots[name]
+    return slot.to_hf(np.asarray(params[slot.param])[slot.index])
+
+  total = 0
+  for file, names in shards.items():
+    tmp = out / f".{file}.tmp"
+    total += write_safetensors(tmp, [(n, dtypes[n], slots[n].hf_shape) for n in names], produce, {"format": "pt"})
+    os.replace(tmp, out / file)
+  if len(shards) > 1:
+    index = {"metadata": {"total_size": total}, "weight_map": {n: f for f, ns in shards.items() for n in ns}}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+  return {"files": list(shards), "bytes_written": total}
 
 
 def iter_hf_tensors(folder: str | os.PathLike) -> Iterator[tuple[str, np.ndarray]]:

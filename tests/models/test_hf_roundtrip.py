@@ -189,3 +189,31 @@ def test_peak_memory_is_measured_above_baseline():
     block = np.ones(64 << 20, np.uint8)
     del block
   assert memory.peak_bytes is None or memory.peak_bytes >= 60 << 20
+
+
+def test_untied_export_gives_transformers_the_same_logits(tmp_path):
+  """`jaxcredit export --untie-embeddings` (the folder a vLLM server reloads weights into): the tied output head
+  written as its own lm_head.weight, config tie_word_embeddings false, and the same model for transformers."""
+  from transformers import AutoModelForCausalLM
+
+  model = torch_model("qwen3", tie_word_embeddings=True)
+  folder = save_hf(model, tmp_path / "hf")
+  convert_hf(folder, tmp_path / "conv")
+  assert (
+    cli.main(["jaxcredit", "export", "--checkpoint", str(tmp_path / "conv"), "--out", str(tmp_path / "exp")])
+    + cli.main(
+      ["jaxcredit", "export", "--checkpoint", str(tmp_path / "conv"), "--out", str(tmp_path / "untied")]
+      + ["--untie-embeddings"]
+    )
+    == 0
+  )
+  tied, untied = _tensors(tmp_path / "exp"), _tensors(tmp_path / "untied")
+  assert "lm_head.weight" not in tied and sorted(untied) == sorted([*tied, "lm_head.weight"])
+  np.testing.assert_array_equal(untied["lm_head.weight"], tied["model.embed_tokens.weight"])
+  assert json.loads((tmp_path / "untied" / "config.json").read_text())["tie_word_embeddings"] is False
+  ids = torch.tensor([[1, 5, 9, 3]])
+  with torch.no_grad():
+    a = AutoModelForCausalLM.from_pretrained(tmp_path / "exp").eval()(ids).logits
+    b = AutoModelForCausalLM.from_pretrained(tmp_path / "untied").eval()(ids).logits
+  assert not AutoModelForCausalLM.from_pretrained(tmp_path / "untied").config.tie_word_embeddings
+  np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=0, atol=0)
