@@ -368,6 +368,7 @@ class Sampler:
     self._state = compute_params(self.cfg, state)
     self._traces = collections.Counter()
     self._version = 0
+    self.version: int | None = None  # the trainer's policy version of the bound parameters (update_model)
     # Every counter present from the start (a metrics row then always has each key).
     self.stats = collections.Counter(prefill_tokens=0, decode_tokens=0, extends=0, rebuilds=0)
     self._cache_dtype = jnp.dtype(cache_dtype if cache_dtype is not None else self.cfg.dtype)
@@ -390,8 +391,12 @@ class Sampler:
     """How many times each jitted function (prefill, extend, decode, relayout) was traced (= compiled)."""
     return dict(self._traces)
 
-  def update_model(self, model) -> None:
+  def update_model(self, model, *, version: int | None = None, max_staleness: int = 0) -> None:
     """Uses `model`'s current parameters from now on, without recompiling.
+
+    `version` (the trainer's policy version, kept as `self.version`) and `max_staleness` are the rollout-engine
+    interface (`jaxcredit.sampling.vllm_engine.VLLMEngine.update_model`); this sampler binds the parameters
+    whatever they say: binding costs no copy.
 
     Call it after every parameter update and before the next `generate`: the sampler holds the arrays it was
     given, not the module (and a train step that donates its parameter buffers deletes those arrays).
@@ -416,6 +421,7 @@ class Sampler:
       raise ValueError("update_model: parameter shapes or dtypes differ from the Sampler's; build a new Sampler")
     self._state = jax.device_put(state, self._shardings)
     self._released = False
+    self.version = version
     self._version += 1  # sessions drop caches computed with the old parameters
 
   def release_weights(self) -> None:
@@ -424,6 +430,9 @@ class Sampler:
     raises."""
     self._state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), self._state)
     self._released = True
+
+  def close(self) -> None:
+    """Nothing to stop: this sampler runs in this process (the rollout-engine interface; see `VLLMEngine.close`)."""
 
   def session(self) -> "SamplerSession":
     """A KV cache kept across `generate` calls (see `SamplerSession`)."""

@@ -87,6 +87,20 @@ def base_config() -> ml_collections.ConfigDict:
   # pass output (per token where the pass has one value per token) to workdir/rollout_samples/step_N.jsonl.
   c.log_rollouts_every = 0
   c.log_rollouts_count = 4
+  # Who samples the rollouts (jaxcredit.train.engines.ENGINES): "jax" (jaxcredit's Sampler, in this process) or
+  # "vllm" (a vLLM server, token-in token-out; docs/engines.md). Passes, credit and the update stay in JAX.
+  c.rollout.engine = "jax"
+  # Policy versions a rollout engine may lag behind before the weights are synced again (0: every step).
+  c.rollout.max_staleness = 0
+  c.rollout.vllm = ml_collections.ConfigDict()
+  c.rollout.vllm.url = ""  # a running server (http://host:port); "" = launch one (rollout.vllm.python)
+  c.rollout.vllm.python = ""  # the Python with vLLM installed that launches the server (its own virtual env)
+  c.rollout.vllm.served_model_name = "policy"
+  c.rollout.vllm.port = 0  # a launched server's port (0: a free one)
+  c.rollout.vllm.kv_cache_gib = 1  # a launched CPU server's KV cache in whole GiB (VLLM_CPU_KVCACHE_SPACE)
+  c.rollout.vllm.startup_timeout_s = 900.0
+  c.rollout.vllm.extra_args = ""  # more arguments for a launched server, space-separated
+  c.rollout.vllm.dir = ""  # the model folder the server loads and weight syncs write ("" = workdir/vllm)
 
   c.credit = ml_collections.ConfigDict()
   c.credit.method = "trace"  # a name in jaxcredit.train.methods.METHODS
@@ -112,6 +126,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.loss.aggregation = "token-mean"
   c.loss.kl_coef = 0.0  # > 0 adds a k-estimator KL to the reference to the loss
   c.loss.kl_estimator = "k3"
+  # Rollouts from another engine (rollout.engine != "jax"): each action token's loss is weighted by
+  # min(pi_trainer / pi_engine, engine_is_cap), the truncated importance weight (docs/engines.md).
+  c.loss.engine_is_cap = 2.0
 
   c.optim = ml_collections.ConfigDict()
   c.optim.name = "adamw"  # or "sgd" (train/step.py OPTIMIZERS); the RL updates' rule (the warm start uses AdamW)
@@ -195,6 +212,34 @@ def pod_config(
   return c
 
 
+def _validate_engine(c: ml_collections.ConfigDict) -> None:
+  from jaxcredit.train.engines import ENGINES
+
+  if c.rollout.engine not in ENGINES:
+    raise ValueError(f"config.rollout.engine must be one of {tuple(ENGINES)}, got {c.rollout.engine!r}")
+  if isinstance(c.rollout.max_staleness, bool) or int(c.rollout.max_staleness) < 0:
+    raise ValueError(f"config.rollout.max_staleness must be an int >= 0, got {c.rollout.max_staleness!r}")
+  cap = c.loss.engine_is_cap
+  if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap >= 1:
+    raise ValueError(f"config.loss.engine_is_cap must be a number >= 1, got {cap!r}")
+  if c.rollout.engine == "vllm":
+    v = c.rollout.vllm
+    if not v.url and not v.python:
+      raise ValueError(
+        "config.rollout.engine='vllm' needs config.rollout.vllm.url (a running server) or "
+        "config.rollout.vllm.python (a Python with vllm installed, to launch one)"
+      )
+    if isinstance(v.kv_cache_gib, bool) or not isinstance(v.kv_cache_gib, int) or v.kv_cache_gib < 1:
+      raise ValueError(f"config.rollout.vllm.kv_cache_gib must be an int >= 1 (GiB), got {v.kv_cache_gib!r}")
+    if v.url and not str(v.url).startswith(("http://", "https://")):
+      raise ValueError(f"config.rollout.vllm.url must start with http:// or https://, got {v.url!r}")
+    if c.sampling.top_p != 1:
+      raise ValueError(
+        f"config.sampling.top_p={c.sampling.top_p}: rollout.engine='vllm' samples with top_p=1 (under top-p vLLM "
+        f"renormalises its log-probs over the kept tokens, the trainer does not)"
+      )
+
+
 def validate(c: ml_collections.ConfigDict) -> None:
   """Checks values a user can get wrong; raises ValueError naming the key and the fix."""
   sharding.resolve_rules(dict(c.sharding_rules))
@@ -222,6 +267,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
       raise ValueError(f"config.mesh.{axis} must be an int >= 1 (or -1 for the rest), got {size!r}")
   if c.credit.method not in METHODS:
     raise ValueError(f"config.credit.method must be one of {tuple(METHODS)}, got {c.credit.method!r}")
+  _validate_engine(c)
   if c.env.name not in ENVS:
     raise ValueError(f"config.env.name must be one of {sorted(ENVS)}, got {c.env.name!r}")
   _validate_knobs(c)

@@ -126,6 +126,11 @@ def policy_term(logp_BxL, mb: dict, cfg: PolicyLossConfig):
     max_log_ratio=cfg.max_log_ratio,
   )
   ratio_dev = jnp.abs(jnp.exp(logp_BxL - mb["behavior_logp_BxL"]) - 1.0)
+  if "behavior_weight_BxL" in mb:
+    # Rollouts from another engine: behavior_logp_BxL is the trainer's own log-prob at sampling time (the proximal
+    # policy of decoupled PPO) and this truncated weight min(pi_trainer / pi_engine, cap) corrects for the engine
+    # (docs/engines.md, "Engine and trainer log-probs").
+    tok_loss = tok_loss * mb["behavior_weight_BxL"]
   return tok_loss, {"clip": clipped, "ratio_dev": ratio_dev}
 
 

@@ -38,6 +38,7 @@ from jaxcredit.rollout.multiturn import RolloutResult, build_demonstration, run_
 from jaxcredit.sampling import Sampler, SamplingParams
 from jaxcredit.train import checkpoint as ckpt_lib
 from jaxcredit.train import config as config_lib
+from jaxcredit.train.engines import ENGINES, make_jax_sampler
 from jaxcredit.train import metrics as metrics_lib
 from jaxcredit.train import passes as passes_lib
 from jaxcredit.train import step as step_lib
@@ -72,6 +73,14 @@ class Run:
   # With several processes: the mesh over this process's devices that its samplers run on (None with one process:
   # the sampler reads the training mesh's parameters directly).
   local_mesh: Any = None
+  # The number of parameter updates so far (warm-start steps and RL steps; saved with each checkpoint): the version
+  # a rollout engine's weights are compared against (config.rollout.max_staleness), in rollout exports.
+  policy_version: int = 0
+  policy_logp: Any = None  # jitted (params, tokens, mask) -> log-probs, built when an external engine samples
+
+  def close(self) -> None:
+    """Stops what the run started outside this process (a launched rollout server)."""
+    self.sampler.close()
 
 
 def _bar(config, **kw):
@@ -91,19 +100,6 @@ def model_overrides_dict(config: ml_collections.ConfigDict) -> dict:
 def model_overrides(cfg, config: ml_collections.ConfigDict):
   """cfg with `model_overrides_dict(config)` applied."""
   return dataclasses.replace(cfg, **model_overrides_dict(config))
-
-
-def _make_sampler(config, model, tok) -> Sampler:
-  """The sampler; its batch buckets are this process's share of a step's rollouts and the eval batch."""
-  rollouts_per_process = config.rollout.prompts_per_step * config.rollout.group_size // jax.process_count()
-  return Sampler(
-    model,
-    max_len=config.sampling.max_len,
-    pad_id=tok.pad_id,
-    chunk_size=config.sampling.chunk_size,
-    prompt_bucket=config.sampling.prompt_bucket,
-    batch_buckets=tuple(sorted({rollouts_per_process, config.eval.batch_size})),
-  )
 
 
 def _check_processes(config) -> None:
@@ -214,8 +210,10 @@ def build(config: ml_collections.ConfigDict, *, write_config: bool = True) -> Ru
       multihost.local_mesh_shape(dict(config.mesh), jax.process_count()), devices=jax.local_devices()
     )
     model = nnx.merge(graphdef, *multihost.local_copy((params, rest), local_mesh))
-  sampler = _make_sampler(config, model, tok)  # traced at its first generate, inside train's use_rules block
   teacher = _load_teacher(config, mesh, tok, model.cfg)
+  # Last, so that nothing fails after a rollout server is launched. Sampler: traced at its first generate, inside
+  # train's use_rules block.
+  sampler = ENGINES[config.rollout.engine].build(config, model, tok)
   if write_config:
     if multihost.is_primary():
       ckpt_lib.check_or_write_config(config.workdir, config.to_dict())
@@ -285,7 +283,8 @@ def evaluate(run: Run, params, stage: str, step: int) -> dict:
   results = []
   bs = run.config.eval.batch_size
   mine = run.eval_tasks[multihost.uneven_share(len(run.eval_tasks))]
-  run.sampler.update_model(_sampling_model(run, params))  # collective once; the batches below are local
+  # Collective once; the batches below are local.
+  run.sampler.update_model(_sampling_model(run, params), version=run.policy_version)
   for i in _bar(run.config, iterable=range(0, len(mine), bs), desc=f"eval {stage}", leave=False):
     results += _sample(run, mine[i : i + bs], jax.random.key(0), greedy=True)
   summaries = sum(
@@ -350,6 +349,7 @@ def warm_start(run: Run, params, stop: "StopRequests | None" = None) -> Any:
   start = run.ckpt.latest_warm_start_step()
   if start is not None:
     params, opt_state, meta = run.ckpt.restore_warm_start(start, params, opt_state)
+    run.policy_version = start  # one update per warm-start step
     data.set_state(meta["data_state"])
     rng.bit_generator.state = meta["rng_state"]
     dropped = run.writer.truncate_after("sft", start)
@@ -376,6 +376,7 @@ def warm_start(run: Run, params, stop: "StopRequests | None" = None) -> Any:
     )
     batch = _batch(traj, {})
     params, opt_state, m = update(params, opt_state, sharding.shard_batch(batch, run.mesh))
+    run.policy_version += 1
     m = jax.device_get(m)
     dt = time.time() - t0
     n_tok = int(traj.action_mask_BxL.sum())
@@ -445,15 +446,46 @@ def ppo_updates(
   return params, opt_state, metrics
 
 
-def _batch(traj, extra: dict) -> dict:
-  """The update's batch: the trajectory's token arrays plus what the loss terms read (`LossTerm.batch_keys`)."""
+def _batch(traj, extra: dict, behavior_logp_BxL=None) -> dict:
+  """The update's batch: the trajectory's token arrays plus what the loss terms read (`LossTerm.batch_keys`).
+  `behavior_logp_BxL` replaces the sampler's log-probs (`_engine_correction`)."""
   return {
     "tokens_BxL": traj.tokens_BxL,
     "token_mask_BxL": traj.token_mask_BxL,
     "action_mask_BxL": traj.action_mask_BxL & traj.sample_mask_B[:, None],
-    "behavior_logp_BxL": traj.behavior_logp_BxL,
+    "behavior_logp_BxL": traj.behavior_logp_BxL if behavior_logp_BxL is None else behavior_logp_BxL,
     **{k: np.asarray(v, np.float32) for k, v in extra.items()},
   }
+
+
+def _engine_correction(run: Run, params, traj):
+  """For rollouts from an external engine (`engines.Engine.external`): the trainer's own log-probs of the sampled
+  tokens under `params` (the weights before this step's update), the truncated importance weight
+  min(exp(trainer - engine), loss.engine_is_cap) per action token (1 elsewhere), and the metrics of the
+  engine-trainer gap. The PPO ratio is then taken against the trainer's log-probs (decoupled PPO: the trainer's
+  policy at sampling time is the proximal policy) and the weight corrects for the engine (docs/engines.md).
+
+  Returns:
+    (trainer_logp_BxL float32, weight_BxL float32, metrics): engine_logp_gap_mean / _max (|trainer - engine| over
+    action tokens, nats), engine_is_weight_mean, engine_is_truncated_frac (tokens whose weight hit the cap).
+  """
+  c = run.config
+  if run.policy_logp is None:
+    run.policy_logp = step_lib.make_logp_fn(run.graphdef, run.rest, c.sampling.temperature)
+  trainer = np.asarray(multihost.to_host(run.policy_logp(params, traj.tokens_BxL, traj.token_mask_BxL)), np.float32)
+  engine = np.asarray(traj.behavior_logp_BxL, np.float32)
+  act = traj.action_mask_BxL & traj.sample_mask_B[:, None]
+  log_ratio = np.where(act, trainer - engine, 0.0)
+  cap = float(c.loss.engine_is_cap)
+  weight = np.where(act, np.minimum(np.exp(np.minimum(log_ratio, 50.0)), cap), 1.0).astype(np.float32)
+  gap = np.abs(log_ratio[act])
+  row = {
+    "engine_logp_gap_mean": float(gap.mean()) if gap.size else 0.0,
+    "engine_logp_gap_max": float(gap.max()) if gap.size else 0.0,
+    "engine_is_weight_mean": float(weight[act].mean()) if gap.size else 1.0,
+    "engine_is_truncated_frac": float((weight[act] >= cap).mean()) if gap.size else 0.0,
+  }
+  return np.where(act, trainer, engine).astype(np.float32), weight, row
 
 
 def _loss_config(c: ml_collections.ConfigDict) -> step_lib.PolicyLossConfig:
@@ -500,7 +532,12 @@ def _fresh_start(run: Run, optimizer, opt_sh, data, stop: "StopRequests | None" 
   run.ckpt.remove_reference()
   run.ckpt.save_reference(ref_params)
   opt_state = jax.jit(optimizer.init, out_shardings=opt_sh)(params)
-  run.ckpt.save(0, params, opt_state, {"rl_step": 0, "data_state": data.get_state(), "phase": "rl", "seed": c.seed})
+  run.ckpt.save(
+    0,
+    params,
+    opt_state,
+    {"rl_step": 0, "data_state": data.get_state(), "phase": "rl", "seed": c.seed, "policy_version": run.policy_version},
+  )
   run.ckpt.remove_warm_start()
   return params, opt_state, ref_params
 
@@ -608,8 +645,11 @@ def train(config: ml_collections.ConfigDict, *, sft_only: bool = False) -> dict:
   teacher checkpoint's passes run with its own (config.teacher.sharding_rules).
   """
   run = build(config)
-  with sharding.use_rules(run.rules):
-    return _train(run, sft_only)
+  try:
+    with sharding.use_rules(run.rules):
+      return _train(run, sft_only)
+  finally:
+    run.close()
 
 
 def _train(run: Run, sft_only: bool) -> dict:
@@ -641,6 +681,7 @@ def _train(run: Run, sft_only: bool) -> dict:
         latest, run.params, jax.jit(optimizer.init, out_shardings=opt_sh)(run.params)
       )
       rl_step = int(meta["rl_step"])
+      run.policy_version = int(meta.get("policy_version", rl_step))  # checkpoints before it was saved: RL steps
       data.set_state(meta["data_state"])
       dropped = run.writer.truncate_after("rl", rl_step)
       print(
@@ -689,7 +730,13 @@ def _train(run: Run, sft_only: bool) -> dict:
           rl_step,
           params,
           opt_state,
-          {"rl_step": rl_step, "data_state": data.get_state(), "phase": "rl", "seed": c.seed},
+          {
+            "rl_step": rl_step,
+            "data_state": data.get_state(),
+            "phase": "rl",
+            "seed": c.seed,
+            "policy_version": run.policy_version,
+          },
         )
       if signum is not None:
         bar.close()
@@ -720,7 +767,7 @@ def _sampler_for(run: Run):
     else:  # each process generates every rollout's text (the same inputs, the same outputs) on its own devices
       merged = nnx.merge(model.graphdef, *multihost.local_copy((model.params, model.rest), run.local_mesh))
     if run.teacher_sampler is None:
-      run.teacher_sampler = _make_sampler(run.config, merged, run.tok)
+      run.teacher_sampler = make_jax_sampler(run.config, merged, run.tok)
     run.teacher_sampler.update_model(merged)
     return run.teacher_sampler
 
@@ -790,6 +837,7 @@ class StepRollouts:
   # sampler_sync_s: putting the policy's parameters into the sampler (with several processes, each process's copy);
   # rollout_gather_s: gathering every process's rollouts (0 with one process).
   timing: dict = dataclasses.field(default_factory=dict)
+  policy_version: int | None = None  # the version of the weights that sampled them (Run.policy_version)
 
 
 def sample_step(run: Run, params, prompt_ids, key) -> StepRollouts:
@@ -805,7 +853,9 @@ def sample_step(run: Run, params, prompt_ids, key) -> StepRollouts:
   if jax.process_count() > 1:
     key = jax.random.fold_in(jax.random.fold_in(key, 2), jax.process_index())
   stats_before = dict(run.sampler.stats)
-  run.sampler.update_model(_sampling_model(run, params))
+  run.sampler.update_model(
+    _sampling_model(run, params), version=run.policy_version, max_staleness=c.rollout.max_staleness
+  )
   sync_s = time.time() - t0
   results = _sample(run, [run.train_tasks[i] for i in mine for _ in range(g)], key)
   sampler_stats = {f"sampler_{k}": int(v - stats_before.get(k, 0)) for k, v in run.sampler.stats.items()}
@@ -834,6 +884,7 @@ def sample_step(run: Run, params, prompt_ids, key) -> StepRollouts:
     sampler_stats=sampler_stats,
     seconds=seconds,
     timing=timing,
+    policy_version=run.sampler.version,
   )
 
 
@@ -879,6 +930,9 @@ def learn_step(
   if ref_logp is not None:
     extra["ref_logp_BxL"] = multihost.to_host(ref_logp(ref_params, traj.tokens_BxL, traj.token_mask_BxL))
   step_lib.check_batch_keys(extra, _loss_config(c), who=f"method {c.credit.method!r}")
+  behavior_logp, engine_row = traj.behavior_logp_BxL, {}
+  if ENGINES[c.rollout.engine].external:
+    behavior_logp, extra["behavior_weight_BxL"], engine_row = _engine_correction(run, params, traj)
   for sampler in (run.sampler, run.teacher_sampler):  # their weights are bound again before their next use
     if sampler is not None:
       sampler.release_weights()
@@ -886,12 +940,13 @@ def learn_step(
     update,
     params,
     opt_state,
-    _batch(traj, extra),
+    _batch(traj, extra, behavior_logp),
     run.mesh,
     epochs=c.train.ppo_epochs,
     mini_batch_size=c.train.mini_batch_size,
     seed=(c.seed, rl_step),
   )
+  run.policy_version += 1
   t_update = time.time() - t2
   act = traj.action_mask_BxL & traj.sample_mask_B[:, None]
   a = out.adv_BxL[act]
@@ -928,6 +983,9 @@ def learn_step(
   row.update(_throughput(run, row["tokens"], row["step_s"]))
   row.update(sampled.env_metrics)
   row.update(sampled.sampler_stats)
+  row.update(engine_row)
+  if sampled.policy_version is not None:  # how many updates behind the sampling weights were (rollout.max_staleness)
+    row["policy_staleness"] = run.policy_version - 1 - sampled.policy_version
   row.update(sampled.timing)  # prefill_tokens, decode_tokens, extends, rebuilds of this step's rollouts
   if traj.unit_mask_BxU.shape[1] > 1:
     row["units_mean"] = float(traj.unit_mask_BxU.sum(1).mean())
@@ -958,6 +1016,7 @@ def learn_step(
       rows=rows,
       with_passes=with_passes,
       processes=sampled.processes,
+      policy_version=sampled.policy_version,
     )
   return params, opt_state, row
 
@@ -974,11 +1033,13 @@ def export_rollouts(
   rows=None,
   with_passes: bool = False,
   processes=None,
+  policy_version: int | None = None,
 ) -> None:
   """Writes rollouts as JSONL (jaxcredit/rollout/jsonl.py; docs/rollouts-jsonl.md), with the advantages computed for
   them: one line per rollout, its group id the index of its prompt group. `rows`: which rollouts (default all);
   `with_passes`: also every pass output of each rollout under metadata["passes"] (`pass_outputs_of`);
-  `processes`: the process that sampled each rollout, recorded as metadata["process"] when several did."""
+  `processes`: the process that sampled each rollout, recorded as metadata["process"] when several did;
+  `policy_version`: the version of the weights that sampled them (`Run.policy_version`), metadata["policy_version"]."""
   rows = range(len(results)) if rows is None else list(rows)
   records = []
   for i in rows:
@@ -994,6 +1055,7 @@ def export_rollouts(
         metadata={
           **({"passes": pass_outputs_of(traj, i)} if with_passes else {}),
           **({"process": int(processes[i])} if processes is not None and len(set(processes)) > 1 else {}),
+          **({"policy_version": int(policy_version)} if policy_version is not None else {}),
         },
       )
     )

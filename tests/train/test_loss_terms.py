@@ -10,6 +10,7 @@ from flax import nnx
 
 from jaxcredit.models.config import ModelConfig
 from jaxcredit.models.decoder import Decoder
+from jaxcredit.train import loss as loss_lib
 from jaxcredit.train import step as step_lib
 
 CFG = ModelConfig(
@@ -114,3 +115,21 @@ def test_a_term_whose_batch_array_is_missing_is_refused_by_name():
   step_lib.check_batch_keys(
     {"adv_BxL": 1, "ref_logp_BxL": 1, "distill_weight_BxL": 1, "distill_target_BxL": 1}, cfg, who="m"
   )
+
+
+def test_policy_term_is_weighted_per_token_by_the_engine_importance_weight(setup):
+  """Rollouts from another engine: each token's PPO loss times its truncated importance weight."""
+  graphdef, params, rest, batch = setup
+  cfg = step_lib.PolicyLossConfig(terms=("policy",), temperature=1.0)
+  act = batch["action_mask_BxL"]
+  weight = np.where(act, np.random.default_rng(1).uniform(0.2, 2.0, size=act.shape), 1.0).astype(np.float32)
+  loss_plain, _, _ = _loss(setup, cfg)
+  loss_weighted, _, _ = _loss(setup, cfg, batch={**batch, "behavior_weight_BxL": weight})
+  logp = np.asarray(step_lib.make_logp_fn(graphdef, rest, 1.0)(params, batch["tokens_BxL"], batch["token_mask_BxL"]))
+  tok, _ = loss_lib.ppo_clip_token_loss(
+    jnp.asarray(logp), batch["behavior_logp_BxL"], batch["adv_BxL"], eps_low=cfg.eps_low, eps_high=cfg.eps_high
+  )
+  tok = np.asarray(tok)
+  assert float(loss_plain) == pytest.approx(np.sum(tok[act]) / act.sum(), rel=1e-5)
+  assert float(loss_weighted) == pytest.approx(np.sum((weight * tok)[act]) / act.sum(), rel=1e-5)
+  assert float(loss_weighted) != pytest.approx(float(loss_plain), rel=1e-3)

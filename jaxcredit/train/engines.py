@@ -1,0 +1,129 @@
+"""Rollout engines: who samples a run's rollouts (`config.rollout.engine`).
+
+A row of `ENGINES` builds the object the trainer samples with (the `Sampler` interface: `generate`,
+`update_model(model, version=, max_staleness=)`, `release_weights`, `stats`, `version`, `close`) and says whether
+its log-probs come from another implementation than the trainer's. For such an engine the trainer recomputes its
+own log-probs of the sampled tokens before the update, reports the gap, and weights each token by the truncated
+importance ratio (docs/engines.md). Adding an engine is a function and a row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shlex
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import ml_collections
+import numpy as np
+from flax import nnx
+
+from jaxcredit import multihost
+from jaxcredit.sampling import Sampler
+
+
+@dataclasses.dataclass(frozen=True)
+class Engine:
+  """One rollout engine.
+
+  Attributes:
+    build: (config, model, tok) -> the sampler; `model` is the policy (nnx module) as loaded.
+    external: its log-probs are another implementation's: the trainer recomputes its own and corrects.
+  """
+
+  build: Callable[[ml_collections.ConfigDict, Any, Any], Any]
+  external: bool
+
+
+def make_jax_sampler(config: ml_collections.ConfigDict, model, tok) -> Sampler:
+  """jaxcredit's `Sampler`; its batch buckets are this process's share of a step's rollouts and the eval batch."""
+  rollouts_per_process = config.rollout.prompts_per_step * config.rollout.group_size // jax.process_count()
+  return Sampler(
+    model,
+    max_len=config.sampling.max_len,
+    pad_id=tok.pad_id,
+    chunk_size=config.sampling.chunk_size,
+    prompt_bucket=config.sampling.prompt_bucket,
+    batch_buckets=tuple(sorted({rollouts_per_process, config.eval.batch_size})),
+  )
+
+
+def flat_params(model) -> dict[str, np.ndarray]:
+  """A model's parameters as host arrays keyed by '/'-joined path ('embedding', 'layers/wq', ...)."""
+  out: dict[str, np.ndarray] = {}
+
+  def walk(prefix: str, tree: Any) -> None:
+    if isinstance(tree, dict):
+      for key, value in tree.items():
+        walk(f"{prefix}/{key}" if prefix else str(key), value)
+    else:
+      out[prefix] = np.asarray(multihost.to_host(tree))
+
+  walk("", nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+  return out
+
+
+def make_vllm_engine(config: ml_collections.ConfigDict, model, tok):
+  """A `VLLMEngine` on the server at `config.rollout.vllm.url`, or on one it launches from
+  `config.rollout.vllm.python` on the policy written as an HF folder into `config.rollout.vllm.dir`.
+
+  Raises:
+    ValueError: with several training processes (one server per host is not wired yet).
+    EngineError: the server is unreachable, serves another model, or did not start (its log's tail).
+  """
+  from jaxcredit.models.hf import hf_config_from_model_config, save_hf_weights
+  from jaxcredit.sampling.vllm_engine import VLLMEngine, launch_server
+
+  if jax.process_count() > 1:
+    raise ValueError(
+      f"config.rollout.engine='vllm' runs with one training process; this run has {jax.process_count()} "
+      "(use rollout.engine='jax' on multi-host runs)"
+    )
+  v = config.rollout.vllm
+  folder = Path(os.path.expanduser(v.dir or os.path.join(config.workdir, "vllm")))
+  server = None
+  if not v.url:
+    model_dir = folder / "model"
+    model_dir.mkdir(parents=True, exist_ok=True)
+    # Untied: vLLM's CPU backend keeps a packed copy of a tied output head that an in-place reload leaves stale
+    # (hf.save_hf_weights, `untie`); an untied head is reloaded like every other weight.
+    hf_config = dict(hf_config_from_model_config(model.cfg), tie_word_embeddings=False)
+    (model_dir / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+    tok.save_pretrained(model_dir)
+    save_hf_weights(model.cfg, flat_params(model), model_dir, untie=True)
+    print(f"[jaxcredit] launching a vLLM server ({v.python}) on {model_dir}; its log: {folder / 'server.log'}")
+    server = launch_server(
+      v.python,
+      model_dir,
+      served_model_name=v.served_model_name,
+      dtype=model.cfg.dtype,
+      max_model_len=config.sampling.max_len,
+      log_path=folder / "server.log",
+      port=int(v.port),
+      kv_cache_gib=int(v.kv_cache_gib),
+      extra_args=shlex.split(v.extra_args),
+      startup_timeout_s=float(v.startup_timeout_s),
+    )
+    print(f"[jaxcredit] vLLM server ready at {server.url} (pid {server.pid})")
+  try:
+    return VLLMEngine(
+      server.url if server is not None else v.url,
+      v.served_model_name,
+      model.cfg,
+      folder / "weights",
+      flat_params,
+      server=server,
+    )
+  except BaseException:
+    if server is not None:
+      server.stop()
+    raise
+
+
+ENGINES: dict[str, Engine] = {
+  "jax": Engine(make_jax_sampler, external=False),
+  "vllm": Engine(make_vllm_engine, external=True),
+}

@@ -1,0 +1,203 @@
+"""The vLLM rollout engine against a fake OpenAI-compatible server (fast): requests, parsing, seeds, weight syncs,
+staleness, errors, a server that dies while starting. `tests/integration/test_vllm_engine_real.py` runs a real
+vLLM server."""
+
+import http.server
+import json
+import sys
+import threading
+
+import jax
+import numpy as np
+import pytest
+
+from jaxcredit.models import hf
+from jaxcredit.models.config import ModelConfig
+from jaxcredit.models.decoder import param_shapes
+from jaxcredit.sampling import SamplingParams
+from jaxcredit.sampling.vllm_engine import EngineError, VLLMEngine, free_port, launch_server, served_models
+
+CFG = ModelConfig(
+  vocab_size=64, hidden_size=16, intermediate_size=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=8
+)
+
+
+def random_params(seed=0):
+  rng = np.random.default_rng(seed)
+  return {name: rng.standard_normal(shape).astype(np.float32) for name, shape in param_shapes(CFG).items()}
+
+
+class FakeServer:
+  """/v1/models, /v1/completions (tokens from the seed), /collective_rpc and /reset_prefix_cache, recorded."""
+
+  def __init__(self, model="policy", stop_reason=None, finish="stop"):
+    self.requests = []
+    outer = self
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+      def log_message(self, *args):
+        pass
+
+      def _send(self, obj):
+        raw = json.dumps(obj).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+      def do_GET(self):
+        outer.requests.append((self.path, None))
+        self._send({"object": "list", "data": [{"id": model}]})
+
+      def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"null")
+        outer.requests.append((self.path, body))
+        if self.path == "/v1/completions":
+          ids = [body["seed"] % 50, len(body["prompt"]), 2]
+          self._send(
+            {
+              "choices": [
+                {
+                  "logprobs": {"tokens": [f"token_id:{i}" for i in ids], "token_logprobs": [-0.5, -1.5, -0.25]},
+                  "finish_reason": finish,
+                  "stop_reason": stop_reason,
+                }
+              ]
+            }
+          )
+        elif self.path == "/reset_prefix_cache":
+          self._send({"success": True})
+        else:
+          self._send({"results": [None]})
+
+    self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+    threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+  def paths(self, path):
+    return [body for p, body in self.requests if p == path]
+
+  def close(self):
+    self.server.shutdown()
+    self.server.server_close()
+
+
+@pytest.fixture
+def fake():
+  server = FakeServer()
+  yield server
+  server.close()
+
+
+def make_engine(url, tmp_path, params=None):
+  params = random_params() if params is None else params
+  return VLLMEngine(url, "policy", CFG, tmp_path / "weights", lambda model: params)
+
+
+def test_generate_sends_token_ids_with_a_seed_per_row_and_parses_ids_and_logprobs(fake, tmp_path):
+  engine = make_engine(fake.url, tmp_path)
+  params = SamplingParams(temperature=0.7, max_new_tokens=5, stop_token_ids=(2,), stop_strings=("</a>",))
+  out = engine.generate([[5, 6, 7], [5, 6, 7], [9]], params, jax.random.key(3))
+  bodies = fake.paths("/v1/completions")
+  assert sorted(b["prompt"] for b in bodies) == [[5, 6, 7], [5, 6, 7], [9]]  # sent concurrently: any order
+  assert len({b["seed"] for b in bodies}) == 3  # the rows of a group draw differently
+  for b in bodies:
+    assert b["temperature"] == 0.7 and b["top_p"] == 1.0 and b["max_tokens"] == 5
+    assert b["stop_token_ids"] == [2] and b["stop"] == ["</a>"] and b["return_tokens_as_token_ids"]
+    assert b["logprobs"] == 0 and b["include_stop_str_in_output"]
+  # Output rows are in prompt order: row i holds its own prompt's length as its second token.
+  assert [t[1] for t in out.tokens] == [3, 3, 1]
+  assert all(t[2] == 2 for t in out.tokens)
+  np.testing.assert_allclose(out.logprobs[0], [-0.5, -1.5, -0.25])
+  assert out.finish_reasons == ["stop_token"] * 3
+  assert engine.stats["rows"] == 3 and engine.stats["decode_tokens"] == 9
+  again = engine.generate([[5, 6, 7], [5, 6, 7], [9]], params, jax.random.key(3))
+  assert again.tokens == out.tokens  # the seeds come from the key
+
+
+def test_greedy_is_temperature_zero_and_top_p_below_one_is_refused(fake, tmp_path):
+  engine = make_engine(fake.url, tmp_path)
+  engine.generate([[1]], SamplingParams(temperature=1.0, top_p=1e-6, max_new_tokens=3), jax.random.key(0))
+  assert fake.paths("/v1/completions")[-1]["temperature"] == 0.0
+  with pytest.raises(ValueError, match="top_p=0.9"):
+    engine.generate([[1]], SamplingParams(top_p=0.9), jax.random.key(0))
+
+
+@pytest.mark.parametrize(
+  "finish, stop_reason, expected",
+  [("length", None, "length"), ("stop", "</a>", "stop_string"), ("stop", 2, "stop_token")],
+)
+def test_finish_reasons(tmp_path, finish, stop_reason, expected):
+  server = FakeServer(finish=finish, stop_reason=stop_reason)
+  try:
+    out = make_engine(server.url, tmp_path).generate(
+      [[1]], SamplingParams(max_new_tokens=3, stop_token_ids=(2,)), jax.random.key(0)
+    )
+    assert out.finish_reasons == [expected]
+  finally:
+    server.close()
+
+
+def test_update_model_writes_weights_reloads_resets_the_prefix_cache_and_honours_staleness(fake, tmp_path):
+  params = random_params()
+  engine = make_engine(fake.url, tmp_path, params)
+  engine.update_model(object(), version=4)
+  rpc = fake.paths("/collective_rpc")
+  assert rpc == [{"method": "reload_weights", "kwargs": {"weights_path": str(tmp_path / "weights" / "v4")}}]
+  assert len(fake.paths("/reset_prefix_cache")) == 1
+  assert engine.version == 4 and engine.stats["syncs"] == 1 and len(engine.sync_seconds) == 1
+  # The shards hold the parameters in the HF layout.
+  back = dict(hf.iter_hf_tensors(tmp_path / "weights" / "v4"))
+  assert CFG.tie_word_embeddings  # written untied: the output head as its own tensor, a copy of the embedding
+  np.testing.assert_array_equal(back.pop("lm_head.weight"), params["embedding"])
+  slots = {s.hf_name: s for s in hf.hf_slots(CFG)}
+  for name, array in back.items():
+    slot = slots[name]
+    np.testing.assert_array_equal(
+      slot.to_ours(array, params[slot.param][slot.index].shape), params[slot.param][slot.index]
+    )
+  assert len(back) == len(slots)
+  engine.update_model(object(), version=4)  # the server holds it already
+  engine.update_model(object(), version=5, max_staleness=1)  # one version behind is allowed
+  assert engine.stats["syncs"] == 1 and engine.version == 4
+  engine.update_model(object(), version=6, max_staleness=1)  # two behind is not
+  assert engine.stats["syncs"] == 2 and engine.version == 6
+  assert not (tmp_path / "weights" / "v4").exists()  # the previous version's folder is removed
+  engine.update_model(object())  # no version: always
+  assert engine.stats["syncs"] == 3 and engine.version is None
+
+
+def test_unreachable_server_and_wrong_model_are_refused_in_one_line(fake, tmp_path):
+  url = f"http://127.0.0.1:{free_port()}"
+  with pytest.raises(EngineError, match=f"no OpenAI-compatible server answers at {url}") as e:
+    served_models(url)
+  assert "\n" not in str(e.value)
+  with pytest.raises(EngineError, match="serves \\['policy'\\], not config.rollout.vllm.served_model_name='other'"):
+    VLLMEngine(fake.url, "other", CFG, tmp_path, lambda m: {})
+
+
+def test_a_server_that_exits_while_starting_is_reported_with_its_log(tmp_path):
+  # This Python has no vllm: the server exits at once, and the error carries the end of its log.
+  with pytest.raises(EngineError, match="exited with code 1 while starting(.|\n)*No module named 'vllm"):
+    launch_server(
+      sys.executable,
+      tmp_path,
+      served_model_name="policy",
+      dtype="float32",
+      max_model_len=64,
+      log_path=tmp_path / "server.log",
+      startup_timeout_s=60,
+    )
+  with pytest.raises(FileNotFoundError, match="rollout.vllm.python='/no/such/python'"):
+    launch_server(
+      "/no/such/python", tmp_path, served_model_name="p", dtype="float32", max_model_len=8, log_path=tmp_path / "l"
+    )
+
+
+def test_save_hf_weights_refuses_missing_and_misshapen_parameters(tmp_path):
+  params = random_params()
+  with pytest.raises(ValueError, match="'final_norm' is missing"):
+    hf.save_hf_weights(CFG, {k: v for k, v in params.items() if k != "final_norm"}, tmp_path)
+  with pytest.raises(ValueError, match="'embedding' has shape \\(3,\\)"):
+    hf.save_hf_weights(CFG, {**params, "embedding": np.zeros(3, np.float32)}, tmp_path)
