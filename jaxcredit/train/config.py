@@ -93,7 +93,9 @@ def base_config() -> ml_collections.ConfigDict:
   # Policy versions a rollout engine may lag behind before the weights are synced again (0: every step).
   c.rollout.max_staleness = 0
   c.rollout.vllm = ml_collections.ConfigDict()
-  c.rollout.vllm.url = ""  # a running server (http://host:port); "" = launch one (rollout.vllm.python)
+  # Running servers (http://host:port), one per training process, comma-separated; "" = launch them
+  # (rollout.vllm.python).
+  c.rollout.vllm.url = ""
   c.rollout.vllm.python = ""  # the Python with vLLM installed that launches the server (its own virtual env)
   c.rollout.vllm.served_model_name = "policy"
   c.rollout.vllm.port = 0  # a launched server's port (0: a free one)
@@ -231,8 +233,9 @@ def _validate_engine(c: ml_collections.ConfigDict) -> None:
       )
     if isinstance(v.kv_cache_gib, bool) or not isinstance(v.kv_cache_gib, int) or v.kv_cache_gib < 1:
       raise ValueError(f"config.rollout.vllm.kv_cache_gib must be an int >= 1 (GiB), got {v.kv_cache_gib!r}")
-    if v.url and not str(v.url).startswith(("http://", "https://")):
-      raise ValueError(f"config.rollout.vllm.url must start with http:// or https://, got {v.url!r}")
+    for url in str(v.url).split(",") if v.url else ():
+      if not url.strip().startswith(("http://", "https://")):
+        raise ValueError(f"config.rollout.vllm.url: each URL must start with http:// or https://, got {url.strip()!r}")
     if c.sampling.top_p != 1:
       raise ValueError(
         f"config.sampling.top_p={c.sampling.top_p}: rollout.engine='vllm' samples with top_p=1 (under top-p vLLM "

@@ -66,26 +66,40 @@ def flat_params(model) -> dict[str, np.ndarray]:
   return out
 
 
-def make_vllm_engine(config: ml_collections.ConfigDict, model, tok):
-  """A `VLLMEngine` on the server at `config.rollout.vllm.url`, or on one it launches from
-  `config.rollout.vllm.python` on the policy written as an HF folder into `config.rollout.vllm.dir`.
+def vllm_urls(config: ml_collections.ConfigDict) -> list[str]:
+  """The servers of `config.rollout.vllm.url` (comma-separated), one per training process; [] to launch them.
 
   Raises:
-    ValueError: with several training processes (one server per host is not wired yet).
+    ValueError: a URL count other than the process count (naming both).
+  """
+  urls = [u.strip() for u in str(config.rollout.vllm.url).split(",") if u.strip()]
+  if urls and len(urls) != jax.process_count():
+    raise ValueError(
+      f"config.rollout.vllm.url lists {len(urls)} server(s) for {jax.process_count()} training process(es): each "
+      "process samples its share of the prompt groups on its own server (comma-separated, in process order)"
+    )
+  return urls
+
+
+def make_vllm_engine(config: ml_collections.ConfigDict, model, tok):
+  """A `VLLMEngine` on this process's server in `config.rollout.vllm.url`, or on one it launches from
+  `config.rollout.vllm.python` on the policy written as an HF folder into `config.rollout.vllm.dir` (with several
+  processes, `dir/process_<index>`: each process its own server, folder and weight syncs).
+
+  Raises:
+    ValueError: `vllm_urls`.
     EngineError: the server is unreachable, serves another model, or did not start (its log's tail).
   """
   from jaxcredit.models.hf import hf_config_from_model_config, save_hf_weights
   from jaxcredit.sampling.vllm_engine import VLLMEngine, launch_server
 
-  if jax.process_count() > 1:
-    raise ValueError(
-      f"config.rollout.engine='vllm' runs with one training process; this run has {jax.process_count()} "
-      "(use rollout.engine='jax' on multi-host runs)"
-    )
+  urls = vllm_urls(config)
   v = config.rollout.vllm
   folder = Path(os.path.expanduser(v.dir or os.path.join(config.workdir, "vllm")))
+  if jax.process_count() > 1:
+    folder = folder / f"process_{jax.process_index()}"
   server = None
-  if not v.url:
+  if not urls:
     model_dir = folder / "model"
     model_dir.mkdir(parents=True, exist_ok=True)
     # Untied: vLLM's CPU backend keeps a packed copy of a tied output head that an in-place reload leaves stale
@@ -110,7 +124,7 @@ def make_vllm_engine(config: ml_collections.ConfigDict, model, tok):
     print(f"[jaxcredit] vLLM server ready at {server.url} (pid {server.pid})")
   try:
     return VLLMEngine(
-      server.url if server is not None else v.url,
+      server.url if server is not None else urls[jax.process_index()],
       v.served_model_name,
       model.cfg,
       folder / "weights",

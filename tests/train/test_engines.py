@@ -20,7 +20,7 @@ def test_engine_table():
   [
     ({"rollout.engine": "sglang"}, "config.rollout.engine must be one of \\('jax', 'vllm'\\), got 'sglang'"),
     ({"rollout.engine": "vllm"}, "needs config.rollout.vllm.url .* or config.rollout.vllm.python"),
-    ({"rollout.engine": "vllm", "rollout.vllm.url": "localhost:8000"}, "must start with http://"),
+    ({"rollout.engine": "vllm", "rollout.vllm.url": "http://a:1,localhost:8000"}, "got 'localhost:8000'"),
     (
       {"rollout.engine": "vllm", "rollout.vllm.url": "http://h:1", "sampling.top_p": 0.9},
       "config.sampling.top_p=0.9: rollout.engine='vllm' samples with top_p=1",
@@ -69,3 +69,15 @@ def test_engine_correction_weights_gap_and_behaviour():
   assert row["engine_logp_gap_max"] == pytest.approx(1.0)
   assert row["engine_is_truncated_frac"] == pytest.approx(1 / 5)  # exp(1.0) > 2
   assert row["engine_is_weight_mean"] == pytest.approx(expected[act].mean(), rel=1e-6)
+
+
+def test_one_vllm_server_per_training_process():
+  from jaxcredit.train.engines import vllm_urls
+
+  c = config_lib.base_config()
+  assert vllm_urls(c) == []  # launch one
+  c.rollout.vllm.url = " http://a:1 "
+  assert vllm_urls(c) == ["http://a:1"]
+  c.rollout.vllm.url = "http://a:1,http://b:2"
+  with pytest.raises(ValueError, match="lists 2 server\\(s\\) for 1 training process"):
+    vllm_urls(c)
