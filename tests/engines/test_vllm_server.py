@@ -220,27 +220,3 @@ def test_a_server_that_cannot_start_fails_the_run_in_one_message_and_leaves_noth
   assert p.returncode != 0
   assert "the vLLM server" in p.stderr and "exited with code" in p.stderr and "--no-such-option" in p.stderr
   assert not [line for line in os.popen("ps -eo args").read().splitlines() if str(tmp_path) in line]
-
-
-def test_two_training_processes_each_sample_on_their_own_server(tmp_path):
-  """2 processes x 4 CPU devices (jax.distributed): each launches its own server, samples its share of the prompt
-  groups there, and syncs its own copy of the policy into it; both servers are gone when training ends."""
-  from tests.integration.test_multihost import _start, _wait
-
-  workdir = tmp_path / "run"
-  replaced = ("--config.sft.steps=", "--config.rollout.prompts_per_step=")
-  overrides = [a for a in _command(workdir, 1)[6:] if not a.startswith(replaced)]
-  overrides += ["--config.sft.steps=0", "--config.rollout.prompts_per_step=4", "--config.mesh.fsdp=8"]
-  outs = _wait(_start(overrides, workdir))
-  for code, out in outs:
-    assert code == 0, out[-4000:]
-  pids = [_server_pid(out) for _, out in outs]
-  assert len(set(pids)) == 2
-  for pid in pids:
-    assert wait_gone(pid, 5) == []
-  records = [json.loads(line) for line in (workdir / "rollouts" / "step_1.jsonl").read_text().splitlines()]
-  assert sorted({r["metadata"]["process"] for r in records}) == [0, 1]
-  (row,) = _rl_rows(workdir)
-  assert row["engine_logp_gap_max"] < 1e-3 and row["sampler_syncs"] == 2  # one sync per process, summed
-  for p in (0, 1):
-    assert (workdir / "vllm" / f"process_{p}" / "server.log").is_file()
