@@ -9,6 +9,7 @@ SIGKILL of the trainer, or a server that fails to start."""
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -82,13 +83,15 @@ def gaps(model, prompt, out, temperature):
 def served(smollm2, tmp_path_factory):
   model, tok = smollm2
   c = config_lib.base_config()
-  c.workdir = str(tmp_path_factory.mktemp("vllm_engine"))
+  workdir = tmp_path_factory.mktemp("vllm_engine")
+  c.workdir = str(workdir)
   c.rollout.engine = "vllm"
   c.rollout.vllm.python = vllm_python()
   c.sampling.max_len = 512
   engine = make_vllm_engine(c, model, tok)
   yield engine, model, tok
   engine.close()
+  shutil.rmtree(workdir, ignore_errors=True)  # 1.3 GB of weight folders
 
 
 def test_engine_logprobs_equal_the_trainers_and_a_sync_reaches_the_server_past_its_prefix_cache(served):
