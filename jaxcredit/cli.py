@@ -9,6 +9,9 @@
            rollouts made elsewhere (docs/rollouts-jsonl.md), running the passes it needs with the config's models
   plan     --config configs/X.py --topology v5p:4x4x4 --mesh fsdp=N,tensor=M[,expert=E]: compile the training
            step ahead of time for a TPU topology (libtpu, no TPU needed) and print memory, FLOPs and MFU
+  viz      --workdir W [--step N] [--methods trace,grpo,...] [--out DIR]: the credit viewer, one static HTML page
+           per sampled rollout with every method's advantages on its tokens (docs/viewer.md)
+  compare  W1 W2 ... [--out DIR]: learning curves of several runs overlaid, seeds of one setting as a band
 
 Each command is one row of COMMANDS: (argument synopsis, summary, handler(command, args) -> exit code).
 Exit codes: 0 done, 1 the run failed, 2 bad usage or input (one line on stderr, nothing left half-written).
@@ -420,6 +423,77 @@ def _export(command: str, args: list[str]) -> int:
   return 0
 
 
+def _viz(command: str, args: list[str]) -> int:
+  """viz: the credit viewer's pages for a workdir's rollout samples (jaxcredit.train.report.view_samples)."""
+
+  def build(p):
+    p.add_argument("--workdir", required=True, help="a training workdir with rollout_samples/ (log_rollouts_every)")
+    p.add_argument("--step", type=int, default=None, help="RL step of the samples (default: the latest)")
+    p.add_argument(
+      "--methods",
+      default=None,
+      help="comma-separated methods, one tab each (default: the trained method, then grpo); others are computed "
+      "on the same rollouts with the workdir's latest checkpoint",
+    )
+    p.add_argument("--out", default=None, help="output folder (default: WORKDIR/viewer/step_N)")
+
+  try:
+    a = _parse(command, args, build)
+  except _UsageError as e:
+    print(f"jaxcredit {command}: {e}", file=sys.stderr)
+    return 2
+  if a is None:
+    return 0
+  if not os.path.isdir(a.workdir):
+    print(f"jaxcredit {command}: --workdir {a.workdir}: not a directory", file=sys.stderr)
+    return 2
+  methods = None if a.methods is None else [m.strip() for m in a.methods.split(",") if m.strip()]
+  if methods is not None and not methods:
+    print(f"jaxcredit {command}: --methods names no method", file=sys.stderr)
+    return 2
+  from jaxcredit.train import report
+
+  try:
+    info = report.view_samples(a.workdir, step=a.step, methods=methods, out_dir=a.out)
+  except (ValueError, OSError) as e:
+    print(f"jaxcredit {command}: error: {_one_line(e)}", file=sys.stderr)
+    return 2
+  print(
+    f"[jaxcredit] credit viewer: {info['rollouts']} rollouts of step {info['step']}, methods "
+    f"{', '.join(info['methods'])} -> {info['index']}"
+  )
+  return 0
+
+
+def _compare(command: str, args: list[str]) -> int:
+  """compare: learning curves of several workdirs (jaxcredit.viz.compare.compare_runs)."""
+
+  def build(p):
+    p.add_argument("workdirs", nargs="+", help="training workdirs (metrics.jsonl, config.json)")
+    p.add_argument("--out", default="compare", help="output folder (default: ./compare)")
+
+  try:
+    a = _parse(command, args, build)
+  except _UsageError as e:
+    print(f"jaxcredit {command}: {e}", file=sys.stderr)
+    return 2
+  if a is None:
+    return 0
+  from jaxcredit.viz.compare import compare_runs
+
+  try:
+    info = compare_runs(a.workdirs, a.out)
+  except (ValueError, OSError) as e:
+    print(f"jaxcredit {command}: error: {_one_line(e)}", file=sys.stderr)
+    return 2
+  for g in info["groups"]:
+    final = g["final"].get("rl/success_rate")
+    tail = f", success {final['mean']:.3f} at step {final['step']}" if final else ""
+    print(f"  {g['label']}: {len(g['seeds'])} run(s){tail}")
+  print(f"[jaxcredit] compare: {info['png']}, {info['html']}")
+  return 0
+
+
 def _plan(command: str, args: list[str]) -> int:
   """plan: --topology and --mesh (and --json FILE) are ours; the rest is the config and its overrides."""
   own: dict[str, str] = {}
@@ -536,6 +610,16 @@ COMMANDS: dict[str, Command] = {
     "--config configs/X.py --topology v5p:4x4x4 [--mesh fsdp=N,tensor=M,expert=E] [--json FILE]",
     "compile the training step for a TPU topology without a TPU: memory per chip, FLOPs, MFU",
     _plan,
+  ),
+  "viz": Command(
+    "--workdir W [--step N] [--methods trace,grpo,...] [--out DIR]",
+    "the credit viewer: static HTML pages, every action token coloured by its advantage under each method",
+    _viz,
+  ),
+  "compare": Command(
+    "W1 W2 ... [--out DIR]",
+    "learning curves of several runs overlaid (mean and band over seeds), PNG + JSON + HTML",
+    _compare,
   ),
 }
 

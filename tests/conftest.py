@@ -6,6 +6,7 @@ Hypothesis profiles: `default` (about 50 examples per property, for local runs) 
 
 import os
 import pathlib
+import shutil
 
 # libtpu for the deviceless TPU compiles of `jaxcredit plan` lives outside site-packages (tools/install_libtpu.py,
 # run by the README's test command), so a bare JAX process never tries a TPU; the tests point JAX at it.
@@ -44,3 +45,21 @@ def smollm2():
 
   model, _ = load_model(smollm2_gguf_path())
   return model, load_tokenizer(smollm2_gguf_path())
+
+
+# Headless Chromium for the credit viewer's pages (tests/viz/browser.py).
+@pytest.fixture(scope="session")
+def browser():
+  if os.environ.get("JAXCREDIT_SKIP_BROWSER") == "1":
+    pytest.skip("JAXCREDIT_SKIP_BROWSER=1")
+  chromium = shutil.which("chromium")
+  if chromium is None:
+    pytest.fail("no `chromium` on PATH: run `python tools/install_chromium.py` (or set JAXCREDIT_SKIP_BROWSER=1)")
+  from playwright.sync_api import sync_playwright
+
+  from tests.viz.browser import CHROMIUM_ARGS
+
+  with sync_playwright() as pw:
+    b = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+    yield b
+    b.close()

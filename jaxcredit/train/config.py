@@ -83,8 +83,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.rollout.prompts_per_step = 2  # P groups per RL step
   c.rollout.group_size = 4  # G rollouts per prompt
   c.rollout.export_jsonl = False  # write each step's rollouts, credited, to workdir/rollouts/step_N.jsonl
-  # Every N RL steps (0: never), the step's first log_rollouts_count rollouts with their advantages and every
-  # pass output (per token where the pass has one value per token) to workdir/rollout_samples/step_N.jsonl.
+  # Every N RL steps (0: never), the whole groups holding the step's first log_rollouts_count rollouts, with their
+  # advantages, every pass output and the method's details (per token where they have one value per token), to
+  # workdir/rollout_samples/step_N.jsonl; `jaxcredit viz` draws them.
   c.log_rollouts_every = 0
   c.log_rollouts_count = 4
   # Who samples the rollouts (jaxcredit.train.engines.ENGINES): "jax" (jaxcredit's Sampler, in this process) or

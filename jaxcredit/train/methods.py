@@ -42,6 +42,10 @@ class MethodOutput:
       include "distill"), else None.
     distill_target_BxL: float32 teacher log-probs of the sampled tokens the distillation term pulls toward.
     metrics: scalars for metrics.jsonl (method-specific: gate-open fraction, spikes per rollout, ...).
+    details: per-rollout intermediate values for the credit viewer and the rollout samples (`jaxcredit viz`),
+      numpy arrays with leading axis B named by their shape suffix (`*_BxL` per token, `*_BxT` per turn, `*_BxT1`
+      per boundary state): TRACE's state values and TD rewards, CrEST's gate and token weights, GEAR's segments,
+      ToolOPD's distillation weights, ... Never read by the loss.
   """
 
   adv_BxL: np.ndarray
@@ -49,6 +53,7 @@ class MethodOutput:
   distill_weight_BxL: np.ndarray | None = None
   distill_target_BxL: np.ndarray | None = None
   metrics: dict = dataclasses.field(default_factory=dict)
+  details: dict = dataclasses.field(default_factory=dict)
 
   def batch_arrays(self) -> dict[str, np.ndarray]:
     """The arrays the loss terms read, by batch key (`jaxcredit.train.step.LOSS_TERMS[...].batch_keys`)."""
@@ -215,6 +220,7 @@ def gigpo(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
     _turns(turn, traj),
     turn,
     metrics={"gigpo_states_per_rollout": float(len(set(real.tolist()))) / max(traj.batch_size, 1)},
+    details={"state_id_BxT": np.where(traj.turn_mask_BxT, state_ids % 100003, -1)},  # short ids to tell states apart
   )
 
 
@@ -237,6 +243,11 @@ def trace(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
   )
   td = per_rollout(credit.trace_td_rewards, {}, gold["gold_logp_BxT1"], gold["boundary_mask_BxT1"])
   tm = traj.turn_mask_BxT
+  g = np.asarray(gold["gold_logp_BxT1"], np.float64)
+  ok = np.asarray(gold["boundary_mask_BxT1"], bool) & np.isfinite(g)
+  value = np.where(
+    ok & ok[:, :1], g - np.where(ok[:, :1], g[:, :1], 0.0), np.nan
+  )  # V_t = log p(y*|s_t) - log p(y*|s_0)
   return MethodOutput(
     _turns(turn, traj),
     turn,
@@ -244,6 +255,7 @@ def trace(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
       "td_reward_abs_mean": float(np.abs(td[tm]).mean()) if tm.any() else 0.0,
       "gold_boundaries": int(np.asarray(gold["boundary_mask_BxT1"]).sum()),
     },
+    details={"state_value_BxT1": value, "td_reward_BxT": np.where(tm, td, np.nan)},
   )
 
 
@@ -285,6 +297,11 @@ def crest(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
       "crest_gate_open_frac": _action_mean((entropy < k["tau"]).astype(np.float32), act),
       "crest_weight_std": float(w[act].std()) if act.any() else 0.0,
     },
+    details={
+      "gate_open_BxL": np.where(act, entropy < k["tau"], False),
+      "token_weight_BxL": np.where(act, w, np.nan),
+      "teacher_entropy_BxL": entropy,
+    },
   )
 
 
@@ -310,6 +327,10 @@ def toolopd(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
       "toolopd_credited_frac": _action_mean((w > 0).astype(np.float32), act),
       "toolopd_skill_tokens": float(np.mean(traj.passes["hindsight_skill"]["skill_tokens_B"])),
     },
+    details={
+      "distill_weight_BxL": np.where(act, w, np.nan),
+      "skill_logp_gain_BxL": np.where(act, skill - base, np.nan),
+    },
   )
 
 
@@ -332,6 +353,7 @@ def hsd(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
       "teacher_policy_gap": _teacher_gap(traj, name),
       "hsd_peers_found_frac": float(np.mean(np.asarray(traj.passes[name]["peer_B"]) >= 0)),
     },
+    details={"dense_advantage_BxL": np.where(traj.action_mask_BxL, k["dense_coef"] * a, np.nan)},
   )
 
 
@@ -364,6 +386,7 @@ def gear(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
       "gear_segment_tokens_per_rollout": float(in_seg.mean()),
       "gear_divergence_mean": _action_mean(div, traj.action_mask_BxL & valid[:, None]),
     },
+    details={"segment_start_BxL": seg_start, "divergence_BxL": np.where(traj.action_mask_BxL, div, np.nan)},
   )
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 import signal
 import threading
 import time
@@ -44,6 +45,7 @@ from jaxcredit.train import passes as passes_lib
 from jaxcredit.train import step as step_lib
 from jaxcredit.train.methods import METHODS
 from jaxcredit.trajectory import pack
+from jaxcredit.viz import page as viz_page
 
 
 @dataclasses.dataclass
@@ -746,11 +748,42 @@ def _train(run: Run, sft_only: bool) -> dict:
   last = {}
   if c.eval.at_end:
     last = evaluate(run, params, f"rl_step_{rl_step}", rl_step)
+  viewer = None
   if run.writer.enabled:
     metrics_lib.plot_curves(c.workdir, run.writer.rows())
+    viewer = _write_viewer(run)
   run.writer.close()
-  print(f"[jaxcredit] done: {c.workdir}/metrics.jsonl, {c.workdir}/curves.png, checkpoints in {run.ckpt.directory}")
+  print(
+    f"[jaxcredit] done: {c.workdir}/metrics.jsonl, {c.workdir}/curves.png, checkpoints in {run.ckpt.directory}"
+    + (f"; credit viewer: {viewer}" if viewer else "")
+  )
   return last
+
+
+def _write_viewer(run: Run) -> str | None:
+  """The credit viewer's pages (jaxcredit.viz.page) for the latest rollout sample, with the trained method's
+  advantages (`jaxcredit viz` adds other methods). Returns the index's path, or None without samples."""
+  folder = os.path.join(run.config.workdir, "rollout_samples")
+  steps = sorted(
+    int(f[5:-6]) for f in (os.listdir(folder) if os.path.isdir(folder) else []) if re.fullmatch(r"step_\d+\.jsonl", f)
+  )
+  if not steps:
+    return None
+  records = jsonl_lib.read_jsonl(os.path.join(folder, f"step_{steps[-1]}.jsonl"))
+  if not records:
+    return None
+  name = run.config.credit.method
+  return viz_page.write_rollout_pages(
+    os.path.join(run.config.workdir, "viewer", f"step_{steps[-1]}"),
+    {name: records},
+    run.tok.decode,
+    step=steps[-1],
+    summaries={name: METHODS[name].summary},
+    notes={name: f"as trained at step {steps[-1]}"},
+    peer_ids={
+      name: [f"step{steps[-1]}_{i}" for i in range(run.config.rollout.prompts_per_step * run.config.rollout.group_size)]
+    },
+  )
 
 
 def _sampler_for(run: Run):
@@ -1003,7 +1036,7 @@ def learn_step(
   if c.rollout.export_jsonl:
     exports.append(("rollouts", None, False))
   if c.log_rollouts_every and rl_step % c.log_rollouts_every == 0:
-    exports.append(("rollout_samples", range(min(c.log_rollouts_count, len(results))), True))
+    exports.append(("rollout_samples", sample_rows(traj.group_ids_B, c.log_rollouts_count), True))
   for folder, rows, with_passes in exports if jax.process_index() == 0 else ():
     export_rollouts(
       run,
@@ -1019,6 +1052,14 @@ def learn_step(
       policy_version=sampled.policy_version,
     )
   return params, opt_state, row
+
+
+def sample_rows(group_ids_B, count: int) -> list[int]:
+  """The rollouts of the groups that hold the first `count` rollouts, in batch order: whole groups, so that a
+  group method's advantages can be computed again from the sample (`jaxcredit viz`)."""
+  group_ids = [int(g) for g in np.asarray(group_ids_B)]
+  keep = set(group_ids[:count])
+  return [i for i, g in enumerate(group_ids) if g in keep]
 
 
 def export_rollouts(
@@ -1037,7 +1078,8 @@ def export_rollouts(
 ) -> None:
   """Writes rollouts as JSONL (jaxcredit/rollout/jsonl.py; docs/rollouts-jsonl.md), with the advantages computed for
   them: one line per rollout, its group id the index of its prompt group. `rows`: which rollouts (default all);
-  `with_passes`: also every pass output of each rollout under metadata["passes"] (`pass_outputs_of`);
+  `with_passes`: also every pass output of each rollout under metadata["passes"] (`pass_outputs_of`) and the
+  method's per-rollout details (TRACE's state values, GEAR's segments, ...) under metadata["credit_details"];
   `processes`: the process that sampled each rollout, recorded as metadata["process"] when several did;
   `policy_version`: the version of the weights that sampled them (`Run.policy_version`), metadata["policy_version"]."""
   rows = range(len(results)) if rows is None else list(rows)
@@ -1054,6 +1096,7 @@ def export_rollouts(
         tools=run.env.tools(task) if run.env.tools is not None else None,
         metadata={
           **({"passes": pass_outputs_of(traj, i)} if with_passes else {}),
+          **({"credit_details": rollout_values(out.details, i, traj)} if with_passes and out.details else {}),
           **({"process": int(processes[i])} if processes is not None and len(set(processes)) > 1 else {}),
           **({"policy_version": int(policy_version)} if policy_version is not None else {}),
         },
@@ -1066,31 +1109,37 @@ def export_rollouts(
 
 
 def pass_outputs_of(traj, i: int) -> dict:
-  """Rollout i's share of every pass output (`traj.passes[name][key]`), as JSON values: row i of each array or list
-  with one entry per rollout, per-token rows (`*_BxL`) cut to the rollout's tokens, non-finite numbers as None.
-  Outputs that are not per rollout are left out."""
+  """Rollout i's share of every pass output (`traj.passes[name][key]`), as JSON values (`rollout_values`)."""
+  return {name: rollout_values(outputs, i, traj) for name, outputs in traj.passes.items()}
+
+
+def rollout_values(outputs: dict, i: int, traj) -> dict:
+  """Rollout i's share of `outputs` (pass outputs or `MethodOutput.details`), as JSON values: row i of each array or
+  list with one entry per rollout, per-token rows (`*_BxL`) cut to the rollout's tokens, per-turn rows (`*_BxT`) to
+  its turns and per-boundary rows (`*_BxT1`) to its turns + 1, non-finite numbers as None. Values that are not per
+  rollout are left out."""
   b, n = traj.tokens_BxL.shape[0], int(traj.token_mask_BxL[i].sum())
-  out: dict = {}
-  for name, outputs in traj.passes.items():
-    row: dict = {}
-    for key, value in outputs.items():
-      if isinstance(value, (list, tuple)) and len(value) == b:
-        v = value[i]
-        row[key] = v if isinstance(v, (str, int, float, bool, type(None))) else str(v)
-        continue
-      array = np.asarray(value) if isinstance(value, np.ndarray) or hasattr(value, "shape") else None
-      if array is None or array.ndim == 0 or array.shape[0] != b:
-        continue
-      x = array[i]
-      if key.endswith("_BxL") and x.ndim >= 1:
-        x = x[:n]
-      if np.issubdtype(x.dtype, np.floating):
-        x = np.where(np.isfinite(x), x, np.nan).astype(np.float64)
-        row[key] = np.where(np.isnan(x), None, x).tolist() if x.ndim else (float(x) if np.isfinite(x) else None)
-      else:
-        row[key] = x.tolist()
-    out[name] = row
-  return out
+  turns = int(traj.turn_mask_BxT[i].sum())
+  cut = {"_BxL": n, "_BxT": turns, "_BxT1": turns + 1}
+  row: dict = {}
+  for key, value in outputs.items():
+    if isinstance(value, (list, tuple)) and len(value) == b:
+      v = value[i]
+      row[key] = v if isinstance(v, (str, int, float, bool, type(None))) else str(v)
+      continue
+    array = np.asarray(value) if isinstance(value, np.ndarray) or hasattr(value, "shape") else None
+    if array is None or array.ndim == 0 or array.shape[0] != b:
+      continue
+    x = array[i]
+    suffix = next((s for s in ("_BxT1", "_BxL", "_BxT") if key.endswith(s)), None)
+    if suffix is not None and x.ndim >= 1:
+      x = x[: cut[suffix]]
+    if np.issubdtype(x.dtype, np.floating):
+      x = np.where(np.isfinite(x), x, np.nan).astype(np.float64)
+      row[key] = np.where(np.isnan(x), None, x).tolist() if x.ndim else (float(x) if np.isfinite(x) else None)
+    else:
+      row[key] = x.tolist()
+  return row
 
 
 def _task_id(task) -> str | None:
@@ -1108,23 +1157,48 @@ MAX_CREDIT_TURNS = 4096
 def credit_file(config: ml_collections.ConfigDict, in_path: str, out_path: str) -> dict:
   """Computes the config's method's advantages for rollouts made elsewhere (`jaxcredit credit`).
 
-  Reads `in_path` (rollouts JSONL, any order: groups come from their group ids), runs the passes the method needs
-  with the config's models (the latest checkpoint of config.workdir and its reference when there is one, else
-  config.model.source for both), computes the advantages and writes the records with "advantages",
-  "turn_advantages" and "method" to `out_path`. Passes that need the task (privileged info, gold answers) find it by
-  the record's task_id among the environment's train and eval tasks. The workdir's config.json is neither checked
-  nor written.
+  Reads `in_path` (rollouts JSONL, any order: groups come from their group ids), credits them with
+  `credit_records` and writes the records with "advantages", "turn_advantages" and "method" to `out_path`. The
+  workdir's config.json is neither checked nor written.
 
   Returns:
     {"rollouts": B, "groups": number of groups, "method": name}.
 
   Raises:
-    ValueError: a bad record (file and line named), a group smaller than the method needs, or a task_id the
-      environment does not have when a pass needs the task.
+    ValueError: as `credit_records`.
+  """
+  records = jsonl_lib.read_jsonl(in_path)
+  credited, groups = credit_records(config, records, source=in_path)
+  jsonl_lib.write_jsonl(out_path, credited)
+  return {"rollouts": len(records), "groups": groups, "method": config.credit.method}
+
+
+def credit_records(
+  config: ml_collections.ConfigDict, records: list[dict], *, source: str, details: bool = False
+) -> tuple[list[dict], int]:
+  """The config's method's advantages for rollout records (docs/rollouts-jsonl.md).
+
+  Runs the passes the method needs with the config's models (the latest checkpoint of config.workdir and its
+  reference when there is one, else config.model.source for both). Passes that need the task (privileged info, gold
+  answers) find it by the record's task_id among the environment's train and eval tasks.
+
+  Args:
+    config: a training config; its `credit.method` is the method.
+    records: rollout records, any order (groups come from their group ids).
+    source: where the records came from, for error messages.
+    details: also every pass output and the method's details of each rollout under metadata["passes"] and
+      metadata["credit_details"] (what `jaxcredit viz` draws).
+
+  Returns:
+    (the records with "advantages", "turn_advantages" and "method", in their order; the number of groups).
+
+  Raises:
+    ValueError: no records, a bad record (file and line named), a duplicate rollout id, a group smaller than the
+      method needs, or a task_id the environment does not have when a pass needs the task.
   """
   c = config
   method = METHODS[c.credit.method]
-  records = jsonl_lib.read_jsonl(in_path)
+  in_path = source
   if not records:
     raise ValueError(f"{in_path} holds no rollouts")
   env = make_env_spec(c.env)
@@ -1195,5 +1269,11 @@ def credit_file(config: ml_collections.ConfigDict, in_path: str, out_path: str) 
       run_passes(run, traj, results, tasks, params, ref_params, jax.random.key(c.seed))
   out = method.advantages(traj, c.credit[c.credit.method])
   credited = jsonl_lib.attach_credit(records, out.adv_BxL, out.turn_adv_BxT, method=c.credit.method)
-  jsonl_lib.write_jsonl(out_path, credited)
-  return {"rollouts": len(records), "groups": len(groups), "method": c.credit.method}
+  if details:
+    for i, r in enumerate(credited):
+      r["metadata"] = {
+        **(r.get("metadata") or {}),
+        "passes": pass_outputs_of(traj, i),
+        "credit_details": rollout_values(out.details, i, traj),
+      }
+  return credited, len(groups)

@@ -75,10 +75,11 @@ def test_method_trains_two_steps(name, tiny, tmp_path):
     # decoded once, unless a turn did not fit the cache and was prefilled again.
     assert r["sampler_prefill_tokens"] + r["sampler_decode_tokens"] == r["tokens"] or r["sampler_rebuilds"] > 0
   assert sorted(os.listdir(os.path.join(c.workdir, "checkpoints")))[-1] == "2"
-  # Rollout samples: step 2's first 3 rollouts, credited, with every pass output (per-token ones per token).
+  # Rollout samples: the whole groups of step 2's first 3 rollouts (groups of 2: all 4), credited, with every pass
+  # output (per-token ones per token).
   assert os.listdir(os.path.join(c.workdir, "rollout_samples")) == ["step_2.jsonl"]
   samples = jsonl_lib.read_jsonl(os.path.join(c.workdir, "rollout_samples", "step_2.jsonl"))
-  assert [r["rollout_id"] for r in samples] == ["step2_0", "step2_1", "step2_2"]
+  assert [r["rollout_id"] for r in samples] == ["step2_0", "step2_1", "step2_2", "step2_3"]
   for r in samples:
     assert r["method"] == name and len(r["advantages"]) == len(r["token_ids"])
     passes = r["metadata"]["passes"]
@@ -86,6 +87,12 @@ def test_method_trains_two_steps(name, tiny, tmp_path):
     for outputs in passes.values():
       per_token = [v for k, v in outputs.items() if k.endswith("_BxL")]
       assert all(len(v) == len(r["token_ids"]) for v in per_token)
+    for k, v in r["metadata"].get("credit_details", {}).items():  # the method's details, cut to the rollout
+      if k.endswith("_BxL"):
+        assert len(v) == len(r["token_ids"]), k
+      elif k.endswith("_BxT"):
+        assert len(v) == r["num_turns"], k
+  assert os.path.isfile(os.path.join(c.workdir, "viewer", "step_2", "index.html"))
   if "distill" in METHODS[name].loss_terms:
     assert all("loss_distill" in r for r in rows)
 

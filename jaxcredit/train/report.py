@@ -1,0 +1,152 @@
+"""`jaxcredit viz`: the credit viewer's pages for a run's rollout samples, with every requested method's advantages
+on the same rollouts (docs/viewer.md).
+
+    view_samples("runs/quickstart", methods=["trace", "grpo", "gear"])   # -> runs/quickstart/viewer/step_N/index.html
+
+The trainer writes rollout samples (`config.log_rollouts_every`): whole prompt groups of a step, with the advantages
+it trained on, every pass output and the method's details. The trained method is shown as trained; every other
+method is computed again on the same rollouts by `trainer.credit_records`, running the passes it needs with the
+workdir's latest checkpoint (and its reference). The page of each method says which.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import ml_collections
+
+from jaxcredit.rollout import jsonl as jsonl_lib
+from jaxcredit.train import config as config_lib
+from jaxcredit.train import trainer
+from jaxcredit.train.methods import METHODS
+from jaxcredit.viz import page
+
+_STEP_FILE = re.compile(r"^step_(\d+)\.jsonl$")
+
+
+def sample_steps(workdir: str) -> list[int]:
+  """The RL steps with rollout samples in `workdir/rollout_samples`, ascending."""
+  folder = os.path.join(workdir, "rollout_samples")
+  if not os.path.isdir(folder):
+    return []
+  return sorted(int(m.group(1)) for m in map(_STEP_FILE.match, os.listdir(folder)) if m)
+
+
+def run_config(workdir: str) -> ml_collections.ConfigDict:
+  """The training config recorded in `workdir/config.json`, over today's defaults (so that a run recorded before a
+  key existed still builds), with `workdir` set to where the run is now.
+
+  Raises:
+    ValueError: no config.json in the workdir, or one that is not a JSON object.
+  """
+  path = os.path.join(workdir, "config.json")
+  if not os.path.isfile(path):
+    raise ValueError(f"{workdir} has no config.json: not a jaxcredit training workdir")
+  try:
+    with open(path) as f:
+      saved = json.load(f)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{path}: not JSON ({e.msg}, line {e.lineno})") from None
+  if not isinstance(saved, dict):
+    raise ValueError(f"{path}: expected a JSON object (the training config), got {type(saved).__name__}")
+  config = config_lib.base_config()
+  config.update(saved)
+  config.workdir = workdir
+  return config
+
+
+def view_samples(
+  workdir: str,
+  *,
+  step: int | None = None,
+  methods: list[str] | None = None,
+  out_dir: str | None = None,
+  config: ml_collections.ConfigDict | None = None,
+) -> dict:
+  """Writes the viewer's pages for one step's rollout samples.
+
+  Args:
+    workdir: a training workdir with rollout samples (`config.log_rollouts_every` > 0).
+    step: the RL step (default: the latest with samples).
+    methods: method names (keys of METHODS), one tab each, in order; default the trained method, then GRPO.
+    out_dir: default `workdir/viewer/step_<step>`.
+    config: the run's config (default: `workdir/config.json`); other methods use its knobs and models.
+
+  Returns:
+    {"index": path of index.html, "rollouts": pages written, "step": step, "methods": names}.
+
+  Raises:
+    ValueError: no samples (or none at `step`), an unknown method, or a method that cannot be computed here
+      (the message names it and why: a missing teacher, a group too small, ...).
+  """
+  steps = sample_steps(workdir)
+  if not steps:
+    raise ValueError(
+      f"{workdir}/rollout_samples holds no step_N.jsonl: train with --config.log_rollouts_every=N to write rollout "
+      "samples"
+    )
+  step = steps[-1] if step is None else int(step)
+  if step not in steps:
+    raise ValueError(f"no rollout samples for step {step} in {workdir}/rollout_samples; steps with samples: {steps}")
+  path = os.path.join(workdir, "rollout_samples", f"step_{step}.jsonl")
+  records = jsonl_lib.read_jsonl(path)
+  if not records:
+    raise ValueError(f"{path} holds no rollouts")
+  config = run_config(workdir) if config is None else config
+  trained = records[0].get("method") or config.credit.method
+  if methods is None:
+    methods = [trained] + (["grpo"] if trained != "grpo" else [])
+  unknown = [m for m in methods if m not in METHODS]
+  if unknown:
+    raise ValueError(f"unknown method(s) {unknown}; known: {sorted(METHODS)}")
+  latest = _latest_checkpoint(workdir)
+  credited, notes, peer_ids = {}, {}, {}
+  for name in methods:
+    if name == trained and all("advantages" in r for r in records):
+      credited[name] = records
+      notes[name] = f"as trained at step {step}"
+      peer_ids[name] = [f"step{step}_{i}" for i in range(_batch_size(records, step))]
+      continue
+    c = ml_collections.ConfigDict(config.to_dict())
+    c.credit.method = name
+    try:
+      credited[name], _ = trainer.credit_records(c, records, source=path, details=True)
+    except ValueError as e:
+      raise ValueError(f"method {name!r}: {e}") from None
+    needs = METHODS[name].passes
+    notes[name] = (
+      f"computed now; passes {', '.join(needs)} scored with "
+      + (f"the checkpoint of step {latest}" if latest is not None else "config.model.source")
+      if needs
+      else "computed now (no passes)"
+    )
+    peer_ids[name] = [r["rollout_id"] for r in records]
+  tok = trainer.load_tokenizer(trainer.resolve_source(config.model.source), cache_dir=config.model.cache_dir or None)
+  out_dir = out_dir or os.path.join(workdir, "viewer", f"step_{step}")
+  index = page.write_rollout_pages(
+    out_dir,
+    credited,
+    tok.decode,
+    step=step,
+    summaries={m: METHODS[m].summary for m in methods},
+    notes=notes,
+    peer_ids=peer_ids,
+    title=f"jaxcredit: rollouts of step {step} ({os.path.basename(os.path.abspath(workdir))})",
+  )
+  return {"index": index, "rollouts": len(records), "step": step, "methods": list(methods)}
+
+
+def _latest_checkpoint(workdir: str) -> int | None:
+  folder = os.path.join(workdir, "checkpoints")
+  if not os.path.isdir(folder):
+    return None
+  steps = [int(d) for d in os.listdir(folder) if d.isdigit()]
+  return max(steps) if steps else None
+
+
+def _batch_size(records, step: int) -> int:
+  """The step's batch size as far as the sample's rollout ids ("step{N}_{i}") tell."""
+  rows = [int(r["rollout_id"].rsplit("_", 1)[1]) for r in records if r["rollout_id"].startswith(f"step{step}_")]
+  return max(rows, default=-1) + 1

@@ -1,0 +1,132 @@
+"""The credit viewer's data and HTML (jaxcredit.viz.page), without a browser (tests/viz/test_viewer_browser.py opens
+the pages in Chromium)."""
+
+import json
+import re
+
+import pytest
+
+from jaxcredit.viz import page
+
+
+def byte_decode(ids):
+  """A byte-level 'tokenizer': token id = one UTF-8 byte, as byte-level BPE splits characters."""
+  return bytes(ids).decode("utf-8", errors="replace")
+
+
+def test_token_pieces_give_a_split_character_to_the_token_that_completes_it():
+  text = "a é€ b"
+  ids = list(text.encode("utf-8"))
+  pieces = page.token_pieces(byte_decode, ids)
+  assert len(pieces) == len(ids)
+  assert "".join(pieces) == text
+  # é is 2 bytes, € 3: the first byte(s) show nothing, the last the whole character.
+  assert pieces[2:4] == ["", "é"] and pieces[4:7] == ["", "", "€"]
+  # A sequence that ends inside a character keeps the replacement character rather than dropping tokens.
+  assert page.token_pieces(byte_decode, ids[:3]) == ["a", " ", "\ufffd"]
+
+
+def record(rollout_id="r0", n=8):
+  return {
+    "rollout_id": rollout_id,
+    "group_id": 0,
+    "task_id": "t0",
+    "token_ids": list(range(100, 100 + n)),
+    "action_mask": [0, 0, 1, 1, 0, 1, 1, 1][:n],
+    "turn_ids": [-1, -1, 0, 0, -1, 1, 1, 1][:n],
+    "behavior_logprobs": [0, 0, -0.5, -1.0, 0, -0.1, -2.0, -0.3][:n],
+    "boundaries": [2, 5],
+    "prompt_len": 2,
+    "reward": 1.0,
+    "finish": "answer",
+    "num_turns": 2,
+    "messages": [
+      {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "calc", "arguments": '{"x": 1}'}}]}
+    ],
+  }
+
+
+def credited(adv, **meta):
+  return {"advantages": adv, "turn_advantages": [0.5, -0.25], "metadata": meta}
+
+
+def test_rollout_view_collects_hover_series_charts_marks_and_texts():
+  adv = [0, 0, 0.5, -1.0, 0, 2.0, 0.25, -0.5]
+  trace = credited(
+    adv,
+    passes={
+      "gold_answer": {
+        "gold_logp_BxT1": [-3.0, -2.0, 0.0],
+        "boundary_mask_BxT1": [True, True, False],
+        "valid_B": True,
+        "reasons": "",
+      }
+    },
+    credit_details={"state_value_BxT1": [0.0, 1.0, None], "td_reward_BxT": [1.0, None]},
+  )
+  gear = credited(
+    [0, 0, 1, 1, 0, 1, 1, 1],
+    passes={
+      "teacher_divergence": {"logp_BxL": [None] * 2 + [-0.4] * 6, "divergence_BxL": [0.0] * 8, "reasons": "no_context"}
+    },
+    credit_details={"segment_start_BxL": [-1, -1, 2, 2, -1, -1, 6, 6]},
+  )
+  hsd = credited([0] * 8, passes={"teacher_peer": {"peer_B": 3, "skills": "", "reasons": ""}})
+  pieces = [f"<{i}>" for i in range(8)]
+  view = page.rollout_view(
+    record(), pieces, {"trace": trace, "gear": gear, "hsd": hsd}, peer_ids={"hsd": ["a", "b", "c", "step4_3"]}, step=4
+  )
+  tr, ge, hs = view["methods"]
+  assert tr["scale"] == 2.0  # the largest |advantage| on an action token
+  assert [c["label"].split(" ")[0] for c in tr["charts"]] == ["turn", "gold", "state", "TD"]
+  assert tr["charts"][2]["values"] == [0.0, 1.0, None]
+  assert tr["charts"][1]["values"] == [-3.0, -2.0, None]  # the invalid boundary's 0.0 is no log-prob
+  assert ge["marks"]["segment"] == [False, False, True, True, False, False, True, True]
+  assert ge["marks"]["segment_start"] == [False, False, True, False, False, False, True, False]
+  assert [h["label"] for h in ge["hover"]] == [
+    "teacher log-prob (teacher_divergence)",
+    "teacher/policy divergence (teacher_divergence)",
+  ]
+  assert {"label": "teacher_divergence: pass invalid", "text": "no_context"} in ge["texts"]
+  assert hs["texts"] == [{"label": "peer rollout (the teacher's extra context)", "text": "step4_3", "link": "step4_3"}]
+  assert view["tool_calls"] == ['calc({"x": 1})']
+
+
+def test_rollout_view_refuses_mismatched_lengths():
+  with pytest.raises(ValueError, match="7 token pieces for 8 tokens"):
+    page.rollout_view(record(), ["x"] * 7, {"grpo": credited([0.0] * 8)})
+  with pytest.raises(ValueError, match="method 'grpo': 6 advantages for 8 tokens"):
+    page.rollout_view(record(), ["x"] * 8, {"grpo": credited([0.0] * 6)})
+  with pytest.raises(ValueError, match="no methods"):
+    page.rollout_view(record(), ["x"] * 8, {})
+
+
+def test_page_escapes_token_text_and_keeps_the_data_script_closed():
+  pieces = ["<b>", "</script><script>alert(1)</script>", "&", "x", "y", "z", "w", "v"]
+  html = page.rollout_page(page.rollout_view(record(), pieces, {"grpo": credited([0.0, 0, 1, 1, 0, 1, 1, 1])}))
+  assert "&lt;b&gt;" in html and "<script>alert" not in html.split('<script id="data"')[0]
+  data = re.search(r'<script id="data" type="application/json">(.*?)</script>', html, re.S).group(1)
+  assert json.loads(data)["pieces"] == pieces  # the JSON survives, "</" escaped inside it
+  # One span per token, action tokens marked, and turn and boundary markers in between.
+  assert len(re.findall(r'class="tok[^"]*" data-i="\d+"', html)) == 8
+  assert len(re.findall(r'class="tok act"', html)) == 5
+  assert html.count('class="mark turn"') == 2 and html.count('class="mark bd"') == 2
+
+
+def test_write_rollout_pages_writes_an_index_linking_every_page(tmp_path):
+  a, b = record("step3_0"), record("step3/1")
+  index = page.write_rollout_pages(
+    str(tmp_path),
+    {
+      "grpo": [credited([0.0] * 8) | a, credited([0.0] * 8) | b],
+      "rloo": [a | credited([1.0] * 8), b | credited([1.0] * 8)],
+    },
+    byte_decode,
+    step=3,
+  )
+  files = sorted(p.name for p in tmp_path.iterdir())
+  assert files == ["index.html", "step3_0.html", "step3_1.html"]
+  text = open(index).read()
+  assert 'href="step3_0.html"' in text and 'href="step3_1.html"' in text and "grpo, rloo" in text
+  with pytest.raises(ValueError, match="credited other rollouts"):
+    page.write_rollout_pages(str(tmp_path), {"grpo": [a], "rloo": [b]}, byte_decode)
