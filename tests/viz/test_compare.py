@@ -21,6 +21,7 @@ def make_run(root, name, method, seed, success, *, evals=(), dense_norm="group_r
     {"phase": "rl", "step": i + 1, "success_rate": s, "reward_mean": s, "mean_turns": 2.0}
     for i, s in enumerate(success)
   ]
+  rows += [{"phase": "eval", "step": 0, "stage": "before_warm_start", "success_rate": 0.0}]
   rows += [{"phase": "eval", "step": step, "success_rate": s} for step, s in evals]
   (w / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
   return str(w)
@@ -46,6 +47,8 @@ def test_seeds_of_one_setting_make_one_curve_with_a_band(tmp_path):
   assert c["steps"] == [1, 2, 3] and c["mean"] == [0.25, 0.5, 0.75] and c["lo"] == [0.0, 0.5, 0.5]
   assert c["hi"] == [0.5, 0.5, 1.0] and c["runs"] == 2
   assert out["groups"][0]["final"]["eval/success_rate"] == {"step": 3, "mean": 0.625, "lo": 0.5, "hi": 0.75}
+  # The eval before the warm start (also step 0) is not the curve's start.
+  assert data["curves"]["eval/success_rate"][labels[0]]["mean"] == [0.25, 0.625]
   assert out["groups"][1]["final"]["rl/success_rate"]["mean"] == 1.0
   # Panels nobody logged (kl, tool calls) are left out; the PNG is a real image, embedded in the page.
   assert "rl/kl" not in data["curves"] and "rl/mean_turns" in data["curves"]
@@ -70,5 +73,5 @@ def test_bad_workdirs_are_refused_with_their_path(tmp_path, capsys):
   with open(os.path.join(good, "metrics.jsonl"), "a") as f:
     f.write("{not json\n")
   assert cli.main(["jaxcredit", "compare", good, "--out", str(tmp_path / "o")]) == 2
-  assert "metrics.jsonl, line 3: not JSON" in capsys.readouterr().err
+  assert "metrics.jsonl, line 4: not JSON" in capsys.readouterr().err
   assert not os.path.exists(tmp_path / "o")  # nothing written for a refused comparison
