@@ -373,7 +373,19 @@ advantage under each method</div></header>
 
 
 def write_pages(out_dir: str, views: Sequence[Mapping[str, Any]], **index_kwargs) -> str:
-  """Writes one page per view and index.html into `out_dir` (created). Returns the index's path."""
+  """Writes one page per view and index.html into `out_dir` (created). Returns the index's path.
+
+  Raises:
+    ValueError: two rollout ids that map to one page name (`page_name`); nothing is written.
+  """
+  names: dict[str, str] = {}
+  for v in views:
+    other = names.setdefault(page_name(v["rollout_id"]), v["rollout_id"])
+    if other != v["rollout_id"]:
+      raise ValueError(
+        f"rollout ids {other!r} and {v['rollout_id']!r} give the same page name {page_name(other)!r} "
+        "(characters other than letters, digits, '_', '.' and '-' become '_'); rename one"
+      )
   os.makedirs(out_dir, exist_ok=True)
   for v in views:
     _write(os.path.join(out_dir, page_name(v["rollout_id"])), rollout_page(v))

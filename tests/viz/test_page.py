@@ -130,3 +130,11 @@ def test_write_rollout_pages_writes_an_index_linking_every_page(tmp_path):
   assert 'href="step3_0.html"' in text and 'href="step3_1.html"' in text and "grpo, rloo" in text
   with pytest.raises(ValueError, match="credited other rollouts"):
     page.write_rollout_pages(str(tmp_path), {"grpo": [a], "rloo": [b]}, byte_decode)
+
+
+def test_rollout_ids_that_share_a_page_name_are_refused_before_anything_is_written(tmp_path):
+  a, b = record("x/1"), record("x_1")
+  views = [page.rollout_view(r, ["t"] * 8, {"grpo": credited([0.0] * 8)}) for r in (a, b)]
+  with pytest.raises(ValueError, match="'x/1' and 'x_1' give the same page name 'x_1.html'"):
+    page.write_pages(str(tmp_path / "out"), views)
+  assert not (tmp_path / "out").exists()
