@@ -447,7 +447,7 @@ def _viz(command: str, args: list[str]) -> int:
   if not os.path.isdir(a.workdir):
     print(f"jaxcredit {command}: --workdir {a.workdir}: not a directory", file=sys.stderr)
     return 2
-  methods = None if a.methods is None else [m.strip() for m in a.methods.split(",") if m.strip()]
+  methods = None if a.methods is None else list(dict.fromkeys(m.strip() for m in a.methods.split(",") if m.strip()))
   if methods is not None and not methods:
     print(f"jaxcredit {command}: --methods names no method", file=sys.stderr)
     return 2

@@ -52,7 +52,10 @@ def run_config(workdir: str) -> ml_collections.ConfigDict:
   if not isinstance(saved, dict):
     raise ValueError(f"{path}: expected a JSON object (the training config), got {type(saved).__name__}")
   config = config_lib.base_config()
-  config.update(saved)
+  try:
+    config.update(saved)
+  except (TypeError, AttributeError, ValueError) as e:
+    raise ValueError(f"{path}: a key does not fit the training config ({e})") from None
   config.workdir = workdir
   return config
 
@@ -125,16 +128,19 @@ def view_samples(
     peer_ids[name] = [r["rollout_id"] for r in records]
   tok = trainer.load_tokenizer(trainer.resolve_source(config.model.source), cache_dir=config.model.cache_dir or None)
   out_dir = out_dir or os.path.join(workdir, "viewer", f"step_{step}")
-  index = page.write_rollout_pages(
-    out_dir,
-    credited,
-    tok.decode,
-    step=step,
-    summaries={m: METHODS[m].summary for m in methods},
-    notes=notes,
-    peer_ids=peer_ids,
-    title=f"jaxcredit: rollouts of step {step} ({os.path.basename(os.path.abspath(workdir))})",
-  )
+  try:
+    index = page.write_rollout_pages(
+      out_dir,
+      credited,
+      tok.decode,
+      step=step,
+      summaries={m: METHODS[m].summary for m in methods},
+      notes=notes,
+      peer_ids=peer_ids,
+      title=f"jaxcredit: rollouts of step {step} ({os.path.basename(os.path.abspath(workdir))})",
+    )
+  except (TypeError, AttributeError, KeyError) as e:  # metadata.passes / credit_details of another layout
+    raise ValueError(f"{path}: a record's pass outputs or credit details have an unexpected layout ({e!r})") from None
   return {"index": index, "rollouts": len(records), "step": step, "methods": list(methods)}
 
 
@@ -148,5 +154,6 @@ def _latest_checkpoint(workdir: str) -> int | None:
 
 def _batch_size(records, step: int) -> int:
   """The step's batch size as far as the sample's rollout ids ("step{N}_{i}") tell."""
-  rows = [int(r["rollout_id"].rsplit("_", 1)[1]) for r in records if r["rollout_id"].startswith(f"step{step}_")]
+  prefix = f"step{step}_"
+  rows = [int(r["rollout_id"][len(prefix) :]) for r in records if re.fullmatch(rf"{prefix}\d+", r["rollout_id"])]
   return max(rows, default=-1) + 1

@@ -65,17 +65,28 @@ def load_run(workdir: str) -> dict:
   if not os.path.isfile(path):
     raise ValueError(f"{workdir} has no metrics.jsonl: not a jaxcredit training workdir (or it has not logged yet)")
   rows = []
-  with open(path) as f:
+  with open(path, encoding="utf-8", errors="replace") as f:
     for n, line in enumerate(f, 1):
       if line.strip():
         try:
-          rows.append(json.loads(line))
+          row = json.loads(line)
         except json.JSONDecodeError as e:
           raise ValueError(f"{path}, line {n}: not JSON ({e.msg})") from None
+        step = row.get("step") if isinstance(row, dict) else None
+        if not isinstance(row, dict) or not isinstance(step, int) or isinstance(step, bool):
+          raise ValueError(f"{path}, line {n}: expected a JSON object with an integer 'step' (a metrics row)")
+        rows.append(row)
   config = {}
-  if os.path.isfile(os.path.join(workdir, "config.json")):
-    with open(os.path.join(workdir, "config.json")) as f:
-      config = _flatten(json.load(f))
+  config_path = os.path.join(workdir, "config.json")
+  if os.path.isfile(config_path):
+    try:
+      with open(config_path, encoding="utf-8") as f:
+        saved = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+      raise ValueError(f"{config_path}: not a JSON training config ({e})") from None
+    if not isinstance(saved, dict):
+      raise ValueError(f"{config_path}: expected a JSON object (the training config), got {type(saved).__name__}")
+    config = _flatten(saved)
   return {"workdir": workdir, "config": config, "rows": rows}
 
 
@@ -163,9 +174,9 @@ def compare_runs(
     raise ValueError("give at least one training workdir")
   seen = set()
   for w in workdirs:
-    if os.path.abspath(w) in seen:
-      raise ValueError(f"workdir {w} is listed twice")
-    seen.add(os.path.abspath(w))
+    if os.path.realpath(w) in seen:
+      raise ValueError(f"workdir {w} is listed twice (links resolved)")
+    seen.add(os.path.realpath(w))
   groups = group_runs([load_run(w) for w in workdirs])
   panels = []
   for phase, metric in metrics:

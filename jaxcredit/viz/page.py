@@ -147,7 +147,7 @@ def rollout_view(
             texts.append({"label": "peer", "text": "none: no successful peer in the group (gold-answer fallback)"})
           else:
             peer = batch[value] if batch is not None and value < len(batch) else f"row {value} of the batch"
-            texts.append({"label": "peer rollout (the teacher's extra context)", "text": peer, "link": peer})
+            texts.append({"label": "peer rollout (the teacher's extra context)", "text": peer, "link": page_name(peer)})
         elif key == "reasons" and value:
           texts.append({"label": f"{source}: pass invalid", "text": str(value)})
         elif key in ("success_B",) and isinstance(value, bool):
@@ -200,8 +200,12 @@ def _tool_calls(messages) -> list[str]:
 
 
 def page_name(rollout_id: str) -> str:
-  """The file name of a rollout's page."""
-  return _ROLLOUT_ID.sub("_", rollout_id) + ".html"
+  """The file name of a rollout's page: characters other than letters, digits, '_', '.' and '-' become '_'; a name
+  that would be hidden (leading '.'), empty or the index's gets the prefix "rollout_"."""
+  name = _ROLLOUT_ID.sub("_", str(rollout_id))
+  if not name or name.startswith(".") or name == "index":
+    name = "rollout_" + name
+  return name + ".html"
 
 
 _CSS = """
@@ -279,8 +283,7 @@ function show(k) {
   if (m.marks.segment) h += '<div>GEAR segments: purple underline; a segment starts at a left bar (a divergence spike)</div>';
   if (m.marks.gate) h += '<div>CrEST gate open (teacher entropy below tau): dotted outline</div>';
   m.texts.forEach(t => {
-    const body = t.link ? '<a href="' + encodeURI(t.link.replace(/[^A-Za-z0-9_.-]+/g, '_') + '.html') + '">' +
-      esc(t.text) + '</a>' : esc(t.text);
+    const body = t.link ? '<a href="' + encodeURI(t.link) + '">' + esc(t.text) + '</a>' : esc(t.text);
     h += '<div><b>' + esc(t.label) + '</b>: ' + body + '</div>';
   });
   m.charts.forEach(c => { h += chart(c); });
@@ -306,8 +309,9 @@ show(0);
 
 
 def _json_script(data) -> str:
-  # "</" inside a script element would end it; JSON allows the escaped form.
-  return json.dumps(data, allow_nan=False).replace("</", "<\\/")
+  # "<" and ">" inside a script element can end it ("</script>") or switch the parser's state ("<!--<script>"), "&"
+  # is escaped with them; JSON's \u escapes keep the same strings.
+  return json.dumps(data, allow_nan=False).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
 def rollout_page(view: Mapping[str, Any]) -> str:

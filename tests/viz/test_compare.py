@@ -75,3 +75,15 @@ def test_bad_workdirs_are_refused_with_their_path(tmp_path, capsys):
   assert cli.main(["jaxcredit", "compare", good, "--out", str(tmp_path / "o")]) == 2
   assert "metrics.jsonl, line 4: not JSON" in capsys.readouterr().err
   assert not os.path.exists(tmp_path / "o")  # nothing written for a refused comparison
+
+
+def test_a_link_to_a_listed_run_and_rows_without_a_step_are_refused(tmp_path, capsys):
+  good = make_run(tmp_path, "g", "grpo", 0, [0.0])
+  os.symlink(good, tmp_path / "link")
+  assert cli.main(["jaxcredit", "compare", good, str(tmp_path / "link"), "--out", str(tmp_path / "o")]) == 2
+  assert "listed twice" in capsys.readouterr().err
+  bad = make_run(tmp_path, "b", "grpo", 0, [0.0])
+  with open(os.path.join(bad, "metrics.jsonl"), "a") as f:
+    f.write(json.dumps({"phase": "rl", "success_rate": 0.5}) + "\n")
+  assert cli.main(["jaxcredit", "compare", bad, "--out", str(tmp_path / "o")]) == 2
+  assert "metrics.jsonl, line 4: expected a JSON object with an integer 'step'" in capsys.readouterr().err

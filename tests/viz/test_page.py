@@ -88,7 +88,9 @@ def test_rollout_view_collects_hover_series_charts_marks_and_texts():
     "teacher/policy divergence (teacher_divergence)",
   ]
   assert {"label": "teacher_divergence: pass invalid", "text": "no_context"} in ge["texts"]
-  assert hs["texts"] == [{"label": "peer rollout (the teacher's extra context)", "text": "step4_3", "link": "step4_3"}]
+  assert hs["texts"] == [
+    {"label": "peer rollout (the teacher's extra context)", "text": "step4_3", "link": "step4_3.html"}
+  ]
   assert view["tool_calls"] == ['calc({"x": 1})']
 
 
@@ -102,7 +104,7 @@ def test_rollout_view_refuses_mismatched_lengths():
 
 
 def test_page_escapes_token_text_and_keeps_the_data_script_closed():
-  pieces = ["<b>", "</script><script>alert(1)</script>", "&", "x", "y", "z", "w", "v"]
+  pieces = ["<b>", "</script><script>alert(1)</script>", "&", "<!--<script>", "y", "z", "w", "v"]
   html = page.rollout_page(page.rollout_view(record(), pieces, {"grpo": credited([0.0, 0, 1, 1, 0, 1, 1, 1])}))
   assert "&lt;b&gt;" in html and "<script>alert" not in html.split('<script id="data"')[0]
   data = re.search(r'<script id="data" type="application/json">(.*?)</script>', html, re.S).group(1)
@@ -138,3 +140,9 @@ def test_rollout_ids_that_share_a_page_name_are_refused_before_anything_is_writt
   with pytest.raises(ValueError, match="'x/1' and 'x_1' give the same page name 'x_1.html'"):
     page.write_pages(str(tmp_path / "out"), views)
   assert not (tmp_path / "out").exists()
+
+
+def test_page_names_are_never_hidden_or_the_index():
+  assert page.page_name("step3_0") == "step3_0.html" and page.page_name("a/b") == "a_b.html"
+  assert page.page_name("index") == "rollout_index.html"
+  assert page.page_name("..") == "rollout_...html" and page.page_name("") == "rollout_.html"
