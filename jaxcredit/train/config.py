@@ -152,6 +152,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.sft.batch_size = 4
   c.sft.learning_rate = 1e-4
   c.sft.warmup_steps = 3
+  c.sft.loss_tokens = "actions"  # "actions": the demonstration's assistant tokens; "all": every token (from scratch)
   c.sft.length_bucket = 64  # demonstrations are similar in length: a tighter bucket wastes less
   c.sft.checkpoint_every = 50  # warm-start checkpoints (and on SIGTERM / Ctrl-C); a rerun resumes mid-way
 
@@ -161,6 +162,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval.before_sft = True
   c.eval.after_sft = True
   c.eval.at_end = True
+  c.eval.every = 0  # RL steps between held-out evals during RL (0 = none; the last step's eval is eval.at_end)
   return c
 
 
@@ -298,8 +300,12 @@ def validate(c: ml_collections.ConfigDict) -> None:
       raise ValueError(f"config.{key} must be >= 1, got {v}")
   if int(c.log_rollouts_every) < 0:
     raise ValueError(f"config.log_rollouts_every must be >= 0 (0: never), got {c.log_rollouts_every}")
+  if c.sft.loss_tokens not in ("actions", "all"):
+    raise ValueError(f"config.sft.loss_tokens must be 'actions' or 'all', got {c.sft.loss_tokens!r}")
   if c.sft.steps < 0:
     raise ValueError(f"config.sft.steps must be >= 0, got {c.sft.steps}")
+  if int(c.eval.every) < 0:
+    raise ValueError(f"config.eval.every must be >= 0 (0: no evals during RL), got {c.eval.every}")
   _validate_env_keys(c)
   # Written as `not (x > 0)` so that NaN fails too.
   if not 0 < c.sampling.top_p <= 1:

@@ -16,6 +16,7 @@ import dataclasses
 import logging
 import os
 import re
+import shutil
 import signal
 import threading
 import time
@@ -31,7 +32,7 @@ from tqdm.auto import tqdm
 
 from jaxcredit import multihost, sharding
 from jaxcredit.envs import EnvSpec, make_env_spec
-from jaxcredit.models import load, load_tokenizer, resolve_source
+from jaxcredit.models import load, load_tokenizer, resolve_source, save_converted
 from jaxcredit.models.decoder import compute_params, param_logical_axes
 from jaxcredit.rollout.chat_format import ChatFormat
 from jaxcredit.rollout import jsonl as jsonl_lib
@@ -323,7 +324,9 @@ def _env_metrics(run: Run, results) -> dict:
 
 
 def warm_start(run: Run, params, stop: "StopRequests | None" = None) -> Any:
-  """Supervised warm start on demonstrations from the training tasks (cross-entropy on action tokens).
+  """Supervised warm start on demonstrations from the training tasks: cross-entropy on the action tokens, or on
+  every token when `sft.loss_tokens == "all"` (a policy trained from scratch also learns from the prompts and the
+  tool observations, e.g. to copy the names it reads).
 
   Checkpoints every `sft.checkpoint_every` steps, at its last step, and when `stop` has seen SIGTERM / Ctrl-C
   (then raises `TrainingStopped`); a warm-start checkpoint in the workdir is resumed from: parameters, optimizer
@@ -377,11 +380,14 @@ def warm_start(run: Run, params, stop: "StopRequests | None" = None) -> Any:
       length_bucket=c.sft.length_bucket,
     )
     batch = _batch(traj, {})
+    if c.sft.loss_tokens == "all":
+      # every real token after a row's first is a target: prompts and tool observations too
+      batch["action_mask_BxL"] = traj.token_mask_BxL & (np.cumsum(traj.token_mask_BxL, axis=1) > 1)
+    n_tok = int(batch["action_mask_BxL"].sum())
     params, opt_state, m = update(params, opt_state, sharding.shard_batch(batch, run.mesh))
     run.policy_version += 1
     m = jax.device_get(m)
     dt = time.time() - t0
-    n_tok = int(traj.action_mask_BxL.sum())
     run.writer.write(
       "sft",
       s,
@@ -544,6 +550,39 @@ def _fresh_start(run: Run, optimizer, opt_sh, data, stop: "StopRequests | None" 
   return params, opt_state, ref_params
 
 
+def _periodic_eval(run: Run, params, rl_step: int) -> None:
+  """The held-out eval every `config.eval.every` RL steps (stage "rl_step_N"), unless the step already has one or is
+  the last (eval.at_end covers it)."""
+  every = run.config.eval.every
+  if not every or rl_step <= 0 or rl_step % every or rl_step >= run.config.total_steps:
+    return
+  if any(r.get("phase") == "eval" and r.get("step") == rl_step for r in run.writer.rows()):
+    return
+  evaluate(run, params, f"rl_step_{rl_step}", rl_step)
+
+
+def _write_warm_start_model(run: Run, params) -> str | None:
+  """The warm-started policy as a converted model folder, `workdir/warm_start_model` (float32 parameters, the
+  tokenizer, provenance in source.json), so that several RL runs can start from one warm start with
+  `config.model.source` pointing at it and `config.sft.steps=0`. Written by one process of a single-process run
+  only (gathering a sharded model to one host is not done here); returns the folder, or None when not written."""
+  if jax.process_count() > 1:
+    print("[jaxcredit] several processes: the warm-started policy stays in the checkpoint only (no model folder)")
+    return None
+  folder = os.path.join(run.config.workdir, "warm_start_model")
+  if os.path.exists(folder):
+    shutil.rmtree(folder)
+  source = {
+    "warm_start_of": str(run.config.model.source),
+    "workdir": os.path.abspath(run.config.workdir),
+    "sft_steps": int(run.config.sft.steps),
+    "env": str(run.config.env.name),
+    "seed": int(run.config.seed),
+  }
+  save_converted(folder, run.model_cfg, nnx.to_pure_dict(jax.device_get(params)), run.tok, source=source)
+  return folder
+
+
 class TrainingStopped(Exception):
   """Raised by `train` after a SIGTERM or Ctrl-C during the warm start or RL: the step in flight finished and was
   checkpointed."""
@@ -685,12 +724,14 @@ def _train(run: Run, sft_only: bool) -> dict:
       rl_step = int(meta["rl_step"])
       run.policy_version = int(meta.get("policy_version", rl_step))  # checkpoints before it was saved: RL steps
       data.set_state(meta["data_state"])
-      dropped = run.writer.truncate_after("rl", rl_step)
+      dropped = run.writer.truncate_after("rl", rl_step) + run.writer.truncate_after("eval", rl_step)
       print(
         f"[jaxcredit] resumed from {run.ckpt.directory} at RL step {rl_step}"
         + (f" (dropped {dropped} metric rows past the checkpoint)" if dropped else "")
       )
       ref_params = run.ckpt.restore_reference(_reference_copy(run, run.params))
+      if rl_step < c.total_steps:  # a stop between the step's checkpoint and its periodic eval: eval it now
+        _periodic_eval(run, params, rl_step)
     else:
       params, opt_state, ref_params = _fresh_start(run, optimizer, opt_sh, data, stop)
       rl_step = 0
@@ -699,7 +740,11 @@ def _train(run: Run, sft_only: bool) -> dict:
         run.writer.close()
         raise TrainingStopped(signum, 0, run.ckpt.directory)
   if sft_only:
-    print(f"[jaxcredit] warm start done; checkpoint in {run.ckpt.directory}")
+    model_dir = _write_warm_start_model(run, params)
+    print(
+      f"[jaxcredit] warm start done; checkpoint in {run.ckpt.directory}"
+      + (f"; the policy as a model folder: {model_dir} (use it as --config.model.source)" if model_dir else "")
+    )
     run.writer.close()
     return {}
 
@@ -744,6 +789,7 @@ def _train(run: Run, sft_only: bool) -> dict:
         bar.close()
         run.writer.close()
         raise TrainingStopped(signum, rl_step, run.ckpt.directory)
+      _periodic_eval(run, params, rl_step)
   bar.close()
   last = {}
   if c.eval.at_end:

@@ -4,6 +4,8 @@ then a resume that runs exactly one more RL step and no warm-start step; then a 
 import json
 import os
 
+import jax
+import numpy as np
 import pytest
 
 from jaxcredit.train import trainer
@@ -109,3 +111,53 @@ def test_ppo_epochs_and_mini_batches_run_several_updates_per_step(tmp_path):
   # The tiny random policy earns no reward, so its advantages are 0 and the ratio stays 1 here; that the clip acts
   # once the policy moves is tests/train/test_ppo_updates.py's check. This one checks the trainer's wiring.
   assert 0 <= row["clip_frac_last"] <= 1 and row["ratio_dev_last"] >= 0
+
+
+def test_one_warm_start_as_a_model_folder_then_rl_with_periodic_evals(tmp_path):
+  """`jaxcredit sft` writes the warm-started policy as a model folder; a run from it (sft.steps=0) evaluates every
+  `eval.every` steps, and a resume neither repeats an eval nor loses one cut off by a stop after its checkpoint."""
+  from flax import nnx
+
+  from jaxcredit import models
+  from jaxcredit.train import checkpoint as ckpt_lib
+
+  gguf_path = write_gguf(tmp_path / "tiny.gguf", "llama", CFG, random_params(CFG))
+  c = _config(tmp_path, gguf_path)
+  c.eval.before_sft = False
+  c.sft.learning_rate = 1e-2  # two steps that visibly move the weights
+  c.sft.loss_tokens = "all"
+  trainer.train(c, sft_only=True)
+  folder = os.path.join(c.workdir, "warm_start_model")
+  source = json.load(open(os.path.join(folder, "source.json")))
+  assert source["sft_steps"] == 2 and source["warm_start_of"] == str(gguf_path)
+  model, _ = models.load_model(folder)
+  params = nnx.state(model, nnx.Param)
+  saved = ckpt_lib.Checkpointer(c.workdir).restore_params(0, params)
+  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(saved)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  init, _ = models.load_model(gguf_path, cache_dir=c.model.cache_dir)
+  moved = [
+    float(np.abs(np.asarray(a) - np.asarray(b)).max())
+    for a, b in zip(jax.tree.leaves(nnx.state(init, nnx.Param)), jax.tree.leaves(params))
+  ]
+  assert max(moved) > 1e-4, "the folder holds the initial weights, not the warm-started ones"
+
+  rl = _config(tmp_path, folder)
+  rl.workdir = str(tmp_path / "rl")
+  rl.sft.steps = 0
+  rl.total_steps = 3
+  rl.eval.every = 1
+  trainer.train(rl)
+  evals = [r for r in _rows(rl.workdir) if r["phase"] == "eval"]
+  assert [(r["step"], r["stage"]) for r in evals] == [(1, "rl_step_1"), (2, "rl_step_2"), (3, "rl_step_3")]
+
+  # A stop after step 3's checkpoint and before its eval (as if the eval row were never written): the resume
+  # evaluates step 3 first, then step 4 at the end, each once.
+  path = os.path.join(rl.workdir, "metrics.jsonl")
+  rows = [r for r in _rows(rl.workdir) if not (r["phase"] == "eval" and r["step"] == 3)]
+  with open(path, "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in rows)
+  rl.total_steps = 4
+  trainer.train(rl)
+  evals = [r for r in _rows(rl.workdir) if r["phase"] == "eval"]
+  assert [r["step"] for r in evals] == [1, 2, 3, 4]

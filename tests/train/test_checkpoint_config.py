@@ -46,6 +46,8 @@ def test_refusal_names_keys_and_writes_nothing(tmp_path):
     ("sampling.temperature", 0.0, "sampling.temperature"),
     ("rollout.group_size", 0, "rollout.group_size"),
     ("sampling.top_p", 1.5, "sampling.top_p"),
+    ("eval.every", -1, "eval.every"),
+    ("sft.loss_tokens", "prompt", "sft.loss_tokens"),
   ],
 )
 def test_validate_names_bad_key(key, value, match):
