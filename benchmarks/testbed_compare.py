@@ -1,0 +1,358 @@
+"""The CPU testbed: every dense-credit method against GRPO on a task where the warm start leaves headroom, with seeds.
+
+The task is the generated fictional-facts search environment (`envs/search.py`: questions that need 1 to 3 look-ups
+in a BM25-searched corpus of invented people, companies, towns and schools, with similar-named distractors; a search
+and an open per hop, so redundant calls are possible). The policy is small enough for many RL steps on 2 cores: a
+Llama-architecture decoder initialised at random, with its own byte-level BPE vocabulary trained (`tokenizers`'
+`BpeTrainer`) on the task's demonstrations. A general tokenizer (SmolLM2's 49k entries) would make the output head
+most of the compute and the system prompt 400 tokens; this one, merging across spaces, makes a whole rollout about
+350 tokens. The model learns the task only from the warm start (supervised on demonstrations, stopped while it
+still fails most questions), done once and shared: every RL run starts from `warm/warm_start_model` (the folder
+`jaxcredit sft` writes) with `sft.steps=0`, so every method's frozen reference is that same policy.
+
+Then every method in `RUNS` trains `--steps` RL steps with each seed, evaluating held-out success every
+`--eval-every` steps (greedy, the same `--eval-tasks` questions for every run). Writes, under `--out`:
+
+  testbed.json      the settings, the warm start's success, every run's eval curve, and per method the final
+                    held-out success and the steps to reach `--target` (mean and spread over seeds)
+  testbed.png       held-out success against RL step, one line per method (mean over seeds, band min..max)
+  compare/          `jaxcredit compare` over all runs (every logged metric, HTML index)
+
+Every stage resumes: a finished stage is skipped, an interrupted run resumes from its checkpoint.
+
+  python benchmarks/testbed_compare.py --out runs/testbed                       # the comparison (< 90 min, 2 cores)
+  python benchmarks/testbed_compare.py --out runs/testbed --stage warm          # vocabulary, policy and warm start
+  python benchmarks/testbed_compare.py --out runs/testbed --methods grpo,trace_none --seeds 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+# The environment: short observations (2 results of 120 characters per search, documents cut at 700), chains of
+# 1 to 3 hops, a budget of a search and an open per hop.
+ENV = {"top_k": 2, "snippet_chars": 120, "max_output_chars": 700, "min_hops": 1, "max_hops": 3, "max_tool_calls": 6}
+
+# label -> (config.credit.method, knob overrides of config.credit.<method>)
+RUNS = {
+  "grpo": ("grpo", {}),
+  "gigpo": ("gigpo", {}),
+  "trace_group_rms": ("trace", {"dense_norm": "group_rms"}),
+  "trace_none": ("trace", {"dense_norm": "none"}),
+  "crest": ("crest", {}),
+  "hsd": ("hsd", {}),
+  "gear": ("gear", {}),
+  "toolopd": ("toolopd", {}),
+}
+
+CHAT_TEMPLATE = (
+  "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + "
+  "'\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def env_spec():
+  from jaxcredit.envs import ENVS
+  from jaxcredit.train.config import base_config
+
+  node = base_config().env.search
+  node.update(ENV)
+  return ENVS["search"].make_spec(node)
+
+
+def tokenizer_texts(spec, num_tasks: int) -> list[str]:
+  """Chat-formatted demonstrations of train questions, and the teacher contexts the passes insert (privileged
+  evidence, gold answers inside the context wrapper), as the tokenizer's training text."""
+  from jaxcredit.models.tokenizer import compile_chat_template
+  from jaxcredit.train.config import DEFAULT_CONTEXT_WRAPPER
+
+  render = compile_chat_template(CHAT_TEMPLATE)
+  texts = []
+  for i, task in enumerate(spec.make_tasks("train", num_tasks, 0)):
+    texts.append(render.render(messages=spec.demonstration(task, random.Random(i)), add_generation_prompt=False))
+    context = spec.privileged_info(task) if i % 2 else spec.gold_answer_text(task)
+    texts.append(DEFAULT_CONTEXT_WRAPPER.format(context=context))
+  return texts
+
+
+def build_tokenizer(texts: list[str], vocab_size: int, max_token_length: int):
+  """A byte-level BPE trained on `texts` with no pre-tokenizer split (merges may cross spaces), the chatml template
+  and <|im_end|> as end of sequence; any text still encodes (the 256 byte symbols are in the alphabet)."""
+  from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+  from jaxcredit.models.tokenizer import ChatTokenizer
+
+  tok = Tokenizer(models.BPE())
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+  tok.decoder = decoders.ByteLevel()
+  trainer = trainers.BpeTrainer(
+    vocab_size=vocab_size,
+    special_tokens=SPECIAL_TOKENS,
+    initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    max_token_length=max_token_length,
+    show_progress=False,
+  )
+  tok.train_from_iterator(texts, trainer)
+  return ChatTokenizer(tok, CHAT_TEMPLATE, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+
+
+def build_policy(folder: str, args) -> str:
+  """The random-init policy with its own vocabulary, as a converted model folder."""
+  from flax import nnx
+
+  from jaxcredit import models
+  from jaxcredit.models.config import ModelConfig
+  from jaxcredit.models.decoder import Decoder
+
+  if os.path.isfile(os.path.join(folder, "model_config.json")):
+    return folder
+  t0 = time.time()
+  spec = env_spec()
+  tok = build_tokenizer(tokenizer_texts(spec, args.tokenizer_tasks), args.vocab_size, args.max_token_length)
+  vocab = -(-tok.vocab_size // 128) * 128  # embedding rows: a multiple of 128
+  cfg = ModelConfig(
+    vocab_size=vocab,
+    hidden_size=args.hidden,
+    intermediate_size=3 * args.hidden,
+    num_layers=args.layers,
+    num_heads=args.hidden // 64,
+    num_kv_heads=max(1, args.hidden // 128),
+    head_dim=64,
+    rope_theta=10000.0,
+    rms_norm_eps=1e-5,
+  )
+  params = nnx.to_pure_dict(nnx.state(Decoder(cfg, rngs=nnx.Rngs(args.init_seed)), nnx.Param))
+  models.save_converted(folder, cfg, params, tok, source={"testbed": "random init", "vocab_trained_on": "search"})
+  n = sum(int(np.prod(np.shape(x))) for x in __import__("jax").tree.leaves(params))
+  print(f"[testbed] policy: {n / 1e6:.2f}M parameters, vocabulary {tok.vocab_size} ({time.time() - t0:.0f} s)")
+  return folder
+
+
+def base(args, workdir: str, source: str, seed: int):
+  from jaxcredit.train.config import base_config
+
+  c = base_config()
+  c.workdir = workdir
+  c.seed = seed
+  c.model.source = source
+  c.model.cache_dir = os.path.join(args.out, "cache")
+  c.compilation_cache_dir = os.path.join(args.out, "xla")
+  c.env.name = "search"
+  c.env.search.update(ENV)
+  c.env.num_train_tasks = 1000
+  c.sampling.max_new_tokens = 32
+  c.sampling.max_len = 768
+  c.sampling.prompt_bucket = 32
+  c.sampling.chunk_size = 8
+  c.train.length_bucket = 128
+  c.teacher.max_len = 1024
+  c.rollout.prompts_per_step = args.prompts
+  c.rollout.group_size = args.group
+  c.optim.learning_rate = args.lr
+  c.eval.num_tasks = args.eval_tasks
+  c.eval.batch_size = args.eval_tasks
+  c.checkpoint_every = args.eval_every
+  c.progress = args.progress
+  c.tensorboard = False
+  return c
+
+
+def warm_start(args, policy: str) -> tuple[str, float]:
+  """`jaxcredit sft` once; returns the warm-started model folder and its held-out success."""
+  from jaxcredit.train import trainer
+
+  workdir = os.path.join(args.out, "warm")
+  model = os.path.join(workdir, "warm_start_model")
+  if not os.path.isfile(os.path.join(model, "model_config.json")):
+    c = base(args, workdir, policy, 0)
+    c.sft.steps = args.sft_steps
+    c.sft.batch_size = 8
+    c.sft.learning_rate = args.sft_lr
+    c.sft.warmup_steps = 20
+    c.sft.length_bucket = 64
+    c.sft.loss_tokens = args.sft_loss_tokens
+    c.eval.before_sft = False
+    trainer.train(c, sft_only=True)
+  rows = [json.loads(x) for x in open(os.path.join(workdir, "metrics.jsonl"))]
+  success = [r["success_rate"] for r in rows if r["phase"] == "eval" and r.get("stage") == "after_warm_start"][-1]
+  return model, float(success)
+
+
+def run_one(args, label: str, seed: int, model: str) -> str:
+  from jaxcredit.train import trainer
+
+  method, knobs = RUNS[label]
+  workdir = os.path.join(args.out, "runs", f"{label}_seed{seed}")
+  if _finished(workdir, args.steps):
+    return workdir
+  c = base(args, workdir, model, seed)
+  c.credit.method = method
+  c.credit[method].update(knobs)
+  c.sft.steps = 0
+  c.total_steps = args.steps
+  c.eval.every = args.eval_every
+  t0 = time.time()
+  trainer.train(c)
+  print(f"[testbed] {label} seed {seed}: {time.time() - t0:.0f} s")
+  return workdir
+
+
+def _finished(workdir: str, steps: int) -> bool:
+  path = os.path.join(workdir, "metrics.jsonl")
+  if not os.path.isfile(path):
+    return False
+  return any(r["phase"] == "eval" and r["step"] == steps for r in map(json.loads, open(path)))
+
+
+def eval_curve(workdir: str, start: float) -> tuple[list[int], list[float]]:
+  rows = [json.loads(x) for x in open(os.path.join(workdir, "metrics.jsonl"))]
+  evals = {r["step"]: r["success_rate"] for r in rows if r["phase"] == "eval"}
+  steps = [0] + sorted(s for s in evals if s > 0)
+  return steps, [start] + [evals[s] for s in steps[1:]]
+
+
+def steps_to_target(steps: list[int], values: list[float], target: float) -> int | None:
+  """The first eval step whose held-out success reaches `target` (None: never)."""
+  return next((s for s, v in zip(steps, values) if s > 0 and v >= target), None)
+
+
+def summarize(args, start: float, workdirs: dict[str, list[str]], seconds: float) -> dict:
+  target = start + args.target_gain
+  methods = {}
+  for label, dirs in workdirs.items():
+    curves = [eval_curve(w, start) for w in dirs]
+    finals = [v[-1] for _, v in curves]
+    reach = [steps_to_target(s, v, target) for s, v in curves]
+    hit = [r for r in reach if r is not None]
+    methods[label] = {
+      "method": RUNS[label][0],
+      "knobs": RUNS[label][1],
+      "seeds": len(dirs),
+      "final_success_mean": float(np.mean(finals)),
+      "final_success_std": float(np.std(finals)),
+      "final_success": finals,
+      "steps_to_target": reach,
+      "steps_to_target_mean": float(np.mean(hit)) if hit else None,
+      "reached_target": f"{len(hit)}/{len(dirs)}",
+      "curves": [{"steps": s, "success": v} for s, v in curves],
+    }
+  result = {
+    "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg_1m": os.getloadavg()[0]},
+    "settings": {k: v for k, v in vars(args).items() if k not in ("out", "progress")},
+    "env": ENV,
+    "warm_start_success": start,
+    "target": target,
+    "total_seconds": seconds,
+    "methods": methods,
+  }
+  with open(os.path.join(args.out, "testbed.json"), "w") as f:
+    json.dump(result, f, indent=1)
+  plot(result, os.path.join(args.out, "testbed.png"))
+  return result
+
+
+def plot(result: dict, path: str) -> None:
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, ax = plt.subplots(figsize=(8, 5))
+  for label, m in result["methods"].items():
+    steps = m["curves"][0]["steps"]
+    if any(c["steps"] != steps for c in m["curves"]):
+      continue  # unequal curves (an unfinished run): left out rather than misaligned
+    vals = np.asarray([c["success"] for c in m["curves"]])
+    ax.plot(steps, vals.mean(0), label=f"{label} ({m['final_success_mean']:.2f})", marker="o", markersize=3)
+    ax.fill_between(steps, vals.min(0), vals.max(0), alpha=0.15)
+  ax.axhline(result["target"], color="gray", ls="--", lw=0.8, label=f"target {result['target']:.2f}")
+  ax.set_xlabel("RL step")
+  ax.set_ylabel("held-out success (greedy)")
+  s = result["settings"]
+  ax.set_title(f"testbed: mean over {len(s['seeds'])} seeds, band min..max; {s['prompts']}x{s['group']} rollouts/step")
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def table(result: dict) -> str:
+  lines = [
+    "| method | final held-out success (mean ± std) | per seed | steps to target (mean over seeds that reached it) "
+    "| reached |",
+    "|---|---:|---|---:|---:|",
+  ]
+  for label, m in result["methods"].items():
+    reach = "-" if m["steps_to_target_mean"] is None else f"{m['steps_to_target_mean']:.1f}"
+    per_seed = ", ".join(f"{v:.3f}" for v in m["final_success"])
+    lines.append(
+      f"| {label} | {m['final_success_mean']:.3f} ± {m['final_success_std']:.3f} | {per_seed} | {reach} | "
+      f"{m['reached_target']} |"
+    )
+  return "\n".join(lines)
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap.add_argument("--out", default="runs/testbed")
+  ap.add_argument("--stage", choices=("warm", "all"), default="all")
+  ap.add_argument("--methods", default=",".join(RUNS), help=f"labels from {list(RUNS)}")
+  ap.add_argument("--seeds", default="0,1,2")
+  ap.add_argument("--steps", type=int, default=30, help="RL steps per run")
+  ap.add_argument("--eval-every", type=int, default=5)
+  ap.add_argument("--eval-tasks", type=int, default=64)
+  ap.add_argument("--prompts", type=int, default=2, help="prompt groups per RL step")
+  ap.add_argument("--group", type=int, default=4, help="rollouts per group")
+  ap.add_argument("--lr", type=float, default=5e-5, help="RL learning rate (AdamW)")
+  ap.add_argument("--target-gain", type=float, default=0.1, help="target = warm-start success + this")
+  ap.add_argument("--vocab-size", type=int, default=4096)
+  ap.add_argument("--max-token-length", type=int, default=24, help="longest merged token, characters")
+  ap.add_argument("--tokenizer-tasks", type=int, default=1000)
+  ap.add_argument("--hidden", type=int, default=256)
+  ap.add_argument("--layers", type=int, default=4)
+  ap.add_argument("--init-seed", type=int, default=0)
+  ap.add_argument("--sft-steps", type=int, default=300)
+  ap.add_argument("--sft-lr", type=float, default=2e-3)
+  ap.add_argument(
+    "--sft-loss-tokens", choices=("all", "actions"), default="all", help="warm-start targets (config.sft.loss_tokens)"
+  )
+  ap.add_argument("--max-hops", type=int, default=ENV["max_hops"], help="longest question chain (env.search.max_hops)")
+  ap.add_argument("--progress", action="store_true", help="tqdm bars inside each run")
+  args = ap.parse_args(argv)
+  args.seeds = [int(s) for s in args.seeds.split(",")]
+  ENV["max_hops"] = args.max_hops
+  ENV["max_tool_calls"] = 2 * args.max_hops
+  labels = [m.strip() for m in args.methods.split(",") if m.strip()]
+  unknown = [m for m in labels if m not in RUNS]
+  if unknown:
+    ap.error(f"--methods: unknown {unknown}; known: {list(RUNS)}")
+  os.makedirs(args.out, exist_ok=True)
+  t0 = time.time()
+  policy = build_policy(os.path.join(args.out, "policy_init"), args)
+  model, start = warm_start(args, policy)
+  print(f"[testbed] warm start: held-out success {start:.3f} ({time.time() - t0:.0f} s)")
+  if args.stage == "warm":
+    return
+  workdirs = {label: [run_one(args, label, seed, model) for seed in args.seeds] for label in labels}
+  result = summarize(args, start, workdirs, time.time() - t0)
+  from jaxcredit.viz.compare import compare_runs
+
+  compare_runs([w for dirs in workdirs.values() for w in dirs], os.path.join(args.out, "compare"))
+  print(table(result))
+  print(f"[testbed] {args.out}/testbed.json, testbed.png, compare/ ({time.time() - t0:.0f} s in all)")
+
+
+if __name__ == "__main__":
+  main()
