@@ -72,11 +72,49 @@ def env_spec():
   return ENVS["search"].make_spec(node)
 
 
-def tokenizer_texts(spec, num_tasks: int) -> list[str]:
+def invented_words() -> frozenset[str]:
+  """The words the generated world invented for its entities (surnames, towns, company and school stems): words of
+  document titles that occur in at most 3 titles (an invented word is used once; distractors share it with one or
+  two look-alikes). Shared words (first names, kind words such as "College", months) occur in many."""
+  import collections
+  import re
+
+  from jaxcredit.envs import search
+  from jaxcredit.train.config import base_config
+
+  node = base_config().env.search
+  node.update(ENV)
+  docs = search.make_fictional_corpus(
+    node.corpus_seed,
+    node.num_generated + node.eval_size,
+    num_eval=node.eval_size,
+    min_hops=node.min_hops,
+    max_hops=node.max_hops,
+  )[0]
+  counts = collections.Counter(w for d in docs for w in set(re.findall(r"[A-Za-z]+", d.title)))
+  return frozenset(w for w, n in counts.items() if n <= 3 and w.lower() not in search._TEMPLATE_WORDS)
+
+
+def tokenizer_texts(spec, num_tasks: int, seed: int = 0) -> list[str]:
   """Chat-formatted demonstrations of train questions, and the teacher contexts the passes insert (privileged
-  evidence, gold answers inside the context wrapper), as the tokenizer's training text."""
+  evidence, gold answers inside the context wrapper), as the tokenizer's training text.
+
+  Every invented word is replaced, at each occurrence, by a fresh word from the same syllable generator: the
+  vocabulary learns the syllables names are made of, never a whole train-world name. (Trained on the names
+  themselves, each train name became one token while held-out names split into pieces the policy never saw in
+  sequence; the warm start then memorised train names and reached 0.000 held-out success.)"""
+  import re
+
+  from jaxcredit.envs import search
   from jaxcredit.models.tokenizer import compile_chat_template
   from jaxcredit.train.config import DEFAULT_CONTEXT_WRAPPER
+
+  invented = invented_words()
+  fresh = search._Names(random.Random(seed))
+  pattern = re.compile(r"[A-Za-z]+")
+
+  def scramble(text: str) -> str:
+    return pattern.sub(lambda m: fresh.word() if m.group(0) in invented else m.group(0), text)
 
   render = compile_chat_template(CHAT_TEMPLATE)
   texts = []
@@ -84,7 +122,7 @@ def tokenizer_texts(spec, num_tasks: int) -> list[str]:
     texts.append(render.render(messages=spec.demonstration(task, random.Random(i)), add_generation_prompt=False))
     context = spec.privileged_info(task) if i % 2 else spec.gold_answer_text(task)
     texts.append(DEFAULT_CONTEXT_WRAPPER.format(context=context))
-  return texts
+  return [scramble(t) for t in texts]
 
 
 def build_tokenizer(texts: list[str], vocab_size: int, max_token_length: int):

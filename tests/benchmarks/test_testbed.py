@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import os
+import re
 import types
 
 import numpy as np
@@ -38,6 +39,25 @@ def test_task_vocabulary_round_trips_and_shortens_rollouts(testbed):
   # Merges across spaces: the fixed system prompt (about 1,500 characters) takes few tokens.
   system = messages[0]["content"]
   assert len(tok.encode(system)) < len(system) / 8
+
+
+def test_invented_names_split_alike_in_train_and_held_out_questions(testbed):
+  """The vocabulary holds syllables, not train-world names: a train name is never one token, and held-out names
+  (never in the tokenizer's text) take about as many tokens as train names."""
+  spec = testbed.env_spec()
+  tok = testbed.build_tokenizer(testbed.tokenizer_texts(spec, 200), vocab_size=1024, max_token_length=24)
+  invented = testbed.invented_words()
+  assert "College" not in invented and len(invented) > 500
+
+  def name_lengths(tasks):
+    words = {w for t in tasks for w in re.findall(r"[A-Za-z]+", t.query) if w in invented}
+    return [len(tok.encode(w)) for w in words]
+
+  train = name_lengths(spec.make_tasks("train", 200, 0))
+  held_out = name_lengths(spec.make_tasks("eval", 64, None))
+  assert len(train) > 50 and len(held_out) > 20
+  assert min(train) >= 2
+  assert 0.75 < np.mean(train) / np.mean(held_out) < 1.33
 
 
 def _run(workdir, evals):
