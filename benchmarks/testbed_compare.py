@@ -361,7 +361,7 @@ def main(argv=None):
   ap.add_argument("--hidden", type=int, default=256)
   ap.add_argument("--layers", type=int, default=4)
   ap.add_argument("--init-seed", type=int, default=0)
-  ap.add_argument("--sft-steps", type=int, default=300)
+  ap.add_argument("--sft-steps", type=int, default=600)
   ap.add_argument("--sft-lr", type=float, default=2e-3)
   ap.add_argument(
     "--sft-loss-tokens", choices=("all", "actions"), default="all", help="warm-start targets (config.sft.loss_tokens)"
