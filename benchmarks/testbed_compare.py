@@ -20,7 +20,7 @@ Then every method in `RUNS` trains `--steps` RL steps with each seed, evaluating
 
 Every stage resumes: a finished stage is skipped, an interrupted run resumes from its checkpoint.
 
-  python benchmarks/testbed_compare.py --out runs/testbed                       # the comparison (< 90 min, 2 cores)
+  python benchmarks/testbed_compare.py --out runs/testbed                       # the comparison (not yet timed)
   python benchmarks/testbed_compare.py --out runs/testbed --stage warm          # vocabulary, policy and warm start
   python benchmarks/testbed_compare.py --out runs/testbed --methods grpo,trace_none --seeds 0
 """
