@@ -21,6 +21,7 @@ the report says so.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import re
@@ -283,6 +284,7 @@ def plan_step(
   step_time_s: float | None = None,
   devices=None,
   rl: Mapping[str, Any] | None = None,
+  memo_dir: str | None = None,
 ) -> dict[str, Any]:
   """Compiles the training step for `topology` and reports memory, FLOPs and the MFU a step time implies.
 
@@ -297,6 +299,10 @@ def plan_step(
     devices: override the devices (tests); default `topology_devices(topology)`.
     rl: the rest of the RL step, `rl_step_memory`'s keyword arguments (rollouts, cache_len, teacher_cfg,
       teacher_rules); the report then names each part resident on a chip and the RL step's peak.
+    memo_dir: a folder for what compiles measured (memory, FLOPs, a compiler refusal), keyed by the lowered
+      program, the devices and the jax version: a program compiled before (another method's config with the same
+      model, mesh and batch; a rerun with another step_time_s) is not compiled again, and the report says
+      `compile_cached`. None: always compile. (JAX's own persistent cache cannot serve deviceless TPU compiles.)
 
   Returns:
     A dict: topology, chips, is_tpu (False: simulated CPU mesh, an estimate), mesh, per-device memory bytes
@@ -338,39 +344,13 @@ def plan_step(
   t0 = time.time()
   update, args = abstract_step(cfg, m, batch_size=batch_size, seq_len=seq_len, num_micro_batches=num_micro_batches)
   lowered = update.lower(*args)
-  try:
-    compiled = lowered.compile()
-  except Exception as e:  # the TPU compiler refuses a program whose temporaries exceed HBM
-    match = re.search(r"HLO temporaries \(([\d.]+)([KMGT])\) exceeds available HBM \(([\d.]+)([KMGT])\)", str(e))
-    if "RESOURCE_EXHAUSTED" not in str(e) or not match:
-      raise
-    unit = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-    temp = float(match.group(1)) * unit[match.group(2)]
-    return _report(
-      cfg,
-      topology,
-      generation,
-      n,
-      is_tpu,
-      shape,
-      batch_size,
-      seq_len,
-      num_micro_batches,
-      step_time_s,
-      arguments=-1,
-      outputs=-1,
-      aliased=-1,
-      temporaries=int(temp),
-      flops=float("nan"),
-      compile_s=time.time() - t0,
-      refused=" ".join(str(e).split())[:400],
-      rl_parts=rl_parts,
-    )
-  compile_s = time.time() - t0
-  mem = compiled.memory_analysis()
-  cost = compiled.cost_analysis()
-  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-  return _report(
+  memo_path = _memo_path(memo_dir, lowered, devices[:n]) if memo_dir else None
+  measured = _read_memo(memo_path)
+  if measured is None:
+    measured = _compile_and_measure(lowered)
+    measured["compile_s"] = time.time() - t0
+    _write_memo(memo_path, measured)
+  report = _report(
     cfg,
     topology,
     generation,
@@ -381,14 +361,86 @@ def plan_step(
     seq_len,
     num_micro_batches,
     step_time_s,
+    **{k: measured[k] for k in ("arguments", "outputs", "aliased", "temporaries", "flops", "compile_s", "refused")},
+    rl_parts=rl_parts,
+  )
+  report["compile_cached"] = bool(measured.get("cached", False))
+  return report
+
+
+def _compile_and_measure(lowered) -> dict[str, Any]:
+  """Compiles `lowered` and reads its per-device memory (bytes) and FLOPs; a compiler refusal for HBM is a result
+  (temporaries from its message, `refused` the message), any other compile error is raised."""
+  try:
+    compiled = lowered.compile()
+  except Exception as e:  # the TPU compiler refuses a program whose temporaries exceed HBM
+    match = re.search(r"HLO temporaries \(([\d.]+)([KMGT])\) exceeds available HBM \(([\d.]+)([KMGT])\)", str(e))
+    if "RESOURCE_EXHAUSTED" not in str(e) or not match:
+      raise
+    unit = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+    temp = float(match.group(1)) * unit[match.group(2)]
+    return dict(
+      arguments=-1,
+      outputs=-1,
+      aliased=-1,
+      temporaries=int(temp),
+      flops=float("nan"),
+      refused=" ".join(str(e).split())[:400],
+    )
+  mem = compiled.memory_analysis()
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  return dict(
     arguments=int(mem.argument_size_in_bytes),
     outputs=int(mem.output_size_in_bytes),
     aliased=int(mem.alias_size_in_bytes),
     temporaries=int(mem.temp_size_in_bytes),
     flops=float(cost.get("flops", float("nan"))) if cost else float("nan"),
-    compile_s=compile_s,
-    rl_parts=rl_parts,
+    refused=None,
   )
+
+
+def _memo_path(memo_dir: str, lowered, devices) -> str:
+  """The memo file of this program on these devices: a hash of the lowered StableHLO, the devices' platform, kind
+  and count, the jax version and the TPU library in use."""
+  import hashlib
+
+  key = hashlib.sha256()
+  for part in (
+    lowered.as_text(),
+    devices[0].platform,
+    str(getattr(devices[0], "device_kind", "")),
+    str(len(devices)),
+    jax.__version__,
+    os.environ.get("TPU_LIBRARY_PATH", ""),
+  ):
+    key.update(part.encode("utf-8") + b"\0")
+  return os.path.join(os.path.expanduser(memo_dir), f"plan-{key.hexdigest()[:32]}.json")
+
+
+def _read_memo(path: str | None) -> dict[str, Any] | None:
+  if not path or not os.path.isfile(path):
+    return None
+  try:
+    with open(path) as f:
+      measured = json.load(f)
+  except (OSError, ValueError):
+    return None  # unreadable: compile again (and write it afresh)
+  if not isinstance(measured, dict) or not {"arguments", "temporaries", "compile_s"} <= set(measured):
+    return None
+  measured = {**measured, "flops": float(measured.get("flops", float("nan"))), "cached": True}
+  measured.setdefault("refused", None)
+  return measured
+
+
+def _write_memo(path: str | None, measured: Mapping[str, Any]) -> None:
+  if not path:
+    return
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  tmp = f"{path}.{os.getpid()}.tmp"
+  with open(tmp, "w") as f:
+    json.dump({**measured, "flops": str(measured["flops"])}, f)  # NaN as a string: valid JSON
+  os.replace(tmp, path)
 
 
 def _report(
@@ -505,7 +557,8 @@ def format_report(r: Mapping[str, Any]) -> str:
     lines += [
       f"  DOES NOT FIT: the TPU compiler needs {_gib(r['temp_bytes'])} of temporaries per chip, "
       f"{_gib(r['hbm_bytes'])} HBM ({r['compiler_refused'][:160]}...)",
-      f"  compile attempt took {r['compile_s']:.1f} s",
+      f"  compile attempt took {r['compile_s']:.1f} s"
+      + (" (an earlier one, remembered)" if r.get("compile_cached") else ""),
     ]
     return "\n".join(lines)
   lines += [
@@ -540,8 +593,13 @@ def format_report(r: Mapping[str, Any]) -> str:
       f"  RL step peak {_gib(q['peak_bytes'])} (update {_gib(q['update_phase_bytes'])}, sampling "
       f"{_gib(q['sampling_phase_bytes'])}) of {_gib(r['hbm_bytes'])}: {'FITS' if q['fits'] else 'DOES NOT FIT'}",
     ]
+  compiled = (
+    f"measured by an earlier compile of the same program ({r['compile_s']:.1f} s; config.compilation_cache_dir)"
+    if r.get("compile_cached")
+    else f"compiled in {r['compile_s']:.1f} s"
+  )
   lines.append(
-    f"  compiled in {r['compile_s']:.1f} s. XLA's FLOP count takes each loop body once (the scanned "
+    f"  {compiled}. XLA's FLOP count takes each loop body once (the scanned "
     f"layers, attention blocks, micro-batches): use 6*N*tokens for MFU"
   )
   return "\n".join(lines)
@@ -647,6 +705,7 @@ def _run_plan(config, topology: str, mesh_spec: str) -> dict[str, Any]:
     num_micro_batches=micro,
     step_time_s=float(config.plan.step_time_s) or None,
     rl=rl,
+    memo_dir=os.path.join(str(config.compilation_cache_dir), "plans") if config.compilation_cache_dir else None,
   )
   print(format_report(report))
   return report

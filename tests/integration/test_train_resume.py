@@ -126,7 +126,13 @@ def test_one_warm_start_as_a_model_folder_then_rl_with_periodic_evals(tmp_path):
   c.eval.before_sft = False
   c.sft.learning_rate = 1e-2  # two steps that visibly move the weights
   c.sft.loss_tokens = "all"
+  c.eval.sft_every = 1  # the warm start's curve: an eval after step 1; step 2's is the after_warm_start eval
   trainer.train(c, sft_only=True)
+  evals = [r for r in _rows(c.workdir) if r["phase"] == "eval"]
+  assert [(r["stage"], r["step"], r.get("sft_step")) for r in evals] == [
+    ("sft_step_1", 0, 1),
+    ("after_warm_start", 0, None),
+  ]
   folder = os.path.join(c.workdir, "warm_start_model")
   source = json.load(open(os.path.join(folder, "source.json")))
   assert source["sft_steps"] == 2 and source["warm_start_of"] == str(gguf_path)

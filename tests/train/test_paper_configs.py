@@ -46,14 +46,21 @@ def test_a_paper_config_validates_and_states_its_pod(path):
   assert plan.model_config_for(c.model.source, c).num_params() > 4e9  # shapes from the presets, no download
 
 
+@pytest.fixture(scope="module")
+def plan_memo(tmp_path_factory):
+  return str(tmp_path_factory.mktemp("plan_memo"))
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(plan.libtpu_library_path() is None, reason="no libtpu: run python tools/install_libtpu.py")
 @pytest.mark.parametrize("path", PAPER_CONFIGS, ids=os.path.basename)
-def test_a_paper_config_fits_its_pod(path, tmp_path):
+def test_a_paper_config_fits_its_pod(path, tmp_path, plan_memo):
   # In a child process: a pod-sized deviceless compile takes GBs of host memory, which the long-lived pytest
   # process (at 15+ GB late in the full suite) must not also hold; the child's memory is returned when it exits.
+  # The configs share one memo of compiled programs: CrEST's, GEAR's and ToolOPD's 4B steps are one program.
   out = tmp_path / "plan.json"
   cmd = [sys.executable, "-m", "jaxcredit.cli", "plan", "--config", path, "--json", str(out)]
+  cmd.append(f"--config.compilation_cache_dir={plan_memo}")
   proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   report = json.loads(out.read_text())

@@ -89,28 +89,41 @@ def test_plan_cli_writes_a_report(tmp_path, capsys):
   model_dir.mkdir()
   (model_dir / "model_config.json").write_text(json.dumps(TINY_MOE.to_dict()))
   out = tmp_path / "plan.json"
-  code = cli.main(
-    [
-      "jaxcredit",
-      "plan",
-      "--config",
-      "configs/plan_qwen3_30b_a3b.py",
-      "--topology",
-      "v5e:2x2",
-      "--mesh",
-      "fsdp=2,tensor=2",
-      f"--json={out}",
-      f"--config.model.source={model_dir}",
-      "--config.plan.seq_len=128",
-      "--config.model.attention_impl=full",
-    ]
-  )
+  args = [
+    "jaxcredit",
+    "plan",
+    "--config",
+    "configs/plan_qwen3_30b_a3b.py",
+    "--topology",
+    "v5e:2x2",
+    "--mesh",
+    "fsdp=2,tensor=2",
+    f"--json={out}",
+    f"--config.model.source={model_dir}",
+    "--config.plan.seq_len=128",
+    "--config.model.attention_impl=full",
+    f"--config.compilation_cache_dir={tmp_path / 'cache'}",
+  ]
+  code = cli.main(args)
   assert code == 0, capsys.readouterr().err
   report = json.loads(out.read_text())
   assert report["chips"] == 4 and report["mesh"] == {"fsdp": 2, "tensor": 2, "data": 1}
   assert report["batch_size"] == 2 and report["seq_len"] == 128
   assert report["hbm_bytes"] == 16 * 2**30
+  assert not report["compile_cached"]
   assert "FITS" in capsys.readouterr().out
+
+  # The same program again (only the assumed step time differs): read from the memo, not compiled; same numbers.
+  assert cli.main([*args, "--config.plan.step_time_s=2"]) == 0, capsys.readouterr().err
+  again = json.loads(out.read_text())
+  assert again["compile_cached"] and "measured by an earlier compile" in capsys.readouterr().out
+  keys = ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "peak_bytes", "compiled_flops_per_device")
+  assert {k: again[k] for k in keys} == {k: report[k] for k in keys}
+  assert again["compile_s"] == report["compile_s"] and again["mfu"] > 0
+  # Another program (a longer sequence) is compiled.
+  assert cli.main([*args, "--config.plan.seq_len=256"]) == 0, capsys.readouterr().err
+  longer = json.loads(out.read_text())
+  assert not longer["compile_cached"] and longer["temp_bytes"] > report["temp_bytes"]
 
 
 def test_plan_cli_refuses_bad_topology_and_mesh(capsys):

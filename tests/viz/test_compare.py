@@ -34,6 +34,9 @@ def test_seeds_of_one_setting_make_one_curve_with_a_band(tmp_path):
     make_run(tmp_path, "trace_s0", "trace", 0, [0.0, 1.0]),
     make_run(tmp_path, "trace_none_s0", "trace", 0, [0.25, 0.25], dense_norm="none"),
   ]
+  # A warm-start eval (eval.sft_every) is at RL step 0 too; written last here, it still never starts the curve.
+  with open(os.path.join(runs[0], "metrics.jsonl"), "a") as f:
+    f.write(json.dumps({"phase": "eval", "step": 0, "stage": "sft_step_5", "sft_step": 5, "success_rate": 1.0}) + "\n")
   out = compare.compare_runs(runs, str(tmp_path / "cmp"))
   labels = [g["label"] for g in out["groups"]]
   assert labels == [
@@ -47,7 +50,7 @@ def test_seeds_of_one_setting_make_one_curve_with_a_band(tmp_path):
   assert c["steps"] == [1, 2, 3] and c["mean"] == [0.25, 0.5, 0.75] and c["lo"] == [0.0, 0.5, 0.5]
   assert c["hi"] == [0.5, 0.5, 1.0] and c["runs"] == 2
   assert out["groups"][0]["final"]["eval/success_rate"] == {"step": 3, "mean": 0.625, "lo": 0.5, "hi": 0.75}
-  # The eval before the warm start (also step 0) is not the curve's start.
+  # The evals before and during the warm start (also step 0) are not the curve's start.
   assert data["curves"]["eval/success_rate"][labels[0]]["mean"] == [0.25, 0.625]
   assert out["groups"][1]["final"]["rl/success_rate"]["mean"] == 1.0
   # Panels nobody logged (kl, tool calls) are left out; the PNG is a real image, embedded in the page.
