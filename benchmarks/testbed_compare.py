@@ -42,7 +42,17 @@ sys.path.insert(0, ROOT)
 
 # The environment: short observations (2 results of 120 characters per search, documents cut at 700), chains of
 # 1 to 3 hops, a budget of a search and an open per hop.
-ENV = {"top_k": 2, "snippet_chars": 120, "max_output_chars": 700, "min_hops": 1, "max_hops": 3, "max_tool_calls": 6}
+# `num_generated` train questions: more than the warm start reads (steps x 8), so no demonstration repeats and the
+# policy cannot answer from memorised facts; it has to read the documents, as on the held-out world.
+ENV = {
+  "top_k": 2,
+  "snippet_chars": 120,
+  "max_output_chars": 700,
+  "min_hops": 1,
+  "max_hops": 3,
+  "max_tool_calls": 6,
+  "num_generated": 8000,
+}
 
 # label -> (config.credit.method, knob overrides of config.credit.<method>)
 RUNS = {
@@ -189,7 +199,7 @@ def base(args, workdir: str, source: str, seed: int):
   c.compilation_cache_dir = os.path.join(args.out, "xla")
   c.env.name = "search"
   c.env.search.update(ENV)
-  c.env.num_train_tasks = 1000
+  c.env.num_train_tasks = ENV["num_generated"]
   c.sampling.max_new_tokens = 32
   c.sampling.max_len = 768
   c.sampling.prompt_bucket = 32
@@ -222,6 +232,7 @@ def warm_start(args, policy: str) -> tuple[str, float]:
     c.sft.length_bucket = 64
     c.sft.loss_tokens = args.sft_loss_tokens
     c.eval.before_sft = False
+    c.eval.sft_every = args.sft_eval_every
     trainer.train(c, sft_only=True)
   rows = [json.loads(x) for x in open(os.path.join(workdir, "metrics.jsonl"))]
   success = [r["success_rate"] for r in rows if r["phase"] == "eval" and r.get("stage") == "after_warm_start"][-1]
@@ -367,11 +378,18 @@ def main(argv=None):
     "--sft-loss-tokens", choices=("all", "actions"), default="all", help="warm-start targets (config.sft.loss_tokens)"
   )
   ap.add_argument("--max-hops", type=int, default=ENV["max_hops"], help="longest question chain (env.search.max_hops)")
+  ap.add_argument(
+    "--train-questions", type=int, default=ENV["num_generated"], help="train questions (env.search.num_generated)"
+  )
+  ap.add_argument(
+    "--sft-eval-every", type=int, default=0, help="held-out evals every N warm-start steps (eval.sft_every; 0: none)"
+  )
   ap.add_argument("--progress", action="store_true", help="tqdm bars inside each run")
   args = ap.parse_args(argv)
   args.seeds = [int(s) for s in args.seeds.split(",")]
   ENV["max_hops"] = args.max_hops
   ENV["max_tool_calls"] = 2 * args.max_hops
+  ENV["num_generated"] = args.train_questions
   labels = [m.strip() for m in args.methods.split(",") if m.strip()]
   unknown = [m for m in labels if m not in RUNS]
   if unknown:

@@ -163,6 +163,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval.after_sft = True
   c.eval.at_end = True
   c.eval.every = 0  # RL steps between held-out evals during RL (0 = none; the last step's eval is eval.at_end)
+  c.eval.sft_every = 0  # warm-start steps between held-out evals during the warm start (0 = none; stage sft_step_N)
   return c
 
 
@@ -306,6 +307,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
     raise ValueError(f"config.sft.steps must be >= 0, got {c.sft.steps}")
   if int(c.eval.every) < 0:
     raise ValueError(f"config.eval.every must be >= 0 (0: no evals during RL), got {c.eval.every}")
+  if int(c.eval.sft_every) < 0:
+    raise ValueError(f"config.eval.sft_every must be >= 0 (0: no evals during the warm start), got {c.eval.sft_every}")
   _validate_env_keys(c)
   # Written as `not (x > 0)` so that NaN fails too.
   if not 0 < c.sampling.top_p <= 1:

@@ -279,9 +279,10 @@ def _sample(run: Run, tasks, key, *, greedy=False):
   )
 
 
-def evaluate(run: Run, params, stage: str, step: int) -> dict:
-  """Greedy rollouts on the held-out tasks; logs a phase="eval" row. With several processes each evaluates its
-  share of the tasks and the row is over all of them (the environment's own metrics: the mean of the processes')."""
+def evaluate(run: Run, params, stage: str, step: int, *, sft_step: int | None = None) -> dict:
+  """Greedy rollouts on the held-out tasks; logs a phase="eval" row at RL step `step` (0 before RL; a warm-start
+  eval also carries `sft_step`). With several processes each evaluates its share of the tasks and the row is over all
+  of them (the environment's own metrics: the mean of the processes')."""
   t0 = time.time()
   results = []
   bs = run.config.eval.batch_size
@@ -308,6 +309,8 @@ def evaluate(run: Run, params, stage: str, step: int) -> dict:
     "num_tasks": len(summaries),
     "seconds": time.time() - t0,
   }
+  if sft_step is not None:
+    m["sft_step"] = int(sft_step)
   run.writer.write("eval", step, m)
   print(
     f"[jaxcredit] eval {stage}: success {m['success_rate']:.3f}, tool calls {m['tool_calls']:.2f}, "
@@ -405,6 +408,7 @@ def warm_start(run: Run, params, stop: "StopRequests | None" = None) -> Any:
     if s % c.sft.checkpoint_every == 0 or s == c.sft.steps or stopped:
       meta = {"sft_step": s, "data_state": data.get_state(), "rng_state": rng.bit_generator.state, "phase": "sft"}
       run.ckpt.save_warm_start(s, params, opt_state, meta)
+    _warm_start_eval(run, params, s)
     if stopped:
       bar.close()
       run.writer.close()
@@ -550,6 +554,19 @@ def _fresh_start(run: Run, optimizer, opt_sh, data, stop: "StopRequests | None" 
   return params, opt_state, ref_params
 
 
+def _warm_start_eval(run: Run, params, sft_step: int) -> None:
+  """The held-out eval every `config.eval.sft_every` warm-start steps (stage "sft_step_N", RL step 0, `sft_step` N):
+  the warm start's learning curve. Not at its last step (eval.after_sft covers it), and not again for a step that
+  already has one (a resumed warm start)."""
+  every = run.config.eval.sft_every
+  if not every or sft_step % every or sft_step >= run.config.sft.steps:
+    return
+  stage = f"sft_step_{sft_step}"
+  if any(r.get("phase") == "eval" and r.get("stage") == stage for r in run.writer.rows()):
+    return
+  evaluate(run, params, stage, 0, sft_step=sft_step)
+
+
 def _periodic_eval(run: Run, params, rl_step: int) -> None:
   """The held-out eval every `config.eval.every` RL steps (stage "rl_step_N"), unless the step already has one or is
   the last (eval.at_end covers it)."""
@@ -650,10 +667,11 @@ def run_overview(
   if resume_step is None:
     if c.eval.before_sft and c.sft.steps > 0 and warm_start_step is None:
       phases.append(f"eval ({num_eval_tasks} held-out tasks)")
+    sft_evals = f", an eval every {c.eval.sft_every}" if c.eval.sft_every and c.eval.sft_every < c.sft.steps else ""
     if c.sft.steps > 0 and warm_start_step is not None:
-      phases.append(f"warm start steps {warm_start_step + 1}-{c.sft.steps} (resumed)")
+      phases.append(f"warm start steps {warm_start_step + 1}-{c.sft.steps} (resumed{sft_evals})")
     elif c.sft.steps > 0:
-      phases.append(f"warm start ({c.sft.steps} steps of {c.sft.batch_size} demonstrations)")
+      phases.append(f"warm start ({c.sft.steps} steps of {c.sft.batch_size} demonstrations{sft_evals})")
       if c.eval.after_sft:
         phases.append(f"eval ({num_eval_tasks})")
   rl_start = 0 if resume_step is None else resume_step
@@ -664,6 +682,7 @@ def run_overview(
     phases.append(
       f"RL steps {rl_start + 1}-{c.total_steps} ({left} x {rollouts} rollouts, {c.credit.method}"
       + (f", {updates} updates each" if updates > 1 else "")
+      + (f", an eval every {c.eval.every}" if c.eval.every and c.eval.every < c.total_steps else "")
       + ")"
       if left
       else f"RL: none left (checkpoint at step {rl_start} of total_steps={c.total_steps})"

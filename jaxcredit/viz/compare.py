@@ -127,16 +127,17 @@ def curve(runs: Sequence[dict], phase: str, metric: str) -> dict | None:
 
   Returns:
     {"steps", "mean", "lo", "hi", "runs"} (lists), or None when no run logged the metric. lo/hi: the lowest and
-    highest run at each step. The eval before the warm start is left out: it is logged at step 0 like the eval
-    after it, where the RL curve starts.
+    highest run at each step. The evals before and during the warm start are left out: they are logged at step 0 like
+    the eval after it, where the RL curve starts.
   """
   per_run = []
   for run in runs:
     pts = {}
     for r in run["rows"]:
       v = r.get(metric)
-      if r.get("stage") == "before_warm_start":  # also step 0: the RL curve starts from the warm-started policy
-        continue
+      stage = str(r.get("stage", ""))
+      if stage == "before_warm_start" or stage.startswith("sft_step_"):
+        continue  # also step 0: the RL curve starts from the warm-started policy
       if r.get("phase") == phase and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
         pts[int(r["step"])] = float(v)  # a resumed run's later row for a step wins
     if pts:
