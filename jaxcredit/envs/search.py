@@ -6,6 +6,9 @@ A corpus is a list of documents {"docid", "title", "text"}; a task is {"query_id
   search(query)  -> the top `top_k` documents by BM25 (docid, title, the first `snippet_chars` characters of text);
   open(docid)    -> the document's text, cut at `max_output_chars` with `tool_calls.TRUNCATION_MARKER` (not an error).
 
+With `open_tool=False` only `search` is offered, and each result shows its document's text (up to `snippet_chars`)
+instead of a snippet: every hop is one search (Search-R1's setting), so a policy never copies docids.
+
 Retrieval is `bm25s` with its own tokenizer (English stopwords; stemming through PyStemmer when `stemmer` names a
 language). The index is built once per corpus (`SearchIndex`, shared read-only by every rollout of an `EnvSpec`); each
 rollout's `SearchEnv` holds only its own counters.
@@ -66,10 +69,21 @@ SEARCH_DESCRIPTION = (
   "its docid, title and the first {n} characters of its text."
 )
 OPEN_DESCRIPTION = "Read a document by its docid (as given in search results). Text past {m} characters is cut."
+SEARCH_ONLY_DESCRIPTION = (
+  "Search the document collection (BM25 keyword match). Returns the top {k} documents, each with its docid, title "
+  "and text (cut at {n} characters)."
+)
 
 SYSTEM_PROMPT = (
   "Answer the question using the document collection. Search it with the search tool and read documents with the "
   "open tool; you may call several tools in one message, and each result comes back in <tool_response>. You have "
+  "at most {budget} tool calls. The documents may state facts you have never seen: trust them. When you know the "
+  "answer, reply without tool calls and with only the short answer (a name, place, date or number) inside "
+  "<answer></answer>, e.g. <answer>Kelmarsh</answer>.\n\n{tools}"
+)
+SEARCH_ONLY_PROMPT = (  # open_tool=False: every search result shows its document
+  "Answer the question using the document collection. Search it with the search tool: each result shows its "
+  "document. You may call several tools in one message, and each result comes back in <tool_response>. You have "
   "at most {budget} tool calls. The documents may state facts you have never seen: trust them. When you know the "
   "answer, reply without tool calls and with only the short answer (a name, place, date or number) inside "
   "<answer></answer>, e.g. <answer>Kelmarsh</answer>.\n\n{tools}"
@@ -250,22 +264,30 @@ def snippet(text: str, n: int) -> str:
 
 
 def tool_schemas(
-  top_k: int = TOP_K, snippet_chars: int = SNIPPET_CHARS, max_output_chars: int = MAX_OUTPUT_CHARS
+  top_k: int = TOP_K,
+  snippet_chars: int = SNIPPET_CHARS,
+  max_output_chars: int = MAX_OUTPUT_CHARS,
+  open_tool: bool = True,
 ) -> list[dict]:
-  """The OpenAI/Qwen3 function schemas of `search` and `open`."""
-  return [t.schema() for t in _tools(None, top_k, snippet_chars, max_output_chars)]
+  """The OpenAI/Qwen3 function schemas of `search` and `open` (only `search` with open_tool=False)."""
+  return [t.schema() for t in _tools(None, top_k, snippet_chars, max_output_chars, open_tool)]
 
 
-def _tools(env: SearchEnv | None, top_k: int, snippet_chars: int, max_output_chars: int) -> list[tool_calls.Tool]:
+def _tools(
+  env: SearchEnv | None, top_k: int, snippet_chars: int, max_output_chars: int, open_tool: bool = True
+) -> list[tool_calls.Tool]:
   fn_search = env._search if env is not None else (lambda query: "")
   fn_open = env._open if env is not None else (lambda docid: "")
+  search_tool = tool_calls.Tool(
+    "search",
+    (SEARCH_DESCRIPTION if open_tool else SEARCH_ONLY_DESCRIPTION).format(k=top_k, n=snippet_chars),
+    {"type": "object", "properties": {"query": {"type": "string", "description": "keywords"}}, "required": ["query"]},
+    fn_search,
+  )
+  if not open_tool:
+    return [search_tool]
   return [
-    tool_calls.Tool(
-      "search",
-      SEARCH_DESCRIPTION.format(k=top_k, n=snippet_chars),
-      {"type": "object", "properties": {"query": {"type": "string", "description": "keywords"}}, "required": ["query"]},
-      fn_search,
-    ),
+    search_tool,
     tool_calls.Tool(
       "open",
       OPEN_DESCRIPTION.format(m=max_output_chars),
@@ -297,6 +319,7 @@ class SearchEnv:
     top_k: int = TOP_K,
     snippet_chars: int = SNIPPET_CHARS,
     max_output_chars: int = MAX_OUTPUT_CHARS,
+    open_tool: bool = True,
   ):
     """Args:
       task: the question.
@@ -305,6 +328,8 @@ class SearchEnv:
       top_k: documents per search (>= 1).
       snippet_chars: characters of text per search result (>= 1).
       max_output_chars: characters kept of each tool output (>= 1).
+      open_tool: offer `open`; False: `search` only, its results carrying the documents (up to snippet_chars),
+        and an `open` call answered as an unknown tool.
 
     Raises:
       ValueError: for a limit out of range.
@@ -333,7 +358,10 @@ class SearchEnv:
       "opens": 0,
     }
     self.seen_docids: set[str] = set()  # docids shown in search results or opened
-    self._tools = {t.name: t for t in _tools(self, self.top_k, self.snippet_chars, self.max_output_chars)}
+    self.open_tool = bool(open_tool)
+    self._tools = {
+      t.name: t for t in _tools(self, self.top_k, self.snippet_chars, self.max_output_chars, self.open_tool)
+    }
     self._reward: float | None = None
 
   def _search(self, query: str) -> str:
@@ -345,8 +373,9 @@ class SearchEnv:
     if not hits:
       return f"no results for {query!r}"
     self.seen_docids.update(d.docid for d, _ in hits)
+    label = "snippet" if self.open_tool else "text"
     return "\n\n".join(
-      f"docid: {d.docid}\ntitle: {d.title}\nsnippet: {snippet(d.text, self.snippet_chars)}" for d, _ in hits
+      f"docid: {d.docid}\ntitle: {d.title}\n{label}: {snippet(d.text, self.snippet_chars)}" for d, _ in hits
     )
 
   def _open(self, docid: str) -> str:
@@ -428,11 +457,13 @@ def initial_messages(
   top_k: int = TOP_K,
   snippet_chars: int = SNIPPET_CHARS,
   max_output_chars: int = MAX_OUTPUT_CHARS,
+  open_tool: bool = True,
 ) -> list[dict]:
   """The prompt of a rollout: a system message (instructions, the call budget, the tool schemas) and the question."""
-  tools = tool_calls.render_tools_prompt(tool_schemas(top_k, snippet_chars, max_output_chars))
+  tools = tool_calls.render_tools_prompt(tool_schemas(top_k, snippet_chars, max_output_chars, open_tool))
+  prompt = SYSTEM_PROMPT if open_tool else SEARCH_ONLY_PROMPT
   return [
-    {"role": "system", "content": SYSTEM_PROMPT.format(budget=max_tool_calls, tools=tools)},
+    {"role": "system", "content": prompt.format(budget=max_tool_calls, tools=tools)},
     {"role": "user", "content": task.query},
   ]
 
@@ -473,6 +504,7 @@ def demonstration(
   top_k: int = TOP_K,
   snippet_chars: int = SNIPPET_CHARS,
   max_output_chars: int = MAX_OUTPUT_CHARS,
+  open_tool: bool = True,
 ) -> list[dict]:
   """A full chat that finds the evidence and answers, played through `SearchEnv` (observations exactly as rollouts
   see them), for the supervised warm start.
@@ -489,14 +521,16 @@ def demonstration(
     task: the question.
     rng: anything with `.random() -> float` in [0, 1) (`random.Random`, `numpy.random.Generator`).
     index: the corpus index.
-    max_tool_calls, top_k, snippet_chars, max_output_chars: the environment's limits.
+    max_tool_calls, top_k, snippet_chars, max_output_chars, open_tool: the environment's limits (with
+      open_tool=False a demonstration only searches: each hop's search result must show what the hop reveals).
 
   Returns:
     The messages [system, user, assistant, tool, ..., assistant].
 
   Raises:
     ValueError: when the evidence cannot be retrieved within the budget (a generated chain longer than
-      `max_tool_calls`; a loaded question with no evidence listed or none found by its title or the question).
+      `max_tool_calls`; a loaded question with no evidence listed or none found by its title or the question;
+      without the open tool, a hop whose fact the search result does not show, or a loaded question).
   """
   env = SearchEnv(
     task,
@@ -505,8 +539,9 @@ def demonstration(
     top_k=top_k,
     snippet_chars=snippet_chars,
     max_output_chars=max_output_chars,
+    open_tool=open_tool,
   )
-  messages = initial_messages(task, max_tool_calls, top_k, snippet_chars, max_output_chars)
+  messages = initial_messages(task, max_tool_calls, top_k, snippet_chars, max_output_chars, open_tool)
 
   def play(calls: list[tuple[str, dict]]) -> str:
     text = "\n".join(tool_calls.render_tool_call(name, args) for name, args in calls)
@@ -532,6 +567,14 @@ def demonstration(
       obs = play([("search", {"query": query})])
       doc = index.get(hop.docid)
       shown = _snippet_shows(index, hop, snippet_chars) and snippet(doc.text, snippet_chars) in obs
+      if not open_tool:
+        if not shown:
+          raise ValueError(
+            f"task {task.query_id}: hop {i}'s search result does not show {hop.reveals!r} and there is no open "
+            f"tool (open_tool=False): raise snippet_chars (now {snippet_chars}) and max_output_chars (now "
+            f"{max_output_chars}) to hold the whole document"
+          )
+        continue
       # an open is needed where the snippet hides the fact; otherwise it is spent while later needs still fit
       needed_later = sum(not _snippet_shows(index, h, snippet_chars) for h in task.chain[i + 1 :])
       if not shown or opens_left > needed_later:
@@ -542,6 +585,8 @@ def demonstration(
         if hop.reveals.lower() not in obs.lower():
           raise ValueError(f"task {task.query_id}: {hop.docid} as shown does not contain {hop.reveals!r}")
   else:
+    if not open_tool:
+      raise ValueError(f"task {task.query_id}: demonstrations of loaded questions open documents (open_tool=False)")
     if max_tool_calls < 2:
       raise ValueError(f"task {task.query_id}: a search and an open need max_tool_calls >= 2, got {max_tool_calls}")
     searches: list[str] = []
@@ -1341,6 +1386,7 @@ CONFIG_DEFAULTS = {
   "max_hops": MAX_HOPS,
   "stemmer": "",  # "" or a PyStemmer language ("english")
   "stop_at_answer": True,  # end a turn at "</answer>"
+  "open_tool": True,  # False: `search` only, each result showing its document (cut at snippet_chars)
 }
 """The keys of the environment's config node (`config.env.search`) that `env_spec` reads, with their defaults (a key
 absent from the node takes its default)."""
@@ -1406,10 +1452,16 @@ def env_spec(env_config: Any) -> spec.EnvSpec:
       c["corpus_seed"], c["num_generated"], c["eval_size"], c["min_hops"], c["max_hops"], str(c["stemmer"])
     )
   train_pool, eval_pool = split_tasks(tasks, c["eval_size"])
+  if not isinstance(c["open_tool"], bool):
+    raise ValueError(f"config.env.search.open_tool must be True or False, got {c['open_tool']!r}")
   limits = dict(
-    max_tool_calls=max_tool_calls, top_k=top_k, snippet_chars=snippet_chars, max_output_chars=max_output_chars
+    max_tool_calls=max_tool_calls,
+    top_k=top_k,
+    snippet_chars=snippet_chars,
+    max_output_chars=max_output_chars,
+    open_tool=c["open_tool"],
   )
-  schemas = tool_schemas(top_k, snippet_chars, max_output_chars)
+  schemas = tool_schemas(top_k, snippet_chars, max_output_chars, c["open_tool"])
 
   def metrics(envs: Sequence[SearchEnv]) -> dict[str, float]:
     if not envs:
@@ -1426,7 +1478,7 @@ def env_spec(env_config: Any) -> spec.EnvSpec:
   return spec.EnvSpec(
     make_tasks=lambda split, num, seed: make_tasks(train_pool, eval_pool, split, num, seed),
     make_env=lambda task: SearchEnv(task, index, **limits),
-    initial_messages=lambda task: initial_messages(task, max_tool_calls, top_k, snippet_chars, max_output_chars),
+    initial_messages=lambda task: initial_messages(task, **limits),
     stop_strings=(tool_calls.ANSWER_CLOSE,) if c["stop_at_answer"] else (),
     max_turns=max_tool_calls + 1,
     is_success=lambda reward: reward >= 1.0,

@@ -558,3 +558,34 @@ def test_metrics(spec, index):
   b.step(tc.render_answer("x"))
   assert spec.metrics([a, b]) == {"searches": 0.5, "opens": 0.5, "evidence_found": pytest.approx(1 / 3)}
   assert spec.metrics([b]) == {"searches": 0.0, "opens": 0.0, "evidence_found": 0.0}
+
+
+def test_search_only_demonstrations_search_once_per_hop_and_open_is_unknown(index):
+  """open_tool=False: one tool, each result carries its document; a demonstration is one search per hop."""
+  only = se.env_spec({"open_tool": False, "top_k": 1, "snippet_chars": 700, "max_output_chars": 800, "max_hops": 3})
+  system = only.initial_messages(only.make_tasks("eval", 1, None)[0])[0]["content"]
+  assert '"name": "search"' in system and '"name": "open"' not in system and "open tool" not in system
+  rng = random.Random(0)
+  tasks = only.make_tasks("eval", 64, None) + only.make_tasks("train", 200, 1)
+  for task in tasks:
+    messages = only.demonstration(task, rng)
+    env = only.make_env(task)
+    for m in messages[2:]:
+      if m["role"] == "assistant":
+        result = env.step(m["content"])
+      else:
+        assert m["content"] == result.observation and "\ntext: " in m["content"]
+    assert env.reward() == 1.0 and result.info["opens"] == 0
+    assert result.info["searches"] == len(task.chain) == result.info["tool_calls"]
+    assert env.evidence_found() == 1.0
+  # An open call is an unknown tool there; the document text comes whole in the search result.
+  env = se.SearchEnv(TASK, index, top_k=1, snippet_chars=2000, open_tool=False)
+  obs = env.step(_search("Orvane Holdings") + _open("d3")).observation
+  assert "unknown tool" in obs and DOCS[0].text in obs and env.info["opens"] == 0
+  # Too short a snippet for the hop's fact: refused with the keys to raise.
+  short = se.env_spec({"open_tool": False, "top_k": 1, "snippet_chars": 40, "max_hops": 3})
+  with pytest.raises(ValueError, match="raise snippet_chars"):
+    for task in tasks[:20]:
+      short.demonstration(task, rng)
+  with pytest.raises(ValueError, match="open_tool must be True or False"):
+    se.env_spec({"open_tool": "no"})
