@@ -24,6 +24,7 @@ Every stage resumes: a finished stage is skipped, an interrupted run resumes fro
   python benchmarks/testbed_compare.py --out runs/testbed                       # the comparison (not yet timed)
   python benchmarks/testbed_compare.py --out runs/testbed --stage warm          # vocabulary, policy and warm start
   python benchmarks/testbed_compare.py --out runs/testbed --methods grpo,trace_none --seeds 0
+  python benchmarks/testbed_compare.py --out runs/more --stage warm --policy runs/testbed/warm/warm_start_model
 """
 
 from __future__ import annotations
@@ -192,6 +193,79 @@ def build_policy(folder: str, args) -> str:
   return folder
 
 
+def copy_batch(rng: np.random.Generator, pieces: np.ndarray, batch: int, length: int) -> tuple[np.ndarray, np.ndarray]:
+  """Rows of random strings each followed by its repeat, packed to `length` tokens: strings of 4 to 40 tokens drawn
+  from `pieces` (a sequence of token ids), each written twice. Returns (tokens_BxL int32, targets_BxL bool), the
+  targets being the repeat's tokens after its first (the ones a copy predicts)."""
+  tokens = np.zeros((batch, length), np.int32)
+  targets = np.zeros((batch, length), bool)
+  for b in range(batch):
+    pos = 0
+    while pos < length:
+      n = int(rng.integers(4, 41))
+      string = rng.choice(pieces, n)
+      seg = np.concatenate([string, string])[: length - pos]
+      tokens[b, pos : pos + len(seg)] = seg
+      targets[b, pos + n + 1 : pos + len(seg)] = True
+      pos += len(seg)
+  return tokens, targets
+
+
+def copy_curriculum(policy: str, folder: str, steps: int, lr: float, seed: int = 0) -> str:
+  """`steps` steps of next-token loss on repeated random strings of the vocabulary's letter pieces (`copy_batch`,
+  8 rows of 512 tokens, AdamW at `lr`), before any demonstration: a curriculum for the in-context copying
+  (induction) that reading a name out of a document needs, which the warm start alone did not teach the 4.20M
+  policy (docs/benchmarks.md). Writes the result as a model folder with the policy's tokenizer; returns it."""
+  import jax
+  import jax.numpy as jnp
+  import optax
+  from flax import nnx
+
+  from jaxcredit import models
+
+  if os.path.isfile(os.path.join(folder, "model_config.json")):
+    return folder
+  t0 = time.time()
+  model, cfg = models.load_model(policy)
+  tok = models.load_tokenizer(policy)
+  vocab = tok.tokenizer.get_vocab()
+  pieces = np.asarray(sorted(i for t, i in vocab.items() if t.lstrip("Ġ").isalpha() and t.lstrip("Ġ").isascii()))
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  warmup = min(20, steps // 10)
+  optimizer = optax.adamw(optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(steps, warmup + 1)), weight_decay=0.0)
+  opt_state = optimizer.init(params)
+
+  @jax.jit
+  def step(params, opt_state, tokens, targets):
+    def loss_fn(p):
+      logits, _ = nnx.merge(graphdef, p, rest)(tokens[:, :-1])
+      nll = -jnp.take_along_axis(jax.nn.log_softmax(logits), tokens[:, 1:, None], -1)[..., 0]
+      mask = targets[:, 1:]
+      return (nll * mask).sum() / mask.sum()
+
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  rng = np.random.default_rng(seed)
+  losses = []
+  for i in range(steps):
+    params, opt_state, loss = step(params, opt_state, *copy_batch(rng, pieces, 8, 512))
+    losses.append(float(loss))
+    if (i + 1) % 50 == 0:
+      print(f"[testbed] copy curriculum step {i + 1}/{steps}: loss {np.mean(losses[-50:]):.3f}", flush=True)
+  models.save_converted(
+    folder, cfg, nnx.to_pure_dict(params), tok, source={"testbed": "copy curriculum", "from": policy, "steps": steps}
+  )
+  with open(os.path.join(folder, "copy_losses.json"), "w") as f:
+    json.dump(losses, f)
+  print(
+    f"[testbed] copy curriculum: {steps} steps, loss {losses[0]:.2f} -> {np.mean(losses[-20:]):.3f} "
+    f"({time.time() - t0:.0f} s)"
+  )
+  return folder
+
+
 def base(args, workdir: str, source: str, seed: int):
   from jaxcredit.train.config import base_config
 
@@ -243,6 +317,32 @@ def warm_start(args, policy: str) -> tuple[str, float]:
   rows = [json.loads(x) for x in open(os.path.join(workdir, "metrics.jsonl"))]
   success = [r["success_rate"] for r in rows if r["phase"] == "eval" and r.get("stage") == "after_warm_start"][-1]
   return model, float(success)
+
+
+def warm_summary(workdir: str) -> dict:
+  """The warm start as its workdir recorded it: the settings it ran with (config.json's sft node, model source and
+  environment), steps, mean loss over its first and last 20 steps, seconds per step, and every held-out eval
+  (`eval.sft_every`'s and the final one) with success and the environment's metrics."""
+  with open(os.path.join(workdir, "config.json")) as f:
+    config = json.load(f)
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    rows = [json.loads(x) for x in f]
+  sft = [r for r in rows if r["phase"] == "sft"]
+  evals = []
+  for r in rows:
+    if r["phase"] == "eval" and (r.get("stage", "").startswith("sft_step_") or r.get("stage") == "after_warm_start"):
+      keep = ("success_rate", "tool_calls", "answered_frac", "env/evidence_found", "seconds")
+      evals.append({"sft_step": r.get("sft_step", sft[-1]["step"] if sft else 0), **{k: r[k] for k in keep if k in r}})
+  return {
+    "sft": config["sft"],
+    "model_source": config["model"]["source"],
+    "env": config["env"][config["env"]["name"]],
+    "steps": len(sft),
+    "loss_first_20": float(np.mean([r["loss"] for r in sft[:20]])) if sft else None,
+    "loss_last_20": float(np.mean([r["loss"] for r in sft[-20:]])) if sft else None,
+    "step_s_median": float(np.median([r["step_s"] for r in sft])) if sft else None,
+    "evals": evals,
+  }
 
 
 def run_one(args, label: str, seed: int, model: str) -> str:
@@ -390,8 +490,19 @@ def main(argv=None):
   ap.add_argument(
     "--sft-eval-every", type=int, default=0, help="held-out evals every N warm-start steps (eval.sft_every; 0: none)"
   )
+  ap.add_argument(
+    "--policy",
+    default="",
+    help="warm-start this model folder (a converted model with its tokenizer, e.g. an earlier run's "
+    "warm/warm_start_model, to continue its warm start) instead of a fresh random init",
+  )
+  ap.add_argument(
+    "--copy-steps", type=int, default=0, help="steps of the copying curriculum before the warm start (0: none)"
+  )
   ap.add_argument("--progress", action="store_true", help="tqdm bars inside each run")
   args = ap.parse_args(argv)
+  if args.policy and not os.path.isfile(os.path.join(args.policy, "model_config.json")):
+    ap.error(f"--policy {args.policy!r}: no model_config.json there (a folder `jaxcredit sft` or `convert` writes)")
   args.seeds = [int(s) for s in args.seeds.split(",")]
   ENV["max_hops"] = args.max_hops
   ENV["max_tool_calls"] = 2 * args.max_hops
@@ -402,9 +513,13 @@ def main(argv=None):
     ap.error(f"--methods: unknown {unknown}; known: {list(RUNS)}")
   os.makedirs(args.out, exist_ok=True)
   t0 = time.time()
-  policy = build_policy(os.path.join(args.out, "policy_init"), args)
+  policy = args.policy or build_policy(os.path.join(args.out, "policy_init"), args)
+  if args.copy_steps:
+    policy = copy_curriculum(policy, os.path.join(args.out, "policy_copy"), args.copy_steps, args.sft_lr)
   model, start = warm_start(args, policy)
   print(f"[testbed] warm start: held-out success {start:.3f} ({time.time() - t0:.0f} s)")
+  with open(os.path.join(args.out, "warm.json"), "w") as f:
+    json.dump(warm_summary(os.path.join(args.out, "warm")), f, indent=1)
   if args.stage == "warm":
     return
   workdirs = {label: [run_one(args, label, seed, model) for seed in args.seeds] for label in labels}

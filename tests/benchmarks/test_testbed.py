@@ -89,3 +89,73 @@ def test_summary_means_spreads_and_steps_to_target(testbed, tmp_path):
   table = testbed.table(result)
   assert "| trace_none | 0.460 ± 0.040 | 0.500, 0.420 | 7.5 | 2/2 |" in table
   assert np.isclose(saved["warm_start_success"], 0.3)
+
+
+def test_warm_summary_reads_losses_and_every_warm_start_eval(testbed, tmp_path):
+  rows = [{"phase": "sft", "step": i + 1, "loss": 5.0 - 0.1 * i, "step_s": 0.5 + (i == 3)} for i in range(40)]
+  rows.append(
+    {
+      "phase": "eval",
+      "step": 0,
+      "stage": "sft_step_20",
+      "sft_step": 20,
+      "success_rate": 0.1,
+      "env/evidence_found": 0.25,
+      "seconds": 3.0,
+    }
+  )
+  rows.append({"phase": "eval", "step": 0, "stage": "after_warm_start", "success_rate": 0.3, "answered_frac": 0.9})
+  rows.append({"phase": "eval", "step": 5, "stage": "rl_step_5", "success_rate": 0.9})
+  (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  config = {
+    "sft": {"steps": 40, "loss_tokens": "all"},
+    "model": {"source": "p"},
+    "env": {"name": "search", "search": {"top_k": 1}},
+  }
+  (tmp_path / "config.json").write_text(json.dumps(config))
+  w = testbed.warm_summary(str(tmp_path))
+  assert w["sft"] == {"steps": 40, "loss_tokens": "all"} and w["model_source"] == "p" and w["env"] == {"top_k": 1}
+  assert w["steps"] == 40 and w["step_s_median"] == pytest.approx(0.5)
+  assert w["loss_first_20"] == pytest.approx(4.05) and w["loss_last_20"] == pytest.approx(2.05)
+  assert w["evals"] == [
+    {"sft_step": 20, "success_rate": 0.1, "env/evidence_found": 0.25, "seconds": 3.0},
+    {"sft_step": 40, "success_rate": 0.3, "answered_frac": 0.9},
+  ]
+
+
+def test_copy_batch_repeats_each_string_and_targets_only_the_copy(testbed):
+  tokens, targets = testbed.copy_batch(np.random.default_rng(0), np.arange(100, 200), batch=2, length=600)
+  assert tokens.shape == targets.shape == (2, 600) and tokens.dtype == np.int32
+  for row, tgt in zip(tokens, targets):
+    assert ((row >= 100) & (row < 200)).all()
+    p, segments = 0, 0
+    while p < 600 and tgt[p:].any():
+      n = int(np.argmax(tgt[p:])) - 1  # the first target is the repeat's second token
+      end = min(p + 2 * n, 600)
+      assert 4 <= n <= 40
+      assert (row[p + n : end] == row[p : end - n]).all()
+      assert not tgt[p : p + n + 1].any() and tgt[p + n + 1 : end].all()
+      p, segments = end, segments + 1
+    assert segments > 10
+
+
+def test_copy_curriculum_writes_a_loadable_policy(testbed, tmp_path):
+  from jaxcredit import models
+
+  args = types.SimpleNamespace(
+    tokenizer_tasks=50, vocab_size=512, max_token_length=24, hidden=64, layers=1, init_seed=0
+  )
+  policy = testbed.build_policy(str(tmp_path / "init"), args)
+  out = testbed.copy_curriculum(policy, str(tmp_path / "copy"), steps=3, lr=1e-3)
+  losses = json.load(open(os.path.join(out, "copy_losses.json")))
+  assert len(losses) == 3 and all(np.isfinite(losses)) and losses[0] > 3.0  # about log(#pieces) before training
+  model, cfg = models.load_model(out)
+  before, _ = models.load_model(policy)
+  assert cfg.hidden_size == 64 and models.load_tokenizer(out).vocab_size == models.load_tokenizer(policy).vocab_size
+  import jax
+  from flax import nnx
+
+  after_leaves, before_leaves = (jax.tree.leaves(nnx.state(m, nnx.Param)) for m in (model, before))
+  assert len(after_leaves) == len(before_leaves)
+  assert not all(np.allclose(a, b) for a, b in zip(after_leaves, before_leaves))  # trained, not copied
+  assert testbed.copy_curriculum(policy, out, steps=3, lr=1e-3) == out  # done once
