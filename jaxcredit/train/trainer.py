@@ -635,10 +635,14 @@ class StopRequests:
   def agreed(self) -> int | None:
     """The signal this process or any other has seen (None if none): with several processes every one stops after
     the same step (one small all-gather, so every process calls it at the same point)."""
+    mine = self.signum  # one read: a signal arriving after it is agreed at the next call, on every process
     if jax.process_count() == 1:
-      return self.signum
-    seen = [s for s in multihost.allgather_objects(self.signum) if s is not None]
-    return self.signum if self.signum is not None else (seen[0] if seen else None)
+      return mine
+    # Decided from the gathered values alone, never from `self.signum` read again: a handler deferred while this
+    # process was blocked in the all-gather runs right after it returns, and would make this process stop while
+    # the others, which gathered None from it, go on into the next step's collectives.
+    seen = [s for s in multihost.allgather_objects(mine) if s is not None]
+    return seen[0] if seen else None
 
   def __enter__(self):
     if threading.current_thread() is threading.main_thread():
@@ -713,7 +717,17 @@ def train(config: ml_collections.ConfigDict, *, sft_only: bool = False) -> dict:
 
 
 def _train(run: Run, sft_only: bool) -> dict:
-  c = config = run.config
+  # One `with` block from the first checkpoint restore to the last RL step: no window between the warm start and RL
+  # where SIGTERM kills the process unchecked. The final eval and reports run outside it (Ctrl-C stops them at once).
+  with StopRequests() as stop:
+    trained = _warm_start_and_rl(run, sft_only, stop)
+  return {} if trained is None else _finish(run, *trained)
+
+
+def _warm_start_and_rl(run: Run, sft_only: bool, stop: "StopRequests") -> tuple[Any, int] | None:
+  """The warm start (or the resume) and the RL steps; the trained parameters and the last RL step, or None when
+  `sft_only`. Raises TrainingStopped after a checkpointed stop."""
+  c = run.config
   optimizer = step_lib.make_optimizer(
     c.optim.learning_rate,
     name=c.optim.name,
@@ -734,30 +748,28 @@ def _train(run: Run, sft_only: bool) -> dict:
       warm_start_step=None if latest is not None else run.ckpt.latest_warm_start_step(),
     )
   )
-  stop = StopRequests()
-  with stop:
-    if latest is not None:
-      params, opt_state, meta = run.ckpt.restore(
-        latest, run.params, jax.jit(optimizer.init, out_shardings=opt_sh)(run.params)
-      )
-      rl_step = int(meta["rl_step"])
-      run.policy_version = int(meta.get("policy_version", rl_step))  # checkpoints before it was saved: RL steps
-      data.set_state(meta["data_state"])
-      dropped = run.writer.truncate_after("rl", rl_step) + run.writer.truncate_after("eval", rl_step)
-      print(
-        f"[jaxcredit] resumed from {run.ckpt.directory} at RL step {rl_step}"
-        + (f" (dropped {dropped} metric rows past the checkpoint)" if dropped else "")
-      )
-      ref_params = run.ckpt.restore_reference(_reference_copy(run, run.params))
-      if rl_step < c.total_steps:  # a stop between the step's checkpoint and its periodic eval: eval it now
-        _periodic_eval(run, params, rl_step)
-    else:
-      params, opt_state, ref_params = _fresh_start(run, optimizer, opt_sh, data, stop)
-      rl_step = 0
-      signum = stop.agreed()
-      if signum is not None:  # a signal during the eval after the warm start: step 0 is checkpointed
-        run.writer.close()
-        raise TrainingStopped(signum, 0, run.ckpt.directory)
+  if latest is not None:
+    params, opt_state, meta = run.ckpt.restore(
+      latest, run.params, jax.jit(optimizer.init, out_shardings=opt_sh)(run.params)
+    )
+    rl_step = int(meta["rl_step"])
+    run.policy_version = int(meta.get("policy_version", rl_step))  # checkpoints before it was saved: RL steps
+    data.set_state(meta["data_state"])
+    dropped = run.writer.truncate_after("rl", rl_step) + run.writer.truncate_after("eval", rl_step)
+    print(
+      f"[jaxcredit] resumed from {run.ckpt.directory} at RL step {rl_step}"
+      + (f" (dropped {dropped} metric rows past the checkpoint)" if dropped else "")
+    )
+    ref_params = run.ckpt.restore_reference(_reference_copy(run, run.params))
+    if rl_step < c.total_steps:  # a stop between the step's checkpoint and its periodic eval: eval it now
+      _periodic_eval(run, params, rl_step)
+  else:
+    params, opt_state, ref_params = _fresh_start(run, optimizer, opt_sh, data, stop)
+    rl_step = 0
+    signum = stop.agreed()
+    if signum is not None:  # a signal during the eval after the warm start: step 0 is checkpointed
+      run.writer.close()
+      raise TrainingStopped(signum, 0, run.ckpt.directory)
   if sft_only:
     model_dir = _write_warm_start_model(run, params)
     print(
@@ -765,7 +777,7 @@ def _train(run: Run, sft_only: bool) -> dict:
       + (f"; the policy as a model folder: {model_dir} (use it as --config.model.source)" if model_dir else "")
     )
     run.writer.close()
-    return {}
+    return None
 
   update = step_lib.make_update_fn(
     step_lib.pg_token_loss,
@@ -780,36 +792,41 @@ def _train(run: Run, sft_only: bool) -> dict:
   )
   ref_logp = step_lib.make_logp_fn(run.graphdef, run.rest, c.sampling.temperature) if c.loss.kl_coef > 0 else None
   bar = _bar(c, total=c.total_steps, initial=rl_step, desc="RL")
-  with stop:
-    for rl_step in range(rl_step + 1, c.total_steps + 1):
-      params, opt_state, row = rl_step_fn(run, params, opt_state, ref_params, data, update, ref_logp, rl_step)
-      if not (np.isfinite(row["loss"]) and np.isfinite(row["grad_norm"])):
-        raise FloatingPointError(
-          f"RL step {rl_step}: loss {row['loss']}, grad norm {row['grad_norm']}; stopping before this state is "
-          f"checkpointed (latest good checkpoint: step {run.ckpt.latest_step()} in {run.ckpt.directory})"
-        )
-      bar.update(1)
-      bar.set_postfix(reward=f"{row['reward_mean']:.2f}", loss=f"{row['loss']:.3f}", tools=f"{row['tool_calls']:.1f}")
-      signum = stop.agreed()
-      if rl_step % c.checkpoint_every == 0 or rl_step == c.total_steps or signum is not None:
-        run.ckpt.save(
-          rl_step,
-          params,
-          opt_state,
-          {
-            "rl_step": rl_step,
-            "data_state": data.get_state(),
-            "phase": "rl",
-            "seed": c.seed,
-            "policy_version": run.policy_version,
-          },
-        )
-      if signum is not None:
-        bar.close()
-        run.writer.close()
-        raise TrainingStopped(signum, rl_step, run.ckpt.directory)
-      _periodic_eval(run, params, rl_step)
+  for rl_step in range(rl_step + 1, c.total_steps + 1):
+    params, opt_state, row = rl_step_fn(run, params, opt_state, ref_params, data, update, ref_logp, rl_step)
+    if not (np.isfinite(row["loss"]) and np.isfinite(row["grad_norm"])):
+      raise FloatingPointError(
+        f"RL step {rl_step}: loss {row['loss']}, grad norm {row['grad_norm']}; stopping before this state is "
+        f"checkpointed (latest good checkpoint: step {run.ckpt.latest_step()} in {run.ckpt.directory})"
+      )
+    bar.update(1)
+    bar.set_postfix(reward=f"{row['reward_mean']:.2f}", loss=f"{row['loss']:.3f}", tools=f"{row['tool_calls']:.1f}")
+    signum = stop.agreed()
+    if rl_step % c.checkpoint_every == 0 or rl_step == c.total_steps or signum is not None:
+      run.ckpt.save(
+        rl_step,
+        params,
+        opt_state,
+        {
+          "rl_step": rl_step,
+          "data_state": data.get_state(),
+          "phase": "rl",
+          "seed": c.seed,
+          "policy_version": run.policy_version,
+        },
+      )
+    if signum is not None:
+      bar.close()
+      run.writer.close()
+      raise TrainingStopped(signum, rl_step, run.ckpt.directory)
+    _periodic_eval(run, params, rl_step)
   bar.close()
+  return params, rl_step
+
+
+def _finish(run: Run, params, rl_step: int) -> dict:
+  """The eval at the end, the curves and the credit viewer; the last eval's metrics (or {})."""
+  c = run.config
   last = {}
   if c.eval.at_end:
     last = evaluate(run, params, f"rl_step_{rl_step}", rl_step)
