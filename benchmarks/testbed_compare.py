@@ -193,16 +193,18 @@ def build_policy(folder: str, args) -> str:
   return folder
 
 
-def copy_batch(rng: np.random.Generator, pieces: np.ndarray, batch: int, length: int) -> tuple[np.ndarray, np.ndarray]:
-  """Rows of random strings each followed by its repeat, packed to `length` tokens: strings of 4 to 40 tokens drawn
-  from `pieces` (a sequence of token ids), each written twice. Returns (tokens_BxL int32, targets_BxL bool), the
-  targets being the repeat's tokens after its first (the ones a copy predicts)."""
+def copy_batch(
+  rng: np.random.Generator, pieces: np.ndarray, batch: int, length: int, *, shortest: int = 4, longest: int = 40
+) -> tuple[np.ndarray, np.ndarray]:
+  """Rows of random strings each followed by its repeat, packed to `length` tokens: strings of `shortest` to `longest`
+  tokens drawn from `pieces` (a sequence of token ids), each written twice. Returns (tokens_BxL int32, targets_BxL
+  bool), the targets being the repeat's tokens after its first (the ones a copy predicts)."""
   tokens = np.zeros((batch, length), np.int32)
   targets = np.zeros((batch, length), bool)
   for b in range(batch):
     pos = 0
     while pos < length:
-      n = int(rng.integers(4, 41))
+      n = int(rng.integers(shortest, longest + 1))
       string = rng.choice(pieces, n)
       seg = np.concatenate([string, string])[: length - pos]
       tokens[b, pos : pos + len(seg)] = seg
@@ -211,11 +213,26 @@ def copy_batch(rng: np.random.Generator, pieces: np.ndarray, batch: int, length:
   return tokens, targets
 
 
-def copy_curriculum(policy: str, folder: str, steps: int, lr: float, seed: int = 0) -> str:
-  """`steps` steps of next-token loss on repeated random strings of the vocabulary's letter pieces (`copy_batch`,
-  8 rows of 512 tokens, AdamW at `lr`), before any demonstration: a curriculum for the in-context copying
-  (induction) that reading a name out of a document needs, which the warm start alone did not teach the 4.20M
-  policy (docs/benchmarks.md). Writes the result as a model folder with the policy's tokenizer; returns it."""
+# The copying curriculum (measured on the 4-layer 4.20M policy, docs/benchmarks.md): next-token loss on repeated
+# random strings sits at log(#pieces) until an induction circuit forms. Drawn from all 1,441 letter pieces of the
+# vocabulary at a decaying learning rate it had not formed after 1,000 steps (runs k, l); from 64 pieces at a constant
+# 1e-3 it forms after about 200 steps of 16 x 256 tokens, and then carries over to all pieces.
+COPY_SMALL_PIECES = 64
+COPY_SMALL_FRACTION = 0.3  # of the curriculum's steps, on the small piece set
+COPY_BATCH, COPY_LENGTH, COPY_SHORTEST, COPY_LONGEST = 16, 256, 8, 16
+
+
+def copy_curriculum(
+  policy: str, folder: str, steps: int, lr: float, seed: int = 0, small_fraction: float = COPY_SMALL_FRACTION
+) -> str:
+  """`steps` steps of next-token loss on repeated random strings (`copy_batch`, COPY_BATCH rows of COPY_LENGTH
+  tokens, AdamW at a constant `lr` after 50 warmup steps), before any demonstration: a curriculum for the in-context
+  copying (induction) that reading a name out of a document needs, which the warm start alone did not teach the
+  4.20M policy (docs/benchmarks.md). The first `small_fraction` of the steps draw from COPY_SMALL_PIECES letter
+  pieces, where the circuit forms quickly; the rest from all of them (0: all of them from the start, to continue a
+  curriculum). Writes the result as a model folder with the
+  policy's tokenizer and `copy_losses.json` (the loss of every step and the step where the piece set grew); returns
+  the folder."""
   import jax
   import jax.numpy as jnp
   import optax
@@ -230,9 +247,11 @@ def copy_curriculum(policy: str, folder: str, steps: int, lr: float, seed: int =
   tok = models.load_tokenizer(policy)
   vocab = tok.tokenizer.get_vocab()
   pieces = np.asarray(sorted(i for t, i in vocab.items() if t.lstrip("Ġ").isalpha() and t.lstrip("Ġ").isascii()))
+  rng = np.random.default_rng(seed)
+  small = rng.choice(pieces, min(COPY_SMALL_PIECES, len(pieces)), replace=False)
+  grow_at = int(round(steps * small_fraction))
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-  warmup = min(20, steps // 10)
-  optimizer = optax.adamw(optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(steps, warmup + 1)), weight_decay=0.0)
+  optimizer = optax.adamw(optax.linear_schedule(0.0, lr, min(50, max(steps // 10, 1))), weight_decay=0.0)
   opt_state = optimizer.init(params)
 
   @jax.jit
@@ -247,21 +266,26 @@ def copy_curriculum(policy: str, folder: str, steps: int, lr: float, seed: int =
     updates, opt_state = optimizer.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss
 
-  rng = np.random.default_rng(seed)
   losses = []
   for i in range(steps):
-    params, opt_state, loss = step(params, opt_state, *copy_batch(rng, pieces, 8, 512))
+    drawn_from = small if i < grow_at else pieces
+    batch = copy_batch(rng, drawn_from, COPY_BATCH, COPY_LENGTH, shortest=COPY_SHORTEST, longest=COPY_LONGEST)
+    params, opt_state, loss = step(params, opt_state, *batch)
     losses.append(float(loss))
     if (i + 1) % 50 == 0:
-      print(f"[testbed] copy curriculum step {i + 1}/{steps}: loss {np.mean(losses[-50:]):.3f}", flush=True)
+      print(
+        f"[testbed] copy curriculum step {i + 1}/{steps} ({len(drawn_from)} pieces, log {np.log(len(drawn_from)):.2f}): "
+        f"loss {np.mean(losses[-50:]):.3f}",
+        flush=True,
+      )
   models.save_converted(
     folder, cfg, nnx.to_pure_dict(params), tok, source={"testbed": "copy curriculum", "from": policy, "steps": steps}
   )
   with open(os.path.join(folder, "copy_losses.json"), "w") as f:
-    json.dump(losses, f)
+    json.dump({"losses": losses, "grow_at": grow_at, "small_pieces": len(small), "pieces": len(pieces)}, f)
   print(
     f"[testbed] copy curriculum: {steps} steps, loss {losses[0]:.2f} -> {np.mean(losses[-20:]):.3f} "
-    f"({time.time() - t0:.0f} s)"
+    f"(log {len(pieces)} pieces = {np.log(len(pieces)):.2f}; {time.time() - t0:.0f} s)"
   )
   return folder
 
@@ -499,6 +523,13 @@ def main(argv=None):
   ap.add_argument(
     "--copy-steps", type=int, default=0, help="steps of the copying curriculum before the warm start (0: none)"
   )
+  ap.add_argument("--copy-lr", type=float, default=1e-3, help="the copying curriculum's learning rate (constant)")
+  ap.add_argument(
+    "--copy-small-fraction",
+    type=float,
+    default=COPY_SMALL_FRACTION,
+    help=f"share of the copying steps drawn from {COPY_SMALL_PIECES} pieces (0 continues an earlier curriculum's policy)",
+  )
   ap.add_argument("--progress", action="store_true", help="tqdm bars inside each run")
   args = ap.parse_args(argv)
   if args.policy and not os.path.isfile(os.path.join(args.policy, "model_config.json")):
@@ -515,7 +546,13 @@ def main(argv=None):
   t0 = time.time()
   policy = args.policy or build_policy(os.path.join(args.out, "policy_init"), args)
   if args.copy_steps:
-    policy = copy_curriculum(policy, os.path.join(args.out, "policy_copy"), args.copy_steps, args.sft_lr)
+    policy = copy_curriculum(
+      policy,
+      os.path.join(args.out, "policy_copy"),
+      args.copy_steps,
+      args.copy_lr,
+      small_fraction=args.copy_small_fraction,
+    )
   model, start = warm_start(args, policy)
   print(f"[testbed] warm start: held-out success {start:.3f} ({time.time() - t0:.0f} s)")
   with open(os.path.join(args.out, "warm.json"), "w") as f:
