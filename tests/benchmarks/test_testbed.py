@@ -163,3 +163,38 @@ def test_copy_curriculum_writes_a_loadable_policy(testbed, tmp_path):
   assert len(after_leaves) == len(before_leaves)
   assert not all(np.allclose(a, b) for a, b in zip(after_leaves, before_leaves))  # trained, not copied
   assert testbed.copy_curriculum(policy, out, steps=3, lr=1e-3) == out  # done once
+
+
+def test_reading_batch_targets_only_each_answer(testbed):
+  import random
+
+  spec, tasks = testbed.read_world(0)
+  assert len(tasks) == testbed.READ_BATCH * testbed.READ_WORLD_STEPS
+  assert all(len(t.chain) == 1 for t in tasks[:50])  # one hop: the answer is in the one document searched
+  other_spec, other = testbed.read_world(1)
+  assert not {t.answer for t in tasks[:50] if " " in t.answer} & {t.answer for t in other}  # a fresh world
+  tok = testbed.build_tokenizer(testbed.tokenizer_texts(testbed.env_spec(), 100), vocab_size=1024, max_token_length=24)
+  tokens, targets = testbed.reading_batch(tok, spec, tasks[:4], random.Random(0))
+  assert tokens.shape == targets.shape and tokens.shape[1] % 64 == 0 and tokens.dtype == np.int32
+  for row, tgt, task in zip(tokens, targets, tasks[:4]):
+    assert tok.tokenizer.decode(row[tgt], skip_special_tokens=False) == f"<answer>{task.answer}</answer><|im_end|>"
+    # the searched document, which states the answer, comes before it
+    assert task.answer in tok.tokenizer.decode(row[: int(np.argmax(tgt))], skip_special_tokens=False)
+
+
+def test_reading_curriculum_writes_a_loadable_policy(testbed, tmp_path, monkeypatch):
+  from jaxcredit import models
+
+  monkeypatch.setattr(testbed, "READ_BATCH", 2)
+  monkeypatch.setattr(testbed, "READ_WORLD_STEPS", 2)
+  args = types.SimpleNamespace(
+    tokenizer_tasks=50, vocab_size=512, max_token_length=24, hidden=64, layers=1, init_seed=0
+  )
+  policy = testbed.build_policy(str(tmp_path / "init"), args)
+  out = testbed.reading_curriculum(policy, str(tmp_path / "read"), steps=3, lr=1e-3)
+  record = json.load(open(os.path.join(out, "read_losses.json")))
+  assert len(record["losses"]) == 3 and all(np.isfinite(record["losses"])) and record["world_steps"] == 2
+  # The untrained policy predicts the answer tokens about uniformly over its vocabulary.
+  assert abs(record["losses"][0] - np.log(models.load_model(policy)[1].vocab_size)) < 0.5, record
+  assert models.load_tokenizer(out).vocab_size == models.load_tokenizer(policy).vocab_size
+  assert testbed.reading_curriculum(policy, out, steps=3, lr=1e-3) == out  # done once
