@@ -213,6 +213,34 @@ def copy_batch(
   return tokens, targets
 
 
+def masked_next_token_trainer(model, lr: float, warmup_steps: int):
+  """AdamW (linear warmup to a constant `lr`, no weight decay) on the next-token loss of the marked tokens, for the
+  testbed's curricula. Returns (params, opt_state, step), `step(params, opt_state, tokens_BxL int32, targets_BxL
+  bool) -> (params, opt_state, loss)` jitted, the loss being the mean negative log-likelihood (nats) of the tokens
+  where `targets` is True, each predicted from the ones before it."""
+  import jax
+  import jax.numpy as jnp
+  import optax
+  from flax import nnx
+
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  optimizer = optax.adamw(optax.linear_schedule(0.0, lr, warmup_steps), weight_decay=0.0)
+
+  @jax.jit
+  def step(params, opt_state, tokens, targets):
+    def loss_fn(p):
+      logits, _ = nnx.merge(graphdef, p, rest)(tokens[:, :-1])
+      nll = -jnp.take_along_axis(jax.nn.log_softmax(logits), tokens[:, 1:, None], -1)[..., 0]
+      mask = targets[:, 1:]
+      return (nll * mask).sum() / mask.sum()
+
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  return params, optimizer.init(params), step
+
+
 # The copying curriculum (measured on the 4-layer 4.20M policy, docs/benchmarks.md): next-token loss on repeated
 # random strings sits at log(#pieces) until an induction circuit forms. Drawn from all 1,441 letter pieces of the
 # vocabulary at a decaying learning rate it had not formed after 1,000 steps (runs k, l); from 64 pieces at a constant
@@ -233,9 +261,6 @@ def copy_curriculum(
   curriculum). Writes the result as a model folder with the
   policy's tokenizer and `copy_losses.json` (the loss of every step and the step where the piece set grew); returns
   the folder."""
-  import jax
-  import jax.numpy as jnp
-  import optax
   from flax import nnx
 
   from jaxcredit import models
@@ -250,22 +275,7 @@ def copy_curriculum(
   rng = np.random.default_rng(seed)
   small = rng.choice(pieces, min(COPY_SMALL_PIECES, len(pieces)), replace=False)
   grow_at = int(round(steps * small_fraction))
-  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-  optimizer = optax.adamw(optax.linear_schedule(0.0, lr, min(50, max(steps // 10, 1))), weight_decay=0.0)
-  opt_state = optimizer.init(params)
-
-  @jax.jit
-  def step(params, opt_state, tokens, targets):
-    def loss_fn(p):
-      logits, _ = nnx.merge(graphdef, p, rest)(tokens[:, :-1])
-      nll = -jnp.take_along_axis(jax.nn.log_softmax(logits), tokens[:, 1:, None], -1)[..., 0]
-      mask = targets[:, 1:]
-      return (nll * mask).sum() / mask.sum()
-
-    loss, grads = jax.value_and_grad(loss_fn)(params)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
-
+  params, opt_state, step = masked_next_token_trainer(model, lr, warmup_steps=min(50, max(steps // 10, 1)))
   losses = []
   for i in range(steps):
     drawn_from = small if i < grow_at else pieces
@@ -342,9 +352,6 @@ def reading_curriculum(policy: str, folder: str, steps: int, lr: float, seed: in
   folder with the policy's tokenizer and `read_losses.json` (every step's loss); returns the folder."""
   import random as random_lib
 
-  import jax
-  import jax.numpy as jnp
-  import optax
   from flax import nnx
 
   from jaxcredit import models
@@ -354,22 +361,7 @@ def reading_curriculum(policy: str, folder: str, steps: int, lr: float, seed: in
   t0 = time.time()
   model, cfg = models.load_model(policy)
   tok = models.load_tokenizer(policy)
-  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-  optimizer = optax.adamw(optax.linear_schedule(0.0, lr, min(30, max(steps // 10, 1))), weight_decay=0.0)
-  opt_state = optimizer.init(params)
-
-  @jax.jit
-  def step(params, opt_state, tokens, targets):
-    def loss_fn(p):
-      logits, _ = nnx.merge(graphdef, p, rest)(tokens[:, :-1])
-      nll = -jnp.take_along_axis(jax.nn.log_softmax(logits), tokens[:, 1:, None], -1)[..., 0]
-      mask = targets[:, 1:]
-      return (nll * mask).sum() / mask.sum()
-
-    loss, grads = jax.value_and_grad(loss_fn)(params)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
-
+  params, opt_state, step = masked_next_token_trainer(model, lr, warmup_steps=min(30, max(steps // 10, 1)))
   rng = random_lib.Random(seed)
   losses = []
   for i in range(steps):
