@@ -329,19 +329,16 @@ def reading_batch(tok, spec, tasks, rng, length_bucket: int = 64) -> tuple[np.nd
   demonstration's last assistant message (its answer, with the end-of-message token)."""
   from jaxcredit.rollout.chat_format import ChatFormat
   from jaxcredit.rollout.multiturn import build_demonstration
+  from jaxcredit.trajectory import pack
 
   fmt = ChatFormat.from_tokenizer(tok)
-  rows = []
-  for task in tasks:
-    b = build_demonstration(tok, fmt, spec.demonstration(task, rng))
-    turns = np.asarray(b.turn_ids)
-    rows.append((np.asarray(b.tokens, np.int32), turns == turns.max()))
-  length = -(-max(len(t) for t, _ in rows) // length_bucket) * length_bucket
-  tokens = np.full((len(rows), length), tok.pad_id, np.int32)
-  targets = np.zeros((len(rows), length), bool)
-  for i, (t, m) in enumerate(rows):
-    tokens[i, : len(t)], targets[i, : len(t)] = t, m
-  return tokens, targets
+  demos = [build_demonstration(tok, fmt, spec.demonstration(task, rng)) for task in tasks]
+  n = len(demos)
+  traj = pack(
+    demos, [0.0] * n, list(range(n)), max_turns=spec.max_turns, pad_id=tok.pad_id, length_bucket=length_bucket
+  )
+  turns = traj.turn_ids_BxL
+  return traj.tokens_BxL.astype(np.int32), turns == turns.max(axis=1, keepdims=True)
 
 
 def reading_curriculum(policy: str, folder: str, steps: int, lr: float, seed: int = 0) -> str:

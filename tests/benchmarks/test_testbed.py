@@ -171,7 +171,7 @@ def test_reading_batch_targets_only_each_answer(testbed):
   spec, tasks = testbed.read_world(0)
   assert len(tasks) == testbed.READ_BATCH * testbed.READ_WORLD_STEPS
   assert all(len(t.chain) == 1 for t in tasks[:50])  # one hop: the answer is in the one document searched
-  other_spec, other = testbed.read_world(1)
+  _, other = testbed.read_world(1)
   assert not {t.answer for t in tasks[:50] if " " in t.answer} & {t.answer for t in other}  # a fresh world
   tok = testbed.build_tokenizer(testbed.tokenizer_texts(testbed.env_spec(), 100), vocab_size=1024, max_token_length=24)
   tokens, targets = testbed.reading_batch(tok, spec, tasks[:4], random.Random(0))
