@@ -430,8 +430,14 @@ def warm_start(args, policy: str) -> tuple[str, float]:
     c.eval.sft_every = args.sft_eval_every
     trainer.train(c, sft_only=True)
   rows = [json.loads(x) for x in open(os.path.join(workdir, "metrics.jsonl"))]
-  success = [r["success_rate"] for r in rows if r["phase"] == "eval" and r.get("stage") == "after_warm_start"][-1]
-  return model, float(success)
+  final = [r for r in rows if r["phase"] == "eval" and r.get("stage") == "after_warm_start"][-1]
+  if final.get("num_tasks", args.eval_tasks) != args.eval_tasks:
+    raise ValueError(
+      f"--eval-tasks={args.eval_tasks}, but the warm start in {workdir} was evaluated on {final['num_tasks']} "
+      f"held-out tasks: its success is not the RL runs' baseline; pass --eval-tasks={final['num_tasks']} or use a "
+      f"new --out"
+    )
+  return model, float(final["success_rate"])
 
 
 def warm_summary(workdir: str) -> dict:

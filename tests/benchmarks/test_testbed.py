@@ -123,6 +123,23 @@ def test_warm_summary_reads_losses_and_every_warm_start_eval(testbed, tmp_path):
   ]
 
 
+def test_warm_start_baseline_must_use_the_runs_eval_tasks(testbed, tmp_path):
+  warm = tmp_path / "warm"
+  (warm / "warm_start_model").mkdir(parents=True)
+  (warm / "warm_start_model" / "model_config.json").write_text("{}")
+  rows = [
+    {"phase": "eval", "step": 0, "stage": "after_warm_start", "success_rate": 0.25, "num_tasks": 32},
+    {"phase": "eval", "step": 0, "stage": "after_warm_start", "success_rate": 0.375, "num_tasks": 64},
+  ]
+  (warm / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  args = types.SimpleNamespace(out=str(tmp_path), eval_tasks=64)
+  model, success = testbed.warm_start(args, "unused")
+  assert model == str(warm / "warm_start_model") and success == 0.375
+  args.eval_tasks = 128
+  with pytest.raises(ValueError, match="--eval-tasks=128.*64 held-out tasks"):
+    testbed.warm_start(args, "unused")
+
+
 def test_copy_batch_repeats_each_string_and_targets_only_the_copy(testbed):
   tokens, targets = testbed.copy_batch(np.random.default_rng(0), np.arange(100, 200), batch=2, length=600)
   assert tokens.shape == targets.shape == (2, 600) and tokens.dtype == np.int32
