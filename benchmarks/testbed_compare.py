@@ -499,6 +499,20 @@ def eval_curve(workdir: str, start: float) -> tuple[list[int], list[float]]:
   return steps, [start] + [evals[s] for s in steps[1:]]
 
 
+def train_curve(workdir: str) -> tuple[list[int], list[float], float]:
+  """The RL steps' sampled-rollout success (`success_rate` of each logged "rl" row) and the seconds of all RL steps
+  (their `step_s`, evals excluded)."""
+  rows = [json.loads(x) for x in open(os.path.join(workdir, "metrics.jsonl"))]
+  rl = sorted((r for r in rows if r["phase"] == "rl"), key=lambda r: r["step"])
+  return [r["step"] for r in rl], [r["success_rate"] for r in rl], float(sum(r.get("step_s", 0.0) for r in rl))
+
+
+def window_mean(values: list[float], window: int, last: bool) -> float | None:
+  """Mean of the first (or last) `window` values; None when there are none."""
+  part = values[-window:] if last else values[:window]
+  return float(np.mean(part)) if part else None
+
+
 def steps_to_target(steps: list[int], values: list[float], target: float) -> int | None:
   """The first eval step whose held-out success reaches `target` (None: never)."""
   return next((s for s, v in zip(steps, values) if s > 0 and v >= target), None)
@@ -512,6 +526,10 @@ def summarize(args, start: float, workdirs: dict[str, list[str]], seconds: float
     finals = [v[-1] for _, v in curves]
     reach = [steps_to_target(s, v, target) for s, v in curves]
     hit = [r for r in reach if r is not None]
+    train = [train_curve(w) for w in dirs]
+    window = max(1, args.steps // 4)
+    first = [window_mean(v, window, last=False) for _, v, _ in train]
+    last = [window_mean(v, window, last=True) for _, v, _ in train]
     methods[label] = {
       "method": RUNS[label][0],
       "knobs": RUNS[label][1],
@@ -523,6 +541,12 @@ def summarize(args, start: float, workdirs: dict[str, list[str]], seconds: float
       "steps_to_target_mean": float(np.mean(hit)) if hit else None,
       "reached_target": f"{len(hit)}/{len(dirs)}",
       "curves": [{"steps": s, "success": v} for s, v in curves],
+      # sampled training rollouts: less noisy than 64 greedy held-out questions, but on the train world
+      "train_window": window,
+      "train_success_first": _mean_or_none(first),
+      "train_success_last": _mean_or_none(last),
+      "train_curves": [{"steps": s, "success": v} for s, v, _ in train],
+      "rl_seconds_mean": float(np.mean([t for _, _, t in train])),
     }
   result = {
     "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg_1m": os.getloadavg()[0]},
@@ -539,26 +563,42 @@ def summarize(args, start: float, workdirs: dict[str, list[str]], seconds: float
   return result
 
 
+def _mean_or_none(values: list) -> float | None:
+  values = [v for v in values if v is not None]
+  return float(np.mean(values)) if values else None
+
+
 def plot(result: dict, path: str) -> None:
   import matplotlib
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  fig, ax = plt.subplots(figsize=(8, 5))
-  for label, m in result["methods"].items():
+  fig, (ax, ax_train) = plt.subplots(1, 2, figsize=(13, 5))
+  for k, (label, m) in enumerate(result["methods"].items()):
+    color = f"C{k % 10}"
     steps = m["curves"][0]["steps"]
     if any(c["steps"] != steps for c in m["curves"]):
       continue  # unequal curves (an unfinished run): left out rather than misaligned
     vals = np.asarray([c["success"] for c in m["curves"]])
-    ax.plot(steps, vals.mean(0), label=f"{label} ({m['final_success_mean']:.2f})", marker="o", markersize=3)
-    ax.fill_between(steps, vals.min(0), vals.max(0), alpha=0.15)
+    ax.plot(steps, vals.mean(0), color=color, label=f"{label} ({m['final_success_mean']:.2f})", marker="o", ms=3)
+    ax.fill_between(steps, vals.min(0), vals.max(0), color=color, alpha=0.12)
+    train = m.get("train_curves") or []
+    if train and all(c["steps"] == train[0]["steps"] for c in train) and train[0]["steps"]:
+      window = m.get("train_window", 1)
+      mean = np.asarray([c["success"] for c in train]).mean(0)
+      smooth = np.convolve(mean, np.ones(window) / window, mode="valid")  # trailing mean over `window` steps
+      ax_train.plot(train[0]["steps"][window - 1 :], smooth, color=color, label=label)
   ax.axhline(result["target"], color="gray", ls="--", lw=0.8, label=f"target {result['target']:.2f}")
   ax.set_xlabel("RL step")
   ax.set_ylabel("held-out success (greedy)")
   s = result["settings"]
-  ax.set_title(f"testbed: mean over {len(s['seeds'])} seeds, band min..max; {s['prompts']}x{s['group']} rollouts/step")
+  ax.set_title(f"held-out: mean over {len(s['seeds'])} seeds, band min..max; {s['prompts']}x{s['group']} rollouts/step")
   ax.legend(fontsize=8)
+  ax_train.set_xlabel("RL step")
+  ax_train.set_ylabel("training rollouts' success (sampled)")
+  ax_train.set_title("training rollouts: mean over seeds, trailing mean over steps/4")
+  ax_train.legend(fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
@@ -567,15 +607,17 @@ def plot(result: dict, path: str) -> None:
 def table(result: dict) -> str:
   lines = [
     "| method | final held-out success (mean ± std) | per seed | steps to target (mean over seeds that reached it) "
-    "| reached |",
-    "|---|---:|---|---:|---:|",
+    "| reached | training success, first -> last quarter | RL seconds a run |",
+    "|---|---:|---|---:|---:|---:|---:|",
   ]
+  fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
   for label, m in result["methods"].items():
     reach = "-" if m["steps_to_target_mean"] is None else f"{m['steps_to_target_mean']:.1f}"
     per_seed = ", ".join(f"{v:.3f}" for v in m["final_success"])
+    train = f"{fmt(m.get('train_success_first'))} -> {fmt(m.get('train_success_last'))}"
     lines.append(
       f"| {label} | {m['final_success_mean']:.3f} ± {m['final_success_std']:.3f} | {per_seed} | {reach} | "
-      f"{m['reached_target']} |"
+      f"{m['reached_target']} | {train} | {m.get('rl_seconds_mean', 0.0):.0f} |"
     )
   return "\n".join(lines)
 
