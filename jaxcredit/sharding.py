@@ -217,6 +217,11 @@ def _batch_axes(mesh: Mesh, rules: Mapping[str, Any] | None = None) -> tuple[str
   return tuple(a for a in _as_tuple(rules["batch"]) if a in mesh.shape)
 
 
+def data_parallel_size(mesh: Mesh, rules: Mapping[str, Any] | None = None) -> int:
+  """How many ways the batch axis is split (the product of the mesh axes the table's `batch` entry names)."""
+  return math.prod(mesh.shape[a] for a in _batch_axes(mesh, rules))
+
+
 def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 
@@ -265,7 +270,7 @@ def shard_batch(batch, mesh: Mesh, rules: Mapping[str, Any] | None = None):
   Raises:
     ValueError: if a leading axis is not divisible by the data-parallel size.
   """
-  dp = math.prod(mesh.shape[a] for a in _batch_axes(mesh, rules))
+  dp = data_parallel_size(mesh, rules)
 
   def put(x):
     x = np.asarray(x)

@@ -145,6 +145,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.mini_batch_size = 0  # rollouts per optimizer update (PPO mini-batch); 0 = the whole step's batch
   c.train.ppo_epochs = 1  # passes over a step's rollouts, reshuffled each time (PPO epochs)
   c.train.length_bucket = 128  # sequences are right-padded to a multiple (bounds compiled shapes)
+  # The update's batch packed (jaxcredit/train/packing.py): each group's shared prompt once per row followed by its
+  # rollouts' continuations, the output head on the action tokens only; same losses and gradients, fewer FLOPs.
+  # Packed rows use dense-mask attention (memory O(L^2) per row): right for short rollouts, not for pod lengths.
+  c.train.pack_rollouts = True
+  c.train.pack_max_row_len = 1024  # tokens per packed row before a group spills onto another (attention cost)
+  c.train.slot_bucket = 64  # scored (action) slots per packed row, rounded up to a multiple (compiled shapes)
   c.compilation_cache_dir = "~/.cache/jaxcredit/xla"  # persistent XLA cache ("" = off); reruns skip compiles
 
   c.sft = ml_collections.ConfigDict()
@@ -208,6 +214,9 @@ def pod_config(
   c.sampling.max_len = max_len
   c.teacher.max_len = max_len
   c.train.length_bucket = 1024
+  # Packed rows attend through a dense [L, L] segment mask ("full" attention), not splash or chunked: at pod
+  # lengths the unpacked rows are cheaper in memory, and `jaxcredit plan` compiles the unpacked step.
+  c.train.pack_rollouts = False
   c.optim.learning_rate = 1e-6
   c.sft.steps = 0
   c.plan.topology = topology
@@ -288,6 +297,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
     "sampling.max_len",
     "train.num_micro_batches",
     "train.ppo_epochs",
+    "train.pack_max_row_len",
+    "train.slot_bucket",
     "sft.batch_size",
     "sft.checkpoint_every",
     "eval.batch_size",

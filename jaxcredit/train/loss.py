@@ -65,7 +65,13 @@ def ppo_clip_token_loss(
 
 
 def aggregate(
-  values_BxL: jax.Array, mask_BxL: jax.Array, mode: str = "token-mean", *, max_len: int | None = None
+  values_BxL: jax.Array,
+  mask_BxL: jax.Array,
+  mode: str = "token-mean",
+  *,
+  max_len: int | None = None,
+  seq_ids_BxL: jax.Array | None = None,
+  num_seqs: jax.Array | float | None = None,
 ) -> tuple[jax.Array, jax.Array]:
   """Reduces per-token values to a (numerator, denominator) pair; the loss is numerator / denominator.
 
@@ -74,13 +80,17 @@ def aggregate(
     seq-mean-token-sum:       Σ_b Σ_i m·v / B'
     seq-mean-token-sum-norm:  Σ_b Σ_i m·v / (B·max_len)       (Dr.GRPO: a constant denominator)
 
-  For micro-batching, sum numerators and denominators over micro-batches and divide once.
+  A sequence is a row, or with `seq_ids_BxL` (packed batches, `jaxcredit.train.packing`) the tokens of a row
+  sharing an id. For micro-batching, sum numerators and denominators over micro-batches and divide once (a
+  sequence must not straddle two micro-batches).
 
   Args:
     values_BxL: float32 per-token values.
     mask_BxL: bool/0-1 mask of tokens that count.
     mode: one of AGGREGATIONS.
     max_len: the constant L_max of seq-mean-token-sum-norm (default: L of the input).
+    seq_ids_BxL: int sequence of each token within its row, in [0, L) (default: one sequence per row).
+    num_seqs: B of seq-mean-token-sum-norm, sequences without a token included (default: the rows).
 
   Returns:
     (numerator, denominator) float32 scalars.
@@ -90,21 +100,30 @@ def aggregate(
   """
   if values_BxL.shape != mask_BxL.shape or values_BxL.ndim != 2:
     raise ValueError(f"values_BxL {values_BxL.shape} and mask_BxL {mask_BxL.shape} must both be [B, L]")
+  if seq_ids_BxL is not None and seq_ids_BxL.shape != mask_BxL.shape:
+    raise ValueError(f"seq_ids_BxL {seq_ids_BxL.shape} must have the shape of mask_BxL {mask_BxL.shape}")
+  if mode not in AGGREGATIONS:
+    raise ValueError(f"aggregation mode must be one of {AGGREGATIONS}, got {mode!r}")
   m = mask_BxL.astype(jnp.float32)
   v = jnp.where(m > 0, values_BxL, 0.0)
-  per_seq_sum = jnp.sum(v * m, axis=1)
-  per_seq_count = jnp.sum(m, axis=1)
-  has_tokens = (per_seq_count > 0).astype(jnp.float32)
   if mode == "token-mean":
-    return jnp.sum(per_seq_sum), jnp.sum(per_seq_count)
-  if mode == "seq-mean-token-mean":
-    return jnp.sum(per_seq_sum / jnp.maximum(per_seq_count, 1.0)), jnp.sum(has_tokens)
-  if mode == "seq-mean-token-sum":
-    return jnp.sum(per_seq_sum), jnp.sum(has_tokens)
+    return jnp.sum(v * m), jnp.sum(m)
   if mode == "seq-mean-token-sum-norm":
     length = values_BxL.shape[1] if max_len is None else max_len
-    return jnp.sum(per_seq_sum), jnp.asarray(values_BxL.shape[0] * length, jnp.float32)
-  raise ValueError(f"aggregation mode must be one of {AGGREGATIONS}, got {mode!r}")
+    seqs = values_BxL.shape[0] if num_seqs is None else num_seqs
+    return jnp.sum(v * m), jnp.asarray(seqs, jnp.float32) * length
+  if seq_ids_BxL is None:
+    per_seq_sum, per_seq_count = jnp.sum(v * m, axis=1), jnp.sum(m, axis=1)
+  else:
+    b, l = values_BxL.shape
+    ids = (jnp.arange(b, dtype=jnp.int32)[:, None] * l + seq_ids_BxL.astype(jnp.int32)).reshape(-1)
+    n = values_BxL.size
+    per_seq_sum = jax.ops.segment_sum((v * m).reshape(-1), ids, num_segments=n)
+    per_seq_count = jax.ops.segment_sum(m.reshape(-1), ids, num_segments=n)
+  has_tokens = (per_seq_count > 0).astype(jnp.float32)
+  if mode == "seq-mean-token-mean":
+    return jnp.sum(per_seq_sum / jnp.maximum(per_seq_count, 1.0)), jnp.sum(has_tokens)
+  return jnp.sum(per_seq_sum), jnp.sum(has_tokens)
 
 
 def kl_penalty(logp_BxL: jax.Array, ref_logp_BxL: jax.Array, kind: str = "k3", *, clamp: float = 10.0) -> jax.Array:

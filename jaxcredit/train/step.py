@@ -38,6 +38,9 @@ class PolicyLossConfig:
   temperature: float = 1.0
   terms: tuple[str, ...] = ("policy",)  # LOSS_TERMS names; "kl" joins when kl_coef > 0
   distill_coef: float = 0.0
+  # L_max of the seq-mean-token-sum-norm aggregation (Dr.GRPO's constant; the trainer passes sampling.max_len).
+  # None: the padded length of an unpacked batch (which varies with the length bucket); packed batches need it.
+  max_len: int | None = None
 
   def __post_init__(self):
     if self.aggregation not in loss_lib.AGGREGATIONS:
@@ -48,6 +51,8 @@ class PolicyLossConfig:
       raise ValueError(f"config.sampling.temperature must be > 0, got {self.temperature}")
     if self.kl_coef < 0:
       raise ValueError(f"config.loss.kl_coef must be >= 0, got {self.kl_coef}")
+    if self.max_len is not None and self.max_len < 1:
+      raise ValueError(f"the loss's max_len (config.sampling.max_len) must be >= 1, got {self.max_len}")
     unknown = [t for t in self.terms if t not in LOSS_TERMS]
     if unknown:
       raise ValueError(f"unknown loss terms {unknown}; known: {sorted(LOSS_TERMS)}")
@@ -198,9 +203,28 @@ def check_batch_keys(arrays: dict, cfg: PolicyLossConfig, *, who: str) -> None:
       raise ValueError(f"{who}: loss term {name!r} needs {missing} in the batch, which it did not provide")
 
 
+def _scored_logp(graphdef, params, rest, mb: dict, temperature):
+  """Log-probs of a micro-batch's scored tokens: every slot of an unpacked batch ([B, L]); the `slots_BxK` of a
+  packed one ([B, K]: the output head runs on those slots only; `jaxcredit.train.packing`)."""
+  if "slots_BxK" not in mb:
+    return _logp(graphdef, params, rest, mb["tokens_BxL"], mb["token_mask_BxL"], temperature)
+  model = nnx.merge(graphdef, params, rest)
+  return packed_slot_logprobs(
+    model,
+    mb["tokens_BxL"],
+    mb["token_mask_BxL"],
+    mb["slots_BxK"],
+    temperature,
+    positions_BxL=mb["positions_BxL"],
+    segment_ids_BxL=mb["segment_ids_BxL"],
+    prefix_limit_BxL=mb["prefix_limit_BxL"],
+  )
+
+
 def pg_token_loss(graphdef, params, rest, mb: dict, cfg: PolicyLossConfig):
-  """The active loss terms of one micro-batch: ({name: per-token values}, diagnostics). mb holds *_BxL arrays."""
-  logp = _logp(graphdef, params, rest, mb["tokens_BxL"], mb["token_mask_BxL"], cfg.temperature)
+  """The active loss terms of one micro-batch: ({name: per-token values}, diagnostics). mb holds *_BxL arrays,
+  unpacked (trajectory rows) or packed (`jaxcredit.train.packing`: the per-token arrays at the scored slots)."""
+  logp = _scored_logp(graphdef, params, rest, mb, cfg.temperature)
   values, diag = {}, {}
   for name in loss_terms(cfg):
     values[name], d = LOSS_TERMS[name].fn(logp, mb, cfg)
@@ -235,18 +259,24 @@ def loss_and_grads(
     the token diagnostics.
   """
   mask = batch["action_mask_BxL"]
+  packed = "slots_BxK" in batch
+  if packed and cfg.max_len is None and any(LOSS_TERMS[n].aggregation(cfg).endswith("-norm") for n in loss_terms(cfg)):
+    raise ValueError("a packed batch with the seq-mean-token-sum-norm aggregation needs PolicyLossConfig.max_len")
+  max_len = cfg.max_len or mask.shape[1]
+  seqs = {"seq_ids_BxL": batch["rollout_ids_BxL"], "num_seqs": jnp.sum(batch["rollouts_B"])} if packed else {}
   dens = {}
   for name in loss_terms(cfg):
     t = LOSS_TERMS[name]
-    _, den = loss_lib.aggregate(jnp.zeros(mask.shape, jnp.float32), mask, t.aggregation(cfg), max_len=mask.shape[1])
+    _, den = loss_lib.aggregate(jnp.zeros(mask.shape, jnp.float32), mask, t.aggregation(cfg), max_len=max_len, **seqs)
     dens[name] = (t.coef(cfg), t.aggregation(cfg), jnp.maximum(den, 1e-12))
   n_tok = jnp.maximum(jnp.sum(mask.astype(jnp.float32)), 1.0)
 
   def mb_fn(p, mb):
     values, diag = token_loss_fn(graphdef, p, rest, mb, cfg)
     parts = {}
+    ids = {"seq_ids_BxL": mb["rollout_ids_BxL"]} if packed else {}
     for name, (coef, agg, den) in dens.items():
-      num, _ = loss_lib.aggregate(values[name], mb["action_mask_BxL"], agg, max_len=mask.shape[1])
+      num, _ = loss_lib.aggregate(values[name], mb["action_mask_BxL"], agg, max_len=max_len, **ids)
       parts[name] = num / den
     m = mb["action_mask_BxL"].astype(jnp.float32)
     sums = {k: jnp.sum(jnp.where(m > 0, v, 0.0)) for k, v in diag.items()}

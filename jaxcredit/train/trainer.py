@@ -13,6 +13,7 @@ The trainer names no environment and no method: `ENVS` (jaxcredit.envs), `METHOD
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import re
@@ -20,7 +21,7 @@ import shutil
 import signal
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import grain
 import jax
@@ -42,6 +43,7 @@ from jaxcredit.train import checkpoint as ckpt_lib
 from jaxcredit.train import config as config_lib
 from jaxcredit.train.engines import ENGINES, make_jax_sampler
 from jaxcredit.train import metrics as metrics_lib
+from jaxcredit.train import packing
 from jaxcredit.train import passes as passes_lib
 from jaxcredit.train import step as step_lib
 from jaxcredit.train.methods import METHODS
@@ -383,6 +385,7 @@ def warm_start(run: Run, params, stop: "StopRequests | None" = None) -> Any:
       length_bucket=c.sft.length_bucket,
     )
     batch = _batch(traj, {})
+    del batch["group_ids_B"]
     if c.sft.loss_tokens == "all":
       # every real token after a row's first is a target: prompts and tool observations too
       batch["action_mask_BxL"] = traj.token_mask_BxL & (np.cumsum(traj.token_mask_BxL, axis=1) > 1)
@@ -418,7 +421,16 @@ def warm_start(run: Run, params, stop: "StopRequests | None" = None) -> Any:
 
 
 def ppo_updates(
-  update, params, opt_state, batch: dict, mesh, *, epochs: int, mini_batch_size: int, seed: tuple[int, int]
+  update,
+  params,
+  opt_state,
+  batch: dict,
+  mesh,
+  *,
+  epochs: int,
+  mini_batch_size: int,
+  seed: tuple[int, int],
+  pack: Callable[[dict], dict] | None = None,
 ):
   """`epochs` passes over one step's rollouts, each split into mini-batches of `mini_batch_size` rollouts (0: the
   whole batch), one optimizer update per mini-batch: PPO's epochs and mini-batches, with verl's and TRL's meaning.
@@ -432,9 +444,12 @@ def ppo_updates(
     update: `step.make_update_fn`'s (params, opt_state, batch) -> (params, opt_state, metrics).
     batch: host arrays with a leading [B] axis (`_batch`).
     mesh: where each mini-batch is placed (`sharding.shard_batch`).
+    pack: applied to each mini-batch before it is placed (`_packer`: group rows, scored slots), or None: the
+      trajectory rows as they are.
 
   Returns:
     (params, opt_state, metrics): metrics are the mean over the updates of each scalar, plus "updates",
+    "update_slots" / "update_scored_slots" (token slots the model and the output head ran on, summed),
     "clip_last" / "ratio_dev_last" (the last update's clip fraction and mean |ratio - 1|) and "clip_max" /
     "ratio_dev_max" (their largest over the updates).
   """
@@ -442,26 +457,48 @@ def ppo_updates(
   size = mini_batch_size or b
   num_mini_batches = b // size
   rng = np.random.default_rng(list(seed))
-  rows = []
+  rows, slots, scored = [], 0, 0
   for _ in range(epochs):
     order = rng.permutation(b) if epochs * num_mini_batches > 1 else np.arange(b)
     for k in range(num_mini_batches):
       idx = np.sort(order[k * size : (k + 1) * size])
-      mini = sharding.shard_batch({name: np.asarray(x)[idx] for name, x in batch.items()}, mesh)
+      mini = {name: np.asarray(x)[idx] for name, x in batch.items()}
+      mini = pack(mini) if pack is not None else {name: x for name, x in mini.items() if name != "group_ids_B"}
+      slots += int(np.size(mini["tokens_BxL"]))
+      scored += int(np.size(mini["action_mask_BxL"]))
+      mini = sharding.shard_batch(mini, mesh)
       params, opt_state, m = update(params, opt_state, mini)
       rows.append(jax.device_get(m))
   metrics = {k: float(np.mean([r[k] for r in rows])) for k in rows[0]}
   metrics["updates"] = len(rows)
+  metrics["update_slots"], metrics["update_scored_slots"] = slots, scored
   for key in ("clip", "ratio_dev"):
     metrics[f"{key}_last"] = float(rows[-1][key])
     metrics[f"{key}_max"] = float(max(r[key] for r in rows))
   return params, opt_state, metrics
 
 
+def _packer(run: Run) -> Callable[[dict], dict] | None:
+  """`packing.pack_update_batch` with the run's buckets, rows a multiple of the data-parallel size times the
+  micro-batches; None when `train.pack_rollouts` is off."""
+  c = run.config
+  if not c.train.pack_rollouts:
+    return None
+  dp = sharding.data_parallel_size(run.mesh)
+  return functools.partial(
+    packing.pack_update_batch,
+    length_bucket=c.train.length_bucket,
+    max_row_len=c.train.pack_max_row_len,
+    rows_multiple=dp * c.train.num_micro_batches,
+    slot_bucket=c.train.slot_bucket,
+  )
+
+
 def _batch(traj, extra: dict, behavior_logp_BxL=None) -> dict:
-  """The update's batch: the trajectory's token arrays plus what the loss terms read (`LossTerm.batch_keys`).
-  `behavior_logp_BxL` replaces the sampler's log-probs (`_engine_correction`)."""
+  """The update's batch: the trajectory's token arrays and group ids plus what the loss terms read
+  (`LossTerm.batch_keys`). `behavior_logp_BxL` replaces the sampler's log-probs (`_engine_correction`)."""
   return {
+    "group_ids_B": traj.group_ids_B,
     "tokens_BxL": traj.tokens_BxL,
     "token_mask_BxL": traj.token_mask_BxL,
     "action_mask_BxL": traj.action_mask_BxL & traj.sample_mask_B[:, None],
@@ -517,6 +554,7 @@ def _loss_config(c: ml_collections.ConfigDict) -> step_lib.PolicyLossConfig:
     kl_estimator=c.loss.kl_estimator,
     temperature=c.sampling.temperature,
     terms=("policy",) + method.loss_terms,
+    max_len=c.sampling.max_len,
     **weights,
   )
 
@@ -1060,6 +1098,7 @@ def learn_step(
     epochs=c.train.ppo_epochs,
     mini_batch_size=c.train.mini_batch_size,
     seed=(c.seed, rl_step),
+    pack=_packer(run),
   )
   run.policy_version += 1
   t_update = time.time() - t2
@@ -1081,6 +1120,8 @@ def learn_step(
     "ratio_dev": float(m["ratio_dev"]),
     "grad_norm": float(m["grad_norm"]),
     "updates": int(m["updates"]),
+    "update_slots": m["update_slots"],
+    "update_scored_slots": m["update_scored_slots"],
     "clip_frac_last": m["clip_last"],
     "ratio_dev_last": m["ratio_dev_last"],
     "clip_frac_max": m["clip_max"],

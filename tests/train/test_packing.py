@@ -1,0 +1,168 @@
+"""The packed update batch (`jaxcredit.train.packing`): group prompts once per row, the head on action slots only.
+
+The packed layout must change nothing but the cost: every loss term under every aggregation, with micro-batches,
+gives the unpacked loss, metrics and gradients."""
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxcredit.models.config import ModelConfig
+from jaxcredit.models.decoder import Decoder
+from jaxcredit.train import loss as loss_lib
+from jaxcredit.train import step as step_lib
+from jaxcredit.train.packing import pack_update_batch
+
+CFG = ModelConfig(
+  vocab_size=64,
+  hidden_size=32,
+  intermediate_size=64,
+  num_layers=2,
+  num_heads=4,
+  num_kv_heads=2,
+  head_dim=8,
+  rope_theta=10000.0,
+  tie_word_embeddings=False,
+)
+
+
+def rollout_batch(seed=0, groups=3, group_size=3, length=24):
+  """Right-padded rollouts: each group shares a prompt of 5-7 tokens; some rollouts share more (a common first
+  action token); lengths 9..length; one rollout has no action token; actions after the prompt, with an observation
+  (non-action) gap in the middle."""
+  rng = np.random.default_rng(seed)
+  b = groups * group_size
+  tokens = np.zeros((b, length), np.int32)
+  mask = np.zeros((b, length), bool)
+  action = np.zeros((b, length), bool)
+  for g in range(groups):
+    prompt = rng.integers(1, 64, size=int(rng.integers(5, 8)))
+    first = int(rng.integers(1, 64))
+    for j in range(group_size):
+      i = g * group_size + j
+      n = int(rng.integers(len(prompt) + 4, length + 1))
+      row = rng.integers(1, 64, size=n)
+      row[: len(prompt)] = prompt
+      if g == 0:
+        row[len(prompt)] = first  # the whole group also shares its first action token
+      tokens[i, :n] = row
+      mask[i, :n] = True
+      action[i, len(prompt) : n] = True
+      action[i, len(prompt) + 2 : len(prompt) + 4] = False  # a tool observation
+  action[b - 1] = False  # a rollout with nothing to score
+  f = lambda: rng.normal(size=(b, length)).astype(np.float32)
+  return {
+    "group_ids_B": np.repeat(np.arange(groups), group_size).astype(np.int32),
+    "tokens_BxL": tokens,
+    "token_mask_BxL": mask,
+    "action_mask_BxL": action,
+    "behavior_logp_BxL": np.where(action, -2.0 + 0.3 * f(), 0.0).astype(np.float32),
+    "adv_BxL": np.where(action, f(), 0.0).astype(np.float32),
+    "ref_logp_BxL": np.where(action, -2.0 + 0.3 * f(), 0.0).astype(np.float32),
+    "distill_weight_BxL": np.where(action, np.abs(f()), 0.0).astype(np.float32),
+    "distill_target_BxL": np.where(action, -2.0 + 0.3 * f(), 0.0).astype(np.float32),
+  }
+
+
+def test_rows_hold_each_groups_prefix_once_and_slots_point_at_the_scored_tokens():
+  batch = rollout_batch()
+  packed = pack_update_batch(batch, length_bucket=8, max_row_len=1024, slot_bucket=8, rows_multiple=4)
+  tokens, mask = batch["tokens_BxL"], batch["token_mask_BxL"]
+  # 3 groups, one row each (every group fits 1024 tokens), padded to 4 rows.
+  assert packed["tokens_BxL"].shape[0] == 4 and not packed["token_mask_BxL"][3].any()
+  real = int(packed["token_mask_BxL"].sum())
+  assert real < int(mask.sum())  # each prompt once, not three times
+  assert packed["tokens_BxL"].shape[1] % 8 == 0 and packed["slots_BxK"].shape[1] % 8 == 0
+  assert packed["rollouts_B"].sum() == 9
+  # Group 0 also shares its first action token: the prefix covers it.
+  seg0 = packed["segment_ids_BxL"][0][packed["token_mask_BxL"][0]]
+  prompt0 = int(np.argmax(batch["action_mask_BxL"][0]))
+  assert int((seg0 == 0).sum()) == prompt0 + 1
+  # Every scored token lands on a slot holding the same token, at the position it had in its rollout.
+  got = []
+  for r in range(4):
+    k = packed["action_mask_BxL"][r]
+    slots = packed["slots_BxK"][r][k]
+    got += list(zip(packed["tokens_BxL"][r][slots], packed["positions_BxL"][r][slots], packed["adv_BxL"][r][k]))
+  want = []
+  for i in range(9):
+    t = np.flatnonzero(batch["action_mask_BxL"][i])
+    want += list(zip(tokens[i, t], t, batch["adv_BxL"][i, t]))
+  assert sorted(map(tuple, np.asarray(got, np.float64))) == sorted(map(tuple, np.asarray(want, np.float64)))
+  # A continuation sees its group's prefix: prefix_limit is the prefix length on its tokens.
+  cont = packed["segment_ids_BxL"][0] >= 1
+  assert (packed["prefix_limit_BxL"][0][cont] == prompt0 + 1).all()
+
+
+def test_a_group_longer_than_a_row_spills_onto_rows_that_repeat_its_prefix():
+  batch = rollout_batch(groups=1, group_size=4)
+  packed = pack_update_batch(batch, length_bucket=1, max_row_len=30, slot_bucket=1)
+  assert packed["tokens_BxL"].shape[0] >= 2
+  prefix = int((packed["segment_ids_BxL"][0][packed["token_mask_BxL"][0]] == 0).sum())
+  for r in range(packed["tokens_BxL"].shape[0]):
+    np.testing.assert_array_equal(packed["tokens_BxL"][r, :prefix], batch["tokens_BxL"][0, :prefix])
+  assert packed["token_mask_BxL"].sum(1).max() <= 30
+
+
+@pytest.mark.parametrize(
+  "bad, message",
+  [
+    (lambda b: b["token_mask_BxL"].__setitem__((0, 1), False), "contiguously"),
+    (lambda b: b.__setitem__("adv_BxL", np.zeros((9, 3), np.float32)), "adv_BxL"),
+    (lambda b: b.__setitem__("group_ids_B", np.zeros((4,), np.int32)), "group_ids_B"),
+    (lambda b: b.pop("action_mask_BxL"), "action_mask_BxL"),
+  ],
+)
+def test_bad_batches_are_refused_naming_the_field(bad, message):
+  batch = rollout_batch()
+  bad(batch)
+  with pytest.raises(ValueError, match=message):
+    pack_update_batch(batch)
+
+
+def test_an_action_on_padding_is_refused():
+  batch = rollout_batch()
+  n = int(batch["token_mask_BxL"][0].sum())
+  if n == batch["tokens_BxL"].shape[1]:
+    batch["token_mask_BxL"][0, -1] = False
+    n -= 1
+  batch["action_mask_BxL"][0, n] = True
+  with pytest.raises(ValueError, match="padding"):
+    pack_update_batch(batch)
+
+
+def _loss_and_grads(batch, cfg, num_micro):
+  model = Decoder(CFG, rngs=nnx.Rngs(0))
+  graphdef, params, rest = step_lib.split_model(model)
+  arrays = {k: v for k, v in batch.items() if k != "group_ids_B"}
+  fn = jax.jit(lambda p, b: step_lib.loss_and_grads(step_lib.pg_token_loss, graphdef, p, rest, b, cfg, num_micro))
+  return fn(params, arrays)
+
+
+@pytest.mark.parametrize("aggregation", loss_lib.AGGREGATIONS)
+@pytest.mark.parametrize("num_micro", [1, 2])
+def test_packed_loss_metrics_and_gradients_equal_the_unpacked_ones(aggregation, num_micro):
+  batch = rollout_batch(seed=1, groups=2, group_size=4)
+  cfg = step_lib.PolicyLossConfig(
+    aggregation=aggregation, kl_coef=0.1, terms=("policy", "distill"), distill_coef=0.5, max_len=40
+  )
+  packed = pack_update_batch(batch, length_bucket=8, slot_bucket=8, rows_multiple=num_micro, max_row_len=40)
+  want_loss, want_grads, want_m = _loss_and_grads(batch, cfg, num_micro if num_micro == 1 else 2)
+  got_loss, got_grads, got_m = _loss_and_grads(packed, cfg, num_micro)
+  np.testing.assert_allclose(float(got_loss), float(want_loss), rtol=2e-5, atol=1e-6)
+  for k in ("loss_policy", "loss_kl", "loss_distill", "clip", "ratio_dev", "kl", "distill_gap"):
+    np.testing.assert_allclose(float(got_m[k]), float(want_m[k]), rtol=2e-5, atol=1e-6, err_msg=k)
+  flat_w = jax.tree_util.tree_leaves(want_grads)
+  flat_g = jax.tree_util.tree_leaves(got_grads)
+  scale = max(float(np.abs(np.asarray(w)).max()) for w in flat_w)
+  assert scale > 1e-4  # the gradient is not trivially zero
+  for w, g in zip(flat_w, flat_g):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-5 * scale)
+
+
+def test_dr_grpo_on_a_packed_batch_needs_the_constant_max_len():
+  batch = pack_update_batch(rollout_batch())
+  cfg = step_lib.PolicyLossConfig(aggregation="seq-mean-token-sum-norm")
+  with pytest.raises(ValueError, match="max_len"):
+    _loss_and_grads(batch, cfg, 1)
