@@ -56,7 +56,7 @@ def pack_update_batch(
 
   Rollouts are grouped by `group_ids_B` (default: each its own group). A group's rows start with the longest
   common prefix of its rollouts' tokens; continuations are appended while the row stays within
-  max(max_row_len, the longest rollout), else a new row repeats the prefix. Rollouts without an action token are
+  max(max_row_len, the longest rollout rounded up to length_bucket), else a new row repeats the prefix. Rollouts without an action token are
   left out (they add nothing to any loss; they still count in `rollouts_B`).
 
   Args:
@@ -64,7 +64,10 @@ def pack_update_batch(
       action_mask_BxL bool (the tokens the loss scores), any other [B, L] per-token arrays, optionally
       group_ids_B int. Arrays of another shape are not allowed (they would be silently dropped).
     length_bucket: the row length is rounded up to a multiple of this.
-    max_row_len: tokens per row before a group spills onto a new row (attention cost grows with it).
+    max_row_len: tokens per row before a group spills onto a new row (0: as long as the longest rollout's
+      unpacked row). Longer rows share a prompt among more rollouts, but a packed row attends through a dense
+      [L, L] mask, so attention's cost per token grows with L: on 2 CPU cores 512 was fastest both for
+      SmolLM2-135M and for a 4-layer 256-wide model (docs/benchmarks.md, "Packing the update").
     rows_multiple: the number of rows is rounded up to a multiple of this (data-parallel size times
       micro-batches), with empty rows.
     slot_bucket: K, the scored slots per row, is rounded up to a multiple of this.
@@ -101,7 +104,7 @@ def pack_update_batch(
 
   kept = [i for i in range(b) if scored[i].any()]
   longest = int(max((lengths[i] for i in kept), default=1))
-  cap = max(int(max_row_len), longest)
+  cap = max(int(max_row_len), pad_length(longest, length_bucket))
   # rows: (prefix_len, prefix source rollout, [rollouts]); each row's used length is prefix + its continuations.
   rows: list[tuple[int, int, list[int]]] = []
   for g in dict.fromkeys(groups[kept].tolist()):
