@@ -466,6 +466,38 @@ def warm_summary(workdir: str) -> dict:
   }
 
 
+def apply_overrides(c, items: list[str]):
+  """Sets each "a.b.c=value" of `items` on the ConfigDict `c`, the value parsed as the key's current type (bool:
+  true/false). Returns c.
+
+  Raises:
+    ValueError: naming the item, for one without "=", an unknown key, or a value its key's type cannot take.
+  """
+  for item in items:
+    key, sep, value = item.partition("=")
+    if not sep:
+      raise ValueError(f"--set {item!r}: expected KEY=VALUE")
+    *path, last = key.strip().split(".")
+    node = c
+    try:
+      for part in path:
+        node = node[part]
+      old = node[last]
+    except (KeyError, AttributeError, TypeError):
+      raise ValueError(f"--set {item!r}: the config has no key {key!r}") from None
+    try:
+      if isinstance(old, bool):
+        if value.lower() not in ("true", "false"):
+          raise ValueError(value)
+        new = value.lower() == "true"
+      else:
+        new = type(old)(value)
+    except ValueError:
+      raise ValueError(f"--set {item!r}: {key} takes {type(old).__name__} values, not {value!r}") from None
+    node[last] = new
+  return c
+
+
 def run_one(args, label: str, seed: int, model: str) -> str:
   from jaxcredit.train import trainer
 
@@ -479,6 +511,7 @@ def run_one(args, label: str, seed: int, model: str) -> str:
   c.sft.steps = 0
   c.total_steps = args.steps
   c.eval.every = args.eval_every
+  apply_overrides(c, args.set)
   t0 = time.time()
   trainer.train(c)
   print(f"[testbed] {label} seed {seed}: {time.time() - t0:.0f} s")
@@ -677,7 +710,20 @@ def main(argv=None):
   )
   ap.add_argument("--read-lr", type=float, default=1e-3, help="the reading curriculum's learning rate (constant)")
   ap.add_argument("--progress", action="store_true", help="tqdm bars inside each run")
+  ap.add_argument(
+    "--set",
+    action="append",
+    default=[],
+    metavar="KEY=VALUE",
+    help="override a key of the RL runs' config, e.g. --set loss.aggregation=seq-mean-token-mean (repeatable)",
+  )
   args = ap.parse_args(argv)
+  try:
+    from jaxcredit.train.config import base_config
+
+    apply_overrides(base_config(), args.set)  # refuse a bad key or value before any run
+  except ValueError as e:
+    ap.error(str(e))
   if args.policy and not os.path.isfile(os.path.join(args.policy, "model_config.json")):
     ap.error(f"--policy {args.policy!r}: no model_config.json there (a folder `jaxcredit sft` or `convert` writes)")
   args.seeds = [int(s) for s in args.seeds.split(",")]

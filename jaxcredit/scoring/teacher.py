@@ -273,6 +273,9 @@ def build_teacher_batch(
 # The pass (pure, jittable).
 
 
+SLOT_BUCKET = 64  # the scored positions per row of a pass are rounded up to a multiple (compiled shapes)
+
+
 def _positions(mask_BxL: jax.Array) -> jax.Array:
   return jnp.maximum(jnp.cumsum(mask_BxL.astype(jnp.int32), axis=-1) - 1, 0)
 
@@ -291,6 +294,7 @@ def teacher_pass(
   student=None,
   seq_chunk: int | None = None,
   vocab_chunk: int | None = None,
+  slots_BxK: jax.Array | None = None,
 ) -> dict[str, jax.Array]:
   """The teacher's scores at every action token of the rollouts, aligned to the rollouts' positions.
 
@@ -321,6 +325,9 @@ def teacher_pass(
       policy's own entropy on the unmodified rollout, which GEAR's segments read) are returned. It must share the
       teacher's vocabulary size.
     seq_chunk, vocab_chunk: chunk sizes of the vocabulary functions (defaults as `chunked_logprobs_and_entropies`).
+    slots_BxK: optional int [B, K], the positions to score (`action_slots`: each row's action positions, then
+      padding); the heads and the vocabulary sums then run on those K positions only, not on all L. Positions
+      left out get 0, as non-action positions do.
 
   Returns:
     {"logp_BxL", "entropy_BxL", ["divergence_BxL", "student_entropy_BxL"]: float32 nats [B, L];
@@ -358,29 +365,42 @@ def teacher_pass(
   t_mask, r_mask, action, valid = (x.astype(bool) for x in (t_mask, r_mask, action, valid))
   s = t_tokens.shape[1]
 
-  h_t_BxSxD, _ = teacher.hidden_states(t_tokens, positions_BxL=_positions(t_mask), token_mask_BxL=t_mask)
   pos_L = jnp.arange(l, dtype=jnp.int32)
-  src_BxL = jnp.clip(pos_L[None, :] + offset.astype(jnp.int32)[:, None] - 1, 0, s - 1)
-  h_t_BxLxD = jnp.take_along_axis(h_t_BxSxD, src_BxL[..., None], axis=1)
+  if slots_BxK is None:
+    slots = jnp.broadcast_to(pos_L[None, :], (b, l))
+  else:
+    slots = jnp.asarray(slots_BxK)
+    if slots.ndim != 2 or slots.shape[0] != b or not jnp.issubdtype(slots.dtype, jnp.integer):
+      raise ValueError(f"slots_BxK must be integer positions of shape [B={b}, K], got {slots.shape} {slots.dtype}")
+    slots = slots.astype(jnp.int32)
+
+  h_t_BxSxD, _ = teacher.hidden_states(t_tokens, positions_BxL=_positions(t_mask), token_mask_BxL=t_mask)
+  # The teacher's hidden state that predicts rollout token p sits at teacher position p + offset - 1.
+  src_BxK = jnp.clip(slots + offset.astype(jnp.int32)[:, None] - 1, 0, s - 1)
+  h_t_BxKxD = jnp.take_along_axis(h_t_BxSxD, src_BxK[..., None], axis=1)
+  targets_BxK = jnp.take_along_axis(tokens, slots, axis=1)
   logp, entropy = chunked_logprobs_and_entropies(
-    h_t_BxLxD, _output_head_DxV(teacher), tokens, temperature, seq_chunk=seq_chunk, vocab_chunk=vocab_chunk
+    h_t_BxKxD, _output_head_DxV(teacher), targets_BxK, temperature, seq_chunk=seq_chunk, vocab_chunk=vocab_chunk
   )
   out = {"logp_BxL": logp, "entropy_BxL": entropy}
   if student is not None:
     h_s_BxLxD, _ = student.hidden_states(tokens, positions_BxL=_positions(r_mask), token_mask_BxL=r_mask)
-    h_s_prev_BxLxD = jnp.pad(h_s_BxLxD[:, :-1], ((0, 0), (1, 0), (0, 0)))
+    h_s_prev_BxKxD = jnp.take_along_axis(h_s_BxLxD, jnp.maximum(slots - 1, 0)[..., None], axis=1)
     _, out["student_entropy_BxL"] = chunked_logprobs_and_entropies(
-      h_s_prev_BxLxD, _output_head_DxV(student), tokens, temperature, seq_chunk=seq_chunk, vocab_chunk=vocab_chunk
+      h_s_prev_BxKxD, _output_head_DxV(student), targets_BxK, temperature, seq_chunk=seq_chunk, vocab_chunk=vocab_chunk
     )
     out["divergence_BxL"] = chunked_reverse_kl(
-      h_s_prev_BxLxD,
+      h_s_prev_BxKxD,
       _output_head_DxV(student),
-      h_t_BxLxD,
+      h_t_BxKxD,
       _output_head_DxV(teacher),
       temperature,
       seq_chunk=seq_chunk,
       vocab_chunk=vocab_chunk,
     )
+  if slots_BxK is not None:  # back to rollout positions; padding entries write position 0, which is never kept
+    rows_Bx1 = jnp.arange(b)[:, None]
+    out = {k: jnp.zeros((b, l), x.dtype).at[rows_Bx1, slots].set(x) for k, x in out.items()}
   keep_BxL = action & r_mask & valid[:, None] & (pos_L >= 1)[None, :]
   finite_B = jnp.all(jnp.stack([jnp.isfinite(x) | ~keep_BxL for x in out.values()]), axis=(0, 2))
   keep_BxL = keep_BxL & finite_B[:, None]
@@ -460,6 +480,22 @@ def finish_teacher_pass(outputs: Mapping[str, Any], batch: TeacherBatch) -> Teac
   )
 
 
+def action_slots(action_mask_BxL: np.ndarray, bucket: int = SLOT_BUCKET) -> np.ndarray | None:
+  """slots_BxK: each row's action positions p >= 1 in order, then padding 0; K is the longest row's count rounded up
+  to `bucket` (bounds the compiled shapes). None when K would not be smaller than L (score every position)."""
+  mask = np.asarray(action_mask_BxL, bool).copy()
+  mask[:, 0] = False
+  b, l = mask.shape
+  k = pad_length(int(mask.sum(1).max(initial=0)), bucket)
+  if k >= l:
+    return None
+  slots = np.zeros((b, k), np.int32)
+  for i in range(b):
+    p = np.flatnonzero(mask[i])
+    slots[i, : len(p)] = p
+  return slots
+
+
 def make_teacher_pass_fn(
   teacher_graphdef,
   teacher_rest,
@@ -469,6 +505,7 @@ def make_teacher_pass_fn(
   student_rest=None,
   seq_chunk: int | None = None,
   vocab_chunk: int | None = None,
+  slot_bucket: int | None = SLOT_BUCKET,
 ) -> Callable[..., TeacherPassResult]:
   """A host callable (teacher_params, batch, traj, student_params=None) -> `TeacherPassResult`.
 
@@ -476,14 +513,15 @@ def make_teacher_pass_fn(
   rest), so new parameters never recompile; `teacher_pass` is jitted over (params, arrays) and
   `finish_teacher_pass` applied to its outputs. With `student_graphdef` the divergence is computed and
   `student_params` must be given at each call (for GEAR the student is the policy; the teacher may be the same
-  parameters).
+  parameters). The heads run on the action positions only (`action_slots` with `slot_bucket`; None: on every
+  position).
 
   Raises (at call):
     ValueError: when student_params is given without a student graphdef or missing with one.
   """
   has_student = student_graphdef is not None
 
-  def pass_fn(teacher_params, t_tokens, t_mask, offset, valid, tokens, token_mask, action_mask, student_params):
+  def pass_fn(teacher_params, t_tokens, t_mask, offset, valid, tokens, token_mask, action_mask, student_params, slots):
     teacher = nnx.merge(teacher_graphdef, teacher_params, teacher_rest)
     student = nnx.merge(student_graphdef, student_params, student_rest) if has_student else None
     return teacher_pass(
@@ -499,6 +537,7 @@ def make_teacher_pass_fn(
       student=student,
       seq_chunk=seq_chunk,
       vocab_chunk=vocab_chunk,
+      slots_BxK=slots,
     )
 
   jitted = jax.jit(pass_fn)
@@ -516,6 +555,9 @@ def make_teacher_pass_fn(
       traj.token_mask_BxL,
       traj.action_mask_BxL,
       student_params,
+      None
+      if slot_bucket is None
+      else action_slots(traj.action_mask_BxL & traj.token_mask_BxL & batch.valid_B[:, None], slot_bucket),
     )
     return finish_teacher_pass(jax.tree.map(multihost.to_host, outputs), batch)  # global, on every process
 

@@ -225,3 +225,22 @@ def test_reading_curriculum_writes_a_loadable_policy(testbed, tmp_path, monkeypa
   assert abs(record["losses"][0] - np.log(models.load_model(policy)[1].vocab_size)) < 0.5, record
   assert models.load_tokenizer(out).vocab_size == models.load_tokenizer(policy).vocab_size
   assert testbed.reading_curriculum(policy, out, steps=3, lr=1e-3) == out  # done once
+
+
+def test_set_overrides_parse_as_the_keys_type_and_refuse_bad_items(testbed):
+  from jaxcredit.train.config import base_config
+
+  c = testbed.apply_overrides(
+    base_config(),
+    ["loss.aggregation=seq-mean-token-mean", "optim.learning_rate=3e-4", "train.ppo_epochs=2", "tensorboard=false"],
+  )
+  assert c.loss.aggregation == "seq-mean-token-mean" and c.optim.learning_rate == 3e-4
+  assert c.train.ppo_epochs == 2 and c.tensorboard is False
+  for item, message in [
+    ("loss.aggregation", "KEY=VALUE"),
+    ("loss.nope=1", "no key 'loss.nope'"),
+    ("train.ppo_epochs=two", "takes int values"),
+    ("tensorboard=maybe", "takes bool values"),
+  ]:
+    with pytest.raises(ValueError, match=message):
+      testbed.apply_overrides(base_config(), [item])

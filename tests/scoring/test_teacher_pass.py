@@ -215,15 +215,19 @@ def test_long_context_is_cut_from_its_start(tiny):
   assert tp.cut_context(tok, ctx, 10_000) == ctx and tp.cut_context(tok, ctx, 0) == ""
 
 
-def test_pass_matches_plain_forward_over_the_teacher_sequence(tiny):
+@pytest.mark.parametrize("slot_bucket", [None, 1, 8])
+def test_pass_matches_plain_forward_over_the_teacher_sequence(tiny, slot_bucket):
+  """With slot_bucket, the heads run on the action positions only (K < L here); None scores every position."""
   tok, teacher, student = tiny
   traj = tiny_rollouts(tok)
   ctx = ["The answer is 42.", "The answer is 42. Use the calculator once.", "It is 42."]
   prompts = [tp.teacher_prompt_ids(tok, messages(q), c, max_context_tokens=64) for q, c in zip(QUESTIONS, ctx)]
   batch = tp.build_teacher_batch(traj, prompts, max_len=512, pad_id=tok.pad_id, length_bucket=32)
   assert batch.valid_B.all() and batch.reasons == ["", "", ""]
-  res = run_pass(teacher, batch, traj, student=student, seq_chunk=16, vocab_chunk=100)
+  res = run_pass(teacher, batch, traj, student=student, seq_chunk=16, vocab_chunk=100, slot_bucket=slot_bucket)
   assert res.logp_BxL.shape == traj.tokens_BxL.shape and res.logp_BxL.dtype == np.float32
+  slots = tp.action_slots(traj.action_mask_BxL, slot_bucket or 1)
+  assert slots is not None and slots.shape[1] < traj.tokens_BxL.shape[1]  # the slot path is the one tested
   assert res.drop_counts() == {"no_context": 0, "over_budget": 0, "non_finite": 0}
 
   gd_t, st_t = nnx.split(teacher)
