@@ -149,8 +149,9 @@ def base_config() -> ml_collections.ConfigDict:
   # rollouts' continuations, the output head on the action tokens only; same losses and gradients, fewer FLOPs.
   # Packed rows use dense-mask attention (memory O(L^2) per row): right for short rollouts, not for pod lengths.
   c.train.pack_rollouts = True
-  # Tokens per packed row before a group spills onto another row (at least the longest rollout's unpacked row).
-  # Attention's cost per token grows with the row: 512 was fastest here for SmolLM2-135M and for a 4M model.
+  # Tokens per packed row before a group spills onto another row. Attention's cost per token grows with the row
+  # (512 was fastest here for SmolLM2-135M and for a 4M model), and its memory with its square: a mini-batch with a
+  # rollout longer than this is not packed (BFCL's long prompts).
   c.train.pack_max_row_len = 512
   c.train.slot_bucket = 64  # scored (action) slots per packed row, rounded up to a multiple (compiled shapes)
   c.compilation_cache_dir = "~/.cache/jaxcredit/xla"  # persistent XLA cache ("" = off); reruns skip compiles
@@ -300,6 +301,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
     "train.num_micro_batches",
     "train.ppo_epochs",
     "train.slot_bucket",
+    "train.pack_max_row_len",
     "sft.batch_size",
     "sft.checkpoint_every",
     "eval.batch_size",
@@ -385,10 +387,6 @@ def validate(c: ml_collections.ConfigDict) -> None:
     raise ValueError(
       f"config.teacher.context_wrapper must hold '{{context}}' exactly once (or be '' to insert "
       f"nothing), got {wrapper!r}"
-    )
-  if int(c.train.pack_max_row_len) < 0:
-    raise ValueError(
-      f"config.train.pack_max_row_len must be >= 0 (0: the longest rollout's row), got {c.train.pack_max_row_len}"
     )
   if int(c.train.length_bucket) < 1:
     raise ValueError(f"config.train.length_bucket must be >= 1, got {c.train.length_bucket}")

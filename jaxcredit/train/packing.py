@@ -164,6 +164,31 @@ def pack_update_batch(
   return out
 
 
+def pack_if_short(
+  batch: dict, *, length_bucket: int = 128, max_row_len: int = 512, rows_multiple: int = 1, slot_bucket: int = 64
+) -> dict:
+  """`pack_update_batch` when every rollout's row (its length rounded up to `length_bucket`) fits `max_row_len`;
+  otherwise the batch as it is, without `group_ids_B`. A packed row attends through a dense [L, L] segment mask
+  (memory O(L^2) per row, where the unpacked path's attention can be chunked), so long rollouts (BFCL's 2k-6k
+  token prompts) stay on the unpacked path.
+
+  Raises:
+    ValueError: as `pack_update_batch`, and for max_row_len < 1.
+  """
+  if max_row_len < 1:
+    raise ValueError(f"pack_if_short: max_row_len must be >= 1, got {max_row_len}")
+  lengths = np.asarray(batch["token_mask_BxL"]).astype(bool).sum(axis=1)
+  if pad_length(int(lengths.max(initial=1)), length_bucket) > max_row_len:
+    return {k: v for k, v in batch.items() if k != "group_ids_B"}
+  return pack_update_batch(
+    batch,
+    length_bucket=length_bucket,
+    max_row_len=max_row_len,
+    rows_multiple=rows_multiple,
+    slot_bucket=slot_bucket,
+  )
+
+
 def is_packed(batch: dict) -> bool:
   """Whether an update batch has the packed layout (`pack_update_batch`)."""
   return "slots_BxK" in batch

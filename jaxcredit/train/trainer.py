@@ -479,14 +479,15 @@ def ppo_updates(
 
 
 def _packer(run: Run) -> Callable[[dict], dict] | None:
-  """`packing.pack_update_batch` with the run's buckets, rows a multiple of the data-parallel size times the
-  micro-batches; None when `train.pack_rollouts` is off."""
+  """`packing.pack_if_short` with the run's buckets, rows a multiple of the data-parallel size times the
+  micro-batches (a mini-batch with a rollout longer than `train.pack_max_row_len` stays unpacked); None when
+  `train.pack_rollouts` is off."""
   c = run.config
   if not c.train.pack_rollouts:
     return None
   dp = sharding.data_parallel_size(run.mesh)
   return functools.partial(
-    packing.pack_update_batch,
+    packing.pack_if_short,
     length_bucket=c.train.length_bucket,
     max_row_len=c.train.pack_max_row_len,
     rows_multiple=dp * c.train.num_micro_batches,

@@ -166,3 +166,18 @@ def test_dr_grpo_on_a_packed_batch_needs_the_constant_max_len():
   cfg = step_lib.PolicyLossConfig(aggregation="seq-mean-token-sum-norm")
   with pytest.raises(ValueError, match="max_len"):
     _loss_and_grads(batch, cfg, 1)
+
+
+def test_a_batch_with_a_rollout_longer_than_the_row_cap_stays_unpacked():
+  """A packed row attends through a dense [L, L] mask; long rollouts (BFCL) keep the unpacked path."""
+  from jaxcredit.train.packing import pack_if_short
+
+  batch = rollout_batch()  # rollouts of up to 24 tokens
+  longest = int(batch["token_mask_BxL"].sum(1).max())
+  kept = pack_if_short(batch, length_bucket=1, max_row_len=longest - 1)
+  assert "slots_BxK" not in kept and "group_ids_B" not in kept
+  np.testing.assert_array_equal(kept["tokens_BxL"], batch["tokens_BxL"])
+  packed = pack_if_short(batch, length_bucket=1, max_row_len=longest)
+  assert "slots_BxK" in packed and packed["tokens_BxL"].shape[1] <= max(longest, 1) * 3
+  with pytest.raises(ValueError, match="max_row_len"):
+    pack_if_short(batch, max_row_len=0)
