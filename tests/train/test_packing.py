@@ -8,23 +8,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxcredit.models.config import ModelConfig
 from jaxcredit.models.decoder import Decoder
 from jaxcredit.train import loss as loss_lib
 from jaxcredit.train import step as step_lib
 from jaxcredit.train.packing import pack_update_batch
-
-CFG = ModelConfig(
-  vocab_size=64,
-  hidden_size=32,
-  intermediate_size=64,
-  num_layers=2,
-  num_heads=4,
-  num_kv_heads=2,
-  head_dim=8,
-  rope_theta=10000.0,
-  tie_word_embeddings=False,
-)
+from tests.train.test_ppo_updates import CFG  # the tiny untied decoder of the update tests
 
 
 def rollout_batch(seed=0, groups=3, group_size=3, length=24):
