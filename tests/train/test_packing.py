@@ -11,7 +11,7 @@ from flax import nnx
 from jaxcredit.models.decoder import Decoder
 from jaxcredit.train import loss as loss_lib
 from jaxcredit.train import step as step_lib
-from jaxcredit.train.packing import pack_update_batch
+from jaxcredit.train.packing import pack_if_short, pack_update_batch
 from tests.train.test_ppo_updates import CFG  # the tiny untied decoder of the update tests
 
 
@@ -158,8 +158,6 @@ def test_dr_grpo_on_a_packed_batch_needs_the_constant_max_len():
 
 def test_a_batch_with_a_rollout_longer_than_the_row_cap_stays_unpacked():
   """A packed row attends through a dense [L, L] mask; long rollouts (BFCL) keep the unpacked path."""
-  from jaxcredit.train.packing import pack_if_short
-
   batch = rollout_batch()  # rollouts of up to 24 tokens
   longest = int(batch["token_mask_BxL"].sum(1).max())
   kept = pack_if_short(batch, length_bucket=1, max_row_len=longest - 1)
