@@ -46,7 +46,7 @@ def _arithmetic(c) -> EnvSpec:
 
   if int(c.max_tool_calls) < 0:
     raise ValueError(f"config.env.arithmetic.max_tool_calls must be >= 0, got {c.max_tool_calls}")
-  return arithmetic.env_spec(max_tool_calls=int(c.max_tool_calls))
+  return arithmetic.env_spec(max_tool_calls=int(c.max_tool_calls), direct_answer_prob=float(c.direct_answer_prob))
 
 
 def _bfcl_multi_turn(c) -> EnvSpec:
@@ -91,7 +91,7 @@ def _defaults(module: str) -> dict:
 ENVS: dict[str, Env] = {
   "arithmetic": Env(
     _arithmetic,
-    {"max_tool_calls": 2},
+    {"max_tool_calls": 2, "direct_answer_prob": 0.0},
     "reasoning-gym arithmetic with a calculator tool; reward: math-verify on <answer> (quickstart)",
   ),
   "bfcl_multi_turn": Env(

@@ -389,24 +389,34 @@ class _RandomLike(Protocol):
   def random(self) -> float: ...
 
 
-def demonstration(task: ArithmeticTask, rng: _RandomLike) -> list[dict]:
+def demonstration(task: ArithmeticTask, rng: _RandomLike, direct_answer_prob: float = 0.0) -> list[dict]:
   """A full tool-use chat for the supervised warm start.
 
   system, user question, assistant calculator call on the task's expression (written verbatim or, with
   probability 1/2, without spaces), the tool message exactly as `ArithmeticEnv.step` returns it, and the
-  assistant's `<answer>{result}</answer>`.
+  assistant's `<answer>{result}</answer>`. With probability `direct_answer_prob` the chat answers at once
+  instead (system, user, assistant `<answer>{gold}</answer>`, no call): demonstrations of mixed quality, as when
+  warm-start data comes from a model that sometimes skips its tool. A policy that cannot do the arithmetic in its
+  head then fails where it copied that habit, which leaves RL a decision to learn (call the calculator); the CPU
+  testbed uses it (docs/benchmarks.md).
 
   Args:
     task: a task from `make_tasks`.
     rng: anything with `.random() -> float` in [0, 1) (`random.Random`, `numpy.random.Generator`).
+    direct_answer_prob: probability in [0, 1] of the direct-answer chat; at 0 (the default) `rng` is drawn from
+      exactly as before this option existed.
 
   Returns:
-    The messages, [system, user, assistant, tool, assistant].
+    The messages, [system, user, assistant, tool, assistant], or [system, user, assistant] when answered directly.
 
   Raises:
-    ValueError: if the calculator's result on the expression differs from the gold answer (never for
-      tasks from `make_tasks`).
+    ValueError: if `direct_answer_prob` is outside [0, 1], or the calculator's result on the expression differs
+      from the gold answer (never for tasks from `make_tasks`).
   """
+  if not 0.0 <= direct_answer_prob <= 1.0:
+    raise ValueError(f"config.env.arithmetic.direct_answer_prob must be in [0, 1], got {direct_answer_prob}")
+  if direct_answer_prob > 0 and rng.random() < direct_answer_prob:
+    return initial_messages(task) + [{"role": "assistant", "content": tool_calls.render_answer(task.answer)}]
   expr = task.expression if rng.random() < 0.5 else _normalize(task.expression)
   call = tool_calls.render_tool_call("calculator", {"expression": expr})
   env = ArithmeticEnv(task, max_tool_calls=1)
@@ -426,19 +436,22 @@ def privileged_info(task: ArithmeticTask) -> str:
   return f"{task.expression} = {task.answer}, so the final answer is {tool_calls.render_answer(task.answer)}"
 
 
-def env_spec(max_tool_calls: int = 2):
+def env_spec(max_tool_calls: int = 2, direct_answer_prob: float = 0.0):
   """The arithmetic environment as an `EnvSpec` (the `ENVS["arithmetic"]` row).
 
   Args:
     max_tool_calls: calculator calls per rollout; a rollout has at most max_tool_calls + 1 assistant turns.
+    direct_answer_prob: share of warm-start demonstrations that answer without the calculator (`demonstration`).
 
   Raises:
-    ValueError: if `max_tool_calls` < 0.
+    ValueError: if `max_tool_calls` < 0 or `direct_answer_prob` is outside [0, 1].
   """
   from jaxcredit.envs.spec import EnvSpec
 
   if max_tool_calls < 0:
     raise ValueError(f"config.env.arithmetic.max_tool_calls must be >= 0, got {max_tool_calls}")
+  if not 0.0 <= direct_answer_prob <= 1.0:
+    raise ValueError(f"config.env.arithmetic.direct_answer_prob must be in [0, 1], got {direct_answer_prob}")
   return EnvSpec(
     make_tasks=lambda split, num, seed: make_tasks(split, num, seed),
     make_env=lambda task: ArithmeticEnv(task, max_tool_calls=max_tool_calls),
@@ -446,7 +459,7 @@ def env_spec(max_tool_calls: int = 2):
     stop_strings=(tool_calls.TOOL_CALL_CLOSE, tool_calls.ANSWER_CLOSE),
     max_turns=max_tool_calls + 1,
     is_success=lambda reward: reward > 0.5,
-    demonstration=demonstration,
+    demonstration=lambda task, rng: demonstration(task, rng, direct_answer_prob),
     gold_answer_text=gold_answer_text,
     privileged_info=privileged_info,
   )

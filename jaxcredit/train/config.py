@@ -168,6 +168,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval = ml_collections.ConfigDict()
   c.eval.num_tasks = 64  # held-out tasks (fixed seed)
   c.eval.batch_size = 32
+  # Greedy decoding; False samples at sampling.temperature / top_p with fixed keys, so success estimates the policy's
+  # pass@1 as it samples (where a greedy argmax would hide a choice the policy makes half the time).
+  c.eval.greedy = True
   c.eval.before_sft = True
   c.eval.after_sft = True
   c.eval.at_end = True

@@ -282,8 +282,9 @@ def _sample(run: Run, tasks, key, *, greedy=False):
 
 
 def evaluate(run: Run, params, stage: str, step: int, *, sft_step: int | None = None) -> dict:
-  """Greedy rollouts on the held-out tasks; logs a phase="eval" row at RL step `step` (0 before RL; a warm-start
-  eval also carries `sft_step`). With several processes each evaluates its share of the tasks and the row is over all
+  """Rollouts on the held-out tasks, greedy (`config.eval.greedy`, the default) or sampled at the rollouts'
+  temperature and top-p with a fixed key per batch (the same draws for every eval of a run); logs a phase="eval" row
+  at RL step `step` (0 before RL; a warm-start eval also carries `sft_step`). With several processes each evaluates its share of the tasks and the row is over all
   of them (the environment's own metrics: the mean of the processes')."""
   t0 = time.time()
   results = []
@@ -292,7 +293,8 @@ def evaluate(run: Run, params, stage: str, step: int, *, sft_step: int | None = 
   # Collective once; the batches below are local.
   run.sampler.update_model(_sampling_model(run, params), version=run.policy_version)
   for i in _bar(run.config, iterable=range(0, len(mine), bs), desc=f"eval {stage}", leave=False):
-    results += _sample(run, mine[i : i + bs], jax.random.key(0), greedy=True)
+    key = jax.random.fold_in(jax.random.key(0), i)
+    results += _sample(run, mine[i : i + bs], key, greedy=bool(run.config.eval.greedy))
   summaries = sum(
     multihost.allgather_objects(
       [(run.env.is_success(r.reward), r.tool_calls, r.builder.num_turns, r.finish == "answer") for r in results]

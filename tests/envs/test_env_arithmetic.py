@@ -338,6 +338,38 @@ def test_demonstration_structure(eval_tasks):
   assert roles == ["system", "user", "assistant", "tool", "assistant"]
 
 
+def test_direct_answer_demonstrations_skip_the_calculator_at_their_rate(train_tasks):
+  """direct_answer_prob=0.3: about 30% of 2,000 demonstrations are [system, user, <answer>gold</answer>]; the rest
+  are the calculator chat; 0 and 1 give none and all; a rate outside [0, 1] names the config key."""
+  from jaxcredit.envs import ENVS
+  from jaxcredit.train.config import base_config
+
+  rng = random.Random(0)
+  tasks = train_tasks[:200] * 10
+  demos = [ar.demonstration(t, rng, direct_answer_prob=0.3) for t in tasks]
+  direct = [(t, d) for t, d in zip(tasks, demos) if len(d) == 3]
+  assert 0.26 < len(direct) / len(demos) < 0.34
+  for t, d in direct:
+    assert [m["role"] for m in d] == ["system", "user", "assistant"]
+    assert d[2]["content"] == f"<answer>{t.answer}</answer>"
+    env = ar.ArithmeticEnv(t)
+    env.step(d[2]["content"])
+    assert env.reward() == 1.0
+  assert all(len(d) == 5 for d in demos if len(d) != 3)
+  assert all(len(ar.demonstration(t, rng, direct_answer_prob=1.0)) == 3 for t in tasks[:20])
+  assert all(len(ar.demonstration(t, rng, direct_answer_prob=0.0)) == 5 for t in tasks[:20])
+  # Through the config row: the spec's demonstrations follow config.env.arithmetic.direct_answer_prob.
+  node = base_config().env.arithmetic
+  node.direct_answer_prob = 1.0
+  spec = ENVS["arithmetic"].make_spec(node)
+  assert len(spec.demonstration(tasks[0], rng)) == 3
+  node.direct_answer_prob = 1.5
+  with pytest.raises(ValueError, match="direct_answer_prob"):
+    ENVS["arithmetic"].make_spec(node)
+  with pytest.raises(ValueError, match="direct_answer_prob"):
+    ar.demonstration(tasks[0], rng, direct_answer_prob=-0.1)
+
+
 def test_demonstration_rejects_a_wrong_gold():
   with pytest.raises(ValueError, match="gold"):
     ar.demonstration(_task(answer="15"), random.Random(0))
