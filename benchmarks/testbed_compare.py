@@ -71,6 +71,12 @@ RUNS = {
   "toolopd": ("toolopd", {}),
 }
 
+# The arithmetic task (`--task arithmetic`): the quickstart's environment (reasoning-gym arithmetic, a calculator, at
+# most 2 calls) with warm-start demonstrations of mixed quality: `--direct-answer-prob` of them answer at once without
+# the calculator. The small policy cannot multiply two-digit numbers in its head, so where it copied that habit it
+# fails; the headroom is a decision (call the calculator) that RL can learn, where the search task's is reading skill.
+ARITHMETIC = {"max_tool_calls": 2, "direct_answer_prob": 0.5}
+
 CHAT_TEMPLATE = (
   "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + "
   "'\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
@@ -78,13 +84,13 @@ CHAT_TEMPLATE = (
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
-def env_spec():
+def env_spec(task: str = "search"):
   from jaxcredit.envs import ENVS
   from jaxcredit.train.config import base_config
 
-  node = base_config().env.search
-  node.update(ENV)
-  return ENVS["search"].make_spec(node)
+  node = base_config().env[TASKS[task]["env"]]
+  node.update(TASKS[task]["env_config"])
+  return ENVS[TASKS[task]["env"]].make_spec(node)
 
 
 def invented_words() -> frozenset[str]:
@@ -140,15 +146,61 @@ def tokenizer_texts(spec, num_tasks: int, seed: int = 0) -> list[str]:
   return [scramble(t) for t in texts]
 
 
-def build_tokenizer(texts: list[str], vocab_size: int, max_token_length: int):
+def arithmetic_tokenizer_texts(spec, num_tasks: int) -> list[str]:
+  """Chat-formatted demonstrations of train problems (with and without the calculator) and the teacher contexts the
+  passes insert, as the arithmetic task's tokenizer training text."""
+  from jaxcredit.models.tokenizer import compile_chat_template
+  from jaxcredit.train.config import DEFAULT_CONTEXT_WRAPPER
+
+  render = compile_chat_template(CHAT_TEMPLATE)
+  texts = []
+  for i, task in enumerate(spec.make_tasks("train", num_tasks, 0)):
+    texts.append(render.render(messages=spec.demonstration(task, random.Random(i)), add_generation_prompt=False))
+    context = spec.privileged_info(task) if i % 2 else spec.gold_answer_text(task)
+    texts.append(DEFAULT_CONTEXT_WRAPPER.format(context=context))
+  return texts
+
+
+# task -> what differs between the testbed's tasks: the env name, the sampling lengths, the vocabulary's defaults.
+TASKS = {
+  "search": {
+    "env": "search",
+    "env_config": ENV,
+    "tokenizer_texts": tokenizer_texts,
+    "max_new_tokens": 32,
+    "max_len": 768,
+    "vocab_size": 4096,
+    "individual_digits": False,
+    "eval_greedy": True,
+  },
+  "arithmetic": {
+    "env": "arithmetic",
+    "env_config": ARITHMETIC,
+    "tokenizer_texts": arithmetic_tokenizer_texts,
+    "max_new_tokens": 48,
+    "max_len": 256,
+    "vocab_size": 512,
+    "individual_digits": True,
+    # Sampled evals: the warm start calls the calculator on about half its samples, a choice greedy decoding would
+    # turn into all or nothing per question.
+    "eval_greedy": False,
+  },
+}
+
+
+def build_tokenizer(texts: list[str], vocab_size: int, max_token_length: int, individual_digits: bool = False):
   """A byte-level BPE trained on `texts` with no pre-tokenizer split (merges may cross spaces), the chatml template
-  and <|im_end|> as end of sequence; any text still encodes (the 256 byte symbols are in the alphabet)."""
+  and <|im_end|> as end of sequence; any text still encodes (the 256 byte symbols are in the alphabet). With
+  `individual_digits` every digit is its own token (numbers are never merged), so copying a number is copying
+  digits from an alphabet of ten."""
   from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
   from jaxcredit.models.tokenizer import ChatTokenizer
 
   tok = Tokenizer(models.BPE())
   tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+  if individual_digits:
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), tok.pre_tokenizer])
   tok.decoder = decoders.ByteLevel()
   trainer = trainers.BpeTrainer(
     vocab_size=vocab_size,
@@ -172,8 +224,9 @@ def build_policy(folder: str, args) -> str:
   if os.path.isfile(os.path.join(folder, "model_config.json")):
     return folder
   t0 = time.time()
-  spec = env_spec()
-  tok = build_tokenizer(tokenizer_texts(spec, args.tokenizer_tasks), args.vocab_size, args.max_token_length)
+  spec = env_spec(args.task)
+  texts = TASKS[args.task]["tokenizer_texts"](spec, args.tokenizer_tasks)
+  tok = build_tokenizer(texts, args.vocab_size, args.max_token_length, TASKS[args.task]["individual_digits"])
   vocab = -(-tok.vocab_size // 128) * 128  # embedding rows: a multiple of 128
   cfg = ModelConfig(
     vocab_size=vocab,
@@ -187,7 +240,7 @@ def build_policy(folder: str, args) -> str:
     rms_norm_eps=1e-5,
   )
   params = nnx.to_pure_dict(nnx.state(Decoder(cfg, rngs=nnx.Rngs(args.init_seed)), nnx.Param))
-  models.save_converted(folder, cfg, params, tok, source={"testbed": "random init", "vocab_trained_on": "search"})
+  models.save_converted(folder, cfg, params, tok, source={"testbed": "random init", "vocab_trained_on": args.task})
   n = sum(int(np.prod(np.shape(x))) for x in __import__("jax").tree.leaves(params))
   print(f"[testbed] policy: {n / 1e6:.2f}M parameters, vocabulary {tok.vocab_size} ({time.time() - t0:.0f} s)")
   return folder
@@ -250,8 +303,23 @@ COPY_SMALL_FRACTION = 0.3  # of the curriculum's steps, on the small piece set
 COPY_BATCH, COPY_LENGTH, COPY_SHORTEST, COPY_LONGEST = 16, 256, 8, 16
 
 
+def copy_piece(text: str, task: str) -> bool:
+  """Whether a vocabulary entry (its text, the byte-level space marker stripped) is a piece the copying curriculum
+  draws from: for search, ASCII letter pieces (names are spelt with them); for arithmetic, single digits and operator
+  characters (what a calculator expression is spelt with)."""
+  if task == "arithmetic":
+    return len(text) == 1 and text in "0123456789+-*/()"
+  return text.isalpha() and text.isascii()
+
+
 def copy_curriculum(
-  policy: str, folder: str, steps: int, lr: float, seed: int = 0, small_fraction: float = COPY_SMALL_FRACTION
+  policy: str,
+  folder: str,
+  steps: int,
+  lr: float,
+  seed: int = 0,
+  small_fraction: float = COPY_SMALL_FRACTION,
+  task: str = "search",
 ) -> str:
   """`steps` steps of next-token loss on repeated random strings (`copy_batch`, COPY_BATCH rows of COPY_LENGTH
   tokens, AdamW at a constant `lr` after 50 warmup steps), before any demonstration: a curriculum for the in-context
@@ -271,7 +339,7 @@ def copy_curriculum(
   model, cfg = models.load_model(policy)
   tok = models.load_tokenizer(policy)
   vocab = tok.tokenizer.get_vocab()
-  pieces = np.asarray(sorted(i for t, i in vocab.items() if t.lstrip("Ġ").isalpha() and t.lstrip("Ġ").isascii()))
+  pieces = np.asarray(sorted(i for t, i in vocab.items() if copy_piece(t.lstrip("Ġ"), task)))
   rng = np.random.default_rng(seed)
   small = rng.choice(pieces, min(COPY_SMALL_PIECES, len(pieces)), replace=False)
   grow_at = int(round(steps * small_fraction))
@@ -392,11 +460,12 @@ def base(args, workdir: str, source: str, seed: int):
   c.model.attention_impl = "full"
   c.model.cache_dir = os.path.join(args.out, "cache")
   c.compilation_cache_dir = os.path.join(args.out, "xla")
-  c.env.name = "search"
-  c.env.search.update(ENV)
-  c.env.num_train_tasks = ENV["num_generated"]
-  c.sampling.max_new_tokens = 32
-  c.sampling.max_len = 768
+  task = TASKS[args.task]
+  c.env.name = task["env"]
+  c.env[task["env"]].update(task["env_config"])
+  c.env.num_train_tasks = args.train_questions
+  c.sampling.max_new_tokens = task["max_new_tokens"]
+  c.sampling.max_len = task["max_len"]
   c.sampling.prompt_bucket = 32
   c.sampling.chunk_size = 8
   c.train.length_bucket = 128
@@ -406,6 +475,7 @@ def base(args, workdir: str, source: str, seed: int):
   c.optim.learning_rate = args.lr
   c.eval.num_tasks = args.eval_tasks
   c.eval.batch_size = args.eval_tasks
+  c.eval.greedy = task["eval_greedy"]
   c.checkpoint_every = args.eval_every
   c.progress = args.progress
   c.tensorboard = False
@@ -584,7 +654,7 @@ def summarize(args, start: float, workdirs: dict[str, list[str]], seconds: float
   result = {
     "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg_1m": os.getloadavg()[0]},
     "settings": {k: v for k, v in vars(args).items() if k not in ("out", "progress")},
-    "env": ENV,
+    "env": TASKS[args.task]["env_config"],
     "warm_start_success": start,
     "target": target,
     "total_seconds": seconds,
@@ -668,7 +738,16 @@ def main(argv=None):
   ap.add_argument("--group", type=int, default=4, help="rollouts per group")
   ap.add_argument("--lr", type=float, default=5e-5, help="RL learning rate (AdamW)")
   ap.add_argument("--target-gain", type=float, default=0.1, help="target = warm-start success + this")
-  ap.add_argument("--vocab-size", type=int, default=4096)
+  ap.add_argument(
+    "--task", choices=tuple(TASKS), default="search", help="search: fictional-facts search; arithmetic: a calculator"
+  )
+  ap.add_argument(
+    "--direct-answer-prob",
+    type=float,
+    default=ARITHMETIC["direct_answer_prob"],
+    help="arithmetic: share of warm-start demonstrations that answer without the calculator",
+  )
+  ap.add_argument("--vocab-size", type=int, default=None, help="vocabulary entries (default: the task's)")
   ap.add_argument("--max-token-length", type=int, default=24, help="longest merged token, characters")
   ap.add_argument("--tokenizer-tasks", type=int, default=1000)
   ap.add_argument("--hidden", type=int, default=256)
@@ -681,7 +760,10 @@ def main(argv=None):
   )
   ap.add_argument("--max-hops", type=int, default=ENV["max_hops"], help="longest question chain (env.search.max_hops)")
   ap.add_argument(
-    "--train-questions", type=int, default=ENV["num_generated"], help="train questions (env.search.num_generated)"
+    "--train-questions",
+    type=int,
+    default=ENV["num_generated"],
+    help="train questions (config.env.num_train_tasks; search: env.search.num_generated)",
   )
   ap.add_argument(
     "--sft-eval-every", type=int, default=0, help="held-out evals every N warm-start steps (eval.sft_every; 0: none)"
@@ -730,6 +812,9 @@ def main(argv=None):
   ENV["max_hops"] = args.max_hops
   ENV["max_tool_calls"] = 2 * args.max_hops
   ENV["num_generated"] = args.train_questions
+  ARITHMETIC["direct_answer_prob"] = args.direct_answer_prob
+  if args.vocab_size is None:
+    args.vocab_size = TASKS[args.task]["vocab_size"]
   labels = [m.strip() for m in args.methods.split(",") if m.strip()]
   unknown = [m for m in labels if m not in RUNS]
   if unknown:
@@ -744,6 +829,7 @@ def main(argv=None):
       args.copy_steps,
       args.copy_lr,
       small_fraction=args.copy_small_fraction,
+      task=args.task,
     )
   if args.read_steps:
     policy = reading_curriculum(policy, os.path.join(args.out, "policy_read"), args.read_steps, args.read_lr)

@@ -41,6 +41,51 @@ def test_task_vocabulary_round_trips_and_shortens_rollouts(testbed):
   assert len(tok.encode(system)) < len(system) / 8
 
 
+def test_arithmetic_vocabulary_spells_numbers_digit_by_digit(testbed):
+  """The arithmetic task's vocabulary never merges digits (so copying a number is copying digits), round-trips its
+  demonstrations (with and without the calculator) and compresses the fixed text around them."""
+  spec = testbed.env_spec("arithmetic")
+  texts = testbed.arithmetic_tokenizer_texts(spec, 200)
+  assert any("<tool_call>" in t for t in texts) and any("<tool_call>" not in t and "<answer>" in t for t in texts)
+  tok = testbed.build_tokenizer(texts, vocab_size=512, max_token_length=24, individual_digits=True)
+  ids = tok.encode("<answer>-3710</answer>")
+  pieces = [tok.tokenizer.decode([i]) for i in ids]
+  assert [p for p in pieces if any(ch.isdigit() for ch in p)] == ["3", "7", "1", "0"], pieces
+  task = spec.make_tasks("eval", 1, None)[0]
+  text = tok.apply_chat_template(spec.initial_messages(task), add_generation_prompt=True)
+  assert tok.tokenizer.decode(tok.encode(text), skip_special_tokens=False) == text
+  system = spec.initial_messages(task)[0]["content"]
+  assert len(tok.encode(system)) < len(system) / 6
+  # The copying curriculum draws from the characters expressions are spelt with, letters only for search.
+  assert testbed.copy_piece("7", "arithmetic") and testbed.copy_piece("*", "arithmetic")
+  assert not testbed.copy_piece("37", "arithmetic") and not testbed.copy_piece("a", "arithmetic")
+  assert testbed.copy_piece("ab", "search") and not testbed.copy_piece("7", "search")
+
+
+def test_arithmetic_runs_sample_their_evals_and_take_the_tasks_settings(testbed, tmp_path):
+  """base() for --task arithmetic: the arithmetic environment with the testbed's direct-answer share, sampled
+  evals, the task's sampling lengths; --set still overrides."""
+  args = types.SimpleNamespace(
+    out=str(tmp_path),
+    task="arithmetic",
+    train_questions=500,
+    prompts=4,
+    group=8,
+    lr=1e-4,
+    eval_tasks=64,
+    eval_every=4,
+    progress=False,
+  )
+  c = testbed.base(args, str(tmp_path / "w"), "policy", seed=1)
+  assert c.env.name == "arithmetic" and c.env.arithmetic.direct_answer_prob == testbed.ARITHMETIC["direct_answer_prob"]
+  assert c.eval.greedy is False and c.env.num_train_tasks == 500 and c.sampling.max_len == 256
+  assert testbed.base(dict_to_ns(args, task="search"), str(tmp_path / "s"), "policy", seed=1).eval.greedy is True
+
+
+def dict_to_ns(ns, **changes):
+  return types.SimpleNamespace(**{**vars(ns), **changes})
+
+
 def test_invented_names_split_alike_in_train_and_held_out_questions(testbed):
   """The vocabulary holds syllables, not train-world names: a train name is never one token, and held-out names
   (never in the tokenizer's text) take about as many tokens as train names."""
@@ -72,7 +117,7 @@ def _run(workdir, evals, train=()):
 
 def test_summary_means_spreads_and_steps_to_target(testbed, tmp_path):
   args = types.SimpleNamespace(
-    out=str(tmp_path), target_gain=0.1, seeds=[0, 1], prompts=2, group=4, steps=10, progress=False
+    out=str(tmp_path), target_gain=0.1, seeds=[0, 1], prompts=2, group=4, steps=10, progress=False, task="search"
   )
   workdirs = {
     "grpo": [_run(tmp_path / "g0", [(5, 0.30), (10, 0.35)]), _run(tmp_path / "g1", [(5, 0.25), (10, 0.29)])],
@@ -170,7 +215,7 @@ def test_copy_curriculum_writes_a_loadable_policy(testbed, tmp_path):
   from jaxcredit import models
 
   args = types.SimpleNamespace(
-    tokenizer_tasks=50, vocab_size=512, max_token_length=24, hidden=64, layers=1, init_seed=0
+    tokenizer_tasks=50, vocab_size=512, max_token_length=24, hidden=64, layers=1, init_seed=0, task="search"
   )
   policy = testbed.build_policy(str(tmp_path / "init"), args)
   out = testbed.copy_curriculum(policy, str(tmp_path / "copy"), steps=3, lr=1e-3)
@@ -215,7 +260,7 @@ def test_reading_curriculum_writes_a_loadable_policy(testbed, tmp_path, monkeypa
   monkeypatch.setattr(testbed, "READ_BATCH", 2)
   monkeypatch.setattr(testbed, "READ_WORLD_STEPS", 2)
   args = types.SimpleNamespace(
-    tokenizer_tasks=50, vocab_size=512, max_token_length=24, hidden=64, layers=1, init_seed=0
+    tokenizer_tasks=50, vocab_size=512, max_token_length=24, hidden=64, layers=1, init_seed=0, task="search"
   )
   policy = testbed.build_policy(str(tmp_path / "init"), args)
   out = testbed.reading_curriculum(policy, str(tmp_path / "read"), steps=3, lr=1e-3)
