@@ -1,6 +1,12 @@
 """The CPU testbed: every dense-credit method against GRPO on a task where the warm start leaves headroom, with seeds.
 
-The task is the generated fictional-facts search environment (`envs/search.py`: questions that need 1 to 3 look-ups
+Two tasks (`--task`, the `TASKS` table). `arithmetic`: the quickstart's calculator environment, warm-started on
+demonstrations of which half answer without the calculator (`config.env.arithmetic.direct_answer_prob`), so the
+headroom is a decision (call the tool) RL can learn; held-out evals are sampled. Learning is visible there in 20 RL
+steps (docs/benchmarks.md). `search` (the default, described next): its headroom is reading skill, which RL at this
+budget did not teach.
+
+The search task is the generated fictional-facts search environment (`envs/search.py`: questions that need 1 to 3 look-ups
 in a BM25-searched corpus of invented people, companies, towns and schools, with similar-named distractors; `search`
 alone, each result showing its document, one search per hop and a budget of two per hop, so redundant calls are
 possible). The policy is small enough for many RL steps on 2 cores: a
@@ -25,6 +31,14 @@ Every stage resumes: a finished stage is skipped, an interrupted run resumes fro
   python benchmarks/testbed_compare.py --out runs/testbed --stage warm          # vocabulary, policy and warm start
   python benchmarks/testbed_compare.py --out runs/testbed --methods grpo,trace_none --seeds 0
   python benchmarks/testbed_compare.py --out runs/more --stage warm --policy runs/testbed/warm/warm_start_model
+
+The arithmetic testbed as measured (docs/benchmarks.md): a digit-copying curriculum and a warm start, a second warm
+start from it, then the comparison.
+
+  python benchmarks/testbed_compare.py --task arithmetic --out runs/ar2 --stage warm --copy-steps 400 \
+      --copy-small-fraction 0 --sft-steps 800 --sft-lr 1e-3 --sft-eval-every 200
+  python benchmarks/testbed_compare.py --task arithmetic --out runs/ar3 --policy runs/ar2/warm/warm_start_model \
+      --sft-steps 1000 --sft-lr 1e-3 --steps 20 --eval-every 4 --prompts 4 --group 8 --lr 1e-4 --target-gain 0.3
 """
 
 from __future__ import annotations
@@ -127,8 +141,6 @@ def tokenizer_texts(spec, num_tasks: int, seed: int = 0) -> list[str]:
   import re
 
   from jaxcredit.envs import search
-  from jaxcredit.models.tokenizer import compile_chat_template
-  from jaxcredit.train.config import DEFAULT_CONTEXT_WRAPPER
 
   invented = invented_words()
   fresh = search._Names(random.Random(seed))
@@ -137,18 +149,13 @@ def tokenizer_texts(spec, num_tasks: int, seed: int = 0) -> list[str]:
   def scramble(text: str) -> str:
     return pattern.sub(lambda m: fresh.word() if m.group(0) in invented else m.group(0), text)
 
-  render = compile_chat_template(CHAT_TEMPLATE)
-  texts = []
-  for i, task in enumerate(spec.make_tasks("train", num_tasks, 0)):
-    texts.append(render.render(messages=spec.demonstration(task, random.Random(i)), add_generation_prompt=False))
-    context = spec.privileged_info(task) if i % 2 else spec.gold_answer_text(task)
-    texts.append(DEFAULT_CONTEXT_WRAPPER.format(context=context))
-  return [scramble(t) for t in texts]
+  return [scramble(t) for t in task_texts(spec, num_tasks)]
 
 
-def arithmetic_tokenizer_texts(spec, num_tasks: int) -> list[str]:
-  """Chat-formatted demonstrations of train problems (with and without the calculator) and the teacher contexts the
-  passes insert, as the arithmetic task's tokenizer training text."""
+def task_texts(spec, num_tasks: int) -> list[str]:
+  """Chat-formatted demonstrations of `num_tasks` train tasks and the teacher contexts the passes insert (privileged
+  information and gold answers inside the context wrapper, alternately): a vocabulary's training text (the arithmetic
+  task's as they are; the search task's after `tokenizer_texts` scrambles its invented words)."""
   from jaxcredit.models.tokenizer import compile_chat_template
   from jaxcredit.train.config import DEFAULT_CONTEXT_WRAPPER
 
@@ -176,7 +183,7 @@ TASKS = {
   "arithmetic": {
     "env": "arithmetic",
     "env_config": ARITHMETIC,
-    "tokenizer_texts": arithmetic_tokenizer_texts,
+    "tokenizer_texts": task_texts,
     "max_new_tokens": 48,
     "max_len": 256,
     "vocab_size": 512,

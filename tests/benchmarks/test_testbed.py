@@ -45,7 +45,7 @@ def test_arithmetic_vocabulary_spells_numbers_digit_by_digit(testbed):
   """The arithmetic task's vocabulary never merges digits (so copying a number is copying digits), round-trips its
   demonstrations (with and without the calculator) and compresses the fixed text around them."""
   spec = testbed.env_spec("arithmetic")
-  texts = testbed.arithmetic_tokenizer_texts(spec, 200)
+  texts = testbed.task_texts(spec, 200)
   assert any("<tool_call>" in t for t in texts) and any("<tool_call>" not in t and "<answer>" in t for t in texts)
   tok = testbed.build_tokenizer(texts, vocab_size=512, max_token_length=24, individual_digits=True)
   ids = tok.encode("<answer>-3710</answer>")
