@@ -18,7 +18,8 @@ still fails most questions), done once and shared: every RL run starts from `war
 `jaxcredit sft` writes) with `sft.steps=0`, so every method's frozen reference is that same policy.
 
 Then every method in `RUNS` trains `--steps` RL steps with each seed, evaluating held-out success every
-`--eval-every` steps (greedy, the same `--eval-tasks` questions for every run). Writes, under `--out`:
+`--eval-every` steps (the same `--eval-tasks` questions for every run; greedy on search, sampled with fixed keys on
+arithmetic). Writes, under `--out`:
 
   testbed.json      the settings, the warm start's success, every run's eval curve, and per method the final
                     held-out success and the steps to reach `--target` (mean and spread over seeds)
@@ -701,7 +702,8 @@ def plot(result: dict, path: str) -> None:
       ax_train.plot(train[0]["steps"][window - 1 :], smooth, color=color, label=label)
   ax.axhline(result["target"], color="gray", ls="--", lw=0.8, label=f"target {result['target']:.2f}")
   ax.set_xlabel("RL step")
-  ax.set_ylabel("held-out success (greedy)")
+  greedy = TASKS[result["settings"].get("task", "search")]["eval_greedy"]
+  ax.set_ylabel(f"held-out success ({'greedy' if greedy else 'sampled, fixed keys'})")
   s = result["settings"]
   ax.set_title(f"held-out: mean over {len(s['seeds'])} seeds, band min..max; {s['prompts']}x{s['group']} rollouts/step")
   ax.legend(fontsize=8)
