@@ -39,7 +39,8 @@ start from it, then the comparison.
   python benchmarks/testbed_compare.py --task arithmetic --out runs/ar2 --stage warm --copy-steps 400 \
       --copy-small-fraction 0 --sft-steps 800 --sft-lr 1e-3 --sft-eval-every 200
   python benchmarks/testbed_compare.py --task arithmetic --out runs/ar3 --policy runs/ar2/warm/warm_start_model \
-      --sft-steps 1000 --sft-lr 1e-3 --steps 20 --eval-every 4 --prompts 4 --group 8 --lr 1e-4 --target-gain 0.3
+      --sft-steps 1000 --sft-lr 1e-3 --sft-eval-every 250 --steps 20 --eval-every 4 --prompts 4 --group 8 \
+      --lr 1e-4 --target-gain 0.3
 """
 
 from __future__ import annotations
