@@ -284,8 +284,9 @@ def _sample(run: Run, tasks, key, *, greedy=False):
 def evaluate(run: Run, params, stage: str, step: int, *, sft_step: int | None = None) -> dict:
   """Rollouts on the held-out tasks, greedy (`config.eval.greedy`, the default) or sampled at the rollouts'
   temperature and top-p with a fixed key per batch (the same draws for every eval of a run); logs a phase="eval" row
-  at RL step `step` (0 before RL; a warm-start eval also carries `sft_step`). With several processes each evaluates its share of the tasks and the row is over all
-  of them (the environment's own metrics: the mean of the processes')."""
+  at RL step `step` (0 before RL; a warm-start eval also carries `sft_step`). With several processes each evaluates
+  its share of the tasks and the row is over all of them (the environment's own metrics: the mean of the
+  processes')."""
   t0 = time.time()
   results = []
   bs = run.config.eval.batch_size
