@@ -180,6 +180,7 @@ TASKS = {
     "max_len": 768,
     "vocab_size": 4096,
     "individual_digits": False,
+    "copy_piece": lambda text: text.isalpha() and text.isascii(),
     "eval_greedy": True,
   },
   "arithmetic": {
@@ -190,6 +191,7 @@ TASKS = {
     "max_len": 256,
     "vocab_size": 512,
     "individual_digits": True,
+    "copy_piece": lambda text: len(text) == 1 and text in "0123456789+-*/()",
     # Sampled evals: the warm start calls the calculator on about half its samples, a choice greedy decoding would
     # turn into all or nothing per question.
     "eval_greedy": False,
@@ -316,9 +318,7 @@ def copy_piece(text: str, task: str) -> bool:
   """Whether a vocabulary entry (its text, the byte-level space marker stripped) is a piece the copying curriculum
   draws from: for search, ASCII letter pieces (names are spelt with them); for arithmetic, single digits and operator
   characters (what a calculator expression is spelt with)."""
-  if task == "arithmetic":
-    return len(text) == 1 and text in "0123456789+-*/()"
-  return text.isalpha() and text.isascii()
+  return TASKS[task]["copy_piece"](text)
 
 
 def copy_curriculum(
