@@ -2,11 +2,18 @@
 
 Hypothesis profiles: `default` (about 50 examples per property, for local runs) and `ci` (300 examples, for
 .ci/run). Choose one with the environment variable HYPOTHESIS_PROFILE (default: `default`).
+
+One persistent XLA compilation cache for the whole test run (a temporary folder, removed at the end; or
+JAXCREDIT_TEST_XLA_CACHE to keep one across runs): every test module drops its compiled programs when it ends
+(`_release_compiled_programs`), and every `jaxcredit` / python child process starts with none, so the same
+program (the tiny decoder's sampler, update and passes) would otherwise be compiled again by each. The folder
+reaches child processes through JAX_COMPILATION_CACHE_DIR.
 """
 
 import os
 import pathlib
 import shutil
+import tempfile
 
 # libtpu for the deviceless TPU compiles of `jaxcredit plan` lives outside site-packages (tools/install_libtpu.py,
 # run by the README's test command), so a bare JAX process never tries a TPU; the tests point JAX at it.
@@ -18,12 +25,35 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
+_OWN_XLA_CACHE = not os.environ.get("JAXCREDIT_TEST_XLA_CACHE")
+XLA_CACHE_DIR = os.environ.get("JAXCREDIT_TEST_XLA_CACHE") or tempfile.mkdtemp(prefix="jaxcredit-test-xla-")
+os.environ["JAX_COMPILATION_CACHE_DIR"] = XLA_CACHE_DIR  # read by jax in this process and in child processes
+# Programs that compile in 0.2 s or more are kept (jax's default keeps only those over 1 s; most of the tiny
+# decoder's programs compile in 0.2-1 s and are compiled again in many modules).
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+
 import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile("default", max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("ci", max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+def pytest_configure(config):
+  """Opens this process's compilation cache in XLA_CACHE_DIR before any test runs. jax opens its cache once, at
+  the first compile, in whatever `jax_compilation_cache_dir` says then; a trainer test sets that to its config's
+  `compilation_cache_dir`, so without this the first such test would choose the folder for the rest of the run."""
+  import jax
+  from jax._src import compilation_cache
+
+  jax.config.update("jax_compilation_cache_dir", XLA_CACHE_DIR)
+  compilation_cache._initialize_cache()  # private, but the only way to open it before the first compile
+
+
+def pytest_unconfigure(config):
+  if _OWN_XLA_CACHE:
+    shutil.rmtree(XLA_CACHE_DIR, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):
