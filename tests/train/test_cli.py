@@ -1,27 +1,18 @@
-"""The command line rejects what a user can get wrong, naming it, before any work starts."""
+"""The command line rejects what a user can get wrong, naming it, before any work starts.
+
+Most checks call `jaxcredit.cli.main` in this process (`run_cli`): what is tested is the message and the exit code,
+not the process. The tests of exit codes and one-line messages as a shell sees them run the real command as a child
+process (`run_cli_process`)."""
 
 import os
-import subprocess
-import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _cli(*args, cwd=ROOT):
-  return subprocess.run(
-    [sys.executable, "-m", "jaxcredit.cli", *args],
-    cwd=cwd,
-    capture_output=True,
-    text=True,
-    timeout=120,
-    env=dict(os.environ, JAX_PLATFORMS="cpu"),
-  )
+from tests.fixtures.cli import ROOT, run_cli, run_cli_process
 
 
 def test_unknown_config_key_is_rejected_by_name(tmp_path):
-  p = _cli("train", "--config", "configs/quickstart.py", "--config.nope_key=1", f"--config.workdir={tmp_path}/w")
+  p = run_cli("train", "--config", "configs/quickstart.py", "--config.nope_key=1", f"--config.workdir={tmp_path}/w")
   assert p.returncode != 0
   assert "nope_key" in p.stderr
   assert not os.path.exists(tmp_path / "w")
@@ -73,21 +64,21 @@ def test_unknown_config_key_is_rejected_by_name(tmp_path):
   ],
 )
 def test_bad_method_teacher_and_env_settings_are_refused_by_name(tmp_path, overrides, words):
-  p = _cli("train", "--config", "configs/quickstart.py", *overrides, f"--config.workdir={tmp_path}/w")
+  p = run_cli("train", "--config", "configs/quickstart.py", *overrides, f"--config.workdir={tmp_path}/w")
   assert p.returncode == 1, p.stderr[-2000:]
   assert all(w in p.stderr for w in words), p.stderr[-2000:]
   assert not os.path.exists(tmp_path / "w")
 
 
 def test_unknown_command_and_help():
-  p = _cli("fly")
+  p = run_cli_process("fly")
   assert p.returncode == 2 and "unknown command 'fly'" in p.stderr
-  p = _cli("--help")
+  p = run_cli("--help")
   assert p.returncode == 0 and "train" in p.stdout and "sft" in p.stdout
 
 
 def test_config_that_fails_to_build_leaves_nothing_behind(tmp_path):
-  p = _cli("train", "--config", "configs/quickstart.py", "--config.mesh.data=3", f"--config.workdir={tmp_path}/w")
+  p = run_cli("train", "--config", "configs/quickstart.py", "--config.mesh.data=3", f"--config.workdir={tmp_path}/w")
   assert p.returncode == 1
   assert "config.mesh" in p.stderr and "needs 3 devices" in p.stderr
   assert not os.path.exists(tmp_path / "w" / "config.json")
@@ -103,15 +94,15 @@ def test_config_that_fails_to_build_leaves_nothing_behind(tmp_path):
   ],
 )
 def test_bad_values_are_refused_before_anything_is_written(tmp_path, override, key):
-  p = _cli("train", "--config", "configs/quickstart.py", override, f"--config.workdir={tmp_path}/w")
+  p = run_cli("train", "--config", "configs/quickstart.py", override, f"--config.workdir={tmp_path}/w")
   assert p.returncode == 1 and key in p.stderr, p.stderr[-2000:]
   assert not os.path.exists(tmp_path / "w")
 
 
 def test_missing_config_file_and_missing_flag(tmp_path):
-  p = _cli("train", "--config", "configs/nope.py")
+  p = run_cli_process("train", "--config", "configs/nope.py")
   assert p.returncode == 2 and "config file not found: configs/nope.py" in p.stderr and "Traceback" not in p.stderr
-  p = _cli("train", f"--config.workdir={tmp_path}/w")
+  p = run_cli("train", f"--config.workdir={tmp_path}/w")
   assert p.returncode == 2 and "--config is required" in p.stderr
 
 
@@ -131,17 +122,17 @@ def test_a_misspelt_key_is_named_with_the_closest_existing_key(tmp_path):
     ("rollut.group_size", "rollout.group_size"),
     ("credit.trace.betta", "credit.trace.beta"),
   ):
-    p = _cli("train", "--config", "configs/quickstart.py", f"--config.{typo}=1", f"--config.workdir={tmp_path}/w")
+    p = run_cli("train", "--config", "configs/quickstart.py", f"--config.{typo}=1", f"--config.workdir={tmp_path}/w")
     assert p.returncode == 2, p.stderr[-2000:]
     lines = p.stderr.strip().splitlines()
     assert lines[-1] == f"jaxcredit train: unknown config key '{typo}'; the closest key is '{closest}'", lines
     assert "Traceback" not in p.stderr
-  p = _cli("train", "--config", "configs/quickstart.py", "--config.rollout.group_size=abc")
+  p = run_cli_process("train", "--config", "configs/quickstart.py", "--config.rollout.group_size=abc")
   assert p.returncode == 2 and "--config.rollout.group_size=abc" in p.stderr and "\n" not in p.stderr.strip()
 
 
 def test_help_lists_every_config_key_with_its_value_and_description():
-  p = _cli("train", "--config", "configs/quickstart.py", "--config.rollout.group_size=8", "--help")
+  p = run_cli("train", "--config", "configs/quickstart.py", "--config.rollout.group_size=8", "--help")
   assert p.returncode == 0, p.stderr[-2000:]
   lines = p.stdout.splitlines()
   # The override is applied, and the comment that sets the key in the base config is its description.
@@ -155,12 +146,12 @@ def test_help_lists_every_config_key_with_its_value_and_description():
   listed = {l.split(" = ", 1)[0] for l in lines if " = " in l}
   assert set(every) <= listed, sorted(set(every) - listed)[:5]
 
-  p = _cli("train", "--help")
+  p = run_cli("train", "--help")
   assert p.returncode == 0 and "usage: jaxcredit train --config" in p.stdout and "configs/quickstart.py" in p.stdout
-  p = _cli("plan", "--help")
+  p = run_cli("plan", "--help")
   assert p.returncode == 0 and "--topology" in p.stdout and "required" not in p.stderr
   for command in ("sft", "credit", "plan"):
-    p = _cli(command, "--config", "configs/quickstart.py", "--help")
+    p = run_cli(command, "--config", "configs/quickstart.py", "--help")
     assert p.returncode == 0 and "\nrollout.group_size = 4 " in p.stdout, (command, p.stderr[-2000:])
 
 
