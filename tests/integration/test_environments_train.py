@@ -15,7 +15,7 @@ from jaxcredit.envs import ENVS
 from jaxcredit.rollout import jsonl
 from jaxcredit.train import trainer
 
-from tests.integration.test_every_method_trains import ROOT, _config, _rl_rows, tiny  # noqa: F401 - fixture
+from tests.fixtures.tiny_run import ROOT, metrics_rows, tiny_run_config
 
 
 def _readme_block(title: str) -> str:
@@ -28,12 +28,12 @@ def _readme_block(title: str) -> str:
 def test_the_readme_environment_is_one_file_and_trains(tiny, tmp_path):
   (tmp_path / "reverse_word.py").write_text(_readme_block("**Your own environment**"))
   try:
-    c = _config("reverse_word", tmp_path / "run", tiny, config_dir=str(tmp_path))
+    c = tiny_run_config("reverse_word", tmp_path / "run", tiny, config_dir=str(tmp_path))
     assert c.env.name == "reverse_word" and c.env.reverse_word.max_turns == 3
     c.total_steps = 1
     c.env.num_train_tasks = 4
     trainer.train(c)
-    rows = _rl_rows(c.workdir)
+    rows = metrics_rows(c.workdir, "rl")
     assert len(rows) == 1 and rows[0]["action_tokens"] > 0 and np.isfinite(rows[0]["loss"])
   finally:
     ENVS.pop("reverse_word", None)
@@ -58,7 +58,7 @@ def alternating_rewards(monkeypatch):
 
 @pytest.mark.parametrize("method", ["trace", "gigpo"])
 def test_credit_on_shuffled_exported_rollouts_matches_the_trainer(method, tiny, tmp_path, alternating_rewards):
-  c = _config(method, tmp_path / "run", tiny)
+  c = tiny_run_config(method, tmp_path / "run", tiny)
   c.total_steps = 1
   c.rollout.prompts_per_step = 2
   c.rollout.group_size = 3
@@ -101,7 +101,7 @@ def test_credit_on_shuffled_exported_rollouts_matches_the_trainer(method, tiny, 
 
 
 def test_credit_refuses_small_groups_and_unknown_tasks(tiny, tmp_path):
-  c = _config("trace", tmp_path / "run", tiny)
+  c = tiny_run_config("trace", tmp_path / "run", tiny)
   c.total_steps = 1
   c.rollout.export_jsonl = True
   trainer.train(c)

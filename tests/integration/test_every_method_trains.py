@@ -1,9 +1,7 @@
 """`jaxcredit train --config configs/X.py` for every method: 2 RL steps on the quickstart task with a tiny random
-model (a GGUF written here), through the same configs users run; then a toy method added as one function, one
+model (the session's tiny GGUF, tests/conftest.py), through the same configs users run; then a toy method added as one function, one
 METHODS row and one config trains a step without touching any other module."""
 
-import importlib.util
-import json
 import os
 
 import numpy as np
@@ -13,50 +11,20 @@ from jaxcredit.rollout import jsonl as jsonl_lib
 from jaxcredit.train import trainer
 from jaxcredit.train.methods import METHODS, Method, MethodOutput
 
-from tests.models.test_gguf import CFG, random_params, write_gguf
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-  d = tmp_path_factory.mktemp("tiny")
-  return write_gguf(d / "tiny.gguf", "llama", CFG, random_params(CFG)), d / "converted", d / "xla"
+from tests.fixtures.tiny_model import CFG, random_params, write_gguf
+from tests.fixtures.tiny_run import CONFIGS, metrics_rows, tiny_run_config
 
 
-def _config(name, workdir, tiny, config_dir=os.path.join(ROOT, "configs")):
-  gguf_path, cache, xla_cache = tiny
-  spec = importlib.util.spec_from_file_location(f"cfg_{name}", os.path.join(config_dir, f"{name}.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  c = mod.get_config()
-  c.workdir = str(workdir)
-  c.model.source = str(gguf_path)
-  c.model.cache_dir = str(cache)
-  if c.teacher.source not in ("", "policy", "reference"):
-    c.teacher.source = str(gguf_path)  # OPD: a teacher checkpoint with the policy's tokenizer
-  c.compilation_cache_dir = str(xla_cache)  # the methods share the sampler's and most steps' executables
-  c.progress = False
-  c.tensorboard = False
-  c.total_steps = 2
-  c.env.num_train_tasks = 8
-  c.sampling.max_new_tokens = 6
-  c.sampling.max_len = 1024  # the tiny byte-level vocabulary makes prompts long
-  c.sampling.chunk_size = 3
-  c.rollout.prompts_per_step = 2
-  c.rollout.group_size = 2
-  c.sft.steps = 0
-  c.train.length_bucket = 256
-  c.teacher.max_len = 2048
-  c.eval.before_sft = c.eval.after_sft = c.eval.at_end = False
+def _config(name, workdir, tiny, config_dir=CONFIGS):
+  """The tiny run of configs/`name`.py (the methods share the sampler's and most steps' executables)."""
+  c = tiny_run_config(name, workdir, tiny, config_dir=config_dir, teacher__max_len=2048)
   if c.credit.method == "toolopd":
     c.credit.toolopd.skill_max_tokens = 4
   return c
 
 
 def _rl_rows(workdir):
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    return [r for r in map(json.loads, f) if r["phase"] == "rl"]
+  return metrics_rows(workdir, "rl")
 
 
 @pytest.mark.parametrize("name", sorted(METHODS))
@@ -138,7 +106,7 @@ def test_toolopd_with_a_teacher_checkpoint_and_a_refused_vocabulary(tiny, tmp_pa
   vocabulary differs from the policy's is refused naming both sizes, before anything is written."""
   import dataclasses
 
-  gguf_path = tiny[0]
+  gguf_path = tiny.gguf_path
   c = _config("toolopd", tmp_path / "run", tiny)
   c.teacher.source = str(gguf_path)
   c.total_steps = 1

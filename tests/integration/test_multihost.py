@@ -15,7 +15,8 @@ import time
 import numpy as np
 import pytest
 
-from tests.models.test_gguf import CFG, random_params, write_gguf
+from tests.fixtures.tiny_model import CFG, random_params, write_gguf
+from tests.fixtures.tiny_run import tiny_run_overrides
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -27,36 +28,28 @@ def _free_port() -> int:
 
 
 def _overrides(tmp_path, policy, teacher, *, method="opd", prompts=4):
-  return [
-    f"--config.model.source={policy}",
-    f"--config.model.cache_dir={tmp_path}/converted",
-    "--config.compilation_cache_dir=",
-    "--config.progress=False",
-    "--config.total_steps=3",
-    "--config.checkpoint_every=1",
-    "--config.max_checkpoints_to_keep=10",
-    "--config.env.num_train_tasks=40",
-    "--config.sampling.max_new_tokens=6",
-    "--config.sampling.max_len=1024",
-    "--config.sampling.chunk_size=3",
-    f"--config.rollout.prompts_per_step={prompts}",
-    "--config.rollout.group_size=2",
-    "--config.rollout.export_jsonl=True",
-    "--config.sft.steps=1",
-    "--config.sft.batch_size=8",
-    "--config.train.length_bucket=256",
-    "--config.eval.before_sft=False",
-    "--config.eval.after_sft=False",
-    "--config.eval.at_end=True",
-    "--config.eval.num_tasks=3",  # uneven over 2 processes: 2 + 1
-    "--config.eval.batch_size=2",
-    "--config.mesh.fsdp=8",
-    f"--config.credit.method={method}",
-    f"--config.teacher.source={teacher}",
-    "--config.optim.name=sgd",
-    "--config.optim.learning_rate=1.0",
-    "--config.optim.max_grad_norm=0",
-  ]
+  return tiny_run_overrides(
+    policy,
+    f"{tmp_path}/run",
+    f"{tmp_path}/converted",
+    total_steps=3,
+    checkpoint_every=1,
+    max_checkpoints_to_keep=10,
+    env__num_train_tasks=40,
+    rollout__prompts_per_step=prompts,
+    rollout__export_jsonl=True,
+    sft__steps=1,
+    sft__batch_size=8,
+    eval__at_end=True,
+    eval__num_tasks=3,  # uneven over 2 processes: 2 + 1
+    eval__batch_size=2,
+    mesh__fsdp=8,
+    credit__method=method,
+    teacher__source=teacher,
+    optim__name="sgd",
+    optim__learning_rate=1.0,
+    optim__max_grad_norm=0,
+  )
 
 
 def _start(overrides, workdir, num_processes=2, devices=4):

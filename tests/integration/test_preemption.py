@@ -2,7 +2,6 @@
 checkpointed, the command exits with one line (0 for SIGTERM, 130 for Ctrl-C), and the same command resumes after
 that step; the resumed run's later metrics equal those of a run that was never stopped."""
 
-import json
 import os
 import signal
 import subprocess
@@ -11,47 +10,25 @@ import time
 
 import pytest
 
-from tests.models.test_gguf import CFG, random_params, write_gguf
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.fixtures.tiny_run import ROOT, metrics_rows, tiny_run_overrides
 
 
-def _command(tmp_path, gguf_path, total_steps, *, workdir="run", command="train", sft_steps=0):
-  return [
-    sys.executable,
-    "-m",
-    "jaxcredit.cli",
-    command,
-    "--config",
-    "configs/quickstart.py",
-    f"--config.workdir={tmp_path}/{workdir}",
-    f"--config.model.source={gguf_path}",
-    f"--config.model.cache_dir={tmp_path}/converted",
-    "--config.compilation_cache_dir=",
-    "--config.progress=False",
-    f"--config.total_steps={total_steps}",
-    "--config.checkpoint_every=1000",
-    "--config.env.num_train_tasks=40",
-    "--config.sampling.max_new_tokens=6",
-    "--config.sampling.max_len=1024",
-    "--config.sampling.chunk_size=3",
-    "--config.rollout.prompts_per_step=2",
-    "--config.rollout.group_size=2",
-    f"--config.sft.steps={sft_steps}",
-    "--config.sft.batch_size=2",
-    "--config.sft.checkpoint_every=1000",
-    "--config.train.length_bucket=256",
-    "--config.eval.before_sft=False",
-    "--config.eval.after_sft=False",
-    "--config.eval.at_end=False",
-  ]
+def _command(tmp_path, tiny, total_steps, *, workdir="run", command="train", sft_steps=0):
+  overrides = tiny_run_overrides(
+    tiny.gguf_path,
+    f"{tmp_path}/{workdir}",
+    tiny.cache_dir,
+    total_steps=total_steps,
+    checkpoint_every=1000,
+    sft__steps=sft_steps,
+    sft__batch_size=2,
+    sft__checkpoint_every=1000,
+  )
+  return [sys.executable, "-m", "jaxcredit.cli", command, "--config", "configs/quickstart.py", *overrides]
 
 
 def _rows(tmp_path, phase, workdir="run"):
-  path = tmp_path / workdir / "metrics.jsonl"
-  if not path.is_file():
-    return []
-  return [r for r in map(json.loads, path.read_text().splitlines()) if r["phase"] == phase]
+  return metrics_rows(tmp_path / workdir, phase)
 
 
 def _rl_steps(tmp_path):
@@ -74,11 +51,10 @@ def _same(a, b, keys):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("signum,code", [(signal.SIGTERM, 0), (signal.SIGINT, 130)])
-def test_a_signal_during_rl_checkpoints_the_step_and_the_run_resumes(tmp_path, signum, code):
-  gguf_path = write_gguf(tmp_path / "tiny.gguf", "llama", CFG, random_params(CFG))
+def test_a_signal_during_rl_checkpoints_the_step_and_the_run_resumes(tmp_path, tiny, signum, code):
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   proc = subprocess.Popen(
-    _command(tmp_path, gguf_path, 1000), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    _command(tmp_path, tiny, 1000), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
   )
   err = _stop_when(proc, lambda: _rl_steps(tmp_path), signum)
   assert proc.returncode == code, err[-3000:]
@@ -90,14 +66,14 @@ def test_a_signal_during_rl_checkpoints_the_step_and_the_run_resumes(tmp_path, s
   assert str(steps[-1]) in os.listdir(tmp_path / "run" / "checkpoints")
 
   p = subprocess.run(
-    _command(tmp_path, gguf_path, steps[-1] + 1), cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    _command(tmp_path, tiny, steps[-1] + 1), cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
   )
   assert p.returncode == 0, p.stderr[-3000:]
   assert f"resuming at RL step {steps[-1]}" in p.stdout
   assert _rl_steps(tmp_path) == steps + [steps[-1] + 1]
   if signum == signal.SIGTERM:  # the resumed step equals the same step of a run never stopped
     p = subprocess.run(
-      _command(tmp_path, gguf_path, steps[-1] + 1, workdir="uninterrupted"),
+      _command(tmp_path, tiny, steps[-1] + 1, workdir="uninterrupted"),
       cwd=ROOT,
       env=env,
       capture_output=True,
@@ -111,12 +87,11 @@ def test_a_signal_during_rl_checkpoints_the_step_and_the_run_resumes(tmp_path, s
 
 
 @pytest.mark.slow
-def test_sigterm_during_the_warm_start_resumes_it_mid_way(tmp_path):
-  gguf_path = write_gguf(tmp_path / "tiny.gguf", "llama", CFG, random_params(CFG))
+def test_sigterm_during_the_warm_start_resumes_it_mid_way(tmp_path, tiny):
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   sft = dict(command="sft", sft_steps=8)
   proc = subprocess.Popen(
-    _command(tmp_path, gguf_path, 1, **sft),
+    _command(tmp_path, tiny, 1, **sft),
     cwd=ROOT,
     env=env,
     stdout=subprocess.PIPE,
@@ -133,7 +108,7 @@ def test_sigterm_during_the_warm_start_resumes_it_mid_way(tmp_path):
   assert os.listdir(tmp_path / "run" / "warm_start") == [str(stopped)]
   assert not (tmp_path / "run" / "checkpoints").is_dir() or not os.listdir(tmp_path / "run" / "checkpoints")
 
-  p = subprocess.run(_command(tmp_path, gguf_path, 1, **sft), cwd=ROOT, env=env, capture_output=True, text=True)
+  p = subprocess.run(_command(tmp_path, tiny, 1, **sft), cwd=ROOT, env=env, capture_output=True, text=True)
   assert p.returncode == 0, p.stderr[-3000:]
   assert f"resuming the warm start at step {stopped}" in p.stdout
   rows = _rows(tmp_path, "sft")
@@ -141,7 +116,7 @@ def test_sigterm_during_the_warm_start_resumes_it_mid_way(tmp_path):
   assert os.listdir(tmp_path / "run" / "checkpoints") == ["0"] and not (tmp_path / "run" / "warm_start").exists()
 
   p = subprocess.run(
-    _command(tmp_path, gguf_path, 1, workdir="uninterrupted", **sft), cwd=ROOT, env=env, capture_output=True, text=True
+    _command(tmp_path, tiny, 1, workdir="uninterrupted", **sft), cwd=ROOT, env=env, capture_output=True, text=True
   )
   assert p.returncode == 0, p.stderr[-3000:]
   straight = _rows(tmp_path, "sft", "uninterrupted")

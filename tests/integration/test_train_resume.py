@@ -1,5 +1,6 @@
-"""The whole job end to end on a tiny model (a GGUF written here): warm start, RL, eval, checkpoints, curves;
-then a resume that runs exactly one more RL step and no warm-start step; then a refused config change."""
+"""The whole job end to end on the tiny model (the session's GGUF, tests/conftest.py): warm start, RL, eval,
+checkpoints, curves; then a resume that runs exactly one more RL step and no warm-start step; then a refused config
+change."""
 
 import json
 import os
@@ -11,14 +12,12 @@ import pytest
 from jaxcredit.train import trainer
 from jaxcredit.train.config import base_config
 
-from tests.models.test_gguf import CFG, random_params, write_gguf
 
-
-def _config(tmp_path, gguf_path):
+def _config(tmp_path, tiny, source=None):
   c = base_config()
   c.workdir = str(tmp_path / "run")
-  c.model.source = str(gguf_path)
-  c.model.cache_dir = str(tmp_path / "converted")
+  c.model.source = str(source or tiny.gguf_path)
+  c.model.cache_dir = tiny.cache_dir
   c.compilation_cache_dir = ""
   c.progress = False
   c.total_steps = 2
@@ -42,9 +41,8 @@ def _rows(workdir):
     return [json.loads(line) for line in f]
 
 
-def test_train_resume_and_refusal(tmp_path):
-  gguf_path = write_gguf(tmp_path / "tiny.gguf", "llama", CFG, random_params(CFG))
-  c = _config(tmp_path, gguf_path)
+def test_train_resume_and_refusal(tmp_path, tiny):
+  c = _config(tmp_path, tiny)
   trainer.train(c)
   rows = _rows(c.workdir)
   assert [r["step"] for r in rows if r["phase"] == "sft"] == [1, 2]
@@ -70,13 +68,12 @@ def test_train_resume_and_refusal(tmp_path):
   assert "3" in os.listdir(os.path.join(c.workdir, "checkpoints"))
 
 
-def test_a_crash_between_reference_and_step0_checkpoint_still_resumes(tmp_path, monkeypatch):
+def test_a_crash_between_reference_and_step0_checkpoint_still_resumes(tmp_path, tiny, monkeypatch):
   """The reference is written right before the step-0 checkpoint; a run that died between the two leaves a
   `reference/` but no checkpoint, and the rerun starts over instead of failing on orbax's refusal to overwrite."""
   from jaxcredit.train import checkpoint as ckpt_lib
 
-  gguf_path = write_gguf(tmp_path / "tiny.gguf", "llama", CFG, random_params(CFG))
-  c = _config(tmp_path, gguf_path)
+  c = _config(tmp_path, tiny)
   c.sft.steps = 0
   c.total_steps = 1
   c.eval.before_sft = c.eval.after_sft = c.eval.at_end = False
@@ -96,9 +93,8 @@ def test_a_crash_between_reference_and_step0_checkpoint_still_resumes(tmp_path, 
   assert sorted(os.listdir(os.path.join(c.workdir, "checkpoints"))) == ["0", "1"]
 
 
-def test_ppo_epochs_and_mini_batches_run_several_updates_per_step(tmp_path):
-  gguf_path = write_gguf(tmp_path / "tiny.gguf", "llama", CFG, random_params(CFG))
-  c = _config(tmp_path, gguf_path)
+def test_ppo_epochs_and_mini_batches_run_several_updates_per_step(tmp_path, tiny):
+  c = _config(tmp_path, tiny)
   c.sft.steps = 0
   c.total_steps = 1
   c.eval.before_sft = c.eval.after_sft = c.eval.at_end = False
@@ -113,7 +109,7 @@ def test_ppo_epochs_and_mini_batches_run_several_updates_per_step(tmp_path):
   assert 0 <= row["clip_frac_last"] <= 1 and row["ratio_dev_last"] >= 0
 
 
-def test_one_warm_start_as_a_model_folder_then_rl_with_periodic_evals(tmp_path):
+def test_one_warm_start_as_a_model_folder_then_rl_with_periodic_evals(tmp_path, tiny):
   """`jaxcredit sft` writes the warm-started policy as a model folder; a run from it (sft.steps=0) evaluates every
   `eval.every` steps, and a resume neither repeats an eval nor loses one cut off by a stop after its checkpoint."""
   from flax import nnx
@@ -121,8 +117,7 @@ def test_one_warm_start_as_a_model_folder_then_rl_with_periodic_evals(tmp_path):
   from jaxcredit import models
   from jaxcredit.train import checkpoint as ckpt_lib
 
-  gguf_path = write_gguf(tmp_path / "tiny.gguf", "llama", CFG, random_params(CFG))
-  c = _config(tmp_path, gguf_path)
+  c = _config(tmp_path, tiny)
   c.eval.before_sft = False
   c.sft.learning_rate = 1e-2  # two steps that visibly move the weights
   c.sft.loss_tokens = "all"
@@ -135,20 +130,20 @@ def test_one_warm_start_as_a_model_folder_then_rl_with_periodic_evals(tmp_path):
   ]
   folder = os.path.join(c.workdir, "warm_start_model")
   source = json.load(open(os.path.join(folder, "source.json")))
-  assert source["sft_steps"] == 2 and source["warm_start_of"] == str(gguf_path)
+  assert source["sft_steps"] == 2 and source["warm_start_of"] == tiny.gguf_path
   model, _ = models.load_model(folder)
   params = nnx.state(model, nnx.Param)
   saved = ckpt_lib.Checkpointer(c.workdir).restore_params(0, params)
   for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(saved)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-  init, _ = models.load_model(gguf_path, cache_dir=c.model.cache_dir)
+  init, _ = models.load_model(tiny.gguf_path, cache_dir=c.model.cache_dir)
   moved = [
     float(np.abs(np.asarray(a) - np.asarray(b)).max())
     for a, b in zip(jax.tree.leaves(nnx.state(init, nnx.Param)), jax.tree.leaves(params))
   ]
   assert max(moved) > 1e-4, "the folder holds the initial weights, not the warm-started ones"
 
-  rl = _config(tmp_path, folder)
+  rl = _config(tmp_path, tiny, folder)
   rl.workdir = str(tmp_path / "rl")
   rl.sft.steps = 0
   rl.total_steps = 3

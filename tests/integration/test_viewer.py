@@ -8,12 +8,12 @@ from jaxcredit import cli
 from jaxcredit.rollout import jsonl as jsonl_lib
 from jaxcredit.train import trainer
 
-from tests.integration.test_every_method_trains import _config, tiny  # noqa: F401 - the fixture
+from tests.fixtures.tiny_run import tiny_run_config
 from tests.viz.browser import check_viewer_page
 
 
-def test_trained_samples_open_in_the_viewer_with_six_methods(tiny, tmp_path, browser, capsys):  # noqa: F811
-  c = _config("trace", tmp_path / "run", tiny)
+def test_trained_samples_open_in_the_viewer_with_six_methods(tiny, tmp_path, browser, capsys):
+  c = tiny_run_config("trace", tmp_path / "run", tiny)
   c.log_rollouts_every, c.log_rollouts_count = 1, 1
   trainer.train(c)
   w = c.workdir

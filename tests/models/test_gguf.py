@@ -4,7 +4,6 @@ import dataclasses
 import json
 
 import gguf
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -26,117 +25,7 @@ from jaxcredit.models import (
 from jaxcredit.models.decoder import apply_rope, rope_cos_sin
 from jaxcredit.models.gguf_loader import permute_rope_rows, unpermute_rope_rows
 
-CFG = ModelConfig(
-  vocab_size=300,
-  hidden_size=32,
-  intermediate_size=64,
-  num_layers=2,
-  num_heads=4,
-  num_kv_heads=2,
-  head_dim=8,
-  rope_theta=10000.0,
-  rms_norm_eps=float(np.float32(1e-5)),
-)  # as GGUF stores it
-# Byte-level alphabet (GPT-2 bytes_to_unicode) plus merges and control tokens, enough for a real BPE.
-_BYTES = (
-  [chr(c) for c in range(ord("!"), ord("~") + 1)]
-  + [chr(c) for c in range(ord("¡"), ord("¬") + 1)]
-  + [chr(c) for c in range(ord("®"), ord("ÿ") + 1)]
-)
-_BYTES += [chr(256 + i) for i in range(256 - len(_BYTES))]
-_MERGES = ["h e", "l l", "he ll", "hell o", "Ġ w", "1 2"]
-_CONTROL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-_TOKENS = _CONTROL + _BYTES + ["he", "ll", "hell", "hello", "Ġw", "12"]
-_TEMPLATE = (
-  "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
-  "'<|im_end|>' + '\n'}}{% endfor %}"
-  "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
-
-
-def hf_layout(params):
-  """Our parameter tree -> per-layer Hugging Face nn.Linear weights [out, in], as GGUF stores them (unpermuted)."""
-  cfg = CFG
-  d, h, k, dh = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-  lay = params["layers"]
-  out = []
-  for i in range(cfg.num_layers):
-    out.append(
-      {
-        "attn_q": lay["wq"][i].reshape(d, h * dh).T,
-        "attn_k": lay["wk"][i].reshape(d, k * dh).T,
-        "attn_v": lay["wv"][i].reshape(d, k * dh).T,
-        "attn_output": lay["wo"][i].reshape(h * dh, d).T,
-        "attn_norm": lay["attn_norm"][i],
-        "ffn_norm": lay["mlp_norm"][i],
-        "ffn_gate": lay["w_gate"][i].T,
-        "ffn_up": lay["w_up"][i].T,
-        "ffn_down": lay["w_down"][i].T,
-        **({"attn_q_norm": lay["q_norm"][i], "attn_k_norm": lay["k_norm"][i]} if "q_norm" in lay else {}),
-      }
-    )
-  return out
-
-
-def random_params(cfg, seed=0):
-  params = nnx.to_pure_dict(nnx.state(Decoder(cfg, rngs=nnx.Rngs(seed)), nnx.Param))
-  rng = np.random.default_rng(seed)
-  params = jax.tree.map(lambda x: np.asarray(x) + 0.1 * rng.standard_normal(x.shape).astype(np.float32), params)
-  return params
-
-
-def write_gguf(path, arch, cfg, params, *, q8_gate=False, drop=None, reshape=None, tokenizer=True, extra=None):
-  """Writes `params` as llama.cpp would: NumPy [out, in] weights, q/k rows permuted for llama.
-
-  extra: a function given the `gguf.GGUFWriter`, to add more metadata."""
-  w = gguf.GGUFWriter(str(path), arch)
-  if extra is not None:
-    extra(w)
-  w.add_uint32(f"{arch}.block_count", cfg.num_layers)
-  w.add_uint32(f"{arch}.embedding_length", cfg.hidden_size)
-  w.add_uint32(f"{arch}.feed_forward_length", cfg.intermediate_size)
-  w.add_uint32(f"{arch}.attention.head_count", cfg.num_heads)
-  w.add_uint32(f"{arch}.attention.head_count_kv", cfg.num_kv_heads)
-  w.add_float32(f"{arch}.rope.freq_base", cfg.rope_theta)
-  w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", cfg.rms_norm_eps)
-  if arch == "qwen3":
-    w.add_uint32(f"{arch}.attention.key_length", cfg.head_dim)
-  else:
-    w.add_uint32(f"{arch}.rope.dimension_count", cfg.head_dim)
-  if tokenizer:
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("smollm")
-    w.add_token_list(_TOKENS + [f"<unused{i}>" for i in range(cfg.vocab_size - len(_TOKENS))])
-    w.add_token_types([3] * len(_CONTROL) + [1] * (cfg.vocab_size - len(_CONTROL)))
-    w.add_token_merges(_MERGES)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_pad_token_id(0)
-    w.add_chat_template(_TEMPLATE)
-  tensors = {"token_embd.weight": params["embedding"], "output_norm.weight": params["final_norm"]}
-  if "lm_head" in params:
-    tensors["output.weight"] = params["lm_head"].T
-  for i, layer in enumerate(hf_layout(params)):
-    for name, value in layer.items():
-      if arch == "llama" and name in ("attn_q", "attn_k"):
-        value = permute_rope_rows(value, cfg.num_heads if name == "attn_q" else cfg.num_kv_heads)
-      tensors[f"blk.{i}.{name}.weight"] = value
-  for name, value in tensors.items():
-    if name == drop:
-      continue
-    value = np.ascontiguousarray(value, np.float32)
-    if reshape is not None and name == reshape:
-      value = value[:-1]
-    if q8_gate and name.endswith("ffn_gate.weight"):
-      q8 = gguf.GGMLQuantizationType.Q8_0
-      w.add_tensor(name, quantize(value, q8), raw_dtype=q8)
-    else:
-      w.add_tensor(name, value)
-  w.write_header_to_file()
-  w.write_kv_data_to_file()
-  w.write_tensors_to_file()
-  w.close()
-  return path
+from tests.fixtures.tiny_model import CFG, TOKENS, random_params, write_gguf
 
 
 def test_unpermute_is_the_rope_layout_change():
@@ -219,12 +108,12 @@ def test_load_model_converts_once_and_matches(tmp_path):
   tokenizer = load_tokenizer(path, cache_dir=cache)
   assert tokenizer.encode("<|im_start|>hello world<|im_end|>") == [
     1,
-    _TOKENS.index("hello"),
-    _TOKENS.index("Ġw"),
-    _TOKENS.index("o"),
-    _TOKENS.index("r"),
-    _TOKENS.index("l"),
-    _TOKENS.index("d"),
+    TOKENS.index("hello"),
+    TOKENS.index("Ġw"),
+    TOKENS.index("o"),
+    TOKENS.index("r"),
+    TOKENS.index("l"),
+    TOKENS.index("d"),
     2,
   ]
 

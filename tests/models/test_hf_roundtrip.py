@@ -169,7 +169,7 @@ def test_load_onto_a_mesh_restores_each_parameter_into_its_shards(tmp_path):
 def test_gguf_convert_then_export_loads_in_transformers(tmp_path):
   """A GGUF checkpoint (no HF config) exports with a synthesized config.json that transformers loads."""
   import jax.numpy as jnp
-  from test_gguf import CFG, random_params, write_gguf
+  from tests.fixtures.tiny_model import CFG, random_params, write_gguf
   from transformers import AutoModelForCausalLM
 
   gguf = write_gguf(tmp_path / "m.gguf", "llama", CFG, random_params(CFG))
