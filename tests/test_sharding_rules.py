@@ -1,10 +1,6 @@
 """The sharding table is a value in force inside `use_rules` blocks (a context variable), not a module global: a
 policy and a teacher can each carry their own."""
 
-import os
-import subprocess
-import sys
-import textwrap
 import threading
 
 import pytest
@@ -13,6 +9,8 @@ from jax.sharding import PartitionSpec as P
 from jaxcredit import sharding
 from jaxcredit.train import config as config_lib
 from jaxcredit.train import passes as passes_lib
+
+from tests.fixtures.multidevice import run_on_devices
 
 MESH = {"data": 1, "fsdp": 4, "expert": 1, "tensor": 2}
 
@@ -83,26 +81,4 @@ def test_a_bad_teacher_table_names_its_key():
 def test_a_trace_constrains_activations_by_the_table_in_force():
   """On 8 CPU devices: a function traced under each of two tables gets two output shardings. (jit caches traces by
   function, not by table: each table gets its own closure, as each model's passes do.)"""
-  script = textwrap.dedent("""
-      import jax, jax.numpy as jnp
-      from jax.sharding import PartitionSpec as P
-      from jaxcredit import sharding
-      mesh = sharding.make_mesh({"fsdp": 4, "tensor": 2})
-      def make_f():
-        def f(x):
-          return sharding.constrain(x * 2, ("activation_batch", "activation_mlp"))
-        return f
-      x = jnp.ones((8, 16))
-      specs = []
-      for rules in (None, {"activation_mlp": None, "activation_batch": "fsdp,tensor"}):
-        f = make_f()
-        with jax.set_mesh(mesh), sharding.use_rules(rules):
-          specs.append(jax.jit(f).lower(x).compile().output_shardings.spec)
-      print(specs)
-      assert specs[0] == P("fsdp", "tensor"), specs
-      assert specs[1] == P(("fsdp", "tensor")), specs
-      print("RULES-OK")
-  """)
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
-  p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
-  assert "RULES-OK" in p.stdout, p.stdout[-2000:] + p.stderr[-3000:]
+  assert "RULES-OK" in run_on_devices("rules_trace.py", timeout=300)

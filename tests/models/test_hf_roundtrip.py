@@ -2,10 +2,6 @@
 conversion cache, sharded restore onto a mesh, and GGUF -> converted -> HF (loaded by transformers)."""
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -16,6 +12,8 @@ from jaxcredit import cli
 from jaxcredit.models import convert_hf, export_hf, load, load_tokenizer
 from jaxcredit.models import hf as hf_lib
 from jaxcredit.models.hf import iter_hf_tensors, write_safetensors
+
+from tests.fixtures.multidevice import run_on_devices
 
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, tie_word_embeddings=False)
 
@@ -123,47 +121,9 @@ def test_load_converts_once_into_the_cache(tmp_path, monkeypatch):
   assert cfg.dtype == "bfloat16"
 
 
-MESH_SCRIPT = textwrap.dedent(r"""
-    import sys
-    import jax, numpy as np
-    from flax import nnx
-    from jaxcredit.models import load
-    from jaxcredit.models.decoder import param_logical_axes
-    from jaxcredit.sharding import make_mesh, param_shardings
-
-    assert jax.device_count() == 4, jax.devices()
-    folder, cache = sys.argv[1], sys.argv[2]
-    tokens = np.random.default_rng(0).integers(0, 96, size=(2, 16)).astype(np.int32)
-    forward = nnx.jit(lambda model, t: model(t)[0])
-    single, cfg = load(folder, cache_dir=cache)
-    expected_logits = np.asarray(forward(single, tokens))
-    for shape in ({"expert": 2, "tensor": 2}, {"fsdp": 2, "tensor": 2}):
-        mesh = make_mesh(shape)
-        model, cfg = load(folder, cache_dir=cache, mesh=mesh)
-        params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
-        expected = param_shardings(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params), mesh,
-                                   param_logical_axes(cfg))
-        sharded = 0
-        for (path, x), s in zip(jax.tree_util.tree_flatten_with_path(params)[0], jax.tree.leaves(expected)):
-            assert x.sharding.is_equivalent_to(s, x.ndim), (jax.tree_util.keystr(path), x.sharding, s)
-            sharded += not x.sharding.is_fully_replicated
-        assert sharded >= 8, sharded
-        np.testing.assert_allclose(np.asarray(forward(model, tokens)), expected_logits, atol=1e-5)
-    print("ok")
-""")
-
-
 def test_load_onto_a_mesh_restores_each_parameter_into_its_shards(tmp_path):
   folder = save_hf(torch_model("qwen3_moe", **MOE), tmp_path / "hf")
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
-  p = subprocess.run(
-    [sys.executable, "-c", MESH_SCRIPT, str(folder), str(tmp_path / "cache")],
-    env=env,
-    capture_output=True,
-    text=True,
-    timeout=300,
-  )
-  assert p.returncode == 0 and "ok" in p.stdout, p.stderr[-3000:]
+  assert "ok" in run_on_devices("mesh_load.py", folder, tmp_path / "cache", devices=4, timeout=300)
 
 
 def test_gguf_convert_then_export_loads_in_transformers(tmp_path):

@@ -5,7 +5,6 @@ tools/install_libtpu.py; tests/conftest.py points TPU_LIBRARY_PATH at it).
 """
 
 import json
-import math
 
 import jax
 import numpy as np
@@ -14,6 +13,8 @@ import pytest
 from jaxcredit import cli
 from jaxcredit.models import ModelConfig
 from jaxcredit.train import plan
+
+from tests.fixtures.multidevice import run_on_devices
 
 needs_libtpu = pytest.mark.skipif(
   plan.libtpu_library_path() is None,
@@ -178,27 +179,8 @@ def test_plan_cli_refuses_a_slice_libtpu_cannot_describe(capsys):
 
 def test_plan_without_libtpu_simulates_the_chips_on_cpu_and_says_so():
   """The fallback: the same step compiled for a mesh of CPU devices, reported as an estimate."""
-  import os
-  import subprocess
-  import sys
-  import textwrap
-
-  script = textwrap.dedent("""
-      import jax
-      from jaxcredit.models import ModelConfig
-      from jaxcredit.train import plan
-      cfg = ModelConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
-                        num_kv_heads=2, head_dim=16)
-      r = plan.plan_step(cfg, topology="v5e:2x4", mesh={"fsdp": 4, "tensor": 2}, batch_size=8, seq_len=32,
-                         devices=jax.devices())
-      assert not r["is_tpu"] and r["chips"] == 8, r
-      assert r["argument_bytes"] > 0 and r["temp_bytes"] > 0
-      print(plan.format_report(r))
-  """)
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
-  proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  assert "ESTIMATE" in proc.stdout and "simulated mesh of CPU devices" in proc.stdout
+  out = run_on_devices("plan_estimate.py")
+  assert "ESTIMATE" in out and "simulated mesh of CPU devices" in out
 
 
 @needs_libtpu
