@@ -1,10 +1,6 @@
 """Every credit case (tests/data/credit_cases.json, see tests/shared_cases.py) whose `fn` is a jaxcredit.credit
 function, with its exact values."""
 
-import json
-import os
-from pathlib import Path
-
 import jax
 import numpy as np
 import pytest

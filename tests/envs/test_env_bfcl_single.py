@@ -2,7 +2,6 @@
 
 import ast
 import json
-import pathlib
 import random
 import sys
 import types

@@ -12,9 +12,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxcredit.models import Decoder, ModelConfig
+from jaxcredit.models import Decoder
 from jaxcredit.models.chunked_attention import chunked_causal_attention
 from jaxcredit.models.decoder import attention
+
+from tests.fixtures.tiny_model import tiny_decoder_config
 
 
 def _inputs(b, l, h, k, dh, seed=0):
@@ -75,17 +77,7 @@ def test_splash_attention_interpret_mode_equals_full_attention():
 
 
 def test_decoder_with_chunked_attention_equals_full():
-  cfg = ModelConfig(
-    vocab_size=64,
-    hidden_size=32,
-    intermediate_size=48,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-    qk_norm=True,
-    attention_impl="full",
-  )
+  cfg = tiny_decoder_config(intermediate_size=48, head_dim=16, qk_norm=True, attention_impl="full")
   tokens = jnp.asarray(np.random.default_rng(2).integers(0, 64, (2, 45)))
   mask = jnp.asarray(np.arange(45)[None, :] >= np.array([[0], [6]]))
   outs = {}

@@ -7,22 +7,13 @@ import numpy as np
 from flax import nnx
 
 from jaxcredit.models import decoder
-from jaxcredit.models.config import ModelConfig
+
+from tests.fixtures.tiny_model import tiny_decoder_config
 
 
 def test_flattened_and_einsum_dense_layers_agree(monkeypatch):
   for tied in (True, False):
-    cfg = ModelConfig(
-      vocab_size=64,
-      hidden_size=32,
-      intermediate_size=48,
-      num_layers=2,
-      num_heads=4,
-      num_kv_heads=2,
-      head_dim=8,
-      qk_norm=True,
-      tie_word_embeddings=tied,
-    )
+    cfg = tiny_decoder_config(intermediate_size=48, qk_norm=True, tie_word_embeddings=tied)
     model = decoder.Decoder(cfg, rngs=nnx.Rngs(0))
     graphdef, state = nnx.split(model)
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, 64, (3, 7)), jnp.int32)

@@ -13,7 +13,6 @@ from gguf.quants import dequantize, quantize
 from jaxcredit.models import (
   ChatTokenizer,
   Decoder,
-  ModelConfig,
   converted_cache_dir,
   load_converted,
   load_gguf,
@@ -25,7 +24,7 @@ from jaxcredit.models import (
 from jaxcredit.models.decoder import apply_rope, rope_cos_sin
 from jaxcredit.models.gguf_loader import permute_rope_rows, unpermute_rope_rows
 
-from tests.fixtures.tiny_model import CFG, TOKENS, random_params, write_gguf
+from tests.fixtures.tiny_model import tiny_decoder_config, CFG, TOKENS, random_params, write_gguf
 
 
 def test_unpermute_is_the_rope_layout_change():
@@ -156,15 +155,13 @@ def test_tokenizer_from_tiny_gguf(tmp_path):
 def test_declared_linear_rope_scaling_is_applied_and_other_model_keys_are_refused(tmp_path):
   """Shared case io-gguf-rope-scaling: a Llama GGUF declaring linear RoPE scaling with factor 4 loads with it;
   metadata the loader does not read is refused by name, never dropped."""
-  cfg = ModelConfig(
+  cfg = tiny_decoder_config(
     vocab_size=32,
     hidden_size=16,
     intermediate_size=32,
     num_layers=1,
     num_heads=2,
     num_kv_heads=1,
-    head_dim=8,
-    rope_theta=10000.0,
     tie_word_embeddings=True,
   )
   params = random_params(cfg, seed=3)

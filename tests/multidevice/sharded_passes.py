@@ -2,7 +2,7 @@
 1-device results. Prints PASSES-SHARDED-OK. Run by tests/train/test_sharded_passes.py through
 tests/fixtures/multidevice.py."""
 
-import jax, jax.numpy as jnp, numpy as np
+import jax, numpy as np
 from flax import nnx
 from jaxcredit import sharding
 from jaxcredit.models.config import ModelConfig

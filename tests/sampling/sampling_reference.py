@@ -5,22 +5,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxcredit.models.config import ModelConfig
 from jaxcredit.models.decoder import Decoder
 from jaxcredit.sampling import sequence_logprobs
 
-CFG = ModelConfig(
-  vocab_size=128,
-  hidden_size=64,
-  intermediate_size=128,
-  num_layers=2,
-  num_heads=4,
-  num_kv_heads=2,
-  head_dim=16,
-  rope_theta=10000.0,
-  rms_norm_eps=1e-6,
-  tie_word_embeddings=False,
-)
+from tests.fixtures.tiny_model import tiny_decoder_config
+
+CFG = tiny_decoder_config(vocab_size=128, hidden_size=64, intermediate_size=128, head_dim=16, tie_word_embeddings=False)
 MAX_LEN = 64
 PAD_ID = 0
 PROMPT_LENGTHS = (5, 11, 17)  # all left-padded to 24 with prompt_bucket=8

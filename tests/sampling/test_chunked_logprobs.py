@@ -8,13 +8,15 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxcredit.models import Decoder, ModelConfig
+from jaxcredit.models import Decoder
 from jaxcredit.sampling import (
   chunked_logprobs_and_entropies,
   logprobs_from_logits,
   sequence_logprobs,
   sequence_logprobs_and_entropies,
 )
+
+from tests.fixtures.tiny_model import tiny_decoder_config
 
 
 def naive(h_BxLxD, head_DxV, targets_BxL, temperature):
@@ -199,16 +201,7 @@ def test_rejects_bad_arguments():
 
 
 def tiny_decoder(tied: bool, seed: int) -> Decoder:
-  cfg = ModelConfig(
-    vocab_size=97,
-    hidden_size=32,
-    intermediate_size=64,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-    tie_word_embeddings=tied,
-  )
+  cfg = tiny_decoder_config(vocab_size=97, head_dim=16, tie_word_embeddings=tied)
   model = Decoder(cfg, rngs=nnx.Rngs(seed))
   model.embedding[...] = model.embedding[...] * 30.0  # spread the logits (std 0.02 init is near uniform)
   if not tied:

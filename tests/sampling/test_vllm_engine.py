@@ -12,14 +12,13 @@ import numpy as np
 import pytest
 
 from jaxcredit.models import hf
-from jaxcredit.models.config import ModelConfig
 from jaxcredit.models.decoder import param_shapes
 from jaxcredit.sampling import SamplingParams
 from jaxcredit.sampling.vllm_engine import EngineError, VLLMEngine, free_port, launch_server, served_models
 
-CFG = ModelConfig(
-  vocab_size=64, hidden_size=16, intermediate_size=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=8
-)
+from tests.fixtures.tiny_model import tiny_decoder_config
+
+CFG = tiny_decoder_config(hidden_size=16, intermediate_size=32, num_heads=2, num_kv_heads=1)
 
 
 def random_params(seed=0):

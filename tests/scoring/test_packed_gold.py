@@ -20,22 +20,13 @@ from jaxcredit.scoring.gold import pack_gold_copies, score_gold_answers, score_g
 from jaxcredit.train import step as step_lib
 from jaxcredit.trajectory import RolloutBuilder, pack
 
+from tests.fixtures.tiny_model import tiny_decoder_config
+
 PAD = 0
 # attention_impl="chunked" with a small block: the separate reference rows run the chunked kernel, the packed
 # rows are forced onto the full path; the two must still agree.
-CFG = ModelConfig(
-  vocab_size=101,
-  hidden_size=32,
-  intermediate_size=64,
-  num_layers=2,
-  num_heads=4,
-  num_kv_heads=2,
-  head_dim=8,
-  rope_theta=500.0,
-  rms_norm_eps=1e-6,
-  tie_word_embeddings=False,
-  attention_impl="chunked",
-  attention_chunk=16,
+CFG = tiny_decoder_config(
+  vocab_size=101, rope_theta=500.0, tie_word_embeddings=False, attention_impl="chunked", attention_chunk=16
 )
 
 

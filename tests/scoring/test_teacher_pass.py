@@ -18,6 +18,8 @@ from jaxcredit.sampling.logprobs import chunked_reverse_kl, sequence_logprobs, s
 from jaxcredit.scoring import teacher as tp
 from jaxcredit.trajectory import RolloutBuilder, pack, pad_length
 
+from tests.fixtures.tiny_model import tiny_decoder_config
+
 # ---------------------------------------------------------------------------------------------------------------
 # chunked_reverse_kl
 
@@ -78,18 +80,7 @@ TEMPLATE = (
   "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
   "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-CFG = ModelConfig(
-  vocab_size=264,
-  hidden_size=64,
-  intermediate_size=128,
-  num_layers=2,
-  num_heads=4,
-  num_kv_heads=2,
-  head_dim=16,
-  rope_theta=10000.0,
-  rms_norm_eps=1e-6,
-  tie_word_embeddings=False,
-)
+CFG = tiny_decoder_config(vocab_size=264, hidden_size=64, intermediate_size=128, head_dim=16, tie_word_embeddings=False)
 TEMP = 0.7
 
 

@@ -1,8 +1,5 @@
 """Loss pieces: the shared cases on aggregation, and PPO-clip / KL values checked by hand."""
 
-import json
-import pathlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np

@@ -8,21 +8,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxcredit.models.config import ModelConfig
 from jaxcredit.models.decoder import Decoder
 from jaxcredit.train import loss as loss_lib
 from jaxcredit.train import step as step_lib
 
-CFG = ModelConfig(
-  vocab_size=64,
-  hidden_size=32,
-  intermediate_size=64,
-  num_layers=2,
-  num_heads=4,
-  num_kv_heads=2,
-  head_dim=8,
-  rope_theta=10000.0,
-)
+from tests.fixtures.tiny_model import tiny_decoder_config
+
+CFG = tiny_decoder_config()
 B, L = 4, 16
 
 

@@ -16,24 +16,14 @@ from flax import nnx
 
 from jaxcredit import sharding
 from jaxcredit.models import load, save_converted
-from jaxcredit.models.config import ModelConfig
 from jaxcredit.models.decoder import Decoder
 from jaxcredit.sampling import Sampler
 from jaxcredit.train import config as config_lib
 from jaxcredit.train import step as step_lib
 
-CFG = ModelConfig(
-  vocab_size=96,
-  hidden_size=32,
-  intermediate_size=64,
-  num_layers=2,
-  num_heads=4,
-  num_kv_heads=2,
-  head_dim=8,
-  qk_norm=True,
-  tie_word_embeddings=False,
-  dtype="bfloat16",
-)
+from tests.fixtures.tiny_model import tiny_decoder_config
+
+CFG = tiny_decoder_config(vocab_size=96, qk_norm=True, tie_word_embeddings=False, dtype="bfloat16")
 
 
 @pytest.fixture(scope="module")

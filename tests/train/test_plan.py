@@ -11,23 +11,21 @@ import numpy as np
 import pytest
 
 from jaxcredit import cli
-from jaxcredit.models import ModelConfig
 from jaxcredit.train import plan
 
 from tests.fixtures.multidevice import run_on_devices
+
+from tests.fixtures.tiny_model import tiny_decoder_config
 
 needs_libtpu = pytest.mark.skipif(
   plan.libtpu_library_path() is None,
   reason="no libtpu: run python tools/install_libtpu.py (the README's test command does)",
 )
 
-TINY_MOE = ModelConfig(
+TINY_MOE = tiny_decoder_config(
   vocab_size=512,
   hidden_size=128,
   intermediate_size=256,
-  num_layers=2,
-  num_heads=4,
-  num_kv_heads=2,
   head_dim=64,
   qk_norm=True,
   num_experts=8,

@@ -8,22 +8,13 @@ import optax
 from flax import nnx
 
 from jaxcredit import sharding
-from jaxcredit.models.config import ModelConfig
 from jaxcredit.models.decoder import Decoder, param_logical_axes
 from jaxcredit.train import step as step_lib
 from jaxcredit.train.trainer import ppo_updates
 
-CFG = ModelConfig(
-  vocab_size=64,
-  hidden_size=32,
-  intermediate_size=64,
-  num_layers=2,
-  num_heads=4,
-  num_kv_heads=2,
-  head_dim=8,
-  rope_theta=10000.0,
-  tie_word_embeddings=False,
-)
+from tests.fixtures.tiny_model import tiny_decoder_config
+
+CFG = tiny_decoder_config(tie_word_embeddings=False)
 B, L = 8, 16
 
 

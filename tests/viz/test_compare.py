@@ -4,7 +4,6 @@ metrics.jsonl, PNG/JSON/HTML written; bad input refused with the path named."""
 import json
 import os
 
-import pytest
 
 from jaxcredit import cli
 from jaxcredit.viz import compare
