@@ -39,9 +39,10 @@ CHUNK = 8  # groups per lax.map step in the chunked variant
 KNOBS = dict(
   eps=1e-6,
   beta=1.0,
-  tau=1.0,
-  temperature=0.25,
-  max_log_ratio=2.0,
+  lam=0.3,
+  clip_eps=0.28,
+  tau=2.0,
+  rho=0.5,
   max_credit=2.0,
   clip=1.0,
   hsd_lambda=0.5,
@@ -148,23 +149,23 @@ def np_trace_tokens(x, beta=1.0, eps=1e-6):
   return np_gather_turns(adv, x["turn_ids"], x["action"])
 
 
-def np_crest_tokens(x, tau=1.0, temperature=0.25, max_log_ratio=2.0):
+def np_crest_tokens(x, lam=0.3, clip_eps=0.28, tau=2.0, rho=0.5):
   adv = np_group_normalise(x["turn_rewards"], x["turn_mask"] & x["sample_mask"][..., None], axis=1)
   ids, action = x["turn_ids"], x["action"]
   inside = action & (ids >= 0) & (ids < T)
   adv_tok = np_gather_turns(adv, ids, action)
-  gap = x["teacher"] - x["policy"]
-  gate = 1.0 / (1.0 + np.exp(-(tau - x["entropy"]) / temperature))
-  mod = np.exp(np.clip(np.sign(adv_tok) * gap, -max_log_ratio, max_log_ratio))
-  finite = np.isfinite(x["teacher"]) & np.isfinite(x["policy"]) & np.isfinite(x["entropy"])
-  raw = np.where(finite & inside, 1.0 + gate * (mod - 1.0), 1.0).astype(np.float32)
-  rows = np.arange(P * G).reshape(P, G, 1) * (T + 1)
-  bins = (rows + np.where(inside, ids, T)).ravel()
-  sums = np.bincount(bins, weights=np.where(inside, raw, 0.0).ravel(), minlength=P * G * (T + 1))
-  counts = np.bincount(bins, weights=inside.ravel().astype(np.float64), minlength=P * G * (T + 1))
-  mean = (sums / np.maximum(counts, 1.0)).astype(np.float32)[bins].reshape(P, G, L)
-  with np.errstate(divide="ignore", invalid="ignore"):  # mean is 0 only off the units, masked below
-    return np.where(inside, adv_tok * (raw / mean), np.float32(0))
+  sign = np.sign(adv_tok)
+  live = inside & (sign != 0) & np.isfinite(x["teacher"]) & np.isfinite(x["policy"])
+  signed = sign * (np.where(live, x["teacher"] - x["policy"], np.float32(0)) / np.float32(tau))
+  w = np.clip(np.exp(signed), 1 - clip_eps, 1 + clip_eps)
+  surprisal = np.where(live, -x["policy"], np.float32(0))
+  n = np.maximum(live.sum(-1, keepdims=True), 1)
+  mean = surprisal.sum(-1, keepdims=True) / n
+  std = np.sqrt(np.where(live, (surprisal - mean) ** 2, 0.0).sum(-1, keepdims=True) / n)
+  m = 1 + rho * (2 / (1 + np.exp(-(surprisal - mean) / (std + 1e-6))) - 1)
+  lam_i = np.clip(lam * (live & (signed > 0)) * m, 0.0, lam)
+  phi = np.where(live, 1 + lam_i * (w - 1), 1.0)
+  return np.where(inside, adv_tok * phi, 0.0).astype(np.float32)
 
 
 def np_toolopd(x, max_credit=2.0):
@@ -253,11 +254,11 @@ def jax_methods():
       x["action"],
       x["teacher"],
       x["policy"],
-      x["entropy"],
       x["sample_mask"],
+      lam=k["lam"],
+      clip_eps=k["clip_eps"],
       tau=k["tau"],
-      temperature=k["temperature"],
-      max_log_ratio=k["max_log_ratio"],
+      rho=k["rho"],
     )
 
   def toolopd(x):

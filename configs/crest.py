@@ -1,8 +1,9 @@
 """CrEST on the quickstart task: verified per-unit advantages (U = 1 on arithmetic, where only the outcome is
-verified, so the unit advantage is GRPO's) whose token magnitudes a privileged self-teacher (the policy shown the
-verified answer) modulates where it is confident. Knobs: config.credit.crest.*; teacher: docs/teacher-passes.md.
+verified, so the unit advantage is GRPO's) times a bounded token factor: a privileged self-teacher (the policy shown
+the verified answer) amplifies, by at most lam · clip_eps, the tokens it agrees with the verifier on (arXiv
+2608.13179; docs/credit.md, "CrEST"). Knobs: config.credit.crest.*; teacher: docs/teacher-passes.md.
 
-  jaxcredit train --config configs/crest.py --config.credit.crest.tau=0.8
+  jaxcredit train --config configs/crest.py --config.credit.crest.lam=0.5
 """
 
 from jaxcredit.train.config import base_config

@@ -7,7 +7,7 @@ verified and credited); on a pod, raise rollout.*, sampling.max_new_tokens and u
 
   jaxcredit train --config configs/crest_bfcl.py
   jaxcredit train --config configs/crest_bfcl.py --config.env.bfcl_multi_turn.categories=base,miss_param \\
-      --config.credit.crest.tau=0.8
+      --config.credit.crest.lam=0.5
 """
 
 from jaxcredit.train.config import base_config

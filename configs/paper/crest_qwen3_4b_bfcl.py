@@ -1,9 +1,12 @@
 """CrEST on Qwen3-4B, BFCL V3 multi-turn (each user request a verified unit), sized for a v5p-32 (16 chips,
 fsdp=16).
 
-Paper: CrEST (docs/credit.md, "CrEST"); its title is not on record here. BFCL multi-turn and Qwen3 follow the
-method's description; the rest is our choice: 16 sessions x 8 rollouts, 16k-token sessions, the privileged
-self-teacher seeing every request's ground-truth calls (1024 tokens), AdamW 1e-6.
+Paper: Wang et al., "Teach the Magnitude, Not the Direction: Verifier-Bounded Credit Assignment for Multi-Turn
+Multi-step LLM Agents", arXiv 2608.13179 (docs/credit.md, "CrEST"); the token-factor knobs are its defaults
+(config.credit.crest: lam 0.3, clip_eps 0.28, tau 2.0, rho 0.5). BFCL multi-turn and Qwen3 follow the method's
+description; the rest is our choice: 16 sessions x 8 rollouts, 16k-token sessions, the privileged self-teacher
+seeing every request's ground-truth calls (1024 tokens), AdamW 1e-6. The teacher is still the current policy with
+that context, not the paper's fixed initial model.
 
   jaxcredit plan --config configs/paper/crest_qwen3_4b_bfcl.py
 """

@@ -106,7 +106,15 @@ def _static(fn: str, name: str, value: Any) -> None:
 
 
 def knob_float(
-  fn: str, name: str, value: Any, *, gt: float | None = None, ge: float | None = None, allow_inf: bool = False
+  fn: str,
+  name: str,
+  value: Any,
+  *,
+  gt: float | None = None,
+  ge: float | None = None,
+  lt: float | None = None,
+  le: float | None = None,
+  allow_inf: bool = False,
 ) -> float:
   """Returns `value` as a Python float after checking it is a static, ordered, in-range scalar."""
   _static(fn, name, value)
@@ -122,6 +130,10 @@ def knob_float(
     raise ValueError(f"{fn}: knob `{name}` must be > {gt}, got {v}.")
   if ge is not None and not v >= ge:
     raise ValueError(f"{fn}: knob `{name}` must be >= {ge}, got {v}.")
+  if lt is not None and not v < lt:
+    raise ValueError(f"{fn}: knob `{name}` must be < {lt}, got {v}.")
+  if le is not None and not v <= le:
+    raise ValueError(f"{fn}: knob `{name}` must be <= {le}, got {v}.")
   return v
 
 

@@ -1,8 +1,16 @@
-"""CrEST: turn-segmented verified advantages with entropy-gated self-teacher token modulation.
+"""CrEST: turn-segmented verified advantages with a verifier-bounded self-teacher token factor.
+
+    A_i = A_u(i) · φ_i,   A_u = per-unit GRPO of the verifier's rewards,   φ_i ∈ [1, 1 + lam · clip_eps]
+
+The verifier sets the direction of every token's credit (sign A_u); the privileged self-teacher only amplifies,
+by a bounded factor, the tokens it agrees on ("teach the magnitude, not the direction").
 
 Shape letters: G rollouts in a group, U verified units (user turns, or whatever the environment verifies),
 L tokens. Batch of P groups: `jax.vmap(crest_advantages)(turn_rewards_PxGxU, turn_mask_PxGxU, turn_ids_PxGxL,
-action_mask_PxGxL, teacher_logp_PxGxL, policy_logp_PxGxL, teacher_entropy_PxGxL, sample_mask_PxG)`.
+action_mask_PxGxL, teacher_logp_PxGxL, policy_logp_PxGxL, sample_mask_PxG)`; knobs through `functools.partial`.
+
+Source: "Teach the Magnitude, Not the Direction: Verifier-Bounded Credit Assignment for Multi-Turn Multi-step LLM
+Agents" (Wang et al., arXiv 2608.13179), Eq. 2-10 and App. A; docs/credit.md, "CrEST".
 """
 
 from __future__ import annotations
@@ -18,7 +26,8 @@ from jaxcredit.credit import outcome
 Array = jax.Array
 ArrayLike = jax.typing.ArrayLike
 
-MAX_LOG_RATIO_LIMIT = 80.0
+# The z-score's guard on the surprisal std (the spec's "population std + 1e-6"); not a knob.
+SURPRISAL_STD_EPS = 1e-6
 
 
 def crest_turn_advantages(
@@ -35,6 +44,8 @@ def crest_turn_advantages(
       A[:, u] = grpo_advantages(turn_rewards[:, u], valid[:, u], scale=scale, eps=eps)
 
   Each unit u is its own group: fewer than 2 rollouts reaching u, or equal rewards among them, give exactly 0.
+  The paper's group is the G rollouts of one fixed session; the std is the sample std (ddof=1), our convention
+  (as grpo_advantages), which the paper does not fix.
 
   Args:
     turn_rewards: [G, U] float, the verifier's reward for unit u of rollout g.
@@ -49,7 +60,9 @@ def crest_turn_advantages(
   Raises:
     ValueError: `turn_rewards` is not [G, U], `turn_mask` is not [G, U], `sample_mask` is not [G], or a bad knob.
 
-  Source: CrEST ("turn-segmented verified advantages"); docs/credit.md, "CrEST".
+  Source:
+  "Teach the Magnitude, Not the Direction: Verifier-Bounded Credit Assignment for Multi-Turn Multi-step LLM Agents"
+  (CrEST, arXiv 2608.13179), Eq. 3; docs/credit.md, "CrEST".
   """
   fn = "crest_turn_advantages"
   scale = _checks.knob_choice(fn, "scale", scale, outcome.SCALES)
@@ -61,15 +74,12 @@ def crest_turn_advantages(
   return outcome.group_normalise(rewards_GxU, tmask_GxU & smask_G[:, None], scale=scale, eps=eps)
 
 
-def _check_modulation_knobs(fn: str, tau, temperature, max_log_ratio) -> tuple[float, float, float]:
-  tau = _checks.knob_float(fn, "tau", tau, allow_inf=True)
-  temperature = _checks.knob_float(fn, "temperature", temperature, gt=0.0)
-  max_log_ratio = _checks.knob_float(fn, "max_log_ratio", max_log_ratio, ge=0.0)
-  if max_log_ratio > MAX_LOG_RATIO_LIMIT:
-    raise ValueError(
-      f"{fn}: knob `max_log_ratio` must be <= {MAX_LOG_RATIO_LIMIT} (exp overflows float32), got {max_log_ratio}."
-    )
-  return tau, temperature, max_log_ratio
+def _check_token_knobs(fn: str, lam, clip_eps, tau, rho) -> tuple[float, float, float, float]:
+  lam = _checks.knob_float(fn, "lam", lam, ge=0.0)
+  clip_eps = _checks.knob_float(fn, "clip_eps", clip_eps, ge=0.0, lt=1.0)
+  tau = _checks.knob_float(fn, "tau", tau, gt=0.0)
+  rho = _checks.knob_float(fn, "rho", rho, ge=0.0, le=1.0)
+  return lam, clip_eps, tau, rho
 
 
 def _unit_adv(adv_U: Array, ids_L: Array, action_L: Array) -> Array:
@@ -81,32 +91,38 @@ def _unit_adv(adv_U: Array, ids_L: Array, action_L: Array) -> Array:
   return jnp.where(action_L & (ids_L >= 0) & (ids_L < num_units) & jnp.isfinite(adv_L), adv_L, 0.0)
 
 
-def _token_weights(
+def _token_factor(
   adv_L: Array,
   ids_L: Array,
   action_L: Array,
   num_units: int,
   teacher_L: Array,
   policy_L: Array,
-  entropy_L: Array,
   *,
+  lam: float,
+  clip_eps: float,
   tau: float,
-  temperature: float,
-  max_log_ratio: float,
+  rho: float,
 ) -> Array:
   """crest_token_weights on checked arrays, given adv_L = _unit_adv(turn_adv, ...)."""
-  if num_units == 0:
-    return jnp.zeros(ids_L.shape, jnp.float32)
   in_unit_L = action_L & (ids_L >= 0) & (ids_L < num_units)
-  gap_L = teacher_L - policy_L
-  gate_L = jax.nn.sigmoid((tau - entropy_L) / temperature)
-  mod_L = jnp.exp(jnp.clip(jnp.sign(adv_L) * gap_L, -max_log_ratio, max_log_ratio))
-  finite_L = jnp.isfinite(teacher_L) & jnp.isfinite(policy_L) & jnp.isfinite(entropy_L)
-  raw_L = jnp.where(finite_L & in_unit_L, 1.0 + gate_L * (mod_L - 1.0), 1.0)
-  sums_U = _segments.unit_sums(raw_L, ids_L, in_unit_L, num_units)
-  counts_U = _segments.unit_sums(jnp.ones_like(raw_L), ids_L, in_unit_L, num_units)
-  mean_L = _segments.lookup(sums_U / jnp.maximum(counts_U, 1.0), ids_L)
-  return lax.stop_gradient(jnp.where(in_unit_L, raw_L / mean_L, 0.0))
+  sign_L = jnp.sign(adv_L)
+  # The tokens the teacher may modulate; only they enter the surprisal statistics.
+  live_L = in_unit_L & (sign_L != 0.0) & jnp.isfinite(teacher_L) & jnp.isfinite(policy_L)
+  teacher_L = jnp.where(live_L, teacher_L, 0.0)
+  policy_L = jnp.where(live_L, policy_L, 0.0)
+  signed_L = sign_L * ((teacher_L - policy_L) / tau)  # sign(A_u) · Δ_i                      Eq. 5
+  w_L = jnp.clip(jnp.exp(signed_L), 1.0 - clip_eps, 1.0 + clip_eps)  #                       Eq. 6
+  gate_L = live_L & (signed_L > 0.0)  #                                                      Eq. 7
+  surprisal_L = -policy_L
+  count = jnp.maximum(jnp.sum(live_L, dtype=jnp.float32), 1.0)
+  mean = jnp.sum(jnp.where(live_L, surprisal_L, 0.0)) / count
+  std = jnp.sqrt(jnp.sum(jnp.where(live_L, jnp.square(surprisal_L - mean), 0.0)) / count)
+  e_L = jax.nn.sigmoid((surprisal_L - mean) / (std + SURPRISAL_STD_EPS))  #                  Eq. 8-9
+  m_L = 1.0 + rho * (2.0 * e_L - 1.0)  #                                                     Eq. 8-9
+  lam_L = jnp.clip(lam * gate_L * m_L, 0.0, lam)  #                                          Eq. 10
+  phi_L = jnp.where(live_L, 1.0 + lam_L * (w_L - 1.0), 1.0)  #                               Eq. 4
+  return lax.stop_gradient(jnp.where(in_unit_L, phi_L, 0.0))
 
 
 def crest_token_weights(
@@ -115,67 +131,80 @@ def crest_token_weights(
   action_mask: ArrayLike,
   teacher_logp: ArrayLike,
   policy_logp: ArrayLike,
-  teacher_entropy: ArrayLike,
   *,
-  tau: float = 1.0,
-  temperature: float = 0.25,
-  max_log_ratio: float = 2.0,
+  lam: float = 0.3,
+  clip_eps: float = 0.28,
+  tau: float = 2.0,
+  rho: float = 0.5,
 ) -> Array:
-  """CrEST's entropy-gated self-teacher token weights for one rollout.
+  """CrEST's verifier-bounded token factor φ for one rollout: the self-teacher amplifies, never redirects.
 
-      gap_i = log p_teacher(a_i) − log p_policy(a_i)         (privileged self-teacher vs student)
-      g_i   = sigmoid((tau − H_teacher,i) / temperature)      (a confident teacher modulates)
-      m_i   = exp(clip(sign(A_u(i)) · gap_i, −max_log_ratio, max_log_ratio))
-      raw_i = 1 + g_i · (m_i − 1);   w_i = raw_i / mean(raw over the action tokens of unit u(i))
+      Δ_i = (log p_teacher(a_i) − log p_policy(a_i)) / tau                     (Eq. 5)
+      w_i = clip(exp(sign(A_u(i)) · Δ_i), 1 − clip_eps, 1 + clip_eps)          (Eq. 6)
+      g_i = 1[sign(A_u(i)) · Δ_i > 0]                                          (Eq. 7, the direction gate)
+      s_i = −log p_policy(a_i);   z_i = (s_i − mean s) / (std s + 1e-6)        (Eq. 8-9, the student's surprisal)
+      m_i = 1 + rho · (2 · sigmoid(z_i) − 1)                                   (Eq. 8-9, the entropy gate)
+      λ_i = clip(lam · g_i · m_i, 0, lam)                                      (Eq. 10)
+      φ_i = 1 + λ_i · (w_i − 1)                                                (Eq. 4)
 
-  In a positive unit, tokens the teacher endorses weigh more; in a negative unit, tokens it disowns weigh
-  more. A token whose teacher log-prob, policy log-prob or entropy is not finite is not modulated (raw = 1).
-  Invariants: w >= 0; mean of w over each unit's action tokens is 1; sign(A_u · w_i) = sign(A_u);
-  teacher == policy gives w = 1; tau = -inf (gate closed) gives w = 1. Stop-gradient.
-  Batch: vmap over leading axes, e.g. `jax.vmap(jax.vmap(functools.partial(crest_token_weights, tau=0.5)))`.
+  The direction gate is off wherever the teacher disagrees with the verifier's sign, so the teacher can only
+  amplify a token's credit (w_i > 1 where g_i = 1), never shrink or flip it. The entropy gate lowers that
+  amplification on tokens the student found unsurprising (m_i < 1 below the rollout's mean surprisal); above the
+  mean m_i > 1, but the clip in Eq. 10 caps λ_i at lam, so there λ_i = lam.
+  No renormalisation. Properties (paper App. A): sign(A_u · φ_i) = sign(A_u) (P1); |φ_i − 1| <= lam · clip_eps
+  (P2); φ_i >= 1 (P3); teacher == policy gives φ = 1; lam = 0 gives φ = 1 (the inter-turn-only ablation).
+  Stop-gradient.
+  A token is modulated ("live") when it is an action token of a unit in [0, U) with A_u(i) finite and ≠ 0 and both
+  log-probs finite; every other unit token gets φ = 1.
+
+  Readings taken where the paper leaves room (docs/credit.md, "CrEST"): the surprisal z-score is over the live
+  tokens of the whole rollout (not per unit), with their mean and population std (÷n) plus 1e-6; the surprisal is
+  the student's (the policy's recorded log-prob of the sampled token), not the teacher's entropy.
+  Batch: vmap over leading axes, e.g. `jax.vmap(jax.vmap(functools.partial(crest_token_weights, lam=0.5)))`.
 
   Args:
-    turn_adv: [U] float, the unit advantages of this rollout (crest_turn_advantages row).
+    turn_adv: [U] float, the unit advantages of this rollout (a crest_turn_advantages row).
     turn_ids: [L] int32, the unit index of each action token, -1 elsewhere.
     action_mask: [L] bool, True on generated tokens.
-    teacher_logp: [L] float, self-teacher (privileged context) log-prob of the sampled token, nats.
+    teacher_logp: [L] float, the self-teacher's (privileged context) log-prob of the sampled token, nats.
     policy_logp: [L] float, the policy's log-prob of the sampled token, nats.
-    teacher_entropy: [L] float, the teacher's predictive entropy at each token, nats.
-    tau: entropy gate centre in nats (may be ±inf).
-    temperature: > 0, gate softness in nats.
-    max_log_ratio: in [0, 80], clip on sign(A)·gap before the exp (keeps w finite in float32).
+    lam: >= 0, the largest mixing weight λ (0: no token modulation).
+    clip_eps: in [0, 1), the trust band of w around 1.
+    tau: > 0, the log-ratio temperature, nats.
+    rho: in [0, 1], the entropy gate's strength (0: m = 1).
 
   Returns:
-    w: [L] float32 weights; exactly 0.0 off the action tokens and on tokens whose unit is outside [0, U).
+    φ: [L] float32 in [1, 1 + lam · clip_eps] on unit tokens; exactly 0.0 off the action tokens and on tokens whose
+    unit is outside [0, U).
 
   Raises:
-    ValueError: a token array is not [L] (all must match), `turn_ids` is not integer, `turn_adv` is not [U],
-      or temperature <= 0, max_log_ratio outside [0, 80], tau is NaN.
+    ValueError: a token array is not [L] (all must match), `turn_ids` is not integer, `turn_adv` is not [U], or a
+      knob is out of range (lam < 0, clip_eps outside [0, 1), tau <= 0, rho outside [0, 1], or any not finite).
 
-  Source: CrEST ("entropy-gated self-teacher modulation"); docs/credit.md, "CrEST".
+  Source:
+  "Teach the Magnitude, Not the Direction: Verifier-Bounded Credit Assignment for Multi-Turn Multi-step LLM Agents"
+  (CrEST, arXiv 2608.13179), Eq. 4-10, App. A (properties P1-P3); docs/credit.md, "CrEST".
   """
   fn = "crest_token_weights"
-  knobs = _check_modulation_knobs(fn, tau, temperature, max_log_ratio)
+  lam, clip_eps, tau, rho = _check_token_knobs(fn, lam, clip_eps, tau, rho)
   shapes = _checks.Shapes(fn)
   adv_U = shapes.float("turn_adv", turn_adv, "U")
   ids_L = shapes.index("turn_ids", turn_ids, "L")
   action_L = shapes.mask("action_mask", action_mask, "L")
   teacher_L = shapes.float("teacher_logp", teacher_logp, "L")
   policy_L = shapes.float("policy_logp", policy_logp, "L")
-  entropy_L = shapes.float("teacher_entropy", teacher_entropy, "L")
-  tau, temperature, max_log_ratio = knobs
   adv_L = _unit_adv(adv_U, ids_L, action_L)
-  return _token_weights(
+  return _token_factor(
     adv_L,
     ids_L,
     action_L,
     adv_U.shape[0],
     teacher_L,
     policy_L,
-    entropy_L,
+    lam=lam,
+    clip_eps=clip_eps,
     tau=tau,
-    temperature=temperature,
-    max_log_ratio=max_log_ratio,
+    rho=rho,
   )
 
 
@@ -186,29 +215,29 @@ def crest_advantages(
   action_mask: ArrayLike,
   teacher_logp: ArrayLike,
   policy_logp: ArrayLike,
-  teacher_entropy: ArrayLike,
   sample_mask: ArrayLike | None = None,
   *,
   scale: str = "group",
   eps: float = 1e-6,
-  tau: float = 1.0,
-  temperature: float = 0.25,
-  max_log_ratio: float = 2.0,
+  lam: float = 0.3,
+  clip_eps: float = 0.28,
+  tau: float = 2.0,
+  rho: float = 0.5,
 ) -> Array:
-  """CrEST token advantages for one group: verified unit advantage times the self-teacher token weight.
+  """CrEST token advantages for one group: the verified unit advantage times the bounded self-teacher factor.
 
-      A_unit = crest_turn_advantages(turn_rewards, turn_mask, sample_mask)            [G, U]
-      w[g]   = crest_token_weights(A_unit[g], turn_ids[g], ..., tau, temperature, max_log_ratio)
-      A[g, i] = A_unit[g, u(i)] · w[g, i]
+      A_unit  = crest_turn_advantages(turn_rewards, turn_mask, sample_mask)                 [G, U]   (Eq. 3)
+      φ[g]    = crest_token_weights(A_unit[g], turn_ids[g], ..., lam, clip_eps, tau, rho)   [G, L]   (Eq. 4-10)
+      A[g, i] = A_unit[g, u(i)] · φ[g, i]                                                            (Eq. 2)
 
   Args:
     turn_rewards: [G, U] float verified unit rewards.
     turn_mask: [G, U] bool, units each rollout reached.
     turn_ids: [G, L] int32 unit index per action token (-1 elsewhere).
     action_mask: [G, L] bool.
-    teacher_logp, policy_logp, teacher_entropy: [G, L] float (see crest_token_weights).
+    teacher_logp, policy_logp: [G, L] float, nats (see crest_token_weights).
     sample_mask: [G] bool or None (all True).
-    scale, eps: as crest_turn_advantages. tau, temperature, max_log_ratio: as crest_token_weights.
+    scale, eps: as crest_turn_advantages. lam, clip_eps, tau, rho: as crest_token_weights.
 
   Returns:
     [G, L] float32 token advantages; exactly 0.0 off action tokens, on invalid units and invalid samples.
@@ -216,12 +245,14 @@ def crest_advantages(
   Raises:
     ValueError: any array not of its shape above (the message names it), or a bad knob.
 
-  Source: CrEST; docs/credit.md, "CrEST".
+  Source:
+  "Teach the Magnitude, Not the Direction: Verifier-Bounded Credit Assignment for Multi-Turn Multi-step LLM Agents"
+  (CrEST, arXiv 2608.13179), Eq. 2-10; docs/credit.md, "CrEST".
   """
   fn = "crest_advantages"
   scale = _checks.knob_choice(fn, "scale", scale, outcome.SCALES)
   eps = _checks.knob_float(fn, "eps", eps, gt=0.0)
-  tau, temperature, max_log_ratio = _check_modulation_knobs(fn, tau, temperature, max_log_ratio)
+  lam, clip_eps, tau, rho = _check_token_knobs(fn, lam, clip_eps, tau, rho)
   shapes = _checks.Shapes(fn)
   rewards_GxU = shapes.float("turn_rewards", turn_rewards, "G,U")
   tmask_GxU = shapes.mask("turn_mask", turn_mask, "G,U")
@@ -229,25 +260,24 @@ def crest_advantages(
   action_GxL = shapes.mask("action_mask", action_mask, "G,L")
   teacher_GxL = shapes.float("teacher_logp", teacher_logp, "G,L")
   policy_GxL = shapes.float("policy_logp", policy_logp, "G,L")
-  entropy_GxL = shapes.float("teacher_entropy", teacher_entropy, "G,L")
   smask_G = shapes.mask("sample_mask", sample_mask, "G")
 
   adv_GxU = outcome.group_normalise(rewards_GxU, tmask_GxU & smask_G[:, None], scale=scale, eps=eps)
 
-  def one(adv_U, ids_L, action_L, teacher_L, policy_L, entropy_L):
+  def one(adv_U, ids_L, action_L, teacher_L, policy_L):
     adv_L = _unit_adv(adv_U, ids_L, action_L)
-    w_L = _token_weights(
+    phi_L = _token_factor(
       adv_L,
       ids_L,
       action_L,
       adv_U.shape[0],
       teacher_L,
       policy_L,
-      entropy_L,
+      lam=lam,
+      clip_eps=clip_eps,
       tau=tau,
-      temperature=temperature,
-      max_log_ratio=max_log_ratio,
+      rho=rho,
     )
-    return adv_L * w_L
+    return adv_L * phi_L
 
-  return jax.vmap(one)(adv_GxU, ids_GxL, action_GxL, teacher_GxL, policy_GxL, entropy_GxL)
+  return jax.vmap(one)(adv_GxU, ids_GxL, action_GxL, teacher_GxL, policy_GxL)

@@ -108,7 +108,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.credit = ml_collections.ConfigDict()
   c.credit.method = "trace"  # a name in jaxcredit.train.methods.METHODS
   # One node per method with its knobs, named as the credit functions' arguments (docs/credit.md):
-  # --config.credit.trace.beta=0.5, --config.credit.crest.tau=0.8, ... Only the chosen method's node must match
+  # --config.credit.trace.beta=0.5, --config.credit.crest.lam=0.5, ... Only the chosen method's node must match
   # on resume.
   for name, method in METHODS.items():
     c.credit[name] = ml_collections.ConfigDict(dict(method.knobs))
@@ -450,7 +450,7 @@ def _validate_knobs(c: ml_collections.ConfigDict) -> None:
       if not isinstance(v, bool):
         raise ValueError(f"config.credit.{name}.{key} must be True or False, got {v!r}")
     elif isinstance(defaults[key], (int, float)):
-      # ±inf passes here: some knobs take it (CrEST's tau = -inf closes the gate); the credit function that
+      # ±inf passes here: some knobs take it (HSD's clip = inf turns the clip off); the credit function that
       # reads a knob refuses, by name, a value outside its range.
       if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
         raise ValueError(f"config.credit.{name}.{key} must be a number, got {v!r}")

@@ -44,8 +44,8 @@ class MethodOutput:
     metrics: scalars for metrics.jsonl (method-specific: gate-open fraction, spikes per rollout, ...).
     details: per-rollout intermediate values for the credit viewer and the rollout samples (`jaxcredit viz`),
       numpy arrays with leading axis B named by their shape suffix (`*_BxL` per token, `*_BxT` per turn, `*_BxT1`
-      per boundary state): TRACE's state values and TD rewards, CrEST's gate and token weights, GEAR's segments,
-      ToolOPD's distillation weights, ... Never read by the loss.
+      per boundary state): TRACE's state values and TD rewards, CrEST's direction gate and token factors, GEAR's
+      segments, ToolOPD's distillation weights, ... Never read by the loss.
   """
 
   adv_BxL: np.ndarray
@@ -266,7 +266,8 @@ def _teacher_or_nan(traj: Trajectory, name: str, key: str) -> np.ndarray:
 
 
 def crest(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
-  """CrEST: per-unit verified advantages, token magnitudes modulated by the entropy-gated privileged self-teacher."""
+  """CrEST: per-unit verified advantages times the privileged self-teacher's bounded token factor (the teacher only
+  amplifies tokens it agrees on, by at most lam · clip_eps; credit.crest_token_weights)."""
   unit_adv = per_group(
     credit.crest_turn_advantages,
     _pick(k, "scale", "eps"),
@@ -277,30 +278,34 @@ def crest(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
   )
   name = "teacher_privileged"
   teacher_logp = _teacher_or_nan(traj, name, "logp_BxL")
-  entropy = _teacher_or_nan(traj, name, "entropy_BxL")
+  policy_logp = np.asarray(traj.behavior_logp_BxL, np.float32)
   w = per_rollout(
     credit.crest_token_weights,
-    _pick(k, "tau", "temperature", "max_log_ratio"),
+    _pick(k, "lam", "clip_eps", "tau", "rho"),
     unit_adv,
     traj.unit_ids_BxL,
     traj.action_mask_BxL,
     teacher_logp,
-    traj.behavior_logp_BxL,
-    entropy,
+    policy_logp,
   )
-  adv = per_rollout(credit.turn_to_token, {}, unit_adv, traj.unit_ids_BxL, traj.action_mask_BxL) * w
+  unit_tok = per_rollout(credit.turn_to_token, {}, unit_adv, traj.unit_ids_BxL, traj.action_mask_BxL)
+  adv = unit_tok * w
   act = traj.action_mask_BxL & pass_valid(traj, name)[:, None]
+  # The direction gate of Eq. 7 as crest_token_weights computes it: sign(A_u) · Δ_i > 0 on finite log-probs.
+  finite = np.isfinite(teacher_logp) & np.isfinite(policy_logp)
+  with np.errstate(invalid="ignore"):
+    signed = np.sign(unit_tok) * ((teacher_logp - policy_logp) / np.float32(k["tau"]))
+  gate = act & finite & (signed > 0)
   return MethodOutput(
     adv.astype(np.float32),
     metrics={
       "teacher_policy_gap": _teacher_gap(traj, name),
-      "crest_gate_open_frac": _action_mean((entropy < k["tau"]).astype(np.float32), act),
+      "crest_direction_gate_frac": _action_mean(gate.astype(np.float32), act),
       "crest_weight_std": float(w[act].std()) if act.any() else 0.0,
     },
     details={
-      "gate_open_BxL": np.where(act, entropy < k["tau"], False),
+      "direction_gate_BxL": gate,
       "token_weight_BxL": np.where(act, w, np.nan),
-      "teacher_entropy_BxL": entropy,
     },
   )
 
@@ -420,11 +425,13 @@ METHODS: dict[str, Method] = {
     teacher=None,
     summary="TD log-ratio turn rewards from the reference's gold-answer scores",
   ),
+  # CrEST's knob defaults are the published ones (spec v2.0, arXiv 2608.13179); its teacher is still the current
+  # policy with privileged context, not the paper's fixed initial model (docs/credit.md, "CrEST").
   "crest": Method(
     crest,
-    dict(_OUTCOME, tau=1.0, temperature=0.25, max_log_ratio=2.0),
+    dict(_OUTCOME, lam=0.3, clip_eps=0.28, tau=2.0, rho=0.5),
     ("teacher_privileged",),
-    summary="verified unit advantages, entropy-gated privileged self-teacher modulation",
+    summary="verified unit advantages, bounded self-teacher amplification of the tokens it agrees on",
   ),
   "toolopd": Method(
     toolopd,

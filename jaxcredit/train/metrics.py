@@ -23,7 +23,7 @@ PLOTTED = (
   "clip_frac",
   "teacher_policy_gap",
   "td_reward_abs_mean",
-  "crest_gate_open_frac",
+  "crest_direction_gate_frac",
   "toolopd_credited_frac",
   "hsd_peers_found_frac",
   "gear_spikes_per_rollout",

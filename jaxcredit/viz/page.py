@@ -6,9 +6,9 @@
 A page shows the conversation token by token: every action token coloured by its advantage (a diverging scale,
 blue below 0, red above, white at 0, with a legend), prompt and tool observations greyed, turn, unit and boundary
 markers, one tab per method on the same rollout, and beside the text what each method's passes saw (TRACE's state
-values as a chart, GEAR's segments and CrEST's gate as marks on the tokens, HSD's peer, ToolOPD's skill). On hover: the
-token, its id, its log-prob under the sampler, the teacher's log-prob and entropy, and the advantage. No server, no
-network, no CDN: the data sit in the page as JSON and a few lines of JavaScript draw them.
+values as a chart, GEAR's segments and CrEST's direction gate as marks on the tokens, HSD's peer, ToolOPD's
+skill). On hover: the token, its id, its log-prob under the sampler, the teacher's log-prob and entropy, and the
+advantage. No server, no network, no CDN: the data sit in the page as JSON and a few lines of JavaScript draw them.
 
 Inputs are rollout records (docs/rollouts-jsonl.md) credited by a method, with the pass outputs and details under
 metadata["passes"] / metadata["credit_details"] (`jaxcredit.train.trainer.credit_records(..., details=True)` and the
@@ -31,7 +31,6 @@ HOVER = {
   "student_entropy_BxL": "policy entropy",
   "divergence_BxL": "teacher/policy divergence",
   "token_weight_BxL": "CrEST token weight",
-  "teacher_entropy_BxL": "teacher entropy",
   "distill_weight_BxL": "distillation weight",
   "skill_logp_gain_BxL": "skill log-prob gain",
   "dense_advantage_BxL": "dense advantage",
@@ -137,7 +136,7 @@ def rollout_view(
         elif key == "segment_start_BxL" and len(value) == n:
           marks["segment"] = [int(v) >= 0 for v in value]
           marks["segment_start"] = [int(v) == i for i, v in enumerate(value)]
-        elif key == "gate_open_BxL" and len(value) == n:
+        elif key == "direction_gate_BxL" and len(value) == n:
           marks["gate"] = [bool(v) for v in value]
         elif key == "skills" and value:
           texts.append({"label": "hindsight skill (the teacher's extra context)", "text": str(value)})
@@ -281,7 +280,7 @@ function show(k) {
   let h = '<b>' + esc(m.name) + '</b>' + (m.summary ? ': ' + esc(m.summary) : '');
   if (m.note) h += '<div class="meta">' + esc(m.note) + '</div>';
   if (m.marks.segment) h += '<div>GEAR segments: purple underline; a segment starts at a left bar (a divergence spike)</div>';
-  if (m.marks.gate) h += '<div>CrEST gate open (teacher entropy below tau): dotted outline</div>';
+  if (m.marks.gate) h += '<div>CrEST direction gate open (teacher agrees with the verifier): dotted outline</div>';
   m.texts.forEach(t => {
     const body = t.link ? '<a href="' + encodeURI(t.link) + '">' + esc(t.text) + '</a>' : esc(t.text);
     h += '<div><b>' + esc(t.label) + '</b>: ' + body + '</div>';

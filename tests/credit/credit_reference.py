@@ -1,4 +1,5 @@
-"""Slow, obvious float32 NumPy references for jaxcredit.credit, written with loops straight from the spec.
+"""Slow, obvious float32 NumPy references for jaxcredit.credit, written with loops straight from the spec (CrEST's
+token factor in float64 Python arithmetic).
 
 Each function mirrors one public function for one rollout or one group and follows specs/credit.md line by
 line; the tests compare the jitted library against these on random inputs.
@@ -156,43 +157,39 @@ def crest_turn(turn_rewards, turn_mask, sample_mask=None, scale="group", eps=1e-
   return out
 
 
-def _sigmoid(x):
-  return f32(1.0 / (1.0 + math.exp(-x))) if x > -80 else f32(0.0)
-
-
-def crest_weights(
-  turn_adv,
-  turn_ids,
-  action_mask,
-  teacher_logp,
-  policy_logp,
-  teacher_entropy,
-  tau=1.0,
-  temperature=0.25,
-  max_log_ratio=2.0,
-):
+def crest_weights(turn_adv, turn_ids, action_mask, teacher_logp, policy_logp, lam=0.3, clip_eps=0.28, tau=2.0, rho=0.5):
+  """The CrEST token factor (spec "CrEST", paper Eq. 4-10), in float64 Python arithmetic, one token at a time."""
   num_u = len(turn_adv)
-  raw = {}
-  for i in range(len(turn_ids)):
+  n = len(turn_ids)
+  sign, live = [0.0] * n, [False] * n
+  for i in range(n):
     u = int(turn_ids[i])
-    if not action_mask[i] or not 0 <= u < num_u:
+    if action_mask[i] and 0 <= u < num_u:
+      a = float(turn_adv[u])
+      sign[i] = (1.0 if a > 0 else -1.0 if a < 0 else 0.0) if math.isfinite(a) else 0.0
+      live[i] = sign[i] != 0.0 and _finite(teacher_logp[i]) and _finite(policy_logp[i])
+  # Student surprisal z-scored over the live tokens of the rollout: mean, population std + 1e-6.
+  surprisal = [-float(policy_logp[i]) for i in range(n) if live[i]]
+  mean = sum(surprisal) / len(surprisal) if surprisal else 0.0
+  std = math.sqrt(sum((s - mean) ** 2 for s in surprisal) / len(surprisal)) if surprisal else 0.0
+  phi = np.zeros(n, np.float64)
+  for i in range(n):
+    u = int(turn_ids[i])
+    if not (action_mask[i] and 0 <= u < num_u):
+      continue  # 0 off the action tokens and outside [0, U)
+    if not live[i]:
+      phi[i] = 1.0
       continue
-    if _finite(teacher_logp[i]) and _finite(policy_logp[i]) and _finite(teacher_entropy[i]):
-      gap = _sub(teacher_logp[i], policy_logp[i])
-      gate = _sigmoid((tau - teacher_entropy[i]) / temperature)
-      sign = np.sign(turn_adv[u]) if _finite(turn_adv[u]) else 0.0
-      m = f32(math.exp(min(max(sign * gap, -max_log_ratio), max_log_ratio)))
-      raw[i] = f32(1.0 + gate * (m - 1.0))
-    else:
-      raw[i] = f32(1.0)
-  w = np.zeros(len(turn_ids), f32)
-  for u in range(num_u):
-    members = [i for i in raw if turn_ids[i] == u]
-    if members:
-      mean = _mean([raw[i] for i in members])
-      for i in members:
-        w[i] = raw[i] / mean
-  return w
+    delta = (float(teacher_logp[i]) - float(policy_logp[i])) / tau  # Eq. 5
+    x = sign[i] * delta
+    w = min(max(math.exp(min(x, 700.0)), 1.0 - clip_eps), 1.0 + clip_eps)  # Eq. 6
+    gate = 1.0 if x > 0 else 0.0  # Eq. 7
+    z = (-float(policy_logp[i]) - mean) / (std + 1e-6)
+    e = 1.0 / (1.0 + math.exp(-z))  # Eq. 8
+    m = 1.0 + rho * (2.0 * e - 1.0)  # Eq. 9
+    lam_i = min(max(lam * gate * m, 0.0), lam)  # Eq. 10
+    phi[i] = 1.0 + lam_i * (w - 1.0)  # Eq. 4
+  return phi
 
 
 def crest_adv(
@@ -202,29 +199,19 @@ def crest_adv(
   action_mask,
   teacher_logp,
   policy_logp,
-  teacher_entropy,
   sample_mask=None,
   scale="group",
   eps=1e-6,
-  tau=1.0,
-  temperature=0.25,
-  max_log_ratio=2.0,
+  lam=0.3,
+  clip_eps=0.28,
+  tau=2.0,
+  rho=0.5,
 ):
   adv = crest_turn(turn_rewards, turn_mask, sample_mask, scale, eps)
-  out = np.zeros(np.shape(turn_ids), f32)
+  out = np.zeros(np.shape(turn_ids), np.float64)
   for g in range(len(adv)):
-    w = crest_weights(
-      adv[g],
-      turn_ids[g],
-      action_mask[g],
-      teacher_logp[g],
-      policy_logp[g],
-      teacher_entropy[g],
-      tau,
-      temperature,
-      max_log_ratio,
-    )
-    out[g] = turn_to_token(adv[g], turn_ids[g], action_mask[g]) * w
+    phi = crest_weights(adv[g], turn_ids[g], action_mask[g], teacher_logp[g], policy_logp[g], lam, clip_eps, tau, rho)
+    out[g] = turn_to_token(adv[g], turn_ids[g], action_mask[g]) * phi
   return out
 
 

@@ -49,8 +49,8 @@ def test_unknown_config_key_is_rejected_by_name(tmp_path):
     ),
     # Out of a credit function's range: refused by its own check, named under the method's node.
     (
-      ["--config.credit.method=crest", "--config.credit.crest.temperature=-1"],
-      ["config.credit.crest", "`temperature` must be > 0"],
+      ["--config.credit.method=crest", "--config.credit.crest.clip_eps=-1"],
+      ["config.credit.crest", "`clip_eps` must be >= 0"],
     ),
     (["--config.credit.method=gigpo", "--config.credit.gigpo.gamma=2.0"], ["config.credit.gigpo", "`gamma`"]),
     (
@@ -106,13 +106,17 @@ def test_missing_config_file_and_missing_flag(tmp_path):
   assert p.returncode == 2 and "--config is required" in p.stderr
 
 
-def test_an_infinite_knob_the_credit_function_allows_passes_validation():
+def test_a_knob_at_the_edge_the_credit_function_allows_passes_validation():
   from jaxcredit.train.config import base_config, validate
 
   c = base_config()
   c.credit.method = "crest"
-  c.credit.crest.tau = float("-inf")  # gate closed: CrEST is plain per-unit GRPO
+  c.credit.crest.lam = 0.0  # no token modulation: the paper's inter-turn-only ablation (plain per-unit GRPO)
   c.teacher.context_wrapper = ""  # no insertion
+  validate(c)
+  c = base_config()
+  c.credit.method = "hsd"
+  c.credit.hsd.clip = float("inf")  # an infinite knob the credit function allows: no clip on the log-ratio
   validate(c)
 
 

@@ -89,20 +89,33 @@ def test_trace_adds_td_rewards_per_turn():
   assert out.metrics["td_reward_abs_mean"] == pytest.approx(6.0 / 8, abs=1e-6)
 
 
-def test_crest_with_teacher_equal_to_policy_is_grpo_and_modulates_otherwise():
+def test_crest_with_teacher_equal_to_policy_is_grpo_and_amplifies_only_agreed_tokens():
   traj = _traj()
   traj.passes["teacher_privileged"] = _teacher(traj)
   out = METHODS["crest"].advantages(traj, _knobs("crest"))
-  _assert_seq(out.adv_BxL, traj, GRPO)  # U = 1 and teacher == policy: w = 1
-  # A confident teacher (entropy 0.1 < tau) that endorses rollout 0's tokens more than the policy does.
+  _assert_seq(out.adv_BxL, traj, GRPO)  # U = 1 and teacher == policy: φ = 1
+  assert out.metrics["crest_direction_gate_frac"] == 0.0
+  # A teacher that endorses the even positions 1 nat more than the policy. Rollout 0 (A > 0): the gate opens on its
+  # action tokens 4 and 8 (Δ = 0.5, w = min(e^0.5, 1.28) = 1.28); in the negative rollouts it stays closed.
   logp = np.where(np.arange(L)[None, :] % 2 == 0, traj.behavior_logp_BxL + 1.0, traj.behavior_logp_BxL)
-  traj.passes["teacher_privileged"] = _teacher(traj, logp=logp, entropy=0.1, valid=[True, True, False, True])
+  traj.passes["teacher_privileged"] = _teacher(traj, logp=logp, valid=[True, True, False, True])
   out = METHODS["crest"].advantages(traj, _knobs("crest"))
-  a0 = out.adv_BxL[0][traj.action_mask_BxL[0]]
-  assert a0.max() > 1.5 + 1e-3 and a0.min() < 1.5 - 1e-3 and np.all(a0 > 0)  # scaled, never flipped
-  np.testing.assert_allclose(a0.mean(), 1.5, atol=1e-5)  # mean weight 1 per unit
-  np.testing.assert_allclose(out.adv_BxL[2][traj.action_mask_BxL[2]], -0.5, atol=1e-6)  # invalid pass: unmodulated
-  assert out.metrics["crest_gate_open_frac"] == pytest.approx(1.0)
+  # Rollout 0's surprisals [0.5, 0.5, 0.1, 0.1, 0.1]: token 4 is above their mean (λ = lam), token 8 below.
+  s = np.asarray([0.5, 0.5, 0.1, 0.1, 0.1])
+  m8 = 1 + 0.5 * (2 / (1 + np.exp(-(0.1 - s.mean()) / (s.std() + 1e-6))) - 1)
+  phi0 = np.ones(L)
+  phi0[4], phi0[8] = 1 + 0.3 * 0.28, 1 + 0.3 * m8 * 0.28
+  np.testing.assert_allclose(out.adv_BxL[0], np.where(traj.action_mask_BxL[0], 1.5 * phi0, 0.0), atol=1e-5)
+  for b in (1, 2, 3):  # disagreeing teacher (1, 3) and invalid pass (2): unmodulated
+    np.testing.assert_allclose(out.adv_BxL[b][traj.action_mask_BxL[b]], -0.5, atol=1e-6)
+  assert out.metrics["crest_direction_gate_frac"] == pytest.approx(2 / 15)  # of the valid rollouts' action tokens
+  gate = out.details["direction_gate_BxL"]
+  assert gate.dtype == bool and np.flatnonzero(gate[0]).tolist() == [4, 8] and not gate[1:].any()
+  np.testing.assert_allclose(
+    out.details["token_weight_BxL"][0][traj.action_mask_BxL[0]], phi0[traj.action_mask_BxL[0]], atol=1e-6
+  )
+  assert np.isnan(out.details["token_weight_BxL"][2]).all()
+  assert "teacher_entropy_BxL" not in out.details
 
 
 def test_toolopd_weights_only_valid_rollouts_and_keeps_grpo_advantage():

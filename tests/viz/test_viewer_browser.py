@@ -1,6 +1,6 @@
 """The credit viewer's pages in headless Chromium: every action token coloured by its advantage, legend, one tab per
-method, tab switches recolour, GEAR's segments and CrEST's gate drawn on the tokens, TRACE's values as a chart, the
-hover card. A trained run's pages are opened by tests/integration/test_viewer.py."""
+method, tab switches recolour, GEAR's segments and CrEST's direction gate drawn on the tokens, TRACE's values as a
+chart, the hover card. A trained run's pages are opened by tests/integration/test_viewer.py."""
 
 from jaxcredit.viz import page
 
@@ -22,7 +22,7 @@ def test_a_page_with_three_methods(browser, tmp_path):
   crest = credited(
     [0, 0, -0.2, -0.1, 0, 0, 0, 0],
     passes={"teacher_privileged": {"entropy_BxL": [None, None, 0.1, 2.0, None, 0.5, 0.5, 0.5]}},
-    credit_details={"gate_open_BxL": [False, False, True, False, False, True, True, True]},
+    credit_details={"direction_gate_BxL": [False, False, True, False, False, True, True, True]},
   )
   r = record("step5_2")
   r["token_ids"] = list(b"Q:hi<x>A!")[:8]
@@ -34,7 +34,7 @@ def test_a_page_with_three_methods(browser, tmp_path):
   found = check_viewer_page(p, tmp_path / "step5_2.html", tmp_path / "step5_2.png")
   colours = found["colours"]
   assert colours["trace"] != colours["gear"] != colours["crest"]  # switching tabs changed the colours
-  # GEAR: tokens 2-3 underlined as one segment starting at 2; CrEST: the gate outline on the open tokens.
+  # GEAR: tokens 2-3 underlined as one segment starting at 2; CrEST: the direction gate's outline on the open tokens.
   p.locator(".tab", has_text="gear").click()
   assert p.eval_on_selector_all(".tok.seg", "els => els.map(e => +e.dataset.i)") == [2, 3]
   assert p.eval_on_selector_all(".tok.segstart", "els => els.map(e => +e.dataset.i)") == [2]
