@@ -2,7 +2,10 @@
 the slowest tests, as the Markdown tables of docs/testing.md.
 
     python -m pytest -q --junitxml=/tmp/suite.xml
-    python tools/test_durations.py /tmp/suite.xml [--top 30] [--compare /tmp/before.xml]
+    python tools/test_durations.py /tmp/suite.xml [--top 30] [--compare /tmp/before.xml] [--slow IDS]
+
+IDS: a file of the slow tier's test ids, one a line (`JAXCREDIT_RUN_SLOW=1 pytest -q --collect-only -m slow`);
+with it, the totals of the default suite and the slow tier are given apart and the slow tests are marked.
 
 A test's time is its setup, call and teardown together (JUnit's `time`), so a session fixture's cost lands on the
 first test that uses it. With --compare, each directory's total in the other run is shown beside it.
@@ -48,15 +51,27 @@ def main(argv=None) -> int:
   parser.add_argument("xml", help="JUnit XML of the run")
   parser.add_argument("--top", type=int, default=30, help="how many of the slowest tests to list (30)")
   parser.add_argument("--compare", help="JUnit XML of another run, shown beside per directory")
+  parser.add_argument("--slow", help="file of the slow tier's test ids (pytest --collect-only -q -m slow)")
   args = parser.parse_args(argv)
   cases = read_cases(args.xml)
+  slow = set()
+  if args.slow:
+    with open(args.slow) as f:
+      slow = {line.strip() for line in f if "::" in line}
   other = per_directory(read_cases(args.compare)) if args.compare else None
   totals = per_directory(cases)
   outcomes = collections.Counter(o for _, _, o in cases)
   print(
     f"{len(cases)} tests ({', '.join(f'{n} {o}' for o, n in sorted(outcomes.items()))}), "
-    f"{sum(s for _, s, _ in cases):.0f} s in tests\n"
+    f"{sum(s for _, s, _ in cases):.0f} s in tests"
   )
+  if slow:
+    in_slow = [s for t, s, _ in cases if t in slow]
+    default_s = sum(s for t, s, _ in cases if t not in slow)
+    print(
+      f"slow tier: {len(in_slow)} tests, {sum(in_slow):.0f} s; default suite: {len(cases) - len(in_slow)} tests, {default_s:.0f} s"
+    )
+  print()
   head = "| directory | tests | seconds |" + (" other run: tests | seconds |" if other else "")
   print(head)
   print("|---|---:|---:|" + ("---:|---:|" if other else ""))
@@ -68,7 +83,7 @@ def main(argv=None) -> int:
     print(row)
   print(f"\n| # | test | seconds |\n|---:|---|---:|")
   for i, (test_id, seconds, _) in enumerate(sorted(cases, key=lambda c: -c[1])[: args.top], 1):
-    print(f"| {i} | `{test_id}` | {seconds:.1f} |")
+    print(f"| {i} | `{test_id}`{' (slow)' if test_id in slow else ''} | {seconds:.1f} |")
   return 0
 
 
