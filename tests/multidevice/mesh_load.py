@@ -1,4 +1,4 @@
-"""`python tests/multidevice/mesh_load.py HF_FOLDER CACHE_DIR` on 4 CPU devices: loading onto a mesh restores each
+"""`python -m tests.multidevice.mesh_load HF_FOLDER CACHE_DIR` on 4 CPU devices: loading onto a mesh restores each
 parameter into its shards, and the sharded model's logits equal the single-device ones. Prints ok. Run by
 tests/models/test_hf_roundtrip.py through tests/fixtures/multidevice.py."""
 

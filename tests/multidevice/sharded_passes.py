@@ -5,25 +5,16 @@ tests/fixtures/multidevice.py."""
 import jax, numpy as np
 from flax import nnx
 from jaxcredit import sharding
-from jaxcredit.models.config import ModelConfig
 from jaxcredit.models.decoder import Decoder, param_logical_axes
 from jaxcredit.scoring import teacher as tp
 from jaxcredit.scoring.gold import score_gold_answers_packed
 from jaxcredit.train import step as step_lib
 from jaxcredit.trajectory import RolloutBuilder, pack
 
+from tests.fixtures.tiny_model import tiny_decoder_config
+
 assert jax.device_count() == 8
-cfg = ModelConfig(
-  vocab_size=64,
-  hidden_size=32,
-  intermediate_size=64,
-  num_layers=2,
-  num_heads=4,
-  num_kv_heads=2,
-  head_dim=8,
-  rope_theta=10000.0,
-  tie_word_embeddings=False,
-)
+cfg = tiny_decoder_config(tie_word_embeddings=False)
 graphdef, params, rest = step_lib.split_model(Decoder(cfg, rngs=nnx.Rngs(0)))
 rng = np.random.default_rng(0)
 builders = []

@@ -5,36 +5,15 @@ Run by tests/train/test_sharded_step.py through tests/fixtures/multidevice.py.""
 import jax, jax.numpy as jnp, numpy as np, optax
 from flax import nnx
 from jaxcredit import sharding
-from jaxcredit.models.config import ModelConfig
 from jaxcredit.models.decoder import Decoder, param_logical_axes
 from jaxcredit.train import step as step_lib
 
+from tests.fixtures.tiny_model import tiny_decoder_config
+
 assert jax.device_count() == 8, jax.devices()
-dense = ModelConfig(
-  vocab_size=64,
-  hidden_size=32,
-  intermediate_size=64,
-  num_layers=2,
-  num_heads=4,
-  num_kv_heads=2,
-  head_dim=8,
-  rope_theta=10000.0,
-  tie_word_embeddings=False,
-  qk_norm=True,
-)
-moe = ModelConfig(
-  vocab_size=64,
-  hidden_size=32,
-  intermediate_size=64,
-  num_layers=2,
-  num_heads=4,
-  num_kv_heads=2,
-  head_dim=8,
-  qk_norm=True,
-  num_experts=8,
-  num_experts_per_tok=2,
-  moe_intermediate_size=16,
-  norm_topk_prob=False,
+dense = tiny_decoder_config(tie_word_embeddings=False, qk_norm=True)
+moe = tiny_decoder_config(
+  qk_norm=True, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16, norm_topk_prob=False
 )
 
 rng = np.random.default_rng(0)
