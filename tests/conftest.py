@@ -1,9 +1,8 @@
 """Shared pytest configuration.
 
 Hypothesis profiles: `default` (50 examples per property, for local runs) and `ci` (100 examples, for .ci/run).
-Choose one with the environment variable HYPOTHESIS_PROFILE (default: `default`). The ci profile was 300: the
-properties' known failures (the shared cases, and the mutations listed in docs/testing.md) are found at 50, and
-300 cost CI about 2 minutes more than 100 (docs/testing.md).
+Choose one with the environment variable HYPOTHESIS_PROFILE (default: `default`). The ci profile was 300; the
+mutations in docs/testing.md are found at 50 and at 100 alike, and CI's budget is better spent elsewhere.
 
 One persistent XLA compilation cache for the whole test run (a temporary folder, removed at the end; or
 JAXCREDIT_TEST_XLA_CACHE to keep one across runs): every test module drops its compiled programs when it ends
