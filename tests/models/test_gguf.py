@@ -24,7 +24,7 @@ from jaxcredit.models import (
 from jaxcredit.models.decoder import apply_rope, rope_cos_sin
 from jaxcredit.models.gguf_loader import permute_rope_rows, unpermute_rope_rows
 
-from tests.fixtures.tiny_model import tiny_decoder_config, CFG, TOKENS, random_params, write_gguf
+from tests.fixtures.tiny_model import CFG, TOKENS, hf_layout, random_params, tiny_decoder_config, write_gguf
 
 
 def test_unpermute_is_the_rope_layout_change():
@@ -215,21 +215,10 @@ def _write_small_gguf(path, cfg, params, extra):
   w.add_float32("llama.attention.layer_norm_rms_epsilon", cfg.rms_norm_eps)
   w.add_uint32("llama.rope.dimension_count", cfg.head_dim)
   w.add_uint32("llama.vocab_size", cfg.vocab_size)
-  d, h, k, dh = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-  lay = params["layers"]
   tensors = {"token_embd.weight": params["embedding"], "output_norm.weight": params["final_norm"]}
-  for i in range(cfg.num_layers):
-    layer = {
-      "attn_q": permute_rope_rows(lay["wq"][i].reshape(d, h * dh).T, h),
-      "attn_k": permute_rope_rows(lay["wk"][i].reshape(d, k * dh).T, k),
-      "attn_v": lay["wv"][i].reshape(d, k * dh).T,
-      "attn_output": lay["wo"][i].reshape(h * dh, d).T,
-      "attn_norm": lay["attn_norm"][i],
-      "ffn_norm": lay["mlp_norm"][i],
-      "ffn_gate": lay["w_gate"][i].T,
-      "ffn_up": lay["w_up"][i].T,
-      "ffn_down": lay["w_down"][i].T,
-    }
+  for i, layer in enumerate(hf_layout(params, cfg)):
+    layer["attn_q"] = permute_rope_rows(layer["attn_q"], cfg.num_heads)
+    layer["attn_k"] = permute_rope_rows(layer["attn_k"], cfg.num_kv_heads)
     tensors.update({f"blk.{i}.{name}.weight": value for name, value in layer.items()})
   for name, value in tensors.items():
     w.add_tensor(name, np.ascontiguousarray(value, np.float32))
