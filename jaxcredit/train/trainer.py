@@ -180,8 +180,8 @@ def build(config: ml_collections.ConfigDict, *, write_config: bool = True) -> Ru
   if write_config:
     ckpt_lib.check_or_write_config(config.workdir, config.to_dict(), write=False)
   if config.compilation_cache_dir:
+    # Which programs are kept stays jax's choice (JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS, 1 s by default).
     jax.config.update("jax_compilation_cache_dir", os.path.expanduser(config.compilation_cache_dir))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
   logging.getLogger("math_verify").setLevel(logging.ERROR)  # its "timeout disabled" notice: we bound inputs
   rules = sharding.resolve_rules(dict(config.sharding_rules))
   mesh = sharding.make_mesh(dict(config.mesh))
