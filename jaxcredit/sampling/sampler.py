@@ -202,9 +202,9 @@ def sample_inverse_cdf(key: jax.Array, logp_BxV: jax.Array, block: int = 128) ->
   return (block_B * block + draw(key_id, within_BxK)).astype(jnp.int32)
 
 
-def _prefill(graphdef, traces, state, cache, tokens_BxP, mask_BxP):
+def _prefill(graphdef, state, cache, tokens_BxP, mask_BxP):
   """Fresh prefill: the left-padded prompts into an empty cache; the last position's float32 logits."""
-  traces["prefill"] += 1  # runs at trace time only: counts compilations
+  _TRACES["prefill"] += 1  # runs at trace time only: counts compilations
   model = nnx.merge(graphdef, state)
   # The empty cache comes in as an argument (donated): built inside the jit it would be a constant, and XLA
   # would spend seconds constant-folding attention over its all-masked slots.
@@ -217,11 +217,11 @@ def _prefill(graphdef, traces, state, cache, tokens_BxP, mask_BxP):
   return model.logits(h_BxPxD[:, -1]).astype(jnp.float32), cache
 
 
-def _extend(graphdef, traces, state, cache, tokens_BxW, mask_BxW, positions_BxW, *, window):
+def _extend(graphdef, state, cache, tokens_BxW, mask_BxW, positions_BxW, *, window):
   """Writes W (left-padded) new tokens per row into slots [index, index + W) of a cache that already holds tokens,
   keeping the real slots the block overlaps (`merge_write`); they attend to the cache's real slots (all before
   `window`, static) and to each other. Returns the last position's logits and the cache."""
-  traces["extend"] += 1
+  _TRACES["extend"] += 1
   model = nnx.merge(graphdef, state)
   h_BxWxD, cache = model.hidden_states(
     tokens_BxW, positions_BxL=positions_BxW, token_mask_BxL=mask_BxW, cache=cache, cache_window=window, merge_write=True
@@ -229,10 +229,10 @@ def _extend(graphdef, traces, state, cache, tokens_BxW, mask_BxW, positions_BxW,
   return model.logits(h_BxWxD[:, -1]).astype(jnp.float32), cache
 
 
-def _relayout(traces, cache, rows_B, slots_BxS, mask_BxS, index):
+def _relayout(cache, rows_B, slots_BxS, mask_BxS, index):
   """A new cache whose row b, slot s holds the old cache's row rows_B[b], slot slots_BxS[b, s] (one gather):
   keeps the rows still in use, drops freed rows and packs each row's kept slots together."""
-  traces["relayout"] += 1
+  _TRACES["relayout"] += 1
   k = jnp.take(cache.k_NxBxSxKxDh, rows_B, axis=1)
   v = jnp.take(cache.v_NxBxSxKxDh, rows_B, axis=1)
   index_1xBxSx1x1 = slots_BxS[None, :, :, None, None]
@@ -242,12 +242,12 @@ def _relayout(traces, cache, rows_B, slots_BxS, mask_BxS, index):
 
 
 def _decode_chunk(
-  graphdef, num_steps, pad_id, traces, state, carry, temperature, top_p, stop_ids_I, max_new_tokens, key, *, window
+  graphdef, num_steps, pad_id, state, carry, temperature, top_p, stop_ids_I, max_new_tokens, key, *, window
 ):
   """C decode steps under `lax.scan`; every step draws a token per row and feeds it (a done row feeds a masked
   pad), so the cache is written once per step, in place, with no branch around the model call. Each step reads
   only the cache slots [0, window) (`window` static, >= index + C)."""
-  traces["decode"] += 1  # runs at trace time only: counts compilations
+  _TRACES["decode"] += 1  # runs at trace time only: counts compilations
   vocab = carry.logits_BxV.shape[-1]
   # 0: the full distribution; 1: greedy (top_p <= 1/V keeps only the most likely tokens, so the top-p search is
   # skipped); 2: the top-p nucleus. A runtime switch: one compilation serves every top_p.
@@ -284,6 +284,19 @@ def _decode_chunk(
 
   carry, (tokens_CxB, logp_CxB, kept_CxB) = jax.lax.scan(step_fn, carry, jax.random.split(key, num_steps))
   return carry, tokens_CxB, logp_CxB, kept_CxB
+
+
+# The sampler's programs, one set per process. The model's graph (`nnx.split`'s GraphDef: its structure and
+# configuration, hashable) is a static argument, so a new Sampler of a model seen before (another run in this
+# process, a teacher that is the policy, an eval) compiles nothing again.
+_TRACES: collections.Counter = collections.Counter()  # trace counts per program (`Sampler.trace_counts`)
+_PREFILL = jax.jit(_prefill, static_argnums=(0,), donate_argnums=(2,))
+_EXTEND = jax.jit(_extend, static_argnums=(0,), donate_argnums=(2,), static_argnames=("window",))
+# The old cache is donated when the new one has its shape (same padded batch); a shrinking batch gets a new buffer
+# (a donation it could not use would only warn).
+_RELAYOUT_IN_PLACE = jax.jit(_relayout, donate_argnums=(0,))
+_RELAYOUT = jax.jit(_relayout)
+_DECODE = jax.jit(_decode_chunk, static_argnums=(0, 1, 2), donate_argnums=(4,), static_argnames=("window",))
 
 
 class Sampler:
@@ -366,30 +379,24 @@ class Sampler:
     self._graphdef, state = nnx.split(model)
     self._shardings = jax.tree.map(lambda x: x.sharding, state)
     self._state = compute_params(self.cfg, state)
-    self._traces = collections.Counter()
     self._version = 0
     self.version: int | None = None  # the trainer's policy version of the bound parameters (update_model)
     # Every counter present from the start (a metrics row then always has each key).
     self.stats = collections.Counter(prefill_tokens=0, decode_tokens=0, extends=0, rebuilds=0)
     self._cache_dtype = jnp.dtype(cache_dtype if cache_dtype is not None else self.cfg.dtype)
-    self._prefill = jax.jit(functools.partial(_prefill, self._graphdef, self._traces), donate_argnums=(1,))
-    self._extend = jax.jit(
-      functools.partial(_extend, self._graphdef, self._traces), donate_argnums=(1,), static_argnames=("window",)
-    )
-    # The old cache is donated when the new one has its shape (same padded batch); a shrinking batch gets a new
-    # buffer (a donation it could not use would only warn).
-    self._relayout_in_place = jax.jit(functools.partial(_relayout, self._traces), donate_argnums=(0,))
-    self._relayout = jax.jit(functools.partial(_relayout, self._traces))
-    self._decode = jax.jit(
-      functools.partial(_decode_chunk, self._graphdef, self.chunk_size, self.pad_id, self._traces),
-      donate_argnums=(1,),
-      static_argnames=("window",),
-    )
+    # The programs are the module's (`_PREFILL`, ...), with the model's graph as a static argument: every sampler of
+    # the same architecture in this process (the policy's, a teacher's, the next run's) reuses their compilations.
+    self._prefill = functools.partial(_PREFILL, self._graphdef)
+    self._extend = functools.partial(_EXTEND, self._graphdef)
+    self._relayout_in_place = _RELAYOUT_IN_PLACE
+    self._relayout = _RELAYOUT
+    self._decode = functools.partial(_DECODE, self._graphdef, self.chunk_size, self.pad_id)
 
   @property
   def trace_counts(self) -> dict[str, int]:
-    """How many times each jitted function (prefill, extend, decode, relayout) was traced (= compiled)."""
-    return dict(self._traces)
+    """How many times each jitted function (prefill, extend, decode, relayout) was traced (= compiled) in this
+    process, by any sampler: samplers of the same model architecture share their programs."""
+    return dict(_TRACES)
 
   def update_model(self, model, *, version: int | None = None, max_staleness: int = 0) -> None:
     """Uses `model`'s current parameters from now on, without recompiling.
