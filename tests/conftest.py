@@ -5,8 +5,8 @@ Choose one with the environment variable HYPOTHESIS_PROFILE (default: `default`)
 mutations in docs/testing.md are found at 50 and at 100 alike, and CI's budget is better spent elsewhere.
 
 One persistent XLA compilation cache for the whole test run (a temporary folder, removed at the end, shared by
-pytest-xdist's workers; or JAXCREDIT_TEST_XLA_CACHE to keep one across runs): every test module drops its compiled
-programs when it ends (`_release_compiled_programs`), and every `jaxcredit` / python child process starts with none,
+pytest-xdist's workers; or JAXCREDIT_TEST_XLA_CACHE to keep one across runs): a test module drops its compiled
+programs when it ends in a process past 3 GB (`_release_compiled_programs`), and every `jaxcredit` / python child process starts with none,
 so the same program (the tiny decoder's sampler, update and passes) would otherwise be compiled again by each. The
 folder reaches child processes through JAX_COMPILATION_CACHE_DIR.
 """
@@ -79,17 +79,30 @@ def pytest_collection_modifyitems(config, items):
     items[:] = [item for item in items if "slow" not in item.keywords]
 
 
+RELEASE_ABOVE_BYTES = int(float(os.environ.get("JAXCREDIT_TEST_RELEASE_ABOVE_GB", "3")) * 2**30)
+"""A test process whose resident memory passes this (JAXCREDIT_TEST_RELEASE_ABOVE_GB, default 3) after a module drops
+its compiled programs and traces."""
+
+
+def _resident_bytes() -> int:
+  with open("/proc/self/statm") as f:
+    return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _release_compiled_programs():
-  """Each test module's compiled programs and traces are dropped after it: the full suite runs in one process, and
-  kept executables grew it past 15 GB by its end (the paper configs' pod compiles come last)."""
+  """After a test module, its compiled programs and traces are dropped when the process holds more than
+  RELEASE_ABOVE_BYTES: kept executables once grew one process past 15 GB (the paper configs' pod compiles, now in
+  their own child processes), while below that the next modules reuse the tiny decoder's programs (the sampler's
+  and the credit functions' are shared by every run of a process) instead of compiling them again."""
   yield
-  import gc
+  if not os.path.exists("/proc/self/statm") or _resident_bytes() > RELEASE_ABOVE_BYTES:
+    import gc
 
-  import jax
+    import jax
 
-  jax.clear_caches()
-  gc.collect()
+    jax.clear_caches()
+    gc.collect()
 
 
 @pytest.fixture(scope="session")
