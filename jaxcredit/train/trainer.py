@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import logging
 import os
 import re
@@ -1277,6 +1278,74 @@ def _task_id(task) -> str | None:
   return None
 
 
+def _prompt_key(messages) -> str | None:
+  """The prompt of a chat (its messages before the first assistant message) as a comparable string; None if empty."""
+  first = next((k for k, m in enumerate(messages) if m.get("role") == "assistant"), len(messages))
+  prompt = [{"role": m.get("role"), "content": m.get("content")} for m in messages[:first]]
+  return json.dumps(prompt, sort_keys=True) if prompt else None
+
+
+def _same_task(env, a, b) -> bool:
+  """Whether two tasks give a pass the same inputs (a task may sit in both the train and the eval split)."""
+  return a is b or (
+    env.gold_answer_text(a) == env.gold_answer_text(b) and env.privileged_info(a) == env.privileged_info(b)
+  )
+
+
+def tasks_of_records(env, tasks: list, records: list[dict], *, source: str, need: str) -> list:
+  """The environment task each rollout record was sampled from, for passes that read the task (gold answers,
+  privileged information).
+
+  A record's `task_id` finds the task with that id (`task_id`, `query_id` or `id` of the task). A record without
+  one (tasks that carry no id, such as plain strings) is matched by its own prompt: its messages before the first
+  assistant message equal `env.initial_messages(task)`. A task is never guessed: a record neither finds is refused.
+
+  Args:
+    env: the EnvSpec (its `initial_messages`).
+    tasks: the environment's tasks (train, then eval).
+    records: rollout records (docs/rollouts-jsonl.md).
+    source: where the records came from, for error messages.
+    need: what needs the tasks, for error messages.
+
+  Raises:
+    ValueError: a record whose task_id the environment does not have; a record without task_id whose prompt is
+      no task's (or is two different tasks' prompt), naming the file and the rollout.
+  """
+  by_id, by_prompt = {}, {}
+  for t in tasks:
+    tid = _task_id(t)
+    if tid is not None:
+      by_id.setdefault(tid, t)
+    key = _prompt_key(env.initial_messages(t))
+    if key not in by_prompt:
+      by_prompt[key] = t
+    elif by_prompt[key] is not None and not _same_task(env, by_prompt[key], t):
+      by_prompt[key] = None  # two different tasks with one prompt: a record cannot say which it was
+  found = []
+  for r in records:
+    tid, where = r.get("task_id"), f"{source}: rollout {r['rollout_id']!r}"
+    if tid is not None:
+      if str(tid) not in by_id:
+        raise ValueError(
+          f"{where} has task_id {tid!r}, which the environment does not have among its {len(tasks)} train and eval "
+          f"tasks ({len(by_id)} with an id); {need} need the task"
+        )
+      found.append(by_id[str(tid)])
+      continue
+    key = _prompt_key(r.get("messages") or [])
+    if key is None:
+      raise ValueError(f"{where} has no task_id and no prompt messages; {need} need the task it was sampled from")
+    if by_prompt.get(key, False) is None:
+      raise ValueError(f"{where} has no task_id and its prompt is the prompt of several different tasks")
+    if key not in by_prompt:
+      raise ValueError(
+        f"{where} has no task_id and its prompt (its messages before the first assistant message) is none of the "
+        f"environment's {len(tasks)} train and eval tasks' prompts; {need} need the task"
+      )
+    found.append(by_prompt[key])
+  return found
+
+
 MAX_CREDIT_TURNS = 4096
 """The most turns a rollout of a `jaxcredit credit` file may have (the per-turn arrays are [B, T])."""
 
@@ -1362,18 +1431,9 @@ def credit_records(
     records, max_turns=max_turns, pad_id=pad_id, length_bucket=c.train.length_bucket
   )
   if method.passes:
-    index = {}
-    for t in list(run.train_tasks) + list(run.eval_tasks):
-      index.setdefault(_task_id(t), t)
-    tasks = []
-    for r in records:
-      if r.get("task_id") not in index:
-        raise ValueError(
-          f"{in_path}: rollout {r['rollout_id']!r} has task_id {r.get('task_id')!r}, which environment "
-          f"{c.env.name!r} does not have among its {len(index)} train and eval tasks; "
-          f"{c.credit.method}'s passes need the task"
-        )
-      tasks.append(index[r["task_id"]])
+    tasks = tasks_of_records(
+      run.env, list(run.train_tasks) + list(run.eval_tasks), records, source=in_path, need=f"{c.credit.method}'s passes"
+    )
     results = [
       RolloutResult(
         builder=b,

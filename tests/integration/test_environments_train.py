@@ -176,3 +176,49 @@ def test_credit_without_passes_loads_no_model_and_refuses_bad_files(tmp_path):
   assert cli.main(base + ["--in", str(tmp_path / "in.jsonl"), "--out", str(tmp_path)]) == 2
   assert cli.main(base + ["--in", "--out", str(tmp_path / "o.jsonl")]) == 2
   assert cli.main(base + ["--in", str(tmp_path), "--out", str(tmp_path / "o.jsonl")]) == 2
+
+
+def test_credit_finds_each_rollouts_own_task_when_tasks_have_no_id(tiny, tmp_path, monkeypatch):
+  """Tasks that are plain strings (as the README's environment's) carry no id: TRACE's gold pass must still score
+  each rollout against its own task's gold answer, found by the rollout's prompt, never the first task's. A record
+  whose prompt is no task's is refused naming the rollout."""
+  from jaxcredit.envs import Env, EnvSpec
+  from jaxcredit.trajectory import RolloutBuilder
+
+  words = ["credit", "tensor", "reward"]
+  asked = []
+
+  def gold(word):
+    asked.append(word)
+    return f"<answer>{word[::-1]}</answer>"
+
+  spec = EnvSpec(
+    make_tasks=lambda split, num, seed: [words[i % len(words)] for i in range(num)],
+    make_env=None,
+    initial_messages=lambda w: [{"role": "user", "content": f"Reverse {w}."}],
+    stop_strings=("</answer>",),
+    max_turns=2,
+    is_success=lambda r: r >= 1.0,
+    demonstration=None,
+    gold_answer_text=gold,
+    privileged_info=lambda w: w[::-1],
+  )
+  monkeypatch.setitem(ENVS, "no_ids", Env(lambda node: spec, {}, "plain-string tasks"))
+  c = tiny_run_config("trace", tmp_path / "run", tiny)
+  c.env.name, c.env.num_train_tasks, c.eval.num_tasks = "no_ids", 3, 3
+  records = []
+  for g, word in enumerate(["reward", "tensor"]):  # not the first task's word
+    for k in range(2):
+      b = RolloutBuilder.from_prompt([10 + g, 20, 30])
+      b.append_action([40 + k, 50], [-0.5, -0.25])
+      messages = spec.initial_messages(word) + [{"role": "assistant", "content": "<answer>x</answer>"}]
+      records.append(
+        jsonl.rollout_to_record(b, rollout_id=f"{word}-{k}", group_id=g, reward=float(k), messages=messages)
+      )
+  assert all(r["task_id"] is None for r in records)
+  trainer.credit_records(c, records, source="in.jsonl")
+  assert sorted(set(asked)) == ["reward", "tensor"]  # before: every rollout got "credit"'s gold answer
+
+  stranger = [dict(records[0], messages=[{"role": "user", "content": "Reverse nothing."}])] + records[1:]
+  with pytest.raises(ValueError, match=r"in.jsonl: rollout 'reward-0' has no task_id and its prompt .* is none of"):
+    trainer.credit_records(c, stranger, source="in.jsonl")
