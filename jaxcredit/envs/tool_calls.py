@@ -7,8 +7,8 @@ An assistant calls a tool with
 and gets back a tool message whose content is `<tool_response>14</tool_response>`. It ends with
 `<answer>14</answer>`. This module knows no model and no tokenizer: it works on text only.
 
-Running a call (`execute_tool_call`) never raises for bad model output: every malformed call (bad JSON,
-missing fields, unknown tool, arguments not an object, missing expression, calculator error, over-long
+Running a call (`execute_tool_call`) never raises for bad model output: every malformed call (bad JSON, JSON that
+is not strict (a duplicate key, a non-finite number such as NaN or 1e999: `loads_strict`), missing fields, unknown tool, arguments not an object, missing expression, calculator error, over-long
 output) becomes an error observation such as `error: unknown tool 'foo'; available: calculator`, which the
 model sees in place of a result. `render_tool_call` writes the exact syntax the parser reads, so
 demonstrations and the parser agree.
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from typing import Any, Callable, Mapping
 
 from jaxcredit.envs.calculator import CalculatorError, calculate
@@ -112,8 +113,14 @@ def render_tool_call(name: str, arguments: Mapping[str, Any]) -> str:
 
   Raises:
     TypeError: if `arguments` is not JSON-serializable.
+    ValueError: if `arguments` hold a non-finite float (`loads_strict` refuses NaN and infinities).
   """
-  payload = json.dumps({"name": name, "arguments": dict(arguments)})
+  try:
+    payload = json.dumps({"name": name, "arguments": dict(arguments)}, allow_nan=False)
+  except ValueError:
+    raise ValueError(
+      f"tool call {name!r}: arguments hold a non-finite number (nan or inf), which the parser refuses"
+    ) from None
   # "<" inside strings is written "\u003c" (valid JSON for "<"), so a value can never close the tag early or open
   # a think block
   return TOOL_CALL_OPEN + payload.replace("<", "\\u003c") + TOOL_CALL_CLOSE
@@ -156,13 +163,17 @@ def parse_tool_call(text: str) -> ParsedToolCall | None:
 def _arguments(obj: dict) -> tuple[dict | None, str | None]:
   """The call's arguments: an object, a JSON string holding an object, or absent ({}); "parameters" is read
   when "arguments" is absent (a spelling small models use)."""
+  if "arguments" in obj and "parameters" in obj:
+    return None, 'duplicate key: "arguments" and its alias "parameters" are both given; give one'
   key = "arguments" if "arguments" in obj else ("parameters" if "parameters" in obj else None)
   if key is None:
     return {}, None
   arguments = obj[key]
   if isinstance(arguments, str):
     try:
-      arguments = json.loads(arguments) if arguments.strip() else {}
+      arguments = loads_strict(arguments) if arguments.strip() else {}
+    except StrictJSONError as e:
+      return None, f'"arguments" string is not strict JSON ({e})'
     except (ValueError, RecursionError):
       return None, '"arguments" is a string that is not a JSON object'
   if not isinstance(arguments, dict):
@@ -330,6 +341,44 @@ def parse_message(text: str, *, max_calls: int = 16, max_call_chars: int = 20_00
   return ParsedMessage(calls=tuple(calls), answer=extract_answer(visible), error=error, visible=visible)
 
 
+class StrictJSONError(ValueError):
+  """JSON that `json.loads` reads but a tool call may not hold: a duplicate key or a non-finite number."""
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+  out = {}
+  for k, v in pairs:
+    if k in out:
+      raise StrictJSONError(f"duplicate key {_short(k)!r}")
+    out[k] = v
+  return out
+
+
+def _finite_float(text: str) -> float:
+  value = float(text)
+  if not math.isfinite(value):
+    raise StrictJSONError(f"non-finite number {_short(text)}")
+  return value
+
+
+def _no_constant(name: str) -> float:
+  raise StrictJSONError(f"non-finite number {name}")
+
+
+def loads_strict(text: str) -> Any:
+  """`json.loads` for tool-call JSON, stricter than Python's: the one parser behind every tool-call entry point.
+
+  Python's `json` keeps the last of two equal keys (a call with two "name" keys would run the last-named tool) and
+  reads `NaN`, `Infinity`, `-Infinity` and overflowing literals such as `1e999` as nan / inf. Both are refused here,
+  at every depth, as RFC 8259 advises against them and no tool argument means them.
+
+  Raises:
+    StrictJSONError: naming the duplicate key or the non-finite literal.
+    json.JSONDecodeError / ValueError / RecursionError: for text that is not JSON (as `json.loads`).
+  """
+  return json.loads(text, object_pairs_hook=_no_duplicates, parse_float=_finite_float, parse_constant=_no_constant)
+
+
 def _parse_payload(payload: str, start: int, max_chars: int) -> ParsedToolCall:
   def bad(msg: str) -> ParsedToolCall:
     return ParsedToolCall(call=None, error=msg, start=start)
@@ -339,7 +388,9 @@ def _parse_payload(payload: str, start: int, max_chars: int) -> ParsedToolCall:
   if len(payload) > max_chars:
     return bad(f"tool call too long ({len(payload)} characters; max {max_chars})")
   try:
-    obj = json.loads(payload)
+    obj = loads_strict(payload)
+  except StrictJSONError as e:
+    return bad(f"tool call is not strict JSON ({e})")
   except json.JSONDecodeError as e:
     return bad(f"tool call is not valid JSON ({e.msg} at character {e.pos})")
   except (ValueError, RecursionError):
