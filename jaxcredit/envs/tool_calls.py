@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from jaxcredit.envs.calculator import CalculatorError, calculate
 
@@ -137,27 +137,26 @@ def render_answer(value: str) -> str:
 
 
 def parse_tool_call(text: str) -> ParsedToolCall | None:
-  """Finds and parses the first `<tool_call>...</tool_call>` in assistant text.
+  """Finds and parses the first `<tool_call>...</tool_call>` in assistant text, outside `<think>` blocks.
 
-  Without a closing tag (generation cut short) the rest of the text is taken as the payload. The payload
-  must be a JSON object with a string "name" and an object "arguments". Whether the tool exists is not
-  checked here (see `execute_tool_call`).
+  Read as the environments read a message (`parse_message`, with the calculator's `MAX_CALL_CHARS`): think blocks
+  are dropped first, so a call written while thinking is not a call. Without a closing tag (generation cut short)
+  the rest of the text is taken as the payload. The payload must be strict JSON (`loads_strict`) holding an object
+  with a string "name" and an object "arguments". Whether the tool exists is not checked here (see
+  `execute_tool_call`).
 
   Args:
     text: one assistant message.
 
   Returns:
-    None when the text has no `<tool_call>`; otherwise a `ParsedToolCall` holding the call or an error.
-    Never raises for any string input.
+    None when the visible text has no `<tool_call>`; otherwise a `ParsedToolCall` holding the call or an error
+    (`start` is its index in the visible text). An unclosed `<think>` block is an error (`start` is its index in
+    `text`): the whole message is then no action, as in every environment. Never raises for any string input.
   """
-  start = text.find(TOOL_CALL_OPEN)
-  if start < 0:
-    return None
-  body_start = start + len(TOOL_CALL_OPEN)
-  end = text.find(TOOL_CALL_CLOSE, body_start)
-  payload = (text[body_start:] if end < 0 else text[body_start:end]).strip()
-
-  return _parse_payload(payload, start, MAX_CALL_CHARS)
+  msg = parse_message(text, max_calls=1, max_call_chars=MAX_CALL_CHARS)
+  if msg.error is not None:
+    return ParsedToolCall(call=None, error=msg.error, start=max(0, text.rfind(THINK_OPEN)))
+  return msg.calls[0] if msg.calls else None
 
 
 def _arguments(obj: dict) -> tuple[dict | None, str | None]:
@@ -215,11 +214,12 @@ def execute_tool_call(
   tools: Mapping[str, Callable[[Mapping[str, Any]], str]] | None = None,
   max_output_chars: int = MAX_OUTPUT_CHARS,
 ) -> ToolOutcome | None:
-  """Parses the first tool call in `text` and runs it.
+  """Parses the first tool call in `text` outside `<think>` blocks (`parse_tool_call`) and runs it.
 
   Returns:
-    None when `text` has no `<tool_call>`; otherwise the outcome, with malformed calls turned into error
-    outcomes (`ok=False`, content "error: ..."). Never raises for any string input.
+    None when the visible text has no `<tool_call>`; otherwise the outcome, with malformed calls (and a message
+    with an unclosed `<think>` block) turned into error outcomes (`ok=False`, content "error: ..."). Never raises for
+    any string input.
   """
   parsed = parse_tool_call(text)
   if parsed is None:
@@ -230,16 +230,24 @@ def execute_tool_call(
 
 
 def extract_answer(text: str) -> str | None:
-  """The stripped content of the first `<answer>...</answer>`, or None when there is no `<answer>`.
+  """The stripped content of the first `<answer>...</answer>` outside `<think>` blocks, or None when there is none
+  (or the message has an unclosed `<think>` block, which hides the rest of the message).
 
   Without a closing tag (generation cut short) the rest of the text is taken.
   """
-  start = text.find(ANSWER_OPEN)
+  visible, error = strip_thinking(text)
+  return None if error is not None else _answer_in(visible)
+
+
+def _answer_in(visible: str) -> str | None:
+  """`extract_answer` on text whose think blocks are already dropped (stripping twice is not the identity: a stray
+  `</think>` left in visible text would hide what precedes it)."""
+  start = visible.find(ANSWER_OPEN)
   if start < 0:
     return None
   body_start = start + len(ANSWER_OPEN)
-  end = text.find(ANSWER_CLOSE, body_start)
-  return (text[body_start:] if end < 0 else text[body_start:end]).strip()
+  end = visible.find(ANSWER_CLOSE, body_start)
+  return (visible[body_start:] if end < 0 else visible[body_start:end]).strip()
 
 
 def _short(s: str, n: int = 40) -> str:
@@ -338,7 +346,7 @@ def parse_message(text: str, *, max_calls: int = 16, max_call_chars: int = 20_00
       break
     calls.append(_parse_payload(visible[body:stop].strip(), start, max_call_chars))
     pos = len(visible) if end < 0 else end + len(TOOL_CALL_CLOSE)
-  return ParsedMessage(calls=tuple(calls), answer=extract_answer(visible), error=error, visible=visible)
+  return ParsedMessage(calls=tuple(calls), answer=_answer_in(visible), error=error, visible=visible)
 
 
 class StrictJSONError(ValueError):
