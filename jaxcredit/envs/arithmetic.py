@@ -342,6 +342,8 @@ class ArithmeticEnv:
     answer like "10^10^10^10" makes sympy run for minutes) and keeps an unevaluated expression such as
     "(3+4)*2" from earning the reward for 14. The result is cached.
     """
+    if not self.done:
+      return 0.0  # never cached: a reward asked for mid-episode must not freeze the episode's reward at 0
     if self._reward is None:
       answer = self.info["answer"]
       self._reward = 1.0 if (answer is not None and answer_is_correct(answer, self.task.answer)) else 0.0
