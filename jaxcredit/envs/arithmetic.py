@@ -290,7 +290,8 @@ class ArithmeticEnv:
     """Consumes one assistant message.
 
     Args:
-      assistant_text: the decoded assistant turn (special tokens removed).
+      assistant_text: the assistant turn as the model wrote it (`multiturn.action_text`: special tokens kept, the
+        stop token that ended the turn left out).
 
     Returns:
       A `StepResult`; its observation goes into `{"role": "tool", "content": observation}`.
