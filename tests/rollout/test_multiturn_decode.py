@@ -15,7 +15,6 @@ from jaxcredit.rollout.chat_format import ChatFormat
 from jaxcredit.rollout.multiturn import action_text, run_rollouts
 from jaxcredit.sampling import SamplingParams
 from jaxcredit.sampling.sampler import SampleOutput
-
 from tests.fixtures.tiny_chat import tiny_tokenizer
 
 CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "2+3"}}</tool_call>'
