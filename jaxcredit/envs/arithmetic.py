@@ -248,7 +248,7 @@ StepResult = spec.StepResult  # the observation is a tool message's content; Non
 class ArithmeticEnv:
   """One rollout's environment: answers calculator calls until an answer or the end.
 
-  Per assistant turn (`step`), text inside `<think>...</think>` is dropped (`tool_calls.strip_thinking`; an
+  Per assistant turn (`step`), text inside `<think>...</think>` is dropped (`tool_calls.parse_message`; an
   unclosed think block gives an error observation and nothing else happens), then whichever comes first in the
   visible text decides:
     * `<tool_call>` with calls left: the call runs (malformed calls give an "error: ..." result and still
@@ -290,7 +290,8 @@ class ArithmeticEnv:
     """Consumes one assistant message.
 
     Args:
-      assistant_text: the decoded assistant turn (special tokens removed).
+      assistant_text: the assistant turn as the model wrote it (`multiturn.action_text`: special tokens kept, the
+        stop token that ended the turn left out).
 
     Returns:
       A `StepResult`; its observation goes into `{"role": "tool", "content": observation}`.
@@ -302,27 +303,29 @@ class ArithmeticEnv:
       raise RuntimeError("step() called on a finished episode")
     info = self.info
     info["turns"] += 1
-    assistant_text, think_error = tool_calls.strip_thinking(assistant_text)
-    if think_error is not None:
+    # one read of the message (think blocks dropped once: stripping twice would misread a stray </think>)
+    msg = tool_calls.parse_message(assistant_text, max_calls=1, max_call_chars=tool_calls.MAX_CALL_CHARS)
+    if msg.error is not None:
       info["tool_errors"] += 1
-      return StepResult(
-        observation=tool_calls.render_tool_response(f"error: {think_error}"), done=False, info=dict(info)
-      )
-    call_at = assistant_text.find(tool_calls.TOOL_CALL_OPEN)
-    answer_at = assistant_text.find(tool_calls.ANSWER_OPEN)
-    if call_at >= 0 and (answer_at < 0 or call_at < answer_at):
+      return StepResult(observation=tool_calls.render_tool_response(f"error: {msg.error}"), done=False, info=dict(info))
+    answer_at = msg.visible.find(tool_calls.ANSWER_OPEN)
+    if msg.calls and (answer_at < 0 or msg.calls[0].start < answer_at):
       if info["tool_calls"] >= self.max_tool_calls:
         info["budget_exhausted"] = True
         return self._finish("tool_budget")
       info["tool_calls"] += 1
-      outcome = tool_calls.execute_tool_call(assistant_text)
-      assert outcome is not None  # a <tool_call> tag is present
+      first = msg.calls[0]
+      outcome = (
+        tool_calls.run_tool_call(first.call)
+        if first.call is not None
+        else tool_calls.ToolOutcome(f"error: {first.error}", ok=False)
+      )
       if not outcome.ok:
         info["tool_errors"] += 1
       return StepResult(observation=tool_calls.render_tool_response(outcome.content), done=False, info=dict(info))
-    if answer_at >= 0:
+    if msg.answer is not None:
       info["answered"] = True
-      info["answer"] = tool_calls.extract_answer(assistant_text)
+      info["answer"] = msg.answer
       return self._finish("answer")
     return self._finish("no_answer")
 
@@ -340,6 +343,8 @@ class ArithmeticEnv:
     answer like "10^10^10^10" makes sympy run for minutes) and keeps an unevaluated expression such as
     "(3+4)*2" from earning the reward for 14. The result is cached.
     """
+    if not self.done:
+      return 0.0  # never cached: a reward asked for mid-episode must not freeze the episode's reward at 0
     if self._reward is None:
       answer = self.info["answer"]
       self._reward = 1.0 if (answer is not None and answer_is_correct(answer, self.task.answer)) else 0.0

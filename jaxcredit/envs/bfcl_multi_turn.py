@@ -14,10 +14,12 @@ A session (one rollout):
     ground-truth calls for that request run on a second set of backends, then BFCL's `state_checker` (public
     attributes of every backend equal) and `response_checker` (every ground-truth result appears among the results
     of the model's calls so far) decide. A request whose ground truth is empty (miss_func / miss_param: the
-    function or a parameter is missing) passes when the model made no well-formed call in it (BFCL's
-    `multi_turn_irrelevance_checker` rule). The next request then arrives as a user message (role "user"); in
+    function or a parameter is missing) passes when the model attempted no call in it (BFCL's
+    `multi_turn_irrelevance_checker` rule; a malformed call, an unknown function or bad arguments are attempts too)
+    and ended it with a message without a call (a request the step limit ended was not declined). The next request then arrives as a user message (role "user"); in
     miss_func it brings the docs of the held-out functions, as BFCL's prompt does.
-  * A request also ends after `max_steps_per_unit` messages with calls (BFCL's step limit, smaller here).
+  * A request also ends after `max_steps_per_unit` messages with calls (BFCL's step limit, smaller here). A message
+    with an unclosed `<think>` block is one of them: an error observation, and none of its calls run.
   * The outcome reward is 1.0 when every request passed ("all_units"), or the fraction that passed
     ("unit_fraction"). `unit_rewards` gives each reached request's 0/1 verdict (CrEST's verified units).
     `info["official_valid"]` is BFCL's own verdict, which skips the empty-ground-truth requests; the trainer logs its
@@ -444,7 +446,8 @@ class BfclSession:
     self.compact_tools = bool(compact_tools)
     self.unit = 0
     self.steps_in_unit = 0
-    self.calls_in_unit = 0  # well-formed calls in the current request (dispatched or not)
+    self.calls_in_unit = 0  # attempted calls in the current request: malformed, unknown or dispatched
+    self.ended_by_model = False  # whether the current request was ended by a message without a call
     self.model_results: list[str] = []  # results of every dispatched call so far (BFCL's response list)
     self.unit_passed: list[bool] = []
     self.official: list[bool] = []
@@ -490,13 +493,17 @@ class BfclSession:
     info = self.info
     info["turns"] += 1
     msg = tool_calls.parse_message(assistant_text, max_calls=self.max_calls_per_message)
-    if msg.error is not None and not msg.calls:
+    # Every attempted call counts, malformed or not: were only well-formed calls counted, a broken call followed by
+    # a refusal would pass an empty-ground-truth request, paying the policy to emit broken calls when unsure.
+    self.calls_in_unit += len(msg.calls)
+    if msg.error is not None:  # an unclosed think block: the message is no action (its visible calls do not run)
       info["tool_errors"] += 1
       self.steps_in_unit += 1
       if self.steps_in_unit >= self.max_steps_per_unit:
         return self._end_unit()
       return spec.StepResult(tool_calls.render_tool_response(f"error: {msg.error}"), False, dict(info), "tool")
     if not msg.calls:
+      self.ended_by_model = True
       return self._end_unit()
     outcomes = tool_calls.run_calls(
       msg.calls,
@@ -505,7 +512,6 @@ class BfclSession:
       errors_as_results=execution_error,
       check_types=False,
     )
-    self.calls_in_unit += sum(o.call is not None for o in outcomes)
     for o in outcomes:
       if o.dispatched:
         info["tool_calls"] += 1
@@ -526,6 +532,7 @@ class BfclSession:
     self.unit += 1
     self.steps_in_unit = 0
     self.calls_in_unit = 0
+    self.ended_by_model = False
     self.info["unit"] = self.unit
     if self.unit >= self.task.num_units:
       self.done = True
@@ -547,7 +554,9 @@ class BfclSession:
       except Exception as e:  # noqa: BLE001 - BFCL records the error text as the result
         truth_results.append(execution_error(e))
     if not self.task.ground_truth[unit]:
-      return self.calls_in_unit == 0, True  # BFCL's official checker does not check these requests
+      # an abstention: the model ended the request itself and attempted no call in it (a request the step limit
+      # ended was never declined); BFCL's official checker does not check these requests
+      return self.calls_in_unit == 0 and self.ended_by_model, True
     if self.calls_in_unit == 0:
       return False, False
     ok = (

@@ -642,6 +642,8 @@ class MathEnv(arithmetic.ArithmeticEnv):
 
   def reward(self) -> float:
     """`score_answer(task, answer)`: 1.0 or 0.0 (0.0 before the end or without an answer). Cached."""
+    if not self.done:
+      return 0.0  # never cached before the end (see `ArithmeticEnv.reward`)
     if self._reward is None:
       self._reward = score_answer(self.task, self.info["answer"])
     return self._reward

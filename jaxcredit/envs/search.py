@@ -389,7 +389,8 @@ class SearchEnv:
     """Consumes one assistant message.
 
     Args:
-      assistant_text: the decoded assistant turn (special tokens removed).
+      assistant_text: the assistant turn as the model wrote it (`multiturn.action_text`: special tokens kept, the
+        stop token that ended the turn left out).
 
     Returns:
       A `StepResult`; its observation goes into `{"role": "tool", "content": observation}`.
@@ -437,6 +438,8 @@ class SearchEnv:
   def reward(self) -> float:
     """1.0 when the given answer matches the gold answer or an alias (`answer_matches`), else 0.0 (also before the
     end)."""
+    if not self.done:
+      return 0.0  # never cached: a reward asked for mid-episode must not freeze the episode's reward at 0
     if self._reward is None:
       answer = self.info["answer"]
       self._reward = float(answer is not None and answer_matches(answer, self.task.answer, self.task.aliases))

@@ -7,8 +7,8 @@ An assistant calls a tool with
 and gets back a tool message whose content is `<tool_response>14</tool_response>`. It ends with
 `<answer>14</answer>`. This module knows no model and no tokenizer: it works on text only.
 
-Running a call (`execute_tool_call`) never raises for bad model output: every malformed call (bad JSON,
-missing fields, unknown tool, arguments not an object, missing expression, calculator error, over-long
+Running a call (`execute_tool_call`) never raises for bad model output: every malformed call (bad JSON, JSON that
+is not strict (a duplicate key, a non-finite number such as NaN or 1e999: `loads_strict`), missing fields, unknown tool, arguments not an object, missing expression, calculator error, over-long
 output) becomes an error observation such as `error: unknown tool 'foo'; available: calculator`, which the
 model sees in place of a result. `render_tool_call` writes the exact syntax the parser reads, so
 demonstrations and the parser agree.
@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Callable, Mapping
+import math
+from typing import Any, Callable, Mapping, Sequence
 
 from jaxcredit.envs.calculator import CalculatorError, calculate
 
@@ -112,8 +113,14 @@ def render_tool_call(name: str, arguments: Mapping[str, Any]) -> str:
 
   Raises:
     TypeError: if `arguments` is not JSON-serializable.
+    ValueError: if `arguments` hold a non-finite float (`loads_strict` refuses NaN and infinities).
   """
-  payload = json.dumps({"name": name, "arguments": dict(arguments)})
+  try:
+    payload = json.dumps({"name": name, "arguments": dict(arguments)}, allow_nan=False)
+  except ValueError:
+    raise ValueError(
+      f"tool call {name!r}: arguments hold a non-finite number (nan or inf), which the parser refuses"
+    ) from None
   # "<" inside strings is written "\u003c" (valid JSON for "<"), so a value can never close the tag early or open
   # a think block
   return TOOL_CALL_OPEN + payload.replace("<", "\\u003c") + TOOL_CALL_CLOSE
@@ -130,39 +137,42 @@ def render_answer(value: str) -> str:
 
 
 def parse_tool_call(text: str) -> ParsedToolCall | None:
-  """Finds and parses the first `<tool_call>...</tool_call>` in assistant text.
+  """Finds and parses the first `<tool_call>...</tool_call>` in assistant text, outside `<think>` blocks.
 
-  Without a closing tag (generation cut short) the rest of the text is taken as the payload. The payload
-  must be a JSON object with a string "name" and an object "arguments". Whether the tool exists is not
-  checked here (see `execute_tool_call`).
+  Read as the environments read a message (`parse_message`, with the calculator's `MAX_CALL_CHARS`): think blocks
+  are dropped first, so a call written while thinking is not a call. Without a closing tag (generation cut short)
+  the rest of the text is taken as the payload. The payload must be strict JSON (`loads_strict`) holding an object
+  with a string "name" and an object "arguments". Whether the tool exists is not checked here (see
+  `execute_tool_call`).
 
   Args:
     text: one assistant message.
 
   Returns:
-    None when the text has no `<tool_call>`; otherwise a `ParsedToolCall` holding the call or an error.
-    Never raises for any string input.
+    None when the visible text has no `<tool_call>`; otherwise a `ParsedToolCall` holding the call or an error
+    (`start` is its index in the visible text). An unclosed `<think>` block is an error (`start` is its index in
+    `text`): the whole message is then no action, as in every environment. Never raises for any string input.
   """
-  start = text.find(TOOL_CALL_OPEN)
-  if start < 0:
-    return None
-  body_start = start + len(TOOL_CALL_OPEN)
-  end = text.find(TOOL_CALL_CLOSE, body_start)
-  payload = (text[body_start:] if end < 0 else text[body_start:end]).strip()
-
-  return _parse_payload(payload, start, MAX_CALL_CHARS)
+  msg = parse_message(text, max_calls=1, max_call_chars=MAX_CALL_CHARS)
+  if msg.error is not None:
+    return ParsedToolCall(call=None, error=msg.error, start=max(0, text.rfind(THINK_OPEN)))
+  return msg.calls[0] if msg.calls else None
 
 
 def _arguments(obj: dict) -> tuple[dict | None, str | None]:
   """The call's arguments: an object, a JSON string holding an object, or absent ({}); "parameters" is read
   when "arguments" is absent (a spelling small models use)."""
+  if "arguments" in obj and "parameters" in obj:
+    return None, 'duplicate key: "arguments" and its alias "parameters" are both given; give one'
   key = "arguments" if "arguments" in obj else ("parameters" if "parameters" in obj else None)
   if key is None:
     return {}, None
   arguments = obj[key]
   if isinstance(arguments, str):
     try:
-      arguments = json.loads(arguments) if arguments.strip() else {}
+      arguments = loads_strict(arguments) if arguments.strip() else {}
+    except StrictJSONError as e:
+      return None, f'"arguments" string is not strict JSON ({e})'
     except (ValueError, RecursionError):
       return None, '"arguments" is a string that is not a JSON object'
   if not isinstance(arguments, dict):
@@ -204,11 +214,12 @@ def execute_tool_call(
   tools: Mapping[str, Callable[[Mapping[str, Any]], str]] | None = None,
   max_output_chars: int = MAX_OUTPUT_CHARS,
 ) -> ToolOutcome | None:
-  """Parses the first tool call in `text` and runs it.
+  """Parses the first tool call in `text` outside `<think>` blocks (`parse_tool_call`) and runs it.
 
   Returns:
-    None when `text` has no `<tool_call>`; otherwise the outcome, with malformed calls turned into error
-    outcomes (`ok=False`, content "error: ..."). Never raises for any string input.
+    None when the visible text has no `<tool_call>`; otherwise the outcome, with malformed calls (and a message
+    with an unclosed `<think>` block) turned into error outcomes (`ok=False`, content "error: ..."). Never raises for
+    any string input.
   """
   parsed = parse_tool_call(text)
   if parsed is None:
@@ -219,16 +230,24 @@ def execute_tool_call(
 
 
 def extract_answer(text: str) -> str | None:
-  """The stripped content of the first `<answer>...</answer>`, or None when there is no `<answer>`.
+  """The stripped content of the first `<answer>...</answer>` outside `<think>` blocks, or None when there is none
+  (or the message has an unclosed `<think>` block, which hides the rest of the message).
 
   Without a closing tag (generation cut short) the rest of the text is taken.
   """
-  start = text.find(ANSWER_OPEN)
+  visible, error = strip_thinking(text)
+  return None if error is not None else _answer_in(visible)
+
+
+def _answer_in(visible: str) -> str | None:
+  """`extract_answer` on text whose think blocks are already dropped (stripping twice is not the identity: a stray
+  `</think>` left in visible text would hide what precedes it)."""
+  start = visible.find(ANSWER_OPEN)
   if start < 0:
     return None
   body_start = start + len(ANSWER_OPEN)
-  end = text.find(ANSWER_CLOSE, body_start)
-  return (text[body_start:] if end < 0 else text[body_start:end]).strip()
+  end = visible.find(ANSWER_CLOSE, body_start)
+  return (visible[body_start:] if end < 0 else visible[body_start:end]).strip()
 
 
 def _short(s: str, n: int = 40) -> str:
@@ -327,7 +346,45 @@ def parse_message(text: str, *, max_calls: int = 16, max_call_chars: int = 20_00
       break
     calls.append(_parse_payload(visible[body:stop].strip(), start, max_call_chars))
     pos = len(visible) if end < 0 else end + len(TOOL_CALL_CLOSE)
-  return ParsedMessage(calls=tuple(calls), answer=extract_answer(visible), error=error, visible=visible)
+  return ParsedMessage(calls=tuple(calls), answer=_answer_in(visible), error=error, visible=visible)
+
+
+class StrictJSONError(ValueError):
+  """JSON that `json.loads` reads but a tool call may not hold: a duplicate key or a non-finite number."""
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+  out = {}
+  for k, v in pairs:
+    if k in out:
+      raise StrictJSONError(f"duplicate key {_short(k)!r}")
+    out[k] = v
+  return out
+
+
+def _finite_float(text: str) -> float:
+  value = float(text)
+  if not math.isfinite(value):
+    raise StrictJSONError(f"non-finite number {_short(text)}")
+  return value
+
+
+def _no_constant(name: str) -> float:
+  raise StrictJSONError(f"non-finite number {name}")
+
+
+def loads_strict(text: str) -> Any:
+  """`json.loads` for tool-call JSON, stricter than Python's: the one parser behind every tool-call entry point.
+
+  Python's `json` keeps the last of two equal keys (a call with two "name" keys would run the last-named tool) and
+  reads `NaN`, `Infinity`, `-Infinity` and overflowing literals such as `1e999` as nan / inf. Both are refused here,
+  at every depth, as RFC 8259 advises against them and no tool argument means them.
+
+  Raises:
+    StrictJSONError: naming the duplicate key or the non-finite literal.
+    json.JSONDecodeError / ValueError / RecursionError: for text that is not JSON (as `json.loads`).
+  """
+  return json.loads(text, object_pairs_hook=_no_duplicates, parse_float=_finite_float, parse_constant=_no_constant)
 
 
 def _parse_payload(payload: str, start: int, max_chars: int) -> ParsedToolCall:
@@ -339,7 +396,9 @@ def _parse_payload(payload: str, start: int, max_chars: int) -> ParsedToolCall:
   if len(payload) > max_chars:
     return bad(f"tool call too long ({len(payload)} characters; max {max_chars})")
   try:
-    obj = json.loads(payload)
+    obj = loads_strict(payload)
+  except StrictJSONError as e:
+    return bad(f"tool call is not strict JSON ({e})")
   except json.JSONDecodeError as e:
     return bad(f"tool call is not valid JSON ({e.msg} at character {e.pos})")
   except (ValueError, RecursionError):

@@ -42,6 +42,28 @@ def transcript(messages: Sequence[dict]) -> str:
   return "\n".join(f"{m['role']}: {m['content']}" for m in messages if m["role"] in ("assistant", "tool"))
 
 
+def action_text(tok: ChatTokenizerLike, ids: Sequence[int], stop_token_ids: Sequence[int] = ()) -> str:
+  """The text of one assistant turn, exactly as the model wrote it: what the environment reads.
+
+  Every token is decoded, special ones included: a tokenizer may mark `<tool_call>`, `<think>` or `<answer>` special,
+  and decoding with `skip_special_tokens` would hand the environment a call without its tags (or a thought without
+  its think block). Only a final stop token (one of `stop_token_ids`, or `tok.eos_id`) is left out: it ends the
+  turn, the template writes it, and it is no part of the message (the sampler keeps it as the turn's last id).
+
+  Args:
+    tok: the chat tokenizer.
+    ids: the turn's sampled token ids, int, in order.
+    stop_token_ids: the ids that end a turn (`SamplingParams.stop_token_ids`).
+
+  Returns:
+    The decoded text ("" for no ids).
+  """
+  ids = [int(i) for i in ids]
+  if ids and (ids[-1] == tok.eos_id or ids[-1] in set(stop_token_ids)):
+    ids = ids[:-1]
+  return tok.decode(ids, skip_special_tokens=False)
+
+
 def encode_prompt(tok: ChatTokenizerLike, messages: list[dict]) -> list[int]:
   """The prompt's token ids: the chat rendered with the generation prompt, contents read as plain text."""
   return encode_chat(tok, messages, add_generation_prompt=True)
@@ -110,7 +132,7 @@ def run_rollouts(
     for j, i in enumerate(active):
       ids, logp, reason = out.tokens[j], out.logprobs[j], out.finish_reasons[j]
       builders[i].append_action(ids, [float(x) for x in logp])
-      text = tok.decode(ids, skip_special_tokens=True)
+      text = action_text(tok, ids, sampling_params.stop_token_ids)  # tags the tokenizer marks special kept
       messages[i].append({"role": "assistant", "content": text})
       result = envs[i].step(text)
       info = getattr(result, "info", {}) or {}

@@ -39,7 +39,7 @@ import numpy as np
 from jaxcredit import credit, multihost, sharding
 from jaxcredit.plain_text import encode_chat, encode_plain, encode_with_plain_spans
 from jaxcredit.rollout.chat_format import ChatFormat
-from jaxcredit.rollout.multiturn import transcript
+from jaxcredit.rollout.multiturn import action_text, transcript
 from jaxcredit.sampling import SamplingParams
 from jaxcredit.scoring import teacher as teacher_lib
 from jaxcredit.scoring.gold import score_gold_answers_packed
@@ -411,7 +411,7 @@ def hindsight_skill(ctx: PassContext, traj: Trajectory) -> dict:
   out = sampler.generate(prompts, params, ctx.key)
   skills, lengths, reasons = [], [], []
   for ids, fit in zip(out.tokens, fits):
-    text = tok.decode(list(ids), skip_special_tokens=True).strip() if fit else ""
+    text = action_text(tok, ids, params.stop_token_ids).strip() if fit else ""
     skills.append(text)
     lengths.append(len(ids) if fit else 0)
     reasons.append("" if text else ("over_budget" if not fit else "empty_skill"))

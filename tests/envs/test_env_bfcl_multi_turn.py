@@ -92,6 +92,40 @@ def test_empty_ground_truth_requests_pass_only_without_a_call():
   assert s.reward() == 0.0
 
 
+BROKEN_CALL = '<tool_call>{"name": "cd", "arguments": {"folder": '  # cut short: not JSON
+
+
+def _at_empty_request(max_steps_per_unit=4):
+  """A miss_param session advanced (by its ground truth) to its first request whose ground truth is empty."""
+  task = next(t for t in TASKS if t.category == "miss_param" and any(not g for g in t.ground_truth))
+  u = next(u for u in range(task.num_units) if not task.ground_truth[u])
+  s = bm.BfclSession(task, max_steps_per_unit=max_steps_per_unit)
+  for k in range(u):
+    s.step(bm.render_calls(bm.ground_truth_calls(task, k)))
+    s.step(bm.DONE_TEXT)
+  assert s.unit == u
+  return s, u
+
+
+@pytest.mark.parametrize(
+  "messages, passed",
+  [
+    ([bm.REFUSAL_TEXT], True),  # the abstention BFCL asks for
+    ([BROKEN_CALL, bm.REFUSAL_TEXT], False),  # issue 35 case 1: a broken call, then a refusal
+    ([BROKEN_CALL] * 4, False),  # issue 35 case 1: four broken calls that hit the step limit
+    (['<tool_call>{"name": "cd", "name": "ls", "arguments": {}}</tool_call>', bm.REFUSAL_TEXT], False),
+    (['<tool_call>{"name": "no_such_function", "arguments": {}}</tool_call>', bm.REFUSAL_TEXT], False),
+    (["<think>unclosed"] * 4, False),  # never ended the request: the step limit did, not an abstention
+    (["<think>" + tc.render_tool_call("ls", {}) + "</think>" + bm.REFUSAL_TEXT], True),  # thinking is no call
+  ],
+)
+def test_issue35_case1_a_broken_call_is_not_an_abstention(messages, passed):
+  s, u = _at_empty_request()
+  for m in messages:
+    s.step(m)
+  assert s.unit == u + 1 and s.unit_passed[u] is passed
+
+
 def test_miss_func_request_brings_the_held_out_functions():
   task = next(t for t in TASKS if t.held_out)
   unit, names = task.held_out[0]

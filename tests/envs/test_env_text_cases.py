@@ -66,6 +66,51 @@ def test_strip_thinking(text, visible, error):
 def test_think_case_for_every_message_parser():
   msg = tc.parse_message(THINK_CASE)
   assert msg.calls == () and msg.answer == "5"
+  # issue 35 (smaller case): the public single-call functions read outside think blocks too (they ran the 9*9 call)
+  assert tc.parse_tool_call(THINK_CASE) is None
+  assert tc.execute_tool_call(THINK_CASE) is None
+  assert tc.extract_answer(THINK_CASE) == "5"
+
+
+_CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>'
+
+
+@pytest.mark.parametrize(
+  "text, ran, answer",
+  [
+    ("<think>" + _CALL + "</think>", None, None),  # only a call inside thinking: nothing runs
+    ("<think>" + _CALL + "</think>" + _CALL.replace("6*7", "2+3"), "5", None),  # the visible call runs, not the hidden
+    ("<think><answer>1</answer></think><answer>2</answer>", None, "2"),
+    (
+      _CALL + "</think><answer>9</answer>",
+      None,
+      "9",
+    ),  # the template opened the block: text before </think> is thinking
+    ("a<think>x</think>" + _CALL + "<think>y</think>", "42", None),
+    ("a<think>b</think>c</think>" + _CALL, "42", None),  # a stray second </think> hides what is before it, once
+  ],
+)
+def test_public_functions_read_only_outside_think_blocks(text, ran, answer):
+  outcome = tc.execute_tool_call(text)
+  assert (outcome.content if outcome else None) == ran
+  parsed = tc.parse_tool_call(text)
+  assert (parsed is None) == (ran is None)
+  assert tc.extract_answer(text) == answer
+  msg = tc.parse_message(text)  # the environments' parser agrees
+  assert [tc.run_tool_call(p.call).content for p in msg.calls] == ([] if ran is None else [ran])
+  assert msg.answer == answer
+
+
+@pytest.mark.parametrize("text", ["<think>" + _CALL, _CALL + "<think>more", "<think><answer>5</answer>"])
+def test_public_functions_with_an_unclosed_think_block_run_nothing_and_say_why(text):
+  parsed = tc.parse_tool_call(text)
+  assert parsed.call is None and "unclosed <think> block" in parsed.error
+  outcome = tc.execute_tool_call(text)
+  assert not outcome.ok and "unclosed <think> block" in outcome.content
+  assert tc.extract_answer(text) is None
+  env = ar.ArithmeticEnv(_task(), max_tool_calls=2)
+  r = env.step(text)
+  assert not r.done and r.info["tool_calls"] == 0 and "unclosed <think> block" in r.observation
 
 
 @pytest.fixture(scope="module")

@@ -272,3 +272,77 @@ def test_run_calls_checks_the_schema():
   assert not any(o.dispatched for o in out[1:])
   lenient = tc.run_calls(calls[3:4], {"add": tool}, check_types=False, errors_as_results=lambda e: f"E: {e}")
   assert lenient[0].dispatched and lenient[0].content.startswith("E: ")  # "1" + 0 raised inside the tool
+
+
+# --- strict JSON: duplicate keys and non-finite numbers (issue 35 case 5) ---------------------------------------
+
+# A duplicate "name" used to run the last-named tool (json.loads keeps the last value); NaN, Infinity and overflowing
+# literals used to reach a number parameter as nan / inf.
+STRICT_CASES = [
+  ('{"name": "calculator", "name": "search", "arguments": {"expression": "1+1"}}', "duplicate key 'name'"),
+  ('{"name": "f", "arguments": {"x": NaN}}', "non-finite number NaN"),
+  ('{"name": "f", "arguments": {"x": 1e999}}', "non-finite number 1e999"),
+  ('{"name": "f", "arguments": {"x": -Infinity}}', "non-finite number -Infinity"),
+]
+
+
+@pytest.mark.parametrize("payload, needle", STRICT_CASES)
+def test_issue35_case5_duplicate_keys_and_non_finite_numbers_are_error_observations(payload, needle):
+  msg = tc.parse_message(call_text(payload))
+  assert len(msg.calls) == 1 and msg.calls[0].call is None and needle in msg.calls[0].error
+  parsed = tc.parse_tool_call(call_text(payload))
+  assert parsed.call is None and needle in parsed.error
+  outcome = tc.execute_tool_call(call_text(payload))
+  assert (
+    not outcome.ok and outcome.content.startswith("error: tool call is not strict JSON") and needle in outcome.content
+  )
+
+
+_NON_FINITE = ["NaN", "Infinity", "-Infinity", "1e999", "-1e999", "1E400", "123456789e308", "-0.5e+99999"]
+_DUP_PLACES = [
+  '{{"name": "f", "name": "g", "arguments": {{"x": 1}}}}',  # top level
+  '{{"name": "f", "arguments": {{"x": 1, "x": 2}}}}',  # the arguments
+  '{{"name": "f", "arguments": {{"o": {{"k": 1, "k": 1}}}}}}',  # nested in an argument (even equal values)
+  '{{"name": "f", "arguments": {{"l": [{{"k": 1, "k": 2}}]}}}}',  # inside a list
+  '{{"name": "f", "arguments": {{"x": 1}}, "arguments": {{"x": 2}}}}',  # two "arguments"
+  '{{"name": "f", "arguments": {{"x": 1}}, "parameters": {{"x": 2}}}}',  # "arguments" and its alias "parameters"
+  '{{"name": "f", "arguments": "{{\\"x\\": 1, \\"x\\": 2}}"}}',  # arguments given as a JSON string
+]
+_NUM_PLACES = [
+  '{{"name": "f", "arguments": {{"x": {v}}}}}',
+  '{{"name": "f", "arguments": {{"l": [1, {v}]}}}}',
+  '{{"name": "f", "arguments": {{"o": {{"k": {v}}}}}}}',
+  '{{"name": "f", "arguments": {{"x": 1}}, "extra": {v}}}',
+  '{{"name": "f", "arguments": "{{\\"x\\": {v}}}"}}',
+]
+
+
+@pytest.mark.parametrize("template", _DUP_PLACES)
+def test_duplicate_keys_anywhere_are_refused_by_every_entry_point(template):
+  text = call_text(template.format())
+  for parsed in (tc.parse_tool_call(text), *tc.parse_message(text).calls):
+    assert parsed.call is None and "duplicate key" in parsed.error, parsed
+  assert not tc.execute_tool_call(text).ok
+
+
+@pytest.mark.parametrize("template", _NUM_PLACES)
+@pytest.mark.parametrize("value", _NON_FINITE)
+def test_non_finite_numbers_anywhere_are_refused_by_every_entry_point(template, value):
+  text = call_text(template.format(v=value))
+  for parsed in (tc.parse_tool_call(text), *tc.parse_message(text).calls):
+    assert parsed.call is None and "non-finite number" in parsed.error, parsed
+  assert not tc.execute_tool_call(text).ok
+
+
+@pytest.mark.parametrize(
+  "value", ["1e308", "-1.7976931348623157e308", "5e-324", "1e-999", "0", "-0.0", "12345678901234567890"]
+)
+def test_large_tiny_and_big_integer_numbers_stay_accepted(value):
+  parsed = tc.parse_tool_call(call_text('{"name": "f", "arguments": {"x": ' + value + "}}"))
+  assert parsed.error is None and parsed.call.arguments["x"] == json.loads(value)
+
+
+def test_render_tool_call_refuses_non_finite_arguments():
+  for bad in (float("nan"), float("inf"), -float("inf")):
+    with pytest.raises(ValueError, match="non-finite"):
+      tc.render_tool_call("f", {"x": bad})

@@ -625,3 +625,20 @@ def test_field_tables_cover_the_layout():
   written = set(small_record(tools=[]))
   assert written <= set(jsonl.REQUIRED_FIELDS) | set(jsonl.OPTIONAL_FIELDS)
   assert {"advantages", "turn_advantages", "method"} <= set(jsonl.OPTIONAL_FIELDS)
+
+
+@pytest.mark.parametrize(
+  "payload",
+  [
+    '{"name": "f", "name": "g", "arguments": {}}',
+    '{"name": "f", "arguments": {"x": NaN}}',
+    '{"name": "f", "arguments": {"x": 1e999}}',
+    '{"name": "f", "arguments": {"x": -Infinity}}',
+  ],
+)
+def test_export_skips_calls_that_are_not_strict_json(payload):
+  """A call the environments refuse is no "tool_calls" entry of the export (a NaN argument used to be written as
+  `NaN`, which no strict JSON reader takes; a duplicate name as the last-named tool)."""
+  good = tc.render_tool_call("h", {"x": 1})
+  calls = jsonl.extract_tool_calls("<tool_call>" + payload + "</tool_call>" + good, 0)
+  assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == [("h", '{"x": 1}')]
