@@ -208,7 +208,7 @@ def pod_config(
   Raises:
     ValueError: a malformed topology or mesh.
   """
-  from jaxcredit.train.plan import parse_mesh, parse_topology
+  from jaxcredit.topology import parse_mesh, parse_topology
 
   _, chips = parse_topology(topology)
   axes = parse_mesh(mesh)

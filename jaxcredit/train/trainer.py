@@ -967,7 +967,7 @@ def run_passes(run: Run, traj, results, tasks, params, ref_params, key) -> dict:
 def _throughput(run: Run, tokens: int, step_s: float) -> dict:
   """tokens_per_s_per_chip (the step's real tokens over its whole time, per device of the mesh) and, on a chip
   kind with a known peak (`plan.peak_flops_per_chip`), mfu = 6·N_active·tokens / (step time · chips · peak)."""
-  from jaxcredit.train.plan import peak_flops_per_chip
+  from jaxcredit.topology import peak_flops_per_chip
 
   chips = run.mesh.size
   out = {"tokens_per_s_per_chip": tokens / max(step_s, 1e-9) / chips}
