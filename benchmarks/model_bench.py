@@ -34,13 +34,14 @@ def main():
 
   from jaxcredit import sharding
   from jaxcredit.models import load_model, smollm2_gguf_path
+  from jaxcredit.models.decoder import param_logical_axes
   from jaxcredit.sampling import Sampler, SamplingParams
   from jaxcredit.train import step as step_lib
 
   model, cfg = load_model(smollm2_gguf_path())
   graphdef, params, rest = step_lib.split_model(model)
   mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1})
-  p_sh = sharding.param_shardings(params, mesh)
+  p_sh = sharding.param_shardings(params, mesh, param_logical_axes(cfg))
   opt = step_lib.make_optimizer(1e-5)
   o_sh = step_lib.opt_state_shardings(opt, params, p_sh, mesh)
   b, length = args.batch, args.length

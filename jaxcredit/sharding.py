@@ -40,7 +40,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -227,37 +227,44 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 
 def param_shardings(
-  params, mesh: Mesh, logical_axes: Mapping[str, tuple] | None = None, rules: Mapping[str, Any] | None = None
+  params,
+  mesh: Mesh,
+  logical_axes: Mapping[str, tuple] | Callable[[str, int], tuple],
+  rules: Mapping[str, Any] | None = None,
 ):
-  """NamedShardings for a parameter pytree (an nnx.State or nested dict of the decoder's parameters).
+  """NamedShardings for a parameter pytree (an nnx.State or nested dict of the decoder's parameters, or an optimizer
+  state, whose leaf paths nest parameter paths).
 
   Args:
     params: the pytree; leaf paths end with a parameter path such as layers/wq.
     mesh: the mesh.
-    logical_axes: parameter path -> logical axes (`jaxcredit.models.decoder.param_logical_axes(cfg)`); default:
-      derived from the leaf path and rank (`default_logical_axes`).
+    logical_axes: parameter path -> logical axes, as a table (`jaxcredit.models.decoder.param_logical_axes(cfg)`:
+      a leaf takes the entry of the longest path its own path ends with; a scalar no entry names, such as an
+      optimizer's step count, is replicated) or as a function (path, rank) -> logical axes
+      (`jaxcredit.models.decoder.default_logical_axes`).
     rules: the logical -> mesh axes table (default: the table in force, `use_rules`).
 
   Raises:
-    ValueError: a parameter whose path is not in the table.
+    ValueError: a non-scalar leaf whose path the table does not name (or the function's own error).
   """
-  from jaxcredit.models.decoder import default_logical_axes  # late: models imports this module
-
   mesh_shape = dict(mesh.shape)
+
+  def from_table(keys: list[str], ndim: int) -> tuple:
+    for n in range(len(keys)):
+      logical = logical_axes.get("/".join(keys[n:]))
+      if logical is not None:
+        return logical
+    if ndim == 0:
+      return ()
+    raise ValueError(f"no logical axes for parameter {'/'.join(keys)!r}; the table names {sorted(logical_axes)}")
 
   def one(path, x):
     keys = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
     keys = [k for k in keys if k != "value"]
-    name = "/".join(keys)
-    table = logical_axes if logical_axes is not None else None
-    logical = None
-    if table is not None:
-      for n in range(len(keys)):
-        logical = table.get("/".join(keys[n:]))
-        if logical is not None:
-          break
-    if logical is None:
-      logical = default_logical_axes(name, np.ndim(x))
+    if callable(logical_axes):
+      logical = logical_axes("/".join(keys), np.ndim(x))
+    else:
+      logical = from_table(keys, np.ndim(x))
     return NamedSharding(mesh, logical_to_spec(logical, np.shape(x), mesh_shape, rules))
 
   return jax.tree_util.tree_map_with_path(one, params)

@@ -16,7 +16,7 @@ from flax import nnx
 
 from jaxcredit import sharding
 from jaxcredit.models import load, save_converted
-from jaxcredit.models.decoder import Decoder
+from jaxcredit.models.decoder import Decoder, default_logical_axes
 from jaxcredit.sampling import Sampler
 from jaxcredit.train import config as config_lib
 from jaxcredit.train import step as step_lib
@@ -54,7 +54,7 @@ def _batch(seed=0, b=4, l=12):
 def _one_adamw_step(model):
   graphdef, params, rest = step_lib.split_model(model)
   mesh = sharding.make_mesh({}, jax.devices()[:1])
-  p_sh = sharding.param_shardings(params, mesh, None)
+  p_sh = sharding.param_shardings(params, mesh, default_logical_axes)
   optimizer = step_lib.make_optimizer(1e-5, max_grad_norm=None)
   opt_sh = step_lib.opt_state_shardings(optimizer, params, p_sh, mesh)
   opt_state = jax.jit(optimizer.init, out_shardings=opt_sh)(params)
