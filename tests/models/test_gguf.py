@@ -227,3 +227,140 @@ def _write_small_gguf(path, cfg, params, extra):
   w.write_tensors_to_file()
   w.close()
   return path
+
+
+# Issue 35 case 2: a Llama 3 GGUF keeps its llama3 RoPE scaling only as the `rope_freqs.weight` tensor
+# (llama.cpp's convert_hf_to_gguf writes no rope.scaling.* key for it). theta 1e4 and head_dim 8 give the
+# wavelengths 6.3, 63, 628 and 6283: with original 1024, low 1 and high 4 the four frequencies are kept, kept,
+# smoothed and divided by the factor, so every branch of the llama3 rule is exercised.
+LLAMA3_ROPE = {
+  "rope_theta": 10000.0,
+  "rope_type": "llama3",
+  "factor": 8.0,
+  "low_freq_factor": 1.0,
+  "high_freq_factor": 4.0,
+  "original_max_position_embeddings": 1024,
+}
+TINY_LLAMA = dict(
+  vocab_size=32,
+  hidden_size=16,
+  intermediate_size=32,
+  num_hidden_layers=1,
+  num_attention_heads=2,
+  num_key_value_heads=1,
+  head_dim=8,
+  tie_word_embeddings=False,
+)
+
+
+def llama3_rope_freqs(rope: dict, head_dim: int) -> np.ndarray:
+  """The `rope_freqs.weight` tensor llama.cpp's convert_hf_to_gguf (LlamaModel.generate_extra_tensors) writes for
+  a llama3 rope scaling: per-frequency divisors of theta^(-2i/Dh), in float32."""
+  import math
+
+  freqs = 1.0 / (rope["rope_theta"] ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
+  factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+  old = rope["original_max_position_embeddings"]
+  out = []
+  for freq in freqs:
+    wavelen = 2 * math.pi / freq
+    if wavelen < old / high:
+      out.append(1.0)
+    elif wavelen > old / low:
+      out.append(factor)
+    else:
+      smooth = (old / wavelen - low) / (high - low)
+      out.append(1 / ((1 - smooth) / factor + smooth))
+  return np.asarray(out, np.float32)
+
+
+def gguf_from_torch(path, model, extra=None, arch="llama"):
+  """Writes a transformers Llama/Qwen3 model as llama.cpp's converter would (q/k rows permuted for llama), with
+  `extra(writer)` adding metadata or tensors."""
+  hf = model.config
+  state = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+  w = gguf.GGUFWriter(str(path), arch)
+  if extra is not None:
+    extra(w)
+  w.add_uint32(f"{arch}.block_count", hf.num_hidden_layers)
+  w.add_uint32(f"{arch}.embedding_length", hf.hidden_size)
+  w.add_uint32(f"{arch}.feed_forward_length", hf.intermediate_size)
+  w.add_uint32(f"{arch}.attention.head_count", hf.num_attention_heads)
+  w.add_uint32(f"{arch}.attention.head_count_kv", hf.num_key_value_heads)
+  w.add_float32(f"{arch}.rope.freq_base", hf.rope_parameters["rope_theta"])
+  w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", hf.rms_norm_eps)
+  w.add_uint32(f"{arch}.rope.dimension_count", hf.head_dim)
+  w.add_uint32(f"{arch}.vocab_size", hf.vocab_size)
+  names = {
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+  }
+  tensors = {"token_embd.weight": state["model.embed_tokens.weight"], "output_norm.weight": state["model.norm.weight"]}
+  if "lm_head.weight" in state and not hf.tie_word_embeddings:
+    tensors["output.weight"] = state["lm_head.weight"]
+  for i in range(hf.num_hidden_layers):
+    for hf_name, ours in names.items():
+      key = f"model.layers.{i}.{hf_name}.weight"
+      if key not in state:
+        continue
+      value = state[key]
+      if arch == "llama" and ours in ("attn_q", "attn_k"):
+        value = permute_rope_rows(value, hf.num_attention_heads if ours == "attn_q" else hf.num_key_value_heads)
+      tensors[f"blk.{i}.{ours}.weight"] = value
+  for name, value in tensors.items():
+    w.add_tensor(name, np.ascontiguousarray(value, np.float32))
+  w.write_header_to_file()
+  w.write_kv_data_to_file()
+  w.write_tensors_to_file()
+  w.close()
+  return path
+
+
+def _logits_far_out(model_or_torch, tokens, start):
+  """Logits [L, V] of tokens placed at positions start, start + 1, ... (float32 NumPy)."""
+  positions = np.arange(start, start + tokens.shape[1])[None]
+  if isinstance(model_or_torch, Decoder):
+    return np.asarray(model_or_torch(jnp.asarray(tokens), positions_BxL=jnp.asarray(positions, jnp.int32))[0][0])
+  import torch
+
+  with torch.no_grad():
+    out = model_or_torch(torch.tensor(tokens, dtype=torch.long), position_ids=torch.tensor(positions))
+  return out.logits[0].float().numpy()
+
+
+def test_llama3_rope_freqs_tensor_is_applied_as_transformers_llama3(tmp_path):
+  """Issue 35 case 2: the GGUF of a Llama with llama3 rope scaling (factors in `rope_freqs.weight`) gives the
+  logits of transformers' model with that scaling, at positions up to 4000 (it loaded with rope_scaling=())."""
+  from hf_checkpoints import torch_model
+
+  import torch
+
+  reference = torch_model("llama", rope_parameters=dict(LLAMA3_ROPE), **TINY_LLAMA)
+  with torch.no_grad():  # sharper attention, so that the positions' rotation shows in the logits
+    for name, p in reference.named_parameters():
+      if name.endswith(("q_proj.weight", "k_proj.weight")):
+        p.mul_(6.0)
+  factors = llama3_rope_freqs(LLAMA3_ROPE, TINY_LLAMA["head_dim"])
+  assert sorted(set(factors.tolist())) != [1.0, 8.0] and 1.0 in factors and 8.0 in factors  # all three branches
+  path = gguf_from_torch(tmp_path / "llama3.gguf", reference, lambda w: w.add_tensor("rope_freqs.weight", factors))
+  cfg, params = load_gguf(path)
+  model = Decoder(cfg, rngs=nnx.Rngs(0))
+  set_params(model, params)
+  tokens = np.asarray([[3, 9, 27, 5, 17, 30, 1, 12]], np.int32)
+  plain_cfg = dataclasses.replace(cfg, rope_scaling=())
+  plain = Decoder(plain_cfg, rngs=nnx.Rngs(0))
+  set_params(plain, params)
+  for start in (0, 700, 2500, 3992):
+    want = _logits_far_out(reference, tokens, start)
+    np.testing.assert_allclose(_logits_far_out(model, tokens, start), want, atol=1e-4, rtol=0, err_msg=str(start))
+  # Without the factors the far positions differ: the test sees the fault it guards against.
+  assert np.max(np.abs(_logits_far_out(plain, tokens, 3992) - want)) > 1e-2
