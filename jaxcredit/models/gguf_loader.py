@@ -132,7 +132,7 @@ def config_from_metadata(
 ) -> ModelConfig:
   """Maps `<arch>.*` metadata to a ModelConfig.
 
-  head_dim is `<arch>.attention.key_length`, else `<arch>.rope.dimension_count`, else D / H. The vocabulary is
+  head_dim is `<arch>.attention.key_length`, else D / H (as llama.cpp reads it). The vocabulary is
   `<arch>.vocab_size`, else the length of `tokenizer.ggml.tokens`. Linear RoPE scaling is read from
   `<arch>.rope.scaling.*` (see `_rope_scaling`). `rope_freqs` is the file's `rope_freqs.weight` tensor [Dh/2]
   (llama only): per-frequency divisors of the RoPE frequencies, which is how llama.cpp's converter stores a
@@ -173,7 +173,9 @@ def config_from_metadata(
 
   hidden = int(need("embedding_length"))
   heads = int(need("attention.head_count"))
-  head_dim = meta.get(f"{arch}.attention.key_length", meta.get(f"{arch}.rope.dimension_count"))
+  # As llama.cpp: the head width is key_length, else D / H; rope.dimension_count is the rotated part of it (a
+  # smaller one, partial rotary, is refused below rather than taken for the head width).
+  head_dim = meta.get(f"{arch}.attention.key_length")
   if head_dim is None:
     head_dim = hidden // heads
   for key in ("rope.dimension_count", "attention.value_length"):

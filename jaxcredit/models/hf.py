@@ -383,7 +383,18 @@ def config_from_hf(hf: Mapping[str, Any], *, dtype: str = "float32", where: str 
 
 def hf_config_from_model_config(cfg: ModelConfig) -> dict[str, Any]:
   """A transformers (v5 spelling) config.json for cfg, for checkpoints that have no source config.json (GGUF):
-  model_type qwen3_moe when cfg has experts, qwen3 when it has qk-norm, llama otherwise."""
+  model_type qwen3_moe when cfg has experts, qwen3 when it has qk-norm, llama otherwise.
+
+  Raises:
+    ValueError: for rope_scaling of rope_type "freq_factors" (a GGUF's `rope_freqs.weight`), which transformers
+      and vLLM have no spelling for: exported as is, the served model would rotate every position differently.
+  """
+  rope_type = dict(cfg.rope_scaling).get("rope_type")
+  if rope_type == "freq_factors":
+    raise ValueError(
+      "ModelConfig.rope_scaling rope_type 'freq_factors' (from a GGUF's rope_freqs.weight) has no transformers "
+      "config.json equivalent; this model cannot be exported to a Hugging Face folder or served by vLLM"
+    )
   model_type = "qwen3_moe" if cfg.is_moe else "qwen3" if cfg.qk_norm else "llama"
   arch = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
   out: dict[str, Any] = {

@@ -13,6 +13,7 @@ from gguf.quants import dequantize, quantize
 from jaxcredit.models import (
   ChatTokenizer,
   Decoder,
+  ModelConfig,
   converted_cache_dir,
   load_converted,
   load_gguf,
@@ -276,12 +277,10 @@ def llama3_rope_freqs(rope: dict, head_dim: int) -> np.ndarray:
 
 def gguf_from_torch(path, model, extra=None, arch="llama"):
   """Writes a transformers Llama/Qwen3 model as llama.cpp's converter would (q/k rows permuted for llama), with
-  `extra(writer)` adding metadata or tensors."""
+  `extra(writer)` adding (or replacing) metadata, or adding tensors."""
   hf = model.config
   state = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
   w = gguf.GGUFWriter(str(path), arch)
-  if extra is not None:
-    extra(w)
   w.add_uint32(f"{arch}.block_count", hf.num_hidden_layers)
   w.add_uint32(f"{arch}.embedding_length", hf.hidden_size)
   w.add_uint32(f"{arch}.feed_forward_length", hf.intermediate_size)
@@ -291,6 +290,8 @@ def gguf_from_torch(path, model, extra=None, arch="llama"):
   w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", hf.rms_norm_eps)
   w.add_uint32(f"{arch}.rope.dimension_count", hf.head_dim)
   w.add_uint32(f"{arch}.vocab_size", hf.vocab_size)
+  if extra is not None:  # after the keys above: a key it sets again replaces theirs
+    extra(w)
   names = {
     "self_attn.q_proj": "attn_q",
     "self_attn.k_proj": "attn_k",
@@ -364,3 +365,111 @@ def test_llama3_rope_freqs_tensor_is_applied_as_transformers_llama3(tmp_path):
     np.testing.assert_allclose(_logits_far_out(model, tokens, start), want, atol=1e-4, rtol=0, err_msg=str(start))
   # Without the factors the far positions differ: the test sees the fault it guards against.
   assert np.max(np.abs(_logits_far_out(plain, tokens, 3992) - want)) > 1e-2
+
+
+# Kind sweep (issue 35): every GGUF field that changes the model is applied or refused by name. Applied ones are
+# compared with transformers' model of the same config at far positions; refused ones must name the key/tensor.
+APPLIED = {
+  # name: (HF config overrides, GGUF extra)
+  "freq_base": ({"rope_parameters": {"rope_theta": 5e5, "rope_type": "default"}}, None),
+  "linear_scaling": (
+    {"rope_parameters": {"rope_theta": 1e4, "rope_type": "linear", "factor": 4.0}},
+    lambda w, arch: (
+      w.add_string(f"{arch}.rope.scaling.type", "linear"),
+      w.add_float32(f"{arch}.rope.scaling.factor", 4.0),
+    ),
+  ),
+  "old_scale_linear": (
+    {"rope_parameters": {"rope_theta": 1e4, "rope_type": "linear", "factor": 2.0}},
+    lambda w, arch: w.add_float32(f"{arch}.rope.scale_linear", 2.0),
+  ),
+  "scaling_none": ({}, lambda w, arch: w.add_string(f"{arch}.rope.scaling.type", "none")),
+  "head_dim_not_width_over_heads": ({"head_dim": 16}, lambda w, arch: w.add_uint32(f"{arch}.attention.key_length", 16)),
+  "tied_head": ({"tie_word_embeddings": True}, None),
+  "same_per_layer_kv_heads": ({}, lambda w, arch: w.add_array(f"{arch}.attention.head_count_kv", [1])),
+  "rope_freqs": (
+    {"rope_parameters": dict(LLAMA3_ROPE)},
+    lambda w, arch: w.add_tensor("rope_freqs.weight", llama3_rope_freqs(LLAMA3_ROPE, 8)),
+  ),
+}
+REFUSED = {
+  # name: (GGUF extra, what the one-line error must name)
+  "yarn": (lambda w, arch: w.add_string(f"{arch}.rope.scaling.type", "yarn"), "rope.scaling.type='yarn'"),
+  "sliding_window": (lambda w, arch: w.add_uint32(f"{arch}.attention.sliding_window", 4), "attention.sliding_window"),
+  "experts": (lambda w, arch: w.add_uint32(f"{arch}.expert_count", 4), "expert_count"),
+  "logit_softcapping": (
+    lambda w, arch: w.add_float32(f"{arch}.final_logit_softcapping", 30.0),
+    "final_logit_softcapping",
+  ),
+  "partial_rotary": (lambda w, arch: w.add_uint32(f"{arch}.rope.dimension_count", 4), "rope.dimension_count=4"),
+  "value_length": (lambda w, arch: w.add_uint32(f"{arch}.attention.value_length", 4), "attention.value_length=4"),
+  "per_layer_kv_heads": (
+    lambda w, arch: w.add_array(f"{arch}.attention.head_count_kv", [1, 2]),
+    "attention.head_count_kv=[1, 2]",
+  ),
+  "q_bias": (lambda w, arch: w.add_tensor("blk.0.attn_q.bias", np.zeros(16, np.float32)), "'blk.0.attn_q.bias'"),
+  "extra_layer": (
+    lambda w, arch: w.add_tensor("blk.1.attn_norm.weight", np.ones(16, np.float32)),
+    "'blk.1.attn_norm.weight'",
+  ),
+  "bad_rope_freqs": (lambda w, arch: w.add_tensor("rope_freqs.weight", np.zeros(4, np.float32)), "rope_freqs.weight"),
+}
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("name", sorted(APPLIED))
+def test_gguf_fields_that_change_the_model_are_applied_as_transformers(tmp_path, arch, name):
+  import torch
+
+  from hf_checkpoints import torch_model
+
+  overrides, extra = APPLIED[name]
+  if name == "rope_freqs" and arch == "qwen3":
+    pytest.skip("llama.cpp reads rope_freqs.weight for llama only; qwen3's is refused (the refusal sweep)")
+  reference = torch_model(arch, **{**TINY_LLAMA, **overrides})
+  with torch.no_grad():
+    for param_name, p in reference.named_parameters():
+      if param_name.endswith(("q_proj.weight", "k_proj.weight")):
+        p.mul_(6.0)
+  path = gguf_from_torch(tmp_path / "m.gguf", reference, extra and (lambda w: extra(w, arch)), arch=arch)
+  cfg, params = load_gguf(path)
+  model = Decoder(cfg, rngs=nnx.Rngs(0))
+  set_params(model, params)
+  tokens = np.asarray([[3, 9, 27, 5, 17, 30]], np.int32)
+  for start in (0, 3000):
+    want = _logits_far_out(reference, tokens, start)
+    np.testing.assert_allclose(_logits_far_out(model, tokens, start), want, atol=1e-4, rtol=0, err_msg=str(start))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("name", sorted(REFUSED) + ["rope_freqs_on_qwen3"])
+def test_gguf_fields_the_loader_cannot_apply_are_refused_by_name(tmp_path, arch, name):
+  from hf_checkpoints import torch_model
+
+  if name == "rope_freqs_on_qwen3":
+    if arch != "qwen3":
+      pytest.skip("applied for llama (the applied sweep)")
+    extra, named = APPLIED["rope_freqs"][1], "'rope_freqs.weight'"
+  else:
+    extra, named = REFUSED[name]
+  path = gguf_from_torch(tmp_path / "m.gguf", torch_model(arch, **TINY_LLAMA), lambda w: extra(w, arch), arch=arch)
+  with pytest.raises(ValueError) as info:
+    load_gguf(path)
+  message = str(info.value)
+  assert named in message and "\n" not in message, message
+
+
+def test_freq_factors_survive_the_converted_config_and_are_refused_for_hf_export():
+  """A rope_freqs model's config goes through model_config.json unchanged (and stays hashable for jit), and an HF
+  config.json for it is refused by name: transformers and vLLM have no spelling for per-frequency divisors."""
+  from jaxcredit.models.hf import hf_config_from_model_config
+
+  factors = tuple(float(f) for f in llama3_rope_freqs(LLAMA3_ROPE, 8))
+  cfg = tiny_decoder_config(rope_scaling={"rope_type": "freq_factors", "freq_factors": factors})
+  again = ModelConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
+  assert again == cfg and hash(again) == hash(cfg)
+  with pytest.raises(ValueError, match="'freq_factors'.*rope_freqs.weight"):
+    hf_config_from_model_config(cfg)
+  for bad in (factors[:3], factors[:3] + (0.0,), factors[:3] + (float("inf"),)):
+    with pytest.raises(ValueError, match="freq_factors must be head_dim/2 = 4 positive finite"):
+      tiny_decoder_config(rope_scaling={"rope_type": "freq_factors", "freq_factors": bad})
