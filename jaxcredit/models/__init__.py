@@ -436,7 +436,8 @@ def load_tokenizer(source: str | os.PathLike, *, cache_dir: str | os.PathLike | 
   source = Path(source).expanduser()
   if source.is_dir():
     if (source / _TOKENIZER_DIR / "tokenizer.json").is_file():
-      return ChatTokenizer.from_pretrained(source / _TOKENIZER_DIR)
+      # A converted checkpoint keeps the source's generation_config.json (its eos ids) under hf/.
+      return ChatTokenizer.from_pretrained(source / _TOKENIZER_DIR, source / "hf" / "generation_config.json")
     return ChatTokenizer.from_pretrained(source)
   if not source.is_file():
     raise FileNotFoundError(f"no GGUF file, converted checkpoint or tokenizer folder at {source}")
