@@ -385,16 +385,23 @@ def hf_config_from_model_config(cfg: ModelConfig) -> dict[str, Any]:
   """A transformers (v5 spelling) config.json for cfg, for checkpoints that have no source config.json (GGUF):
   model_type qwen3_moe when cfg has experts, qwen3 when it has qk-norm, llama otherwise.
 
+  rope_scaling of rope_type "freq_factors" (a GGUF's `rope_freqs.weight`) is written as the llama3 scaling that
+  gives the same frequencies (`llama3_from_freq_factors`): what llama.cpp's converter made the tensor from.
+
   Raises:
-    ValueError: for rope_scaling of rope_type "freq_factors" (a GGUF's `rope_freqs.weight`), which transformers
-      and vLLM have no spelling for: exported as is, the served model would rotate every position differently.
+    ValueError: for freq_factors that no llama3 scaling reproduces: transformers and vLLM have no spelling for
+      them, and exported as is the served model would rotate every position differently.
   """
-  rope_type = dict(cfg.rope_scaling).get("rope_type")
-  if rope_type == "freq_factors":
-    raise ValueError(
-      "ModelConfig.rope_scaling rope_type 'freq_factors' (from a GGUF's rope_freqs.weight) has no transformers "
-      "config.json equivalent; this model cannot be exported to a Hugging Face folder or served by vLLM"
-    )
+  rope_scaling = dict(cfg.rope_scaling)
+  if rope_scaling.get("rope_type") == "freq_factors":
+    llama3 = llama3_from_freq_factors(cfg)
+    if llama3 is None:
+      raise ValueError(
+        "ModelConfig.rope_scaling rope_type 'freq_factors' (from a GGUF's rope_freqs.weight) matches no llama3 "
+        "scaling and has no transformers config.json equivalent; this model cannot be exported to a Hugging Face "
+        "folder or served by vLLM"
+      )
+    rope_scaling = llama3
   model_type = "qwen3_moe" if cfg.is_moe else "qwen3" if cfg.qk_norm else "llama"
   arch = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
   out: dict[str, Any] = {
@@ -411,7 +418,7 @@ def hf_config_from_model_config(cfg: ModelConfig) -> dict[str, Any]:
     "rms_norm_eps": cfg.rms_norm_eps,
     "tie_word_embeddings": cfg.tie_word_embeddings,
     "attention_bias": False,
-    "rope_parameters": {"rope_theta": cfg.rope_theta, "rope_type": "default", **dict(cfg.rope_scaling)},
+    "rope_parameters": {"rope_theta": cfg.rope_theta, "rope_type": "default", **rope_scaling},
     "max_position_embeddings": 32768,
     "dtype": cfg.dtype,
   }
@@ -425,6 +432,68 @@ def hf_config_from_model_config(cfg: ModelConfig) -> dict[str, Any]:
       mlp_only_layers=[],
     )
   return out
+
+
+def llama3_from_freq_factors(cfg: ModelConfig) -> dict[str, Any] | None:
+  """The llama3 rope scaling (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings) whose
+  frequencies equal cfg's freq_factors ones (float32, relative 1e-5), or None when none does.
+
+  llama3 divides frequencies of wavelength above T_l = original / low by `factor`, keeps those below
+  T_h = original / high, and between them divides by 1 / ((1 - s) / factor + s) with s linear in 1 / wavelength
+  (0 at T_l, 1 at T_h). So factor is the largest divisor, and T_h, T_l come from a line fitted to s of the
+  smoothed frequencies (or, with fewer than two, from thresholds between the kept and the divided ones); the
+  four numbers are then checked by recomputing the frequencies."""
+  from jaxcredit.models.decoder import rope_inv_freq
+
+  scaling = dict(cfg.rope_scaling)
+  divisors = np.asarray(scaling["freq_factors"], np.float64)
+  dim = cfg.head_dim
+  wavelen = 2 * math.pi * float(cfg.rope_theta) ** (np.arange(0, dim, 2) / dim)
+  factor = float(divisors.max())
+  if not factor > 1:
+    return None
+  kept, divided = np.isclose(divisors, 1.0, rtol=1e-5), np.isclose(divisors, factor, rtol=1e-5)
+  mid = ~kept & ~divided
+  w_kept = wavelen[kept].max() if kept.any() else wavelen.min() / 2
+  w_divided = wavelen[divided].min() if divided.any() else wavelen.max() * 2
+  candidates = []
+  if mid.sum() >= 2:
+    s = (1 / divisors[mid] - 1 / factor) / (1 - 1 / factor)
+    slope, intercept = np.polyfit(1 / wavelen[mid], s, 1)
+    if slope > 0:
+      x_low = -intercept / slope
+      candidates.append((1 / (x_low + 1 / slope), 1 / x_low if x_low > 0 else math.inf))
+  else:
+    lo = wavelen[mid].min() if mid.any() else w_divided
+    hi = wavelen[mid].max() if mid.any() else w_kept
+    for t in (0.25, 0.5, 0.75):  # thresholds strictly between the kept, the smoothed and the divided wavelengths
+      t_high = w_kept * (min(lo, hi) / w_kept) ** t
+      if mid.any():
+        x, s = 1 / wavelen[mid][0], (1 / divisors[mid][0] - 1 / factor) / (1 - 1 / factor)
+        x_low = (x - s / t_high) / (1 - s) if s < 1 else None
+        t_low = 1 / x_low if x_low and x_low > 0 else None
+      else:
+        t_low = w_kept * (w_divided / w_kept) ** (0.5 + t / 2)
+      if t_low is not None:
+        candidates.append((t_high, t_low))
+  want, _ = rope_inv_freq(cfg)
+  for t_high, t_low in candidates:
+    if not 0 < t_high < t_low < math.inf:
+      continue
+    original = float(round(t_low)) if abs(t_low - round(t_low)) < 1e-3 * t_low else float(t_low)
+    for digits in (6, None):  # the round numbers a config holds (Llama 3.1: 1 and 4) when they fit, else exact
+      low, high = (float(x if digits is None else f"{x:.{digits}g}") for x in (original / t_low, original / t_high))
+      llama3 = {
+        "rope_type": "llama3",
+        "factor": factor,
+        "low_freq_factor": low,
+        "high_freq_factor": high,
+        "original_max_position_embeddings": int(original) if original.is_integer() else original,
+      }
+      got, _ = rope_inv_freq(dataclasses.replace(cfg, rope_scaling=llama3))
+      if np.allclose(got, want, rtol=1e-5, atol=0):
+        return llama3
+  return None
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from jaxcredit.models import (
   save_converted,
   set_params,
 )
-from jaxcredit.models.decoder import apply_rope, rope_cos_sin
+from jaxcredit.models.decoder import apply_rope, rope_cos_sin, rope_inv_freq
 from jaxcredit.models.gguf_loader import permute_rope_rows, unpermute_rope_rows
 
 from tests.fixtures.tiny_model import CFG, TOKENS, hf_layout, random_params, tiny_decoder_config, write_gguf
@@ -459,17 +459,70 @@ def test_gguf_fields_the_loader_cannot_apply_are_refused_by_name(tmp_path, arch,
   assert named in message and "\n" not in message, message
 
 
-def test_freq_factors_survive_the_converted_config_and_are_refused_for_hf_export():
-  """A rope_freqs model's config goes through model_config.json unchanged (and stays hashable for jit), and an HF
-  config.json for it is refused by name: transformers and vLLM have no spelling for per-frequency divisors."""
+def test_freq_factors_survive_the_converted_config_and_export_as_llama3_or_are_refused():
+  """A rope_freqs model's config goes through model_config.json unchanged (and stays hashable for jit); its HF
+  config.json (export, the vLLM engine) spells the factors as the llama3 scaling they came from, and factors no
+  llama3 scaling gives are refused by name: transformers and vLLM have no spelling for them."""
   from jaxcredit.models.hf import hf_config_from_model_config
 
   factors = tuple(float(f) for f in llama3_rope_freqs(LLAMA3_ROPE, 8))
-  cfg = tiny_decoder_config(rope_scaling={"rope_type": "freq_factors", "freq_factors": factors})
+  cfg = tiny_decoder_config(rope_theta=1e4, rope_scaling={"rope_type": "freq_factors", "freq_factors": factors})
   again = ModelConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
   assert again == cfg and hash(again) == hash(cfg)
-  with pytest.raises(ValueError, match="'freq_factors'.*rope_freqs.weight"):
-    hf_config_from_model_config(cfg)
+  rope = hf_config_from_model_config(cfg)["rope_parameters"]
+  assert rope["rope_type"] == "llama3" and rope["factor"] == 8.0
+  np.testing.assert_allclose(
+    rope_inv_freq(dataclasses.replace(cfg, rope_scaling={k: v for k, v in rope.items() if k != "rope_theta"}))[0],
+    rope_inv_freq(cfg)[0],
+    rtol=1e-5,
+  )
+  scrambled = factors[::-1]
+  with pytest.raises(ValueError, match="'freq_factors'.*rope_freqs.weight.*matches no llama3"):
+    hf_config_from_model_config(
+      dataclasses.replace(cfg, rope_scaling={"rope_type": "freq_factors", "freq_factors": scrambled})
+    )
   for bad in (factors[:3], factors[:3] + (0.0,), factors[:3] + (float("inf"),)):
     with pytest.raises(ValueError, match="freq_factors must be head_dim/2 = 4 positive finite"):
       tiny_decoder_config(rope_scaling={"rope_type": "freq_factors", "freq_factors": bad})
+
+
+@pytest.mark.parametrize(
+  "head_dim,theta,rope",
+  [
+    (
+      128,
+      5e5,
+      {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+    ),
+    (
+      64,
+      5e5,
+      {"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+    ),
+    (8, 1e4, {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 32}),
+  ],
+)
+def test_llama3_scalings_are_recovered_from_their_rope_freqs(head_dim, theta, rope):
+  """Llama 3.1 (head_dim 128) and 3.2 (64, factor 32) as llama.cpp's converter writes them, and a case with no
+  smoothed frequency: the exported llama3 scaling gives transformers' own llama3 frequencies."""
+  from transformers import LlamaConfig
+  from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+  from jaxcredit.models.hf import hf_config_from_model_config
+
+  full = {"rope_theta": theta, "rope_type": "llama3", **rope}
+  factors = tuple(float(f) for f in llama3_rope_freqs(full, head_dim))
+  cfg = tiny_decoder_config(
+    hidden_size=2 * head_dim,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=head_dim,
+    rope_theta=theta,
+    rope_scaling={"rope_type": "freq_factors", "freq_factors": factors},
+  )
+  exported = hf_config_from_model_config(cfg)
+  hf = LlamaConfig(**{k: v for k, v in exported.items() if k not in ("architectures", "model_type")})
+  want, _ = ROPE_INIT_FUNCTIONS["llama3"](LlamaConfig(**{**exported, "rope_parameters": full}), "cpu")
+  got, _ = ROPE_INIT_FUNCTIONS["llama3"](hf, "cpu")
+  np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5)
+  np.testing.assert_allclose(rope_inv_freq(cfg)[0], want.numpy(), rtol=1e-5)
