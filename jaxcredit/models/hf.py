@@ -274,6 +274,18 @@ def read_inventory(folder: str | os.PathLike) -> tuple[dict[str, TensorInfo], di
 # config.json <-> ModelConfig
 
 
+_HF_SIZES = (
+  "vocab_size",
+  "hidden_size",
+  "intermediate_size",
+  "num_hidden_layers",
+  "num_attention_heads",
+  "num_key_value_heads",
+  "head_dim",
+)
+_HF_MOE_SIZES = ("moe_intermediate_size", "num_experts", "num_local_experts", "num_experts_per_tok")
+
+
 def config_from_hf(hf: Mapping[str, Any], *, dtype: str = "float32", where: str = "config.json") -> ModelConfig:
   """The ModelConfig of a transformers config.json (Llama, Qwen3, Qwen3-MoE).
 
@@ -292,7 +304,8 @@ def config_from_hf(hf: Mapping[str, Any], *, dtype: str = "float32", where: str 
     ValueError: one line naming `where` and the field, for an unsupported model_type (listing the supported
       ones), a missing required field, q/k/v/o or MLP biases, an activation other than silu, sliding-window
       attention, partial rotary embeddings, a MoE model whose layers are not all MoE (mlp_only_layers,
-      decoder_sparse_step), or a value ModelConfig refuses.
+      decoder_sparse_step), a size that is not a positive int or an rms_norm_eps / rope_theta that is not a
+      positive number, or a value ModelConfig refuses.
   """
   if not isinstance(hf, Mapping):
     raise ValueError(f"{where} must hold a JSON object, got {type(hf).__name__}")
@@ -311,6 +324,17 @@ def config_from_hf(hf: Mapping[str, Any], *, dtype: str = "float32", where: str 
   def refuse(condition, what):
     if condition:
       raise ValueError(f"{where}: {what} is not supported by the decoder")
+
+  # Sizes are checked here under their config.json names: `x or default` below must never turn a 0 into the
+  # default, and int("8") or int(2.5) must not pass (or fail) without naming the field.
+  for key in _HF_SIZES + (_HF_MOE_SIZES if model_type == "qwen3_moe" else ()):
+    value = hf.get(key)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+      raise ValueError(f"{where}: {key} must be a positive int, got {value!r}")
+  for key in ("rms_norm_eps", "rope_theta"):
+    value = hf.get(key)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
+      raise ValueError(f"{where}: {key} must be a positive number, got {value!r}")
 
   refuse(hf.get("attention_bias"), "attention_bias=true (q/k/v/o projection biases)")
   refuse(hf.get("mlp_bias"), "mlp_bias=true (MLP biases)")

@@ -120,3 +120,25 @@ def test_fields_the_decoder_cannot_compute_are_refused_by_name(family, field):
     config_from_hf(config)
   message = str(info.value)
   assert named in message and "config.json" in message and "\n" not in message, message
+
+
+SIZES = ["vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"]
+SIZES += ["num_key_value_heads", "head_dim"]
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("value", [0, -2, 2.5, "8", True])
+def test_sizes_that_are_not_positive_ints_are_refused_by_name(family, value):
+  """head_dim 0 or num_key_value_heads 0 became D/H or H without a word (`x or default`); "8" or 2.5 failed in
+  int() without the field's name."""
+  base = torch_model(family, **{**SMALL, **FAMILIES[family]}).config.to_dict()
+  sizes = SIZES + (["moe_intermediate_size", "num_experts", "num_experts_per_tok"] if family == "qwen3_moe" else [])
+  for key in sizes + ["rms_norm_eps", "rope_theta"]:
+    config = {**base, key: value}
+    if key == "rope_theta":  # v5 spelling keeps it in rope_parameters; the v4 one at the top level
+      config["rope_parameters"] = None
+    if key in ("rms_norm_eps", "rope_theta") and value == 2.5:
+      continue  # a valid value for these
+    with pytest.raises(ValueError) as info:
+      config_from_hf(config)
+    assert f"config.json: {key} must be a positive" in str(info.value) and repr(value) in str(info.value), key
