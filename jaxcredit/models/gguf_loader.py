@@ -87,6 +87,20 @@ _KNOWN_ARCH_KEYS = frozenset(
 )
 
 
+# `<arch>.*` keys that are sizes (positive integers).
+_SIZE_KEYS = (
+  "embedding_length",
+  "attention.head_count",
+  "attention.head_count_kv",
+  "attention.key_length",
+  "attention.value_length",
+  "rope.dimension_count",
+  "vocab_size",
+  "feed_forward_length",
+  "block_count",
+)
+
+
 def _rope_scaling(meta: dict[str, Any], arch: str) -> dict[str, Any]:
   """The RoPE scaling the metadata declares, as a ModelConfig.rope_scaling dict ({} for none).
 
@@ -142,7 +156,8 @@ def config_from_metadata(
   Raises:
     ValueError: for an architecture other than llama / qwen3, a missing required key (named), an `<arch>.*` key
       the loader does not understand (named: it could change the model, e.g. a sliding window or experts), a
-      per-layer array where one number is needed (named), a RoPE scaling other than linear, a partial rotary
+      per-layer array where one number is needed (named), a size that is not a positive integer or a
+      freq_base / layer_norm_rms_epsilon that is not a positive finite number (named), a RoPE scaling other than linear, a partial rotary
       dimension or value length that differs from head_dim, or a rope_freqs.weight of another shape than
       [head_dim/2] or with values that are not positive and finite.
   """
@@ -164,6 +179,17 @@ def config_from_metadata(
       if len(values) != 1:
         raise ValueError(f"GGUF metadata {key}={meta[key]!r} differs between layers; only one value is supported")
       meta = {**meta, key: values.pop()}
+
+  for key in _SIZE_KEYS:
+    value = meta.get(f"{arch}.{key}")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0):
+      raise ValueError(f"GGUF metadata {arch}.{key} must be a positive integer, got {value!r}")
+  for key in ("rope.freq_base", "attention.layer_norm_rms_epsilon"):
+    value = meta.get(f"{arch}.{key}")
+    if value is not None and (
+      isinstance(value, bool) or not isinstance(value, (int, float, np.number)) or not 0 < value < float("inf")
+    ):
+      raise ValueError(f"GGUF metadata {arch}.{key} must be a positive finite number, got {value!r}")
 
   def need(key):
     full = f"{arch}.{key}"

@@ -412,6 +412,12 @@ REFUSED = {
     lambda w, arch: w.add_tensor("blk.1.attn_norm.weight", np.ones(16, np.float32)),
     "'blk.1.attn_norm.weight'",
   ),
+  "zero_heads": (lambda w, arch: w.add_uint32(f"{arch}.attention.head_count", 0), "attention.head_count must be"),
+  "string_width": (lambda w, arch: w.add_string(f"{arch}.embedding_length", "16"), "embedding_length must be"),
+  "nan_rms_eps": (
+    lambda w, arch: w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", float("nan")),
+    "layer_norm_rms_epsilon must be",
+  ),
   "bad_rope_freqs": (lambda w, arch: w.add_tensor("rope_freqs.weight", np.zeros(4, np.float32)), "rope_freqs.weight"),
 }
 
