@@ -313,8 +313,9 @@ class ChatTokenizer:
       "pad_token": self.pad_token,
       "bos_token": self.bos_token,
     }
-    if self.stop_ids[1:]:  # the ids beyond eos that came from a GGUF or generation_config.json
-      config["stop_token_ids"] = list(self.stop_ids[1:])
+    # The ids beyond eos (a GGUF's end-of-turn ids, generation_config.json's); written even when empty, so that a
+    # folder written before stop ids were kept is told apart (`load_tokenizer` rebuilds such a GGUF cache).
+    config["stop_token_ids"] = list(self.stop_ids[1:])
     with open(os.path.join(folder, "tokenizer_config.json"), "w", encoding="utf-8") as f:
       json.dump(config, f, ensure_ascii=False, indent=1)
 

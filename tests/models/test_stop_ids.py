@@ -98,3 +98,21 @@ def test_sampler_stops_at_the_second_eos_id(tmp_path):
     [prompt], SamplingParams(temperature=1.0, top_p=1e-6, max_new_tokens=8, stop_token_ids=stop_ids), jax.random.key(0)
   )
   assert out.tokens[0] == [first] and out.finish_reasons[0] == "stop_token"
+
+
+def test_a_gguf_tokenizer_cache_written_without_stop_ids_is_rebuilt(tmp_path):
+  """The conversion cache of a GGUF whose eot id the old cache did not keep: load_tokenizer rebuilds it."""
+  from jaxcredit.models import converted_cache_dir
+
+  def eot(w):
+    w.add_uint32("tokenizer.ggml.eot_token_id", 0)
+
+  path = write_gguf(tmp_path / "eot.gguf", "llama", CFG, random_params(CFG), extra=eot)
+  cache = tmp_path / "cache"
+  assert load_tokenizer(path, cache_dir=cache).stop_ids == (2, 0)
+  config_file = converted_cache_dir(path, cache) / "tokenizer" / "tokenizer_config.json"
+  old = json.loads(config_file.read_text())
+  del old["stop_token_ids"]  # as written before this change
+  config_file.write_text(json.dumps(old))
+  assert load_tokenizer(path, cache_dir=cache).stop_ids == (2, 0)
+  assert json.loads(config_file.read_text())["stop_token_ids"] == [0]
