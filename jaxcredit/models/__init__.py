@@ -436,13 +436,17 @@ def load_tokenizer(source: str | os.PathLike, *, cache_dir: str | os.PathLike | 
   source = Path(source).expanduser()
   if source.is_dir():
     if (source / _TOKENIZER_DIR / "tokenizer.json").is_file():
-      return ChatTokenizer.from_pretrained(source / _TOKENIZER_DIR)
+      # A converted checkpoint keeps the source's generation_config.json (its eos ids) under hf/.
+      return ChatTokenizer.from_pretrained(source / _TOKENIZER_DIR, source / "hf" / "generation_config.json")
     return ChatTokenizer.from_pretrained(source)
   if not source.is_file():
     raise FileNotFoundError(f"no GGUF file, converted checkpoint or tokenizer folder at {source}")
   cached = converted_cache_dir(source, cache_dir) / _TOKENIZER_DIR
   if (cached / "tokenizer.json").is_file() and (cached / "tokenizer_config.json").is_file():
-    return ChatTokenizer.from_pretrained(cached)
+    # A cache written before stop ids were kept lacks the GGUF's end-of-turn ids: rebuild it rather than stop late.
+    if "stop_token_ids" in json.loads((cached / "tokenizer_config.json").read_text(encoding="utf-8")):
+      return ChatTokenizer.from_pretrained(cached)
+    shutil.rmtree(cached, ignore_errors=True)
   tokenizer = ChatTokenizer.from_gguf(source)
   tmp = Path(tempfile.mkdtemp(prefix=".tokenizer.tmp-", dir=_mkdirs(cached.parent)))
   tmp.chmod(0o755)

@@ -8,7 +8,7 @@ from typing import Any
 import jax.numpy as jnp
 
 _DTYPES = ("float32", "bfloat16", "float16")
-ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn", "freq_factors")
 ATTENTION_IMPLS = ("auto", "full", "chunked", "splash")
 MOE_IMPLS = ("ragged", "dense")
 
@@ -37,7 +37,9 @@ class ModelConfig:
       rope_scaling: Hugging Face `rope_parameters` / `rope_scaling` minus rope_theta, as sorted (key, value)
           pairs (a dict is accepted and converted): rope_type "default", "linear" (factor), "llama3" (factor,
           low_freq_factor, high_freq_factor, original_max_position_embeddings) or "yarn" (factor,
-          original_max_position_embeddings, optional beta_fast, beta_slow, attention_factor, truncate).
+          original_max_position_embeddings, optional beta_fast, beta_slow, attention_factor, truncate), or
+          "freq_factors" (freq_factors: Dh/2 positive divisors, inv_freq_i / freq_factors_i, as llama.cpp applies a
+          GGUF's `rope_freqs.weight` tensor; no transformers equivalent, so such a config is not exported).
       attention_impl: "full" (materialises [L, S] scores; exact reference), "chunked" (flash-style in XLA:
           blocks of attention_chunk queries x keys with an online softmax and a recomputing backward; never an
           [L, L] matrix), "splash" (the Pallas TPU splash kernel; Pallas interpret mode, slow, off TPU) or
@@ -53,7 +55,8 @@ class ModelConfig:
 
   Raises:
       ValueError: naming the field, for a non-positive size, num_heads not divisible by num_kv_heads, a
-          non-positive rope_theta or rms_norm_eps, or an unknown dtype.
+          non-positive rope_theta or rms_norm_eps, an unknown dtype, or rope_scaling of an unknown rope_type, missing
+          keys, or freq_factors that are not head_dim/2 positive finite numbers.
   """
 
   vocab_size: int
@@ -82,7 +85,9 @@ class ModelConfig:
   def __post_init__(self):
     if isinstance(self.rope_scaling, dict) or isinstance(self.rope_scaling, list):
       items = self.rope_scaling.items() if isinstance(self.rope_scaling, dict) else self.rope_scaling
-      object.__setattr__(self, "rope_scaling", tuple(sorted((str(k), v) for k, v in items)))
+      # Lists (freq_factors, or any list from JSON) become tuples: the config is hashed as a static jit argument.
+      pairs = ((str(k), tuple(v) if isinstance(v, list) else v) for k, v in items)
+      object.__setattr__(self, "rope_scaling", tuple(sorted(pairs)))
     scaling = dict(self.rope_scaling)
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
     if rope_type not in ROPE_TYPES:
@@ -94,10 +99,21 @@ class ModelConfig:
       "linear": ("factor",),
       "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
       "yarn": ("factor", "original_max_position_embeddings"),
+      "freq_factors": ("freq_factors",),
     }.get(rope_type, ())
     missing = [k for k in needs if scaling.get(k) is None]
     if missing:
       raise ValueError(f"ModelConfig.rope_scaling of rope_type {rope_type!r} is missing {missing}")
+    if rope_type == "freq_factors":
+      factors = scaling["freq_factors"]
+      ok = isinstance(factors, tuple) and all(
+        isinstance(f, (int, float)) and not isinstance(f, bool) and 0 < f < float("inf") for f in factors
+      )
+      if not ok or len(factors) * 2 != self.head_dim:
+        raise ValueError(
+          f"ModelConfig.rope_scaling freq_factors must be head_dim/2 = {self.head_dim // 2} positive finite "
+          f"numbers, got {factors!r}"
+        )
     for name in ("num_experts", "num_experts_per_tok", "moe_intermediate_size"):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, int) or value < 0:

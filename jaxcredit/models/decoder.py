@@ -164,7 +164,8 @@ def rope_inv_freq(cfg: ModelConfig) -> tuple[np.ndarray, float]:
   default: inv_freq_i = theta^(-2i/Dh). linear: inv_freq / factor. llama3: low frequencies divided by factor,
   high ones kept, a smooth ramp between (Llama 3.1). yarn: NTK-by-parts interpolation between inv_freq and
   inv_freq / factor with the beta_fast/beta_slow ramp, and cos/sin scaled by attention_factor (default
-  0.1 ln(factor) + 1) (Peng et al. 2023, arXiv:2309.00071).
+  0.1 ln(factor) + 1) (Peng et al. 2023, arXiv:2309.00071). freq_factors: inv_freq_i / freq_factors_i (llama.cpp's
+  `rope_freqs.weight`, which holds the llama3 rule's divisors for Llama 3.x GGUF files).
   """
   dim = cfg.head_dim
   base = float(cfg.rope_theta)
@@ -174,6 +175,8 @@ def rope_inv_freq(cfg: ModelConfig) -> tuple[np.ndarray, float]:
   inv_freq = (np.float32(1.0) / pos_freqs).astype(np.float32)
   if rope_type == "default":
     return inv_freq, 1.0
+  if rope_type == "freq_factors":
+    return (inv_freq / np.asarray(scaling["freq_factors"], np.float32)).astype(np.float32), 1.0
   factor = float(scaling["factor"])
   if rope_type == "linear":
     return (inv_freq / np.float32(factor)).astype(np.float32), 1.0

@@ -87,6 +87,20 @@ _KNOWN_ARCH_KEYS = frozenset(
 )
 
 
+# `<arch>.*` keys that are sizes (positive integers).
+_SIZE_KEYS = (
+  "embedding_length",
+  "attention.head_count",
+  "attention.head_count_kv",
+  "attention.key_length",
+  "attention.value_length",
+  "rope.dimension_count",
+  "vocab_size",
+  "feed_forward_length",
+  "block_count",
+)
+
+
 def _rope_scaling(meta: dict[str, Any], arch: str) -> dict[str, Any]:
   """The RoPE scaling the metadata declares, as a ModelConfig.rope_scaling dict ({} for none).
 
@@ -112,17 +126,40 @@ def _rope_scaling(meta: dict[str, Any], arch: str) -> dict[str, Any]:
   return {"rope_type": "linear", "factor": float(factor)}
 
 
-def config_from_metadata(meta: dict[str, Any], has_output: bool, dtype: str = "float32") -> ModelConfig:
+def _rope_freq_factors(rope_freqs: np.ndarray, head_dim: int, rope_scaling: dict[str, Any]) -> dict[str, Any]:
+  """rope_scaling {"rope_type": "freq_factors", ...} from a `rope_freqs.weight` tensor, with a declared linear
+  factor folded in (llama.cpp divides each frequency by both)."""
+  factors = np.asarray(rope_freqs, np.float64).reshape(-1)
+  if np.shape(rope_freqs) != (head_dim // 2,) or not np.all(np.isfinite(factors) & (factors > 0)):
+    raise ValueError(
+      f"GGUF tensor 'rope_freqs.weight' must hold head_dim/2 = {head_dim // 2} positive finite RoPE frequency "
+      f"divisors, got shape {tuple(np.shape(rope_freqs))} with min {factors.min() if factors.size else None}"
+    )
+  factors = factors * float(rope_scaling.get("factor", 1.0))
+  if np.all(factors == 1.0):
+    return {}
+  return {"rope_type": "freq_factors", "freq_factors": tuple(float(np.float32(f)) for f in factors)}
+
+
+def config_from_metadata(
+  meta: dict[str, Any], has_output: bool, dtype: str = "float32", rope_freqs: np.ndarray | None = None
+) -> ModelConfig:
   """Maps `<arch>.*` metadata to a ModelConfig.
 
-  head_dim is `<arch>.attention.key_length`, else `<arch>.rope.dimension_count`, else D / H. The vocabulary is
+  head_dim is `<arch>.attention.key_length`, else D / H (as llama.cpp reads it). The vocabulary is
   `<arch>.vocab_size`, else the length of `tokenizer.ggml.tokens`. Linear RoPE scaling is read from
-  `<arch>.rope.scaling.*` (see `_rope_scaling`).
+  `<arch>.rope.scaling.*` (see `_rope_scaling`). `rope_freqs` is the file's `rope_freqs.weight` tensor [Dh/2]
+  (llama only): per-frequency divisors of the RoPE frequencies, which is how llama.cpp's converter stores a
+  llama3 rope scaling; they become rope_scaling {"rope_type": "freq_factors"} (times a linear factor, as
+  llama.cpp applies both).
 
   Raises:
     ValueError: for an architecture other than llama / qwen3, a missing required key (named), an `<arch>.*` key
       the loader does not understand (named: it could change the model, e.g. a sliding window or experts), a
-      RoPE scaling other than linear, or a partial rotary dimension or value length that differs from head_dim.
+      per-layer array where one number is needed (named), a size that is not a positive integer or a
+      freq_base / layer_norm_rms_epsilon that is not a positive finite number (named), a RoPE scaling other than linear, a partial rotary
+      dimension or value length that differs from head_dim, or a rope_freqs.weight of another shape than
+      [head_dim/2] or with values that are not positive and finite.
   """
   arch = meta.get("general.architecture")
   if arch not in _ARCHITECTURES:
@@ -134,6 +171,26 @@ def config_from_metadata(meta: dict[str, Any], has_output: bool, dtype: str = "f
       f"model; refusing rather than dropping it (all unknown keys: {unknown})"
     )
 
+  for key in sorted(meta):
+    # llama.cpp allows per-layer arrays for some keys (head_count_kv, feed_forward_length): a stack scanned over
+    # one parameter shape cannot hold layers of different widths, and int() of a list would fail far from here.
+    if key.startswith(f"{arch}.") and isinstance(meta[key], (list, tuple)):
+      values = set(meta[key])
+      if len(values) != 1:
+        raise ValueError(f"GGUF metadata {key}={meta[key]!r} differs between layers; only one value is supported")
+      meta = {**meta, key: values.pop()}
+
+  for key in _SIZE_KEYS:
+    value = meta.get(f"{arch}.{key}")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0):
+      raise ValueError(f"GGUF metadata {arch}.{key} must be a positive integer, got {value!r}")
+  for key in ("rope.freq_base", "attention.layer_norm_rms_epsilon"):
+    value = meta.get(f"{arch}.{key}")
+    if value is not None and (
+      isinstance(value, bool) or not isinstance(value, (int, float, np.number)) or not 0 < value < float("inf")
+    ):
+      raise ValueError(f"GGUF metadata {arch}.{key} must be a positive finite number, got {value!r}")
+
   def need(key):
     full = f"{arch}.{key}"
     if full not in meta:
@@ -142,7 +199,9 @@ def config_from_metadata(meta: dict[str, Any], has_output: bool, dtype: str = "f
 
   hidden = int(need("embedding_length"))
   heads = int(need("attention.head_count"))
-  head_dim = meta.get(f"{arch}.attention.key_length", meta.get(f"{arch}.rope.dimension_count"))
+  # As llama.cpp: the head width is key_length, else D / H; rope.dimension_count is the rotated part of it (a
+  # smaller one, partial rotary, is refused below rather than taken for the head width).
+  head_dim = meta.get(f"{arch}.attention.key_length")
   if head_dim is None:
     head_dim = hidden // heads
   for key in ("rope.dimension_count", "attention.value_length"):
@@ -157,6 +216,9 @@ def config_from_metadata(meta: dict[str, Any], has_output: bool, dtype: str = "f
     if tokens is None:
       raise ValueError(f"GGUF metadata lacks both {arch}.vocab_size and tokenizer.ggml.tokens")
     vocab = len(tokens)
+  rope_scaling = _rope_scaling(meta, arch)
+  if rope_freqs is not None:
+    rope_scaling = _rope_freq_factors(rope_freqs, int(head_dim), rope_scaling)
   return ModelConfig(
     vocab_size=int(vocab),
     hidden_size=hidden,
@@ -169,7 +231,7 @@ def config_from_metadata(meta: dict[str, Any], has_output: bool, dtype: str = "f
     rms_norm_eps=float(need("attention.layer_norm_rms_epsilon")),
     tie_word_embeddings=not has_output,
     qk_norm=arch == "qwen3",
-    rope_scaling=_rope_scaling(meta, arch),
+    rope_scaling=rope_scaling,
     dtype=dtype,
   )
 
@@ -204,8 +266,9 @@ def load_gguf(path) -> tuple[ModelConfig, dict[str, Any]]:
 
   Raises:
     FileNotFoundError: when path does not exist.
-    ValueError: for an unsupported architecture, or a missing or mis-shaped tensor (naming the tensor, the
-      expected and the actual NumPy shape).
+    ValueError: for an unsupported architecture, a missing or mis-shaped tensor (naming the tensor, the
+      expected and the actual NumPy shape), a tensor the loader does not read (named), or metadata
+      `config_from_metadata` refuses.
   """
   from gguf.quants import dequantize
 
@@ -219,11 +282,18 @@ def load_gguf(path) -> tuple[ModelConfig, dict[str, Any]]:
   }
   if f"{arch}.vocab_size" not in meta:
     meta["tokenizer.ggml.tokens"] = _field(reader, "tokenizer.ggml.tokens")
-  cfg = config_from_metadata(meta, has_output="output.weight" in tensors)
+  # llama.cpp reads rope_freqs.weight for llama (Llama 3.x's llama3 scaling); qwen3 has no such tensor, and
+  # llama.cpp refuses a file with tensors it does not read, so it is refused below like any other extra tensor.
+  rope_freqs = None
+  if arch == "llama" and "rope_freqs.weight" in tensors:
+    rope_freqs = dequantize(tensors["rope_freqs.weight"].data, tensors["rope_freqs.weight"].tensor_type)
+  cfg = config_from_metadata(meta, has_output="output.weight" in tensors, rope_freqs=rope_freqs)
+  used = {"rope_freqs.weight"} if rope_freqs is not None else set()
   n, d, f, v = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
   h, k, dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
 
   def read(name: str, shape: tuple[int, ...]) -> np.ndarray:
+    used.add(name)
     tensor = tensors.get(name)
     if tensor is None:
       raise ValueError(f"GGUF tensor {name!r} is missing (expected shape {shape})")
@@ -273,4 +343,13 @@ def load_gguf(path) -> tuple[ModelConfig, dict[str, Any]]:
   }
   if not cfg.tie_word_embeddings:
     params["lm_head"] = np.ascontiguousarray(read("output.weight", (v, d)).T)
+  # A tensor nobody read could change the model (biases, per-layer rope factors, experts, extra layers):
+  # refuse it by name rather than run without it.
+  unread = sorted(set(tensors) - used)
+  if unread:
+    raise ValueError(
+      f"GGUF tensor {unread[0]!r} is not read by this loader (a {n}-layer {arch} model) and may change the "
+      f"model; refusing rather than dropping it (all unread tensors: {unread[:8]}"
+      f"{f' and {len(unread) - 8} more' if len(unread) > 8 else ''})"
+    )
   return cfg, params

@@ -85,6 +85,9 @@ class ChatTokenizer:
     tokenizer: the underlying tokenizers.Tokenizer.
     chat_template: the jinja2 source, or None.
     eos_id, pad_id, bos_id: ids (bos_id may be None); pad_id falls back to eos_id.
+    stop_ids: every id that ends a generation, eos_id first: generation_config.json's eos_token_id (an int or
+      a list; Llama 3 Instruct lists three), a GGUF's tokenizer.ggml.eot_token_id / eom_token_id, and the special
+      token the chat template closes an assistant message with. The sampler's stop_token_ids.
     vocab_size: number of ids including added tokens (can be below the model's embedding rows).
   """
 
@@ -96,8 +99,9 @@ class ChatTokenizer:
     eos_token: str,
     pad_token: str | None = None,
     bos_token: str | None = None,
+    stop_ids: Sequence[int] = (),
   ):
-    """Raises ValueError when a named special token is not in the vocabulary."""
+    """Raises ValueError when a named special token is not in the vocabulary, or a stop id is not an id of it."""
     self.tokenizer = tokenizer
     self.chat_template = chat_template
     self._template = compile_chat_template(chat_template) if chat_template else None
@@ -105,6 +109,32 @@ class ChatTokenizer:
     self.eos_id = self.token_id(eos_token)
     self.pad_id = self.token_id(self.pad_token)
     self.bos_id = self.token_id(bos_token) if bos_token is not None else None
+    for i in stop_ids:
+      if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.vocab_size:
+        raise ValueError(f"stop id {i!r} is not an id of this vocabulary (0 .. {self.vocab_size - 1})")
+    ids = [self.eos_id, *stop_ids]
+    end_of_turn = self._template_end_of_turn()
+    if end_of_turn is not None:
+      ids.append(end_of_turn)
+    self.stop_ids: tuple[int, ...] = tuple(dict.fromkeys(ids))
+
+  def _template_end_of_turn(self) -> int | None:
+    """The first special token the chat template writes after an assistant message's content (ChatML's
+    <|im_end|>, Llama 3's <|eot_id|>), or None (no template, or one that cannot render such a message)."""
+    if self._template is None:
+      return None
+    marker = "\u2063END\u2063"
+    try:
+      text = self.apply_chat_template([{"role": "user", "content": "u"}, {"role": "assistant", "content": marker}])
+    except Exception:  # noqa: BLE001 - a template may insist on other conversations; the eos is then the stop
+      return None
+    if marker not in text:
+      return None
+    special = {t.content for t in self.tokenizer.get_added_tokens_decoder().values() if t.special}
+    for i in self.encode(text.split(marker, 1)[1]):
+      if self.tokenizer.id_to_token(i) in special:
+        return i
+    return None
 
   @property
   def vocab_size(self) -> int:
@@ -206,18 +236,34 @@ class ChatTokenizer:
     eos = special("eos")
     if eos is None:
       raise ValueError("GGUF metadata lacks tokenizer.ggml.eos_token_id")
+    # llama.cpp's end-of-turn and end-of-message ids (Llama 3's <|eot_id|> and <|eom_id|>) also end a generation.
+    stop_ids = [
+      int(field(f"tokenizer.ggml.{k}_token_id"))
+      for k in ("eot", "eom")
+      if field(f"tokenizer.ggml.{k}_token_id") is not None
+    ]
     return cls(
-      tokenizer, field("tokenizer.chat_template"), eos_token=eos, pad_token=special("padding"), bos_token=special("bos")
+      tokenizer,
+      field("tokenizer.chat_template"),
+      eos_token=eos,
+      pad_token=special("padding"),
+      bos_token=special("bos"),
+      stop_ids=stop_ids,
     )
 
   @classmethod
-  def from_pretrained(cls, folder: str | os.PathLike) -> ChatTokenizer:
+  def from_pretrained(
+    cls, folder: str | os.PathLike, generation_config: str | os.PathLike | None = None
+  ) -> ChatTokenizer:
     """Loads a Hugging Face tokenizer folder: tokenizer.json, and tokenizer_config.json's chat_template and
-    eos/pad/bos tokens (chat_template.jinja when present overrides the config's template).
+    eos/pad/bos tokens (chat_template.jinja when present overrides the config's template), plus the stop ids of
+    tokenizer_config.json's `stop_token_ids` (written by `save_pretrained`) and of generation_config.json's
+    `eos_token_id` (an int or a list; the file is `generation_config`, else folder/generation_config.json).
 
     Raises:
       FileNotFoundError: when tokenizer.json is missing.
-      ValueError: when no eos_token is configured.
+      ValueError: when no eos_token is configured, or (naming the file and field) an eos_token_id or stop id that
+        is not an int in the vocabulary.
     """
     folder = os.fspath(folder)
     tokenizer_file = os.path.join(folder, "tokenizer.json")
@@ -241,8 +287,19 @@ class ChatTokenizer:
 
     if token("eos_token") is None:
       raise ValueError(f"{config_file} sets no eos_token")
+    stop_ids = _id_list(config.get("stop_token_ids"), f"{config_file}: stop_token_ids", tokenizer)
+    generation_config = generation_config or os.path.join(folder, "generation_config.json")
+    if os.path.isfile(generation_config):
+      with open(generation_config, encoding="utf-8") as f:
+        eos = json.load(f).get("eos_token_id")
+      stop_ids += _id_list(eos, f"{os.fspath(generation_config)}: eos_token_id", tokenizer)
     return cls(
-      tokenizer, template, eos_token=token("eos_token"), pad_token=token("pad_token"), bos_token=token("bos_token")
+      tokenizer,
+      template,
+      eos_token=token("eos_token"),
+      pad_token=token("pad_token"),
+      bos_token=token("bos_token"),
+      stop_ids=stop_ids,
     )
 
   def save_pretrained(self, folder: str | os.PathLike) -> None:
@@ -256,5 +313,23 @@ class ChatTokenizer:
       "pad_token": self.pad_token,
       "bos_token": self.bos_token,
     }
+    # The ids beyond eos (a GGUF's end-of-turn ids, generation_config.json's); written even when empty, so that a
+    # folder written before stop ids were kept is told apart (`load_tokenizer` rebuilds such a GGUF cache).
+    config["stop_token_ids"] = list(self.stop_ids[1:])
     with open(os.path.join(folder, "tokenizer_config.json"), "w", encoding="utf-8") as f:
       json.dump(config, f, ensure_ascii=False, indent=1)
+
+
+def _id_list(value: Any, where: str, tokenizer: Tokenizer) -> list[int]:
+  """An int or a list of ints (None: []), each an id of the tokenizer's vocabulary.
+
+  Raises:
+    ValueError: naming `where` (file: field) and the bad value."""
+  if value is None:
+    return []
+  values = value if isinstance(value, list) else [value]
+  vocab = tokenizer.get_vocab_size(with_added_tokens=True)
+  for i in values:
+    if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < vocab:
+      raise ValueError(f"{where} must be an id or a list of ids in [0, {vocab}), got {i!r} (in {value!r})")
+  return list(values)

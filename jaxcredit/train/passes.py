@@ -407,7 +407,7 @@ def hindsight_skill(ctx: PassContext, traj: Trajectory) -> dict:
     fits.append(room > 0 and len(prompt) <= budget)
     prompts.append(prompt[-budget:] if budget > 0 else prompt[:1])
   sampler = ctx.sampler_for(ctx.models[ctx.teacher])
-  params = SamplingParams(temperature=1.0, top_p=1e-6, max_new_tokens=max_new, stop_token_ids=(tok.eos_id,))
+  params = SamplingParams(temperature=1.0, top_p=1e-6, max_new_tokens=max_new, stop_token_ids=tok.stop_ids)
   out = sampler.generate(prompts, params, ctx.key)
   skills, lengths, reasons = [], [], []
   for ids, fit in zip(out.tokens, fits):

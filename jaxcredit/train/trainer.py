@@ -259,7 +259,7 @@ def _sampling_params(run: Run, *, greedy: bool = False) -> SamplingParams:
     temperature=1.0 if greedy else s.temperature,
     top_p=1e-6 if greedy else s.top_p,
     max_new_tokens=s.max_new_tokens,
-    stop_token_ids=(run.tok.eos_id,),
+    stop_token_ids=run.tok.stop_ids,
     stop_strings=run.env.stop_strings,
   )
 
