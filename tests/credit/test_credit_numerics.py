@@ -10,12 +10,14 @@ import functools
 import math
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
 import credit_reference as ref
 from jaxcredit import credit
+from jaxcredit.credit import numerics
 
 SCALES = ("group", "none")
 GROUP_SIZES = (2, 3, 8)
@@ -234,3 +236,41 @@ def test_crest_equal_surprisals_leave_the_entropy_gate_neutral():
   want = ref.crest_weights(turn_adv, ids, np.ones(n, bool), teacher, policy)
   np.testing.assert_allclose(got, want, rtol=1e-6)
   np.testing.assert_allclose(got[:6], 1.0 + 0.3 * 0.28, rtol=1e-6)  # λ = lam · m with m = 1, w at its clip
+
+
+# -------------------------------------------------------------------- credit.numerics (issue 35, case 9's kind)
+
+
+def _expm1_minus_x64(x):
+  x = np.asarray(x, np.float64)
+  series = x * x * (1 / 2 + x * (1 / 6 + x * (1 / 24 + x * (1 / 120 + x / 720))))
+  return np.where(np.abs(x) < 1e-2, series, np.expm1(x) - x)
+
+
+def _x_minus_log1p64(y):
+  y = np.asarray(y, np.float64)
+  series = y * y * (1 / 2 - y * (1 / 3 - y * (1 / 4 - y * (1 / 5 - y / 6))))
+  return np.where(np.abs(y) < 1e-2, series, y - np.log1p(y))
+
+
+@given(st.lists(st.floats(-80.0, 80.0, width=32), min_size=1, max_size=64))
+def test_expm1_minus_x_is_accurate_everywhere(values):
+  x = np.asarray(values, np.float32)
+  got = np.asarray(numerics.expm1_minus_x(x), np.float64)
+  np.testing.assert_allclose(got, _expm1_minus_x64(x), rtol=2e-6, atol=2e-38)  # below float32's normal range: 0
+
+
+@given(st.lists(st.floats(-0.9990000128746033, 50.0, width=32), min_size=1, max_size=64))
+def test_x_minus_log1p_is_accurate_everywhere(values):
+  y = np.asarray(values, np.float32)
+  got = np.asarray(numerics.x_minus_log1p(y), np.float64)
+  np.testing.assert_allclose(got, _x_minus_log1p64(y), rtol=2e-6, atol=2e-38)  # below float32's normal range: 0
+
+
+def test_the_direct_forms_were_rounding_noise_near_zero():
+  """Why the helpers exist: at 1e-4 the direct float32 forms are off by 100% or more, the helpers by < 1e-6."""
+  x = np.float32([1e-4, -1e-4, 3e-3])
+  direct = np.asarray(jnp.exp(x) - 1.0 - x, np.float64)
+  assert np.max(np.abs(direct / _expm1_minus_x64(x) - 1.0)) > 0.5
+  np.testing.assert_allclose(np.asarray(numerics.expm1_minus_x(x), np.float64), _expm1_minus_x64(x), rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(numerics.x_minus_log1p(x), np.float64), _x_minus_log1p64(x), rtol=1e-6)
