@@ -118,10 +118,11 @@ def _token_factor(
   signed_L = sign_L * ((teacher_L - policy_L) / tau)  # sign(A_u) · Δ_i                      Eq. 5
   w_L = jnp.clip(jnp.exp(signed_L), 1.0 - clip_eps, 1.0 + clip_eps)  #                       Eq. 6
   gate_L = live_L & (signed_L > 0.0)  #                                                      Eq. 7
-  count = jnp.maximum(jnp.sum(stats_L, dtype=jnp.float32), 1.0)
-  mean = jnp.sum(surprisal_L) / count
-  std = jnp.sqrt(jnp.sum(jnp.where(stats_L, jnp.square(surprisal_L - mean), 0.0)) / count)
-  e_L = jax.nn.sigmoid((surprisal_L - mean) / (std + SURPRISAL_STD_EPS))  #                  Eq. 8-9
+  # (s − mean) / (std + 1e-6), population std, by the outcome baselines' scale-invariant statistic: equal
+  # surprisals give exactly 0 (a rounded mean gave z ≈ −0.5 at s = 5.9 in 12 tokens), and surprisals above 1e19
+  # nats no longer square to inf (z = 0 everywhere). 0 with fewer than 2 such tokens, as before.
+  z_L = outcome.group_normalise(surprisal_L[:, None], stats_L[:, None], scale="group", eps=SURPRISAL_STD_EPS, ddof=0)
+  e_L = jax.nn.sigmoid(z_L[:, 0])  #                                                         Eq. 8-9
   m_L = 1.0 + rho * (2.0 * e_L - 1.0)  #                                                     Eq. 8-9
   lam_L = jnp.clip(lam * gate_L * m_L, 0.0, lam)  #                                          Eq. 10
   phi_L = jnp.where(live_L, 1.0 + lam_L * (w_L - 1.0), 1.0)  #                               Eq. 4

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxcredit.credit import _checks
+from jaxcredit.credit import _checks, _stats
 
 Array = jax.Array
 ArrayLike = jax.typing.ArrayLike
@@ -24,7 +24,8 @@ RUN_BLOCK = 8  # tokens per step of the segment scan
 
 class _Spikes(NamedTuple):
   div_L: Array  # cleaned divergence: negative, non-finite or off the action tokens -> 0
-  tau: Array  # spike threshold, shape [..., 1]
+  tau_s: Array  # spike threshold divided by 2^k, shape [..., 1]
+  k: Array  # int32 [..., 1]: the statistics are of d · 2^-k (`_stats.scaled`)
   spike_L: Array  # bool: opens a segment
   extend_L: Array  # bool: action token that continues an open segment
   enough: Array  # bool [..., 1]: at least 2 action tokens
@@ -45,20 +46,24 @@ def _spikes(
 
   Written so that XLA materialises few token-sized temporaries: one masked copy of d feeds the sum, the max
   and the deviations, and the spread test max(d) - min(d) > eps is the equivalent any(max(d) - d_i > eps).
+  The mean and std are of d · 2^-k, k the exponent of max(d) (`_stats.scaled`, exact): the same bits for
+  ordinary divergences, and no overflow of d² (above about 1e19 it made τ = inf: no spike) nor underflow.
   """
   div_L = jnp.where(action_L & jnp.isfinite(div_L) & (div_L > 0), div_L, 0.0)  # 0 off the action tokens
   act_L = action_L.astype(jnp.float32)
   nf = jnp.sum(act_L, axis=-1, keepdims=True)
-  mean = jnp.sum(div_L, axis=-1, keepdims=True) / jnp.maximum(nf, 1.0)
-  dev_L = (div_L - mean) * act_L
-  std = jnp.sqrt(jnp.sum(dev_L * dev_L, axis=-1, keepdims=True) / jnp.maximum(nf - 1.0, 1.0))
-  tau = mean + k_sigma * std
   top = jnp.max(div_L, axis=-1, keepdims=True)  # d >= 0, so the zeros off the action tokens never win
+  k = jnp.frexp(top)[1].astype(jnp.int32)  # as _stats.scale_exponent, from the max already taken
+  div_s = _stats.ldexp(div_L, -k)
+  mean = jnp.sum(div_s, axis=-1, keepdims=True) / jnp.maximum(nf, 1.0)
+  dev_L = (div_s - mean) * act_L
+  std = jnp.sqrt(jnp.sum(dev_L * dev_L, axis=-1, keepdims=True) / jnp.maximum(nf - 1.0, 1.0))
+  tau_s = mean + k_sigma * std
   spread = jnp.any(action_L & (top - div_L > eps), axis=-1, keepdims=True)
   enough = nf >= 2.0
-  spike_L = action_L & (div_L > tau) & enough & spread
+  spike_L = action_L & (div_s > tau_s) & enough & spread
   extend_L = action_L & ((div_L >= tau_low) | (jnp.isfinite(entropy_L) & (entropy_L >= entropy_floor)))
-  return _Spikes(div_L, tau, spike_L, extend_L, enough)
+  return _Spikes(div_L, tau_s, k, spike_L, extend_L, enough)
 
 
 def _carry_runs(code_L: Array) -> Array:
@@ -111,6 +116,8 @@ def gear_segments(
       or at the first non-action token (a segment never crosses a tool observation).
       seg_start_i = index of the spike that opened token i's segment, −1 for aligned tokens.
 
+  τ is computed scale-invariantly (of d divided by a power of two near max d, exact): divergences of any float32
+  magnitude give the same spikes as d / c would for any c > 0 (eps and tau_low are absolute).
   Batch: `jax.vmap(gear_segments)` over leading axes.
 
   Args:
@@ -205,7 +212,9 @@ def gear_advantages(
   # d >= 0, so a segment's anchor (the spike's divergence) never collides with the codes -1 and KEEP.
   spike_div_L = _carry_runs(jnp.where(sp.spike_L, sp.div_L, jnp.where(sp.extend_L, float(KEEP), -1.0)))
   anchor_L = jnp.where(spike_div_L >= 0, spike_div_L, sp.div_L)
-  u_L = 1.0 + alpha * jnp.tanh(anchor_L / (sp.tau[0] + eps))
+  # d / (τ + eps) with d, τ and eps all divided by 2^k (exact), so a τ beyond float32's range is no inf.
+  denom = sp.tau_s[0] + _stats.ldexp(jnp.float32(eps), -sp.k[0])
+  u_L = 1.0 + alpha * jnp.tanh(_stats.ldexp(anchor_L, -sp.k[0]) / jnp.where(denom > 0, denom, 1.0))
   if normalize:
     n = jnp.maximum(jnp.sum(action_L.astype(jnp.float32)), 1.0)
     u_L = u_L / (jnp.sum(jnp.where(action_L, u_L, 0.0)) / n)

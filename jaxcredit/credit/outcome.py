@@ -12,7 +12,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxcredit.credit import _checks
+from jaxcredit.credit import _checks, _stats
 
 Array = jax.Array
 ArrayLike = jax.typing.ArrayLike
@@ -29,17 +29,27 @@ def group_normalise(x_GxK: Array, valid_GxK: Array, *, scale: str, eps: float, d
   Statistics are taken on values shifted by the column's first valid entry: the result is the same, float32
   keeps more digits, and a column whose valid values are all equal becomes exactly 0 after the shift, so it
   gives exactly 0 with no special case. Columns with fewer than 2 valid rows give 0.
+
+  Scale-invariant: each column is first divided by a power of two near its largest valid magnitude
+  (`_stats.scaled`, exact), and eps by the same power, so rewards of 1e20 or 1e-20 are normalised like rewards
+  of 1 (their squares would overflow or underflow float32) and ordinary inputs give bit-identical results.
+  scale="none" returns R − μ in the rewards' unit, which is inf only where the exact value exceeds float32.
   """
   valid_GxK = valid_GxK & jnp.isfinite(x_GxK)
   n_K = jnp.sum(valid_GxK, axis=0, dtype=jnp.int32)
+  xs_GxK, k_1xK = _stats.scaled(x_GxK, valid_GxK, axis=0)
   first_1xK = jnp.argmax(valid_GxK, axis=0)[None]
-  x0_1xK = jnp.take_along_axis(x_GxK, first_1xK, axis=0)
-  y_GxK = jnp.where(valid_GxK, x_GxK - x0_1xK, 0.0)
+  x0_1xK = jnp.take_along_axis(xs_GxK, first_1xK, axis=0)
+  y_GxK = jnp.where(valid_GxK, xs_GxK - x0_1xK, 0.0)
   mean_K = jnp.sum(y_GxK, axis=0) / jnp.maximum(n_K, 1).astype(jnp.float32)
   dev_GxK = jnp.where(valid_GxK, y_GxK - mean_K, 0.0)
   if scale == "group":
     var_K = jnp.sum(dev_GxK * dev_GxK, axis=0) / jnp.maximum(n_K - ddof, 1).astype(jnp.float32)
-    dev_GxK = dev_GxK / (jnp.sqrt(var_K) + eps)
+    # eps · 2^-k can flush to 0 (tiny eps, huge rewards); the denominator is then 0 only where every dev is 0.
+    denom_1xK = jnp.sqrt(var_K) + _stats.ldexp(jnp.float32(eps), -k_1xK)
+    dev_GxK = dev_GxK / jnp.where(denom_1xK > 0, denom_1xK, 1.0)
+  else:
+    dev_GxK = _stats.ldexp(dev_GxK, k_1xK)
   return jnp.where(valid_GxK & (n_K >= 2), dev_GxK, 0.0)
 
 
@@ -54,7 +64,9 @@ def grpo_advantages(
       A_g = R_g − μ                 (scale="none", Dr.GRPO)
       A_g = 0 if g is invalid, if n < 2, or if all valid R are equal (exactly 0).
 
-  Statistics are computed on R shifted by the first valid reward (same value, better float32 precision).
+  Statistics are computed on R shifted by the first valid reward (same value, better float32 precision) and
+  divided by a power of two near the largest |R| (exact): A(c·R) = A(R) for any c > 0 while σ dominates eps,
+  from rewards of 1e-30 to 1e30 (a float32 variance of raw rewards overflows above about 1e19).
   Batch of groups: `jax.vmap(grpo_advantages)(rewards_PxG, mask_PxG)`; under `jax.jit` pass `scale` and
   `eps` as static arguments.
 
@@ -88,7 +100,8 @@ def rloo_advantages(rewards: ArrayLike, sample_mask: ArrayLike | None = None) ->
       A_i = R_i − mean_{j ≠ i, valid} R_j = R_i − (Σ_{valid} R − R_i) / (n − 1)
 
   Invalid samples (masked or non-finite reward) neither get nor give a baseline; A is 0 on them, and 0 for
-  every sample when n < 2. Computed on rewards shifted by the first valid one, so equal rewards give exactly 0.
+  every sample when n < 2. Computed on rewards shifted by the first valid one, so equal rewards give exactly 0,
+  and divided by a power of two near the largest (exact), so rewards up to float32's largest never overflow.
   Batch of groups: `jax.vmap(rloo_advantages)(rewards_PxG, mask_PxG)`.
 
   Args:
@@ -108,9 +121,11 @@ def rloo_advantages(rewards: ArrayLike, sample_mask: ArrayLike | None = None) ->
   rewards_G = shapes.float("rewards", rewards, "G")
   valid_G = shapes.mask("sample_mask", sample_mask, "G") & jnp.isfinite(rewards_G)
   n = jnp.sum(valid_G, dtype=jnp.int32)
-  y_G = jnp.where(valid_G, rewards_G - rewards_G[jnp.argmax(valid_G)], 0.0)
+  # Scaled by a power of two near the largest reward (exact; see group_normalise), so the sums never overflow.
+  xs_G, k_1 = _stats.scaled(rewards_G, valid_G)
+  y_G = jnp.where(valid_G, xs_G - xs_G[jnp.argmax(valid_G)], 0.0)
   others_mean_G = (jnp.sum(y_G) - y_G) / jnp.maximum(n - 1, 1).astype(jnp.float32)
-  return jnp.where(valid_G & (n >= 2), y_G - others_mean_G, 0.0)
+  return jnp.where(valid_G & (n >= 2), _stats.ldexp(y_G - others_mean_G, k_1), 0.0)
 
 
 def turn_to_token(turn_values: ArrayLike, turn_ids: ArrayLike, action_mask: ArrayLike) -> Array:

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxcredit.credit import _checks, outcome
+from jaxcredit.credit import _checks, _stats, outcome
 
 Array = jax.Array
 ArrayLike = jax.typing.ArrayLike
@@ -274,6 +274,8 @@ def trace_advantages(
                                                        r~ = 0 when D is empty)
       A[g, t]  = alpha_out · A_out[g] + alpha_turn · r~[g, t]   on real turns of valid samples, else 0
 
+  σ and the RMS are taken of values divided by a power of two near their largest magnitude (exact, see
+  `outcome.group_normalise`), so rewards and gold log-probs of any float32 scale are normalised alike.
   The final-answer turn (t >= n) gets alpha_out · A_out. alpha_turn = 0 gives GRPO (population std) broadcast to
   turns. Dense terms apply to valid samples even when the group has < 2 valid samples (A_out = 0 there, so the
   fill is 0 too). Tokens: `turn_to_token(A[g], turn_ids[g], action_mask[g])`. Batch: vmap over a leading P axis.
@@ -329,6 +331,9 @@ def trace_advantages(
   if dense_norm == "group_rms":
     dense_GxT = keep_GxT & has_next_GxT
     n_dense = jnp.sum(dense_GxT, dtype=jnp.int32)
-    rms = jnp.sqrt(jnp.sum(jnp.where(dense_GxT, r_GxT * r_GxT, 0.0)) / jnp.maximum(n_dense, 1).astype(jnp.float32))
-    r_GxT = jnp.where(n_dense > 0, r_GxT / (rms + eps), 0.0)
+    # Scaled by a power of two near the largest |r| (exact, `_stats`), so r² neither overflows nor underflows.
+    rs_GxT, k = _stats.scaled(r_GxT, dense_GxT)
+    sq_GxT = jnp.where(dense_GxT, rs_GxT * rs_GxT, 0.0)
+    denom = jnp.sqrt(jnp.sum(sq_GxT) / jnp.maximum(n_dense, 1).astype(jnp.float32)) + _stats.ldexp(jnp.float32(eps), -k)
+    r_GxT = jnp.where(n_dense > 0, rs_GxT / jnp.where(denom > 0, denom, 1.0), 0.0)
   return jnp.where(keep_GxT, alpha_out * out_G[:, None] + alpha_turn * r_GxT, 0.0)
