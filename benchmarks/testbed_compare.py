@@ -6,7 +6,7 @@ headroom is a decision (call the tool) RL can learn; held-out evals are sampled.
 steps (docs/benchmarks.md). `search` (the default, described next): its headroom is reading skill, which RL at this
 budget did not teach.
 
-The search task is the generated fictional-facts search environment (`envs/search.py`: questions that need 1 to 3 look-ups
+The search task is the generated fictional-facts search environment (`envs/search/`: questions that need 1 to 3 look-ups
 in a BM25-searched corpus of invented people, companies, towns and schools, with similar-named distractors; `search`
 alone, each result showing its document, one search per hop and a budget of two per hop, so redundant calls are
 possible). The policy is small enough for many RL steps on 2 cores: a

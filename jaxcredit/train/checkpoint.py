@@ -18,7 +18,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from jaxcredit import multihost
+from jaxcredit import multihost, trees
 
 # Keys that only change how long a run is, how often it logs / checkpoints / evaluates, or where it goes.
 # Everything else changes what is trained and must match on resume.
@@ -37,17 +37,6 @@ RUN_LENGTH_KEYS = (
   "log_rollouts_count",
   "sft.checkpoint_every",
 )
-
-
-def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
-  out = {}
-  for k, v in d.items():
-    key = f"{prefix}{k}"
-    if isinstance(v, dict):
-      out.update(_flatten(v, key + "."))
-    else:
-      out[key] = v
-  return out
 
 
 def _is_run_length(key: str) -> bool:
@@ -69,7 +58,7 @@ def _other_env_key(key: str, env: str | None) -> bool:
 def training_key_diff(saved: dict, current: dict) -> list[str]:
   """Training keys whose values differ between two config dicts (run-length keys, the knobs of methods other
   than the trained one and the keys of other environments ignored)."""
-  a, b = _flatten(saved), _flatten(current)
+  a, b = trees.flatten(saved, sep="."), trees.flatten(current, sep=".")
   method = b.get("credit.method")
   env = b.get("env.name")
   keys = sorted(
@@ -99,7 +88,7 @@ def check_or_write_config(workdir: str, config_dict: dict, *, write: bool = True
       saved = json.load(f)
     diff = training_key_diff(saved, config_dict)
     if diff:
-      a, b = _flatten(saved), _flatten(config_dict)
+      a, b = trees.flatten(saved, sep="."), trees.flatten(config_dict, sep=".")
       lines = "\n".join(
         f"  {k}: checkpoint has {a.get(k, '<missing>')!r}, config has {b.get(k, '<missing>')!r}" for k in diff
       )

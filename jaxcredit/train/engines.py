@@ -21,7 +21,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from jaxcredit import multihost
+from jaxcredit import multihost, trees
 from jaxcredit.sampling import Sampler
 
 
@@ -53,17 +53,8 @@ def make_jax_sampler(config: ml_collections.ConfigDict, model, tok) -> Sampler:
 
 def flat_params(model) -> dict[str, np.ndarray]:
   """A model's parameters as host arrays keyed by '/'-joined path ('embedding', 'layers/wq', ...)."""
-  out: dict[str, np.ndarray] = {}
-
-  def walk(prefix: str, tree: Any) -> None:
-    if isinstance(tree, dict):
-      for key, value in tree.items():
-        walk(f"{prefix}/{key}" if prefix else str(key), value)
-    else:
-      out[prefix] = np.asarray(multihost.to_host(tree))
-
-  walk("", nnx.to_pure_dict(nnx.state(model, nnx.Param)))
-  return out
+  flat = trees.flatten(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+  return {name: np.asarray(multihost.to_host(leaf)) for name, leaf in flat.items()}
 
 
 def vllm_urls(config: ml_collections.ConfigDict) -> list[str]:

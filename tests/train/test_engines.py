@@ -81,3 +81,20 @@ def test_one_vllm_server_per_training_process():
   c.rollout.vllm.url = "http://a:1,http://b:2"
   with pytest.raises(ValueError, match="lists 2 server\\(s\\) for 1 training process"):
     vllm_urls(c)
+
+
+def test_flat_params_are_host_arrays_by_parameter_path():
+  """`flat_params` (what a vLLM weight sync writes) names every parameter as `param_shapes` does and copies its value."""
+  from flax import nnx
+
+  from jaxcredit.models import Decoder
+  from jaxcredit.models.decoder import param_shapes
+  from jaxcredit.train.engines import flat_params
+  from tests.fixtures.tiny_model import tiny_decoder_config
+
+  cfg = tiny_decoder_config(vocab_size=64)
+  model = Decoder(cfg, rngs=nnx.Rngs(0))
+  flat = flat_params(model)
+  assert {name: a.shape for name, a in flat.items()} == param_shapes(cfg)
+  assert all(isinstance(a, np.ndarray) for a in flat.values())
+  np.testing.assert_array_equal(flat["layers/wq"], np.asarray(model.layers.wq.value))
