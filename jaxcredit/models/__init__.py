@@ -26,10 +26,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from jaxcredit import trees
 from jaxcredit.models.config import ModelConfig
 from jaxcredit.models.decoder import Decoder, KVCache, init_cache, param_shapes, set_params
 from jaxcredit.models.gguf_loader import load_gguf, open_gguf
-from jaxcredit.models.hf import _unflatten, convert_gguf, convert_hf, export_hf
+from jaxcredit.models.hf import convert_gguf, convert_hf, export_hf
 from jaxcredit.models.tokenizer import ChatTokenizer
 
 __all__ = [
@@ -167,7 +168,7 @@ def save_converted(
 
   folder = Path(folder).expanduser().resolve()
   expected = param_shapes(cfg)
-  flat = _flatten(params)
+  flat = trees.flatten(params)
   missing, unexpected = sorted(set(expected) - set(flat)), sorted(set(flat) - set(expected))
   if missing or unexpected:
     raise ValueError(f"parameters do not match the config: missing {missing}, unexpected {unexpected}")
@@ -198,15 +199,6 @@ def save_converted(
   finally:
     shutil.rmtree(tmp, ignore_errors=True)
   return folder
-
-
-def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-  if isinstance(tree, dict):
-    out = {}
-    for key, value in tree.items():
-      out.update(_flatten(value, f"{prefix}/{key}" if prefix else str(key)))
-    return out
-  return {prefix: tree}
 
 
 # ModelConfig fields that change how the model computes but not its parameters: `load` may override them.
@@ -273,7 +265,7 @@ def load_converted(
 
   with ocp.StandardCheckpointer() as checkpointer:
     stored_tree = checkpointer.metadata(folder / _PARAMS_DIR).item_metadata.tree
-    stored_flat = {name: tuple(meta.shape) for name, meta in _flatten(dict(stored_tree)).items()}
+    stored_flat = {name: tuple(meta.shape) for name, meta in trees.flatten(dict(stored_tree)).items()}
     expected = param_shapes(cfg)
     missing, unexpected = sorted(set(expected) - set(stored_flat)), sorted(set(stored_flat) - set(expected))
     if missing or unexpected:
@@ -281,7 +273,9 @@ def load_converted(
     for name, shape in expected.items():
       if stored_flat[name] != shape:
         raise ValueError(f"checkpoint parameter {name!r} has shape {stored_flat[name]}, expected {shape}")
-    abstract = _unflatten({name: jax.ShapeDtypeStruct(shape, cfg.jnp_param_dtype) for name, shape in expected.items()})
+    abstract = trees.unflatten(
+      {name: jax.ShapeDtypeStruct(shape, cfg.jnp_param_dtype) for name, shape in expected.items()}
+    )
     if mesh is None:
       device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
       shardings = jax.tree.map(lambda _: device, abstract)

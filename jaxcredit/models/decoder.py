@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxcredit import trees
 from jaxcredit.models.chunked_attention import chunked_causal_attention
 from jaxcredit.models.config import ModelConfig
 from jaxcredit.sharding import constrain
@@ -940,16 +941,7 @@ def set_params(model: Decoder, params: Mapping[str, Any]) -> None:
     ValueError: naming the parameter, for a missing or unexpected one or a shape other than `param_shapes`.
   """
   expected = param_shapes(model.cfg)
-  flat: dict[str, Any] = {}
-
-  def walk(prefix: str, node: Any):
-    if isinstance(node, Mapping):
-      for key, value in node.items():
-        walk(f"{prefix}/{key}" if prefix else str(key), value)
-    else:
-      flat[prefix] = node
-
-  walk("", params)
+  flat = trees.flatten(params)
   missing = sorted(set(expected) - set(flat))
   unexpected = sorted(set(flat) - set(expected))
   if missing or unexpected:

@@ -61,6 +61,7 @@ from typing import Any, Callable, Iterator, Mapping
 import ml_dtypes
 import numpy as np
 
+from jaxcredit import trees
 from jaxcredit.models.config import ModelConfig
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen3", "qwen3_moe")
@@ -793,7 +794,7 @@ class ParamsWriter:
     one-off cost (orbax's threads, JAX's CPU client) is not part of the streaming's memory."""
     import orbax.checkpoint as ocp
 
-    tree = _unflatten({param: np.zeros((1,), self.stores[param].dtype.numpy_dtype) for param in self.arrays})
+    tree = trees.unflatten({param: np.zeros((1,), self.stores[param].dtype.numpy_dtype) for param in self.arrays})
     scratch = Path(tempfile.mkdtemp(prefix=".orbax-metadata-", dir=self.directory.parent))
     try:
       with ocp.StandardCheckpointer() as checkpointer:
@@ -825,17 +826,6 @@ def open_params(directory: str | os.PathLike, names: list[str]) -> dict[str, Any
     spec = ocp.type_handlers.get_json_tspec_read(info, use_ocdbt=True)
     stores[param] = ts.open(spec, open=True, read=True, context=context).result()
   return stores
-
-
-def _unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
-  tree: dict[str, Any] = {}
-  for name, value in flat.items():
-    *parents, leaf = name.split("/")
-    node = tree
-    for part in parents:
-      node = node.setdefault(part, {})
-    node[leaf] = value
-  return tree
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -1063,7 +1053,7 @@ def convert_gguf(
     cfg, params = load_gguf(reader)
     tokenizer = ChatTokenizer.from_gguf(reader)
     cfg = dataclasses.replace(cfg, dtype=dtype or "float32")
-    flat = _flatten(params)
+    flat = trees.flatten(params)
     with _AtomicFolder(Path(out), "--out") as tmp:
       arrays = {name: (tuple(value.shape), cfg.dtype) for name, value in flat.items()}
       with ParamsWriter(tmp / "params", arrays) as writer, _progress(len(flat), "converting", progress) as bar:
@@ -1081,17 +1071,6 @@ def convert_gguf(
       "peak_rss_above_baseline_bytes": memory.peak_bytes,
       "seconds": time.perf_counter() - start,
     }
-
-
-def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-  out = {}
-  for key, value in tree.items():
-    name = f"{prefix}/{key}" if prefix else str(key)
-    if isinstance(value, Mapping):
-      out.update(_flatten(value, name))
-    else:
-      out[name] = value
-  return out
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -17,6 +17,8 @@ import math
 import os
 from typing import Any, Sequence
 
+from jaxcredit import trees
+
 # Panels: (phase, metric). RL rows are per step; eval rows are the held-out evaluations.
 DEFAULT_METRICS = (
   ("rl", "success_rate"),
@@ -44,15 +46,9 @@ IGNORED_KEYS = (
 )
 
 
-def _flatten(d: dict, prefix: str = "") -> dict:
-  out = {}
-  for k, v in d.items():
-    key = f"{prefix}{k}"
-    if isinstance(v, dict):
-      out.update(_flatten(v, key + "."))
-    else:
-      out[key] = json.dumps(v, sort_keys=True)
-  return out
+def _flatten(d: dict) -> dict:
+  """{"a.b": the JSON text of the value} for every leaf of a nested config dict."""
+  return {key: json.dumps(v, sort_keys=True) for key, v in trees.flatten(d, sep=".").items()}
 
 
 def load_run(workdir: str) -> dict:
