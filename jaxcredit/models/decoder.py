@@ -868,6 +868,13 @@ class Decoder(nnx.Module):
       k_NxBxSxKxDh=k_NxBxSxKxDh, v_NxBxSxKxDh=v_NxBxSxKxDh, mask_BxS=new_mask_BxS, index=index + l
     )
 
+  def output_head_DxV(self) -> jax.Array:
+    """The output projection as [D, V] in the compute dtype: lm_head, or the transposed embedding table when tied
+    (for heads computed outside `logits`, such as the chunked log-probs of `jaxcredit.sampling.logprobs`)."""
+    if self.lm_head is None:
+      return compute_params(self.cfg, self.embedding[...]).T
+    return compute_params(self.cfg, self.lm_head[...])
+
   def logits(self, h_BxLxD: jax.Array) -> jax.Array:
     """Float32 logits_BxLxV = h · embeddingᵀ (tied) or h · lm_head (untied); h may have any leading axes."""
     tied = self.lm_head is None

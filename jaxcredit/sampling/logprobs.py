@@ -335,16 +335,6 @@ def _chunked_logp_entropy_bwd(v, residuals, cotangents):
 _chunked_logp_entropy.defvjp(_chunked_logp_entropy_fwd, _chunked_logp_entropy_bwd)
 
 
-def _output_head_DxV(model) -> jax.Array:
-  """The model's output projection as [D, V] in the compute dtype: lm_head, or the transposed embedding table when
-  tied."""
-  from jaxcredit.models.decoder import compute_params
-
-  if model.lm_head is None:
-    return compute_params(model.cfg, model.embedding[...]).T
-  return compute_params(model.cfg, model.lm_head[...])
-
-
 def _check_tokens_and_mask(tokens_BxL, token_mask_BxL) -> tuple[jax.Array, jax.Array]:
   tokens_BxL = jnp.asarray(tokens_BxL)
   mask_BxL = jnp.asarray(token_mask_BxL)
@@ -470,7 +460,7 @@ def sequence_logprobs_and_entropies(
     pred_BxL = packed_predictor_slots(mask_BxL, packing["segment_ids_BxL"], packing.get("prefix_limit_BxL"))
     h_pred_BxLxD = jnp.take_along_axis(h_BxLxD, jnp.maximum(pred_BxL, 0)[..., None], axis=1)
     logp_BxL, entropy_BxL = chunked_logprobs_and_entropies(
-      h_pred_BxLxD, _output_head_DxV(model), tokens_BxL, temperature, seq_chunk=seq_chunk, vocab_chunk=vocab_chunk
+      h_pred_BxLxD, model.output_head_DxV(), tokens_BxL, temperature, seq_chunk=seq_chunk, vocab_chunk=vocab_chunk
     )
     valid_BxL = mask_BxL & (pred_BxL >= 0)
     return jnp.where(valid_BxL, logp_BxL, 0.0), jnp.where(valid_BxL, entropy_BxL, 0.0)
@@ -482,7 +472,7 @@ def sequence_logprobs_and_entropies(
   # length that is a multiple of seq_chunk needs no padding.
   next_BxL = jnp.pad(tokens_BxL[:, 1:], ((0, 0), (0, 1)))
   logp_BxL, entropy_BxL = chunked_logprobs_and_entropies(
-    h_BxLxD, _output_head_DxV(model), next_BxL, temperature, seq_chunk=seq_chunk, vocab_chunk=vocab_chunk
+    h_BxLxD, model.output_head_DxV(), next_BxL, temperature, seq_chunk=seq_chunk, vocab_chunk=vocab_chunk
   )
   valid_BxLm1 = mask_BxL[:, 1:] & mask_BxL[:, :-1]
   logp_BxL = jnp.pad(jnp.where(valid_BxLm1, logp_BxL[:, :-1], 0.0), ((0, 0), (1, 0)))
@@ -543,7 +533,7 @@ def packed_slot_logprobs(
   h_BxGxD = jnp.take_along_axis(h_BxLxD, jnp.maximum(pred_BxG, 0)[..., None], axis=1)
   targets_BxG = jnp.take_along_axis(tokens_BxL, slots_BxG, axis=1)
   logp_BxG, _ = chunked_logprobs_and_entropies(
-    h_BxGxD, _output_head_DxV(model), targets_BxG, temperature, vocab_chunk=vocab_chunk
+    h_BxGxD, model.output_head_DxV(), targets_BxG, temperature, vocab_chunk=vocab_chunk
   )
   valid_BxG = jnp.take_along_axis(mask_BxL, slots_BxG, axis=1) & (pred_BxG >= 0)
   return jnp.where(valid_BxG, logp_BxG, 0.0)

@@ -53,7 +53,7 @@ import numpy as np
 from flax import nnx
 
 from jaxcredit import multihost
-from jaxcredit.sampling.logprobs import _output_head_DxV, chunked_logprobs_and_entropies, chunked_reverse_kl
+from jaxcredit.sampling.logprobs import chunked_logprobs_and_entropies, chunked_reverse_kl
 from jaxcredit.plain_text import encode_chat, encode_plain
 from jaxcredit.trajectory import Trajectory, pad_length
 
@@ -472,20 +472,20 @@ def teacher_pass(
   h_t_BxKxD = jnp.take_along_axis(h_t_BxSxD, src_BxK[..., None], axis=1)
   targets_BxK = jnp.take_along_axis(tokens, slots, axis=1)
   logp, entropy = chunked_logprobs_and_entropies(
-    h_t_BxKxD, _output_head_DxV(teacher), targets_BxK, temperature, seq_chunk=seq_chunk, vocab_chunk=vocab_chunk
+    h_t_BxKxD, teacher.output_head_DxV(), targets_BxK, temperature, seq_chunk=seq_chunk, vocab_chunk=vocab_chunk
   )
   out = {"logp_BxL": logp, "entropy_BxL": entropy}
   if student is not None:
     h_s_BxLxD, _ = student.hidden_states(tokens, positions_BxL=_positions(r_mask), token_mask_BxL=r_mask)
     h_s_prev_BxKxD = jnp.take_along_axis(h_s_BxLxD, jnp.maximum(slots - 1, 0)[..., None], axis=1)
     _, out["student_entropy_BxL"] = chunked_logprobs_and_entropies(
-      h_s_prev_BxKxD, _output_head_DxV(student), targets_BxK, temperature, seq_chunk=seq_chunk, vocab_chunk=vocab_chunk
+      h_s_prev_BxKxD, student.output_head_DxV(), targets_BxK, temperature, seq_chunk=seq_chunk, vocab_chunk=vocab_chunk
     )
     out["divergence_BxL"] = chunked_reverse_kl(
       h_s_prev_BxKxD,
-      _output_head_DxV(student),
+      student.output_head_DxV(),
       h_t_BxKxD,
-      _output_head_DxV(teacher),
+      teacher.output_head_DxV(),
       temperature,
       seq_chunk=seq_chunk,
       vocab_chunk=vocab_chunk,
