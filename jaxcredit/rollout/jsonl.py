@@ -213,6 +213,29 @@ def _check_messages(rec: Mapping) -> None:
       raise RecordError(f"{where}.tool_call_id", f"expected a string, got {m['tool_call_id']!r}")
 
 
+def check_token_ids(record: Mapping[str, Any], vocab_size: int) -> None:
+  """Checks a record's token ids against the vocabulary of the model that will read them: 0 <= id < vocab_size.
+
+  `validate_record` knows no vocabulary (a record is valid for some model); a command that loads the model checks
+  this too, so that an id the embedding has no row for is refused instead of read as a clamped row.
+
+  Args:
+    record: a record that passes `validate_record`.
+    vocab_size: the number of ids of the tokenizer the command loads.
+
+  Raises:
+    RecordError (a ValueError): naming the first bad id, e.g. "field 'token_ids[4]': id 60000 is outside the
+      vocabulary [0, 49152) of the model's tokenizer".
+  """
+  for k, t in enumerate(record["token_ids"]):
+    if not 0 <= t < vocab_size:
+      raise RecordError(
+        f"token_ids[{k}]",
+        f"id {t} is outside the vocabulary [0, {vocab_size}) of the model's tokenizer (were these rollouts "
+        "tokenized by another model?)",
+      )
+
+
 def validate_record(record: Mapping[str, Any]) -> None:
   """Checks one record: every required field present and typed, optional fields typed when present, and the
   fields consistent (see `REQUIRED_FIELDS`, `OPTIONAL_FIELDS`).
@@ -547,8 +570,9 @@ def _reject_constant(name: str):
   raise ValueError(f"{name} is not standard JSON (non-finite numbers are not allowed)")
 
 
-def read_jsonl(path: str | os.PathLike) -> list[dict]:
-  """Reads the records of a JSONL file (blank lines skipped), each checked by `validate_record`.
+def read_jsonl(path: str | os.PathLike, *, vocab_size: int | None = None) -> list[dict]:
+  """Reads the records of a JSONL file (blank lines skipped), each checked by `validate_record` and, when
+  `vocab_size` is given, by `check_token_ids` (every token id in [0, vocab_size)).
 
   Returns:
     The records as parsed, in file order (defaults are not filled in: `record_to_builder` and
@@ -556,7 +580,7 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
 
   Raises:
     ValueError: "<path>, line <n>: ..." for a line that is not UTF-8, not JSON (NaN / Infinity included), not an
-      object, or whose record fails `validate_record` (the message names the field).
+      object, or whose record fails `validate_record` or `check_token_ids` (the message names the field).
   """
   with open(path, "rb") as f:
     data = f.read()
@@ -579,6 +603,8 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
       raise ValueError(f"{where}: invalid JSON ({e})") from None
     try:
       validate_record(rec)
+      if vocab_size is not None:
+        check_token_ids(rec, vocab_size)
     except RecordError as e:
       raise ValueError(f"{where}: {e}") from None
     records.append(rec)
@@ -591,6 +617,7 @@ def records_to_trajectory(
   max_turns: int | None = None,
   pad_id: int,
   length_bucket: int = 64,
+  vocab_size: int | None = None,
 ) -> tuple[Trajectory, dict[int | str, int]]:
   """Packs records into a `Trajectory` (row i is records[i]; the order is kept, never assumed group-major).
 
@@ -599,6 +626,7 @@ def records_to_trajectory(
     max_turns: T (default: the most turns of any record, at least 1).
     pad_id: token id used for padding.
     length_bucket: L is rounded up to a multiple of this.
+    vocab_size: when given, every token id must be in [0, vocab_size) (`check_token_ids`).
 
   Returns:
     (trajectory, group_ids): trajectory.group_ids_B holds dense int32 ids, numbered by first appearance of each
@@ -607,8 +635,8 @@ def records_to_trajectory(
     (default [reward]), behavior_logp_BxL their behavior_logprobs cast to float32.
 
   Raises:
-    ValueError: for no records, a record that fails `validate_record` or holds a float beyond float32's range
-      (naming its index, rollout_id and field), or what `trajectory.pack` rejects (a record with more than
+    ValueError: for no records, a record that fails `validate_record` (or `check_token_ids`) or holds a float
+      beyond float32's range (naming its index, rollout_id and field), or what `trajectory.pack` rejects (a record with more than
       `max_turns` turns).
   """
   if not records:
@@ -617,6 +645,8 @@ def records_to_trajectory(
   for i, rec in enumerate(records):
     try:
       builders.append(record_to_builder(rec))
+      if vocab_size is not None:
+        check_token_ids(rec, vocab_size)
     except ValueError as e:
       raise ValueError(f"{_record_name(i, rec)}: {e}") from None
   f32_max = float(np.finfo(np.float32).max)

@@ -1284,7 +1284,8 @@ MAX_CREDIT_TURNS = 4096
 def credit_file(config: ml_collections.ConfigDict, in_path: str, out_path: str) -> dict:
   """Computes the config's method's advantages for rollouts made elsewhere (`jaxcredit credit`).
 
-  Reads `in_path` (rollouts JSONL, any order: groups come from their group ids), credits them with
+  Reads `in_path` (rollouts JSONL, any order: groups come from their group ids; for a method with passes, token
+  ids in [0, the policy tokenizer's vocabulary), checked naming the line), credits them with
   `credit_records` and writes the records with "advantages", "turn_advantages" and "method" to `out_path`. The
   workdir's config.json is neither checked nor written.
 
@@ -1294,7 +1295,11 @@ def credit_file(config: ml_collections.ConfigDict, in_path: str, out_path: str) 
   Raises:
     ValueError: as `credit_records`.
   """
-  records = jsonl_lib.read_jsonl(in_path)
+  vocab_size = None
+  if METHODS[config.credit.method].passes:  # the passes read the ids with the policy: check them, naming the line
+    tok = load_tokenizer(resolve_source(config.model.source), cache_dir=config.model.cache_dir or None)
+    vocab_size = tok.vocab_size
+  records = jsonl_lib.read_jsonl(in_path, vocab_size=vocab_size)
   credited, groups = credit_records(config, records, source=in_path)
   jsonl_lib.write_jsonl(out_path, credited)
   return {"rollouts": len(records), "groups": groups, "method": config.credit.method}
@@ -1321,7 +1326,8 @@ def credit_records(
 
   Raises:
     ValueError: no records, a bad record (file and line named), a duplicate rollout id, a group smaller than the
-      method needs, or a task_id the environment does not have when a pass needs the task.
+      method needs, a token id outside the policy tokenizer's vocabulary when the method runs passes, or a task_id
+      the environment does not have when a pass needs the task.
   """
   c = config
   method = METHODS[c.credit.method]
@@ -1358,9 +1364,16 @@ def credit_records(
     pad_id = run.tok.pad_id
   else:
     run, pad_id = None, 0
-  traj, groups = jsonl_lib.records_to_trajectory(
-    records, max_turns=max_turns, pad_id=pad_id, length_bucket=c.train.length_bucket
-  )
+  try:
+    traj, groups = jsonl_lib.records_to_trajectory(
+      records,
+      max_turns=max_turns,
+      pad_id=pad_id,
+      length_bucket=c.train.length_bucket,
+      vocab_size=run.tok.vocab_size if run is not None else None,
+    )
+  except ValueError as e:
+    raise ValueError(f"{in_path}: {e}") from None
   if method.passes:
     index = {}
     for t in list(run.train_tasks) + list(run.eval_tasks):

@@ -176,3 +176,21 @@ def test_credit_without_passes_loads_no_model_and_refuses_bad_files(tmp_path):
   assert cli.main(base + ["--in", str(tmp_path / "in.jsonl"), "--out", str(tmp_path)]) == 2
   assert cli.main(base + ["--in", "--out", str(tmp_path / "o.jsonl")]) == 2
   assert cli.main(base + ["--in", str(tmp_path), "--out", str(tmp_path / "o.jsonl")]) == 2
+
+
+def test_credit_refuses_token_ids_outside_the_policy_vocabulary(tiny, tmp_path):
+  """Issue 35 case 8: a rollout whose action holds id 60000 (the tiny vocabulary has 300 ids) was credited with exit
+  0 (its passes scored a clamped embedding row). Refused before any model runs, naming the file, line and field;
+  -1 likewise."""
+  from jaxcredit.envs import make_env_spec
+
+  c = tiny_run_config("trace", tmp_path / "run", tiny)
+  task = trainer._task_id(make_env_spec(c.env).make_tasks("train", c.env.num_train_tasks, c.seed)[0])
+  for bad_id in (60000, -1):
+    records = _records({"g": [1.0, 0.0]}, task_id=task)
+    records[1]["token_ids"][3] = bad_id  # the first action token
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"in\.jsonl, line 2: field 'token_ids\[3\]': .*{bad_id}"):
+      trainer.credit_file(c, str(src), str(tmp_path / "out.jsonl"))
+    assert not os.path.exists(tmp_path / "out.jsonl")

@@ -625,3 +625,45 @@ def test_field_tables_cover_the_layout():
   written = set(small_record(tools=[]))
   assert written <= set(jsonl.REQUIRED_FIELDS) | set(jsonl.OPTIONAL_FIELDS)
   assert {"advantages", "turn_advantages", "method"} <= set(jsonl.OPTIONAL_FIELDS)
+
+
+# ----------------------------------------------------------------------------- token ids against the vocabulary
+
+
+def test_token_ids_outside_the_vocabulary_are_refused_naming_file_line_and_field(tmp_path):
+  """Issue 35 case 8: an action token 60000 of a 49152-token vocabulary was read (and credited) silently; -1 too
+  must be named. Both are refused with the file, the line and the field."""
+  good = small_record()
+  big, negative = json.loads(json.dumps(good)), json.loads(json.dumps(good))
+  big["token_ids"][4] = 60000  # an action token (turn 0)
+  negative["token_ids"][4] = -1
+  for bad, expected in ((big, "id 60000 is outside the vocabulary [0, 49152)"), (negative, "'token_ids[4]'")):
+    path = tmp_path / "r.jsonl"
+    path.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n", encoding="utf-8")
+    with pytest.raises(ValueError) as e:
+      jsonl.read_jsonl(path, vocab_size=49152)
+    assert str(e.value).startswith(f"{path}, line 2: field 'token_ids[4]': "), str(e.value)
+    assert expected in str(e.value)
+  path.write_text(json.dumps(good) + "\n" + json.dumps(big) + "\n", encoding="utf-8")
+  assert len(jsonl.read_jsonl(path, vocab_size=60001)) == 2  # 60000 is inside a 60001-token vocabulary
+  with pytest.raises(ValueError, match=r"record 1 \(rollout_id 'r0'\): field 'token_ids\[4\]': id 60000 is outside"):
+    jsonl.records_to_trajectory([good, big], pad_id=0, vocab_size=49152)
+
+
+@given(st.data())
+def test_token_ids_are_accepted_exactly_inside_the_vocabulary(data):
+  """Sweep: any id at any position (prompt, action, observation) against any vocabulary size is accepted iff
+  0 <= id < vocab_size, and the error names the first bad position."""
+  vocab = data.draw(st.integers(1, 2**31 - 1), label="vocab")
+  rec = small_record()
+  n = len(rec["token_ids"])
+  ids = data.draw(
+    st.lists(st.one_of(st.integers(-5, 2**31 - 1), st.integers(vocab - 2, vocab + 2)), min_size=n, max_size=n)
+  )
+  rec["token_ids"] = ids
+  bad = [k for k, t in enumerate(ids) if not 0 <= t < vocab]
+  if bad:
+    with pytest.raises(ValueError, match=rf"field 'token_ids\[{bad[0]}\]'"):
+      jsonl.check_token_ids(rec, vocab)
+  else:
+    jsonl.check_token_ids(rec, vocab)
