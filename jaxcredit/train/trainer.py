@@ -12,6 +12,7 @@ The trainer names no environment and no method: `ENVS` (jaxcredit.envs), `METHOD
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import logging
@@ -511,6 +512,24 @@ def _batch(traj, extra: dict, behavior_logp_BxL=None) -> dict:
   }
 
 
+def drop_invalid_behavior_logp(traj):
+  """Takes out of the loss the action tokens whose sampler log-prob is not finite: an engine that returned none
+  (vLLM's null, read as NaN) or a broken one. Such a token's log-ratio is meaningless; kept, it would get the
+  largest importance weight (`loss.engine_is_cap`) or make the loss NaN. The token stays in the context.
+
+  Returns:
+    (a shallow copy of `traj` with those tokens off `action_mask_BxL` and their `behavior_logp_BxL` 0.0,
+    {"engine_invalid_logp_tokens": how many there were}). `traj` itself is not changed.
+  """
+  act = traj.action_mask_BxL & traj.sample_mask_B[:, None]
+  invalid = act & ~np.isfinite(traj.behavior_logp_BxL)
+  kept = copy.copy(traj)
+  if invalid.any():
+    kept.action_mask_BxL = traj.action_mask_BxL & ~invalid
+    kept.behavior_logp_BxL = np.where(invalid, 0.0, traj.behavior_logp_BxL).astype(np.float32)
+  return kept, {"engine_invalid_logp_tokens": int(invalid.sum())}
+
+
 def _engine_correction(run: Run, params, traj):
   """For rollouts from an external engine (`engines.Engine.external`): the trainer's own log-probs of the sampled
   tokens under `params` (the weights before this step's update), the truncated importance weight
@@ -527,7 +546,8 @@ def _engine_correction(run: Run, params, traj):
     run.policy_logp = step_lib.make_logp_fn(run.graphdef, run.rest, c.sampling.temperature)
   trainer = np.asarray(multihost.to_host(run.policy_logp(params, traj.tokens_BxL, traj.token_mask_BxL)), np.float32)
   engine = np.asarray(traj.behavior_logp_BxL, np.float32)
-  act = traj.action_mask_BxL & traj.sample_mask_B[:, None]
+  # A non-finite engine log-prob is no evidence of the engine's policy (`drop_invalid_behavior_logp`).
+  act = traj.action_mask_BxL & traj.sample_mask_B[:, None] & np.isfinite(engine)
   log_ratio = np.where(act, trainer - engine, 0.0)
   cap = float(c.loss.engine_is_cap)
   weight = np.where(act, np.minimum(np.exp(np.minimum(log_ratio, 50.0)), cap), 1.0).astype(np.float32)
@@ -1077,6 +1097,7 @@ def learn_step(
     length_bucket=c.train.length_bucket,
     unit_rewards=sampled.unit_rewards,
   )
+  traj, invalid_row = drop_invalid_behavior_logp(traj)
   t1 = time.time()
   pass_row = run_passes(run, traj, results, tasks, params, ref_params, jax.random.fold_in(key, 1))
   t_passes = time.time() - t1
@@ -1144,6 +1165,7 @@ def learn_step(
   row.update(sampled.env_metrics)
   row.update(sampled.sampler_stats)
   row.update(engine_row)
+  row.update(invalid_row)
   if sampled.policy_version is not None:  # how many updates behind the sampling weights were (rollout.max_staleness)
     row["policy_staleness"] = run.policy_version - 1 - sampled.policy_version
   row.update(sampled.timing)  # prefill_tokens, decode_tokens, extends, rebuilds of this step's rollouts
