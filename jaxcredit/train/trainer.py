@@ -1396,6 +1396,7 @@ def credit_records(
     )
   except ValueError as e:
     raise ValueError(f"{in_path}: {e}") from None
+  traj, _ = drop_invalid_behavior_logp(traj)  # null behavior log-probs (engine_invalid_logp_tokens), as in training
   if method.passes:
     index = {}
     for t in list(run.train_tasks) + list(run.eval_tasks):

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import tempfile
 
 import numpy as np
@@ -667,3 +668,41 @@ def test_token_ids_are_accepted_exactly_inside_the_vocabulary(data):
       jsonl.check_token_ids(rec, vocab)
   else:
     jsonl.check_token_ids(rec, vocab)
+
+
+# ----------------------------------------------------------------------- tokens the engine gave no log-prob
+
+
+def test_a_token_without_an_engine_logprob_is_exported_as_null_and_flagged(tmp_path):
+  """Issue 35 case 11 (export): a rollout holding a token whose engine log-prob is NaN (vLLM's null) or -inf could
+  not be exported (NaN is not JSON) and nothing marked it. It is written as null with the rollout flagged by
+  `engine_invalid_logp_tokens` (their count), and reads back as NaN."""
+  b = RolloutBuilder.from_prompt([5, 6, 7])
+  b.append_action([8, 9, 10], [-0.5, float("nan"), float("-inf")])
+  rec = jsonl.rollout_to_record(b, rollout_id="r0", group_id=0, reward=1.0)
+  assert rec["behavior_logprobs"] == [0.0, 0.0, 0.0, -0.5, None, None]
+  assert rec["engine_invalid_logp_tokens"] == 2
+  (back,), raw = roundtrip_file([rec])
+  assert b'"behavior_logprobs":[0.0,0.0,0.0,-0.5,null,null]' in raw and b'"engine_invalid_logp_tokens":2' in raw
+  again = jsonl.record_to_builder(back)
+  assert again.behavior_logp[:4] == [0.0, 0.0, 0.0, -0.5] and all(np.isnan(again.behavior_logp[4:]))
+  traj, _ = jsonl.records_to_trajectory([back], pad_id=0)
+  assert np.isnan(traj.behavior_logp_BxL[0, 4:6]).all()
+  fine = small_record()
+  assert "engine_invalid_logp_tokens" not in fine  # only a rollout that holds such tokens is flagged
+
+
+@pytest.mark.parametrize(
+  "mutate, expected",
+  [
+    (item("behavior_logprobs", 0, None), "'behavior_logprobs[0]': is null on a non-action token"),
+    (item("behavior_logprobs", 3, None), "'engine_invalid_logp_tokens': missing, but behavior_logprobs holds 1 null"),
+    (set_("engine_invalid_logp_tokens", 1), "'engine_invalid_logp_tokens': is 1 but behavior_logprobs holds 0 null"),
+    (set_("engine_invalid_logp_tokens", True), "'engine_invalid_logp_tokens': expected an int"),
+  ],
+)
+def test_null_logprobs_and_their_flag_must_agree(mutate, expected):
+  rec = json.loads(json.dumps(small_record()))
+  mutate(rec)
+  with pytest.raises(ValueError, match=re.escape(expected)):
+    jsonl.validate_record(rec)
