@@ -1348,7 +1348,7 @@ def credit_records(
 
   Raises:
     ValueError: no records, a bad record (file and line named), a duplicate rollout id, a group smaller than the
-      method needs, a token id outside the policy tokenizer's vocabulary when the method runs passes, or a task_id
+      method needs, groups of unequal size for a group method, a token id outside the policy tokenizer's vocabulary when the method runs passes, or a task_id
       the environment does not have when a pass needs the task.
   """
   c = config
@@ -1380,6 +1380,13 @@ def credit_records(
     raise ValueError(
       f"{c.credit.method} needs groups of at least {method.min_group_size} rollouts; in {in_path} "
       f"group(s) {sorted(small, key=str)[:5]} have {sorted(set(small.values()))}"
+    )
+  if method.min_group_size > 1 and len(set(sizes.values())) > 1:  # a group baseline is vmapped over one group size
+    g0, n0 = next(iter(sizes.items()))
+    g, n = next((g, n) for g, n in sizes.items() if n != n0)
+    raise ValueError(
+      f"{c.credit.method} needs groups of one size; in {in_path} group {g!r} has {n} rollouts but group {g0!r} has "
+      f"{n0} (every group needs the same number of rollouts)"
     )
   if method.passes:
     run = build(c, write_config=False)

@@ -194,3 +194,30 @@ def test_credit_refuses_token_ids_outside_the_policy_vocabulary(tiny, tmp_path):
     with pytest.raises(ValueError, match=rf"in\.jsonl, line 2: field 'token_ids\[3\]': .*{bad_id}"):
       trainer.credit_file(c, str(src), str(tmp_path / "out.jsonl"))
     assert not os.path.exists(tmp_path / "out.jsonl")
+
+
+def test_credit_refuses_groups_of_unequal_size(tmp_path, capsys):
+  """docs/rollouts-jsonl.md: groups of unequal size are refused (in one line, exit code 2), not credited with a
+  baseline over a ragged group."""
+  from jaxcredit.train.config import base_config
+
+  records = _records({"a": [1.0, 0.0, 0.0], "b": [1.0, 0.0]})
+  jsonl.write_jsonl(tmp_path / "in.jsonl", records)
+  c = base_config()
+  c.credit.method = "grpo"
+  c.workdir = str(tmp_path / "never_written")
+  with pytest.raises(
+    ValueError,
+    match=re.escape(
+      "grpo needs groups of one size; in "
+      + str(tmp_path / "in.jsonl")
+      + " group 'b' has 2 rollouts but group 'a' has 3"
+    ),
+  ):
+    trainer.credit_file(c, str(tmp_path / "in.jsonl"), str(tmp_path / "out.jsonl"))
+  base = ["jaxcredit", "credit", "--config", os.path.join(ROOT, "configs", "grpo.py")]
+  capsys.readouterr()
+  assert cli.main(base + ["--in", str(tmp_path / "in.jsonl"), "--out", str(tmp_path / "out.jsonl")]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "group 'b' has 2 rollouts but group 'a' has 3" in err[0], err
+  assert not os.path.exists(tmp_path / "out.jsonl")
