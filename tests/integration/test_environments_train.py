@@ -221,3 +221,20 @@ def test_credit_refuses_groups_of_unequal_size(tmp_path, capsys):
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and "group 'b' has 2 rollouts but group 'a' has 3" in err[0], err
   assert not os.path.exists(tmp_path / "out.jsonl")
+
+
+def test_viz_refuses_token_ids_outside_the_policy_vocabulary(tiny, tmp_path):
+  """Issue 35 case 8 (viz): the viewer decoded sample ids with the policy tokenizer whatever they were; an id the
+  tokenizer does not have is refused naming the file, line and field, before any page is written."""
+  from jaxcredit.train import report
+
+  c = tiny_run_config("grpo", tmp_path / "run", tiny)
+  records = _records({"g": [1.0, 0.0]})
+  records[0]["token_ids"][4] = 60000
+  os.makedirs(os.path.join(c.workdir, "rollout_samples"))
+  path = os.path.join(c.workdir, "rollout_samples", "step_1.jsonl")
+  with open(path, "w", encoding="utf-8") as f:
+    f.write("".join(json.dumps(r) + "\n" for r in records))
+  with pytest.raises(ValueError, match=r"step_1\.jsonl, line 1: field 'token_ids\[4\]': id 60000 is outside the vocab"):
+    report.view_samples(c.workdir, config=c, methods=["grpo"])
+  assert not os.path.exists(os.path.join(c.workdir, "viewer"))
