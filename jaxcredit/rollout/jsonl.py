@@ -22,7 +22,9 @@ Lossless: `record_to_builder(rollout_to_record(b, ...))` rebuilds `b` field for 
 turn_ids, unit_ids, behavior_logp, boundaries, num_turns, unit), and `read_jsonl(write_jsonl(...))` gives back equal
 records. Floats are written with Python's `repr` (the shortest text that reads back to the same float64), so a
 float32 array exported with `float()` per element reads back, cast to float32, bit for bit. Non-finite floats
-(NaN, inf) are not standard JSON: writing one is an error naming the field.
+(NaN, inf) are not standard JSON: writing one is an error naming the field, except an action token's behavior
+log-prob: one the engine did not give (NaN) or gave non-finite is written as null, the record flagged with
+`engine_invalid_logp_tokens` (their count), and reads back as NaN (the trainer leaves such tokens out of the loss).
 
 Strings are written as UTF-8 (non-ASCII characters unescaped, control characters escaped); a record holding a string
 that UTF-8 cannot encode (a lone surrogate) is written with ASCII escapes instead, which read back to the same string.
@@ -57,8 +59,9 @@ REQUIRED_FIELDS: dict[str, str] = {
   "action_mask": "[0|1]: 1 on the tokens the policy generated (true/false also read); one per token.",
   "turn_ids": "[int]: the turn (assistant message) index of each action token, -1 on every other token; "
   "non-decreasing over the action tokens.",
-  "behavior_logprobs": "[float]: log-prob (nats) the sampler recorded for each action token (0.0 elsewhere); "
-  "finite; one per token.",
+  "behavior_logprobs": "[float | null]: log-prob (nats) the sampler recorded for each action token (0.0 elsewhere); "
+  "finite, or null on an action token the engine gave no log-prob (then engine_invalid_logp_tokens counts them); "
+  "one per token.",
   "boundaries": "[int]: token count at each state s_t: boundaries[0] = prompt_len, then the length right after "
   "each tool observation; non-decreasing, each <= len(token_ids).",
   "prompt_len": "int: tokens of the initial prompt, >= 1, equal to boundaries[0]; no action token before it.",
@@ -83,6 +86,8 @@ OPTIONAL_FIELDS: dict[str, str] = {
   "entries (default [reward]).",
   "finish": "str | null: why the rollout ended (\"answer\", \"no_answer\", \"tool_budget\", \"length\").",
   "metadata": "object: anything else (default {}).",
+  "engine_invalid_logp_tokens": "int: the number of nulls in behavior_logprobs: action tokens the engine returned "
+  "without a (finite) log-prob, which the trainer left out of the loss; written only when > 0 (default 0).",
   "advantages": "[float]: credited advantage of each token, 0.0 off actions (written by a credit run).",
   "turn_advantages": "[float]: credited advantage of each turn, num_turns entries (written by a credit run).",
   "method": "str: the credit method that wrote the advantages.",
@@ -213,11 +218,35 @@ def _check_messages(rec: Mapping) -> None:
       raise RecordError(f"{where}.tool_call_id", f"expected a string, got {m['tool_call_id']!r}")
 
 
+def check_token_ids(record: Mapping[str, Any], vocab_size: int) -> None:
+  """Checks a record's token ids against the vocabulary of the model that will read them: 0 <= id < vocab_size.
+
+  `validate_record` knows no vocabulary (a record is valid for some model); a command that loads the model checks
+  this too, so that an id the embedding has no row for is refused instead of read as a clamped row.
+
+  Args:
+    record: a record that passes `validate_record`.
+    vocab_size: the number of ids of the tokenizer the command loads.
+
+  Raises:
+    RecordError (a ValueError): naming the first bad id, e.g. "field 'token_ids[4]': id 60000 is outside the
+      vocabulary [0, 49152) of the model's tokenizer".
+  """
+  for k, t in enumerate(record["token_ids"]):
+    if not 0 <= t < vocab_size:
+      raise RecordError(
+        f"token_ids[{k}]",
+        f"id {t} is outside the vocabulary [0, {vocab_size}) of the model's tokenizer (were these rollouts "
+        "tokenized by another model?)",
+      )
+
+
 def validate_record(record: Mapping[str, Any]) -> None:
   """Checks one record: every required field present and typed, optional fields typed when present, and the
   fields consistent (see `REQUIRED_FIELDS`, `OPTIONAL_FIELDS`).
 
-  Consistency: the per-token arrays (action_mask, turn_ids, behavior_logprobs, and unit_ids / advantages when
+  Consistency: behavior_logprobs is null only on action tokens, as many times as engine_invalid_logp_tokens says
+  (absent: none); the per-token arrays (action_mask, turn_ids, behavior_logprobs, and unit_ids / advantages when
   present) have len(token_ids) entries; turn_ids and unit_ids are -1 exactly off the action tokens and
   non-decreasing over them; num_turns > max(turn_ids); current_unit >= max(unit_ids); unit_rewards has an entry for
   every unit an action token is in; prompt_len == boundaries[0] with no action token before it; boundaries
@@ -237,11 +266,27 @@ def validate_record(record: Mapping[str, Any]) -> None:
   n = len(tokens)
   per_token = ["action_mask", "turn_ids", "behavior_logprobs"] + [f for f in ("unit_ids", "advantages") if f in record]
   mask = [bool(a) for a in _list(record, "action_mask", _is_bit, "0 or 1")]
-  _list(record, "behavior_logprobs", _is_num, "a finite number")
+  logps = _list(record, "behavior_logprobs", lambda x: x is None or _is_num(x), "a finite number (or null)")
   for field in per_token:
     value = record[field]
     if isinstance(value, (list, tuple)) and len(value) != n:
       raise RecordError(field, f"has {len(value)} entries but token_ids has {n} (one per token)")
+  nulls = 0
+  for i, (a, x) in enumerate(zip(mask, logps)):
+    if x is None:
+      if not a:
+        raise RecordError(f"behavior_logprobs[{i}]", "is null on a non-action token; expected 0.0")
+      nulls += 1
+  if "engine_invalid_logp_tokens" in record:
+    _scalar(record, "engine_invalid_logp_tokens", lambda x: _is_int(x) and x >= 0, "an int >= 0")
+  flagged = record.get("engine_invalid_logp_tokens", None)
+  if flagged is None and nulls:
+    raise RecordError(
+      "engine_invalid_logp_tokens",
+      f"missing, but behavior_logprobs holds {nulls} null(s) (action tokens without an engine log-prob)",
+    )
+  if flagged is not None and flagged != nulls:
+    raise RecordError("engine_invalid_logp_tokens", f"is {flagged} but behavior_logprobs holds {nulls} null(s)")
   max_turn = _check_ids(record, "turn_ids", mask)
   if "num_turns" in record:
     _scalar(
@@ -464,7 +509,8 @@ def rollout_to_record(
       "action_mask": [1 if a else 0 for a in b.action_mask],
       "turn_ids": [int(t) for t in b.turn_ids],
       "unit_ids": [int(u) for u in b.unit_ids],
-      "behavior_logprobs": [float(x) for x in b.behavior_logp],
+      # A log-prob the engine did not give (NaN) or gave non-finite is null; the rollout is flagged with their count.
+      "behavior_logprobs": [float(x) if math.isfinite(x) else None for x in b.behavior_logp],
       "boundaries": [int(x) for x in b.boundaries],
       "prompt_len": int(b.boundaries[0]),
       "num_turns": int(b.num_turns),
@@ -475,6 +521,9 @@ def rollout_to_record(
       "metadata": _json_native(meta, "metadata"),
     }
   )
+  invalid = sum(x is None for x in record["behavior_logprobs"])
+  if invalid:
+    record["engine_invalid_logp_tokens"] = invalid
   validate_record(record)
   for key in ("rollout_id", "group_id", "task_id", "finish"):
     if isinstance(record[key], str):
@@ -488,7 +537,7 @@ def rollout_to_record(
 
 def record_to_builder(record: Mapping[str, Any]) -> RolloutBuilder:
   """The `RolloutBuilder` a record was exported from (the exact inverse of `rollout_to_record` on tokens,
-  action_mask, turn_ids, unit_ids, behavior_logp, boundaries, num_turns and unit).
+  action_mask, turn_ids, unit_ids, behavior_logp, boundaries, num_turns and unit; a null behavior log-prob is NaN).
 
   Missing optional fields take their defaults (`OPTIONAL_FIELDS`): unit_ids 0 on actions, num_turns
   max(turn_ids) + 1, unit max(0, max(unit_ids), len(unit_rewards) - 1).
@@ -501,7 +550,7 @@ def record_to_builder(record: Mapping[str, Any]) -> RolloutBuilder:
     tokens=[int(t) for t in record["token_ids"]],
     action_mask=[bool(a) for a in record["action_mask"]],
     turn_ids=[int(t) for t in record["turn_ids"]],
-    behavior_logp=[float(x) for x in record["behavior_logprobs"]],
+    behavior_logp=[math.nan if x is None else float(x) for x in record["behavior_logprobs"]],
     boundaries=[int(x) for x in record["boundaries"]],
     num_turns=_derived_num_turns(record),
     unit_ids=_unit_ids(record),
@@ -547,8 +596,9 @@ def _reject_constant(name: str):
   raise ValueError(f"{name} is not standard JSON (non-finite numbers are not allowed)")
 
 
-def read_jsonl(path: str | os.PathLike) -> list[dict]:
-  """Reads the records of a JSONL file (blank lines skipped), each checked by `validate_record`.
+def read_jsonl(path: str | os.PathLike, *, vocab_size: int | None = None) -> list[dict]:
+  """Reads the records of a JSONL file (blank lines skipped), each checked by `validate_record` and, when
+  `vocab_size` is given, by `check_token_ids` (every token id in [0, vocab_size)).
 
   Returns:
     The records as parsed, in file order (defaults are not filled in: `record_to_builder` and
@@ -556,7 +606,7 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
 
   Raises:
     ValueError: "<path>, line <n>: ..." for a line that is not UTF-8, not JSON (NaN / Infinity included), not an
-      object, or whose record fails `validate_record` (the message names the field).
+      object, or whose record fails `validate_record` or `check_token_ids` (the message names the field).
   """
   with open(path, "rb") as f:
     data = f.read()
@@ -579,6 +629,8 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
       raise ValueError(f"{where}: invalid JSON ({e})") from None
     try:
       validate_record(rec)
+      if vocab_size is not None:
+        check_token_ids(rec, vocab_size)
     except RecordError as e:
       raise ValueError(f"{where}: {e}") from None
     records.append(rec)
@@ -591,6 +643,7 @@ def records_to_trajectory(
   max_turns: int | None = None,
   pad_id: int,
   length_bucket: int = 64,
+  vocab_size: int | None = None,
 ) -> tuple[Trajectory, dict[int | str, int]]:
   """Packs records into a `Trajectory` (row i is records[i]; the order is kept, never assumed group-major).
 
@@ -599,6 +652,7 @@ def records_to_trajectory(
     max_turns: T (default: the most turns of any record, at least 1).
     pad_id: token id used for padding.
     length_bucket: L is rounded up to a multiple of this.
+    vocab_size: when given, every token id must be in [0, vocab_size) (`check_token_ids`).
 
   Returns:
     (trajectory, group_ids): trajectory.group_ids_B holds dense int32 ids, numbered by first appearance of each
@@ -607,8 +661,8 @@ def records_to_trajectory(
     (default [reward]), behavior_logp_BxL their behavior_logprobs cast to float32.
 
   Raises:
-    ValueError: for no records, a record that fails `validate_record` or holds a float beyond float32's range
-      (naming its index, rollout_id and field), or what `trajectory.pack` rejects (a record with more than
+    ValueError: for no records, a record that fails `validate_record` (or `check_token_ids`) or holds a float
+      beyond float32's range (naming its index, rollout_id and field), or what `trajectory.pack` rejects (a record with more than
       `max_turns` turns).
   """
   if not records:
@@ -617,6 +671,8 @@ def records_to_trajectory(
   for i, rec in enumerate(records):
     try:
       builders.append(record_to_builder(rec))
+      if vocab_size is not None:
+        check_token_ids(rec, vocab_size)
     except ValueError as e:
       raise ValueError(f"{_record_name(i, rec)}: {e}") from None
   f32_max = float(np.finfo(np.float32).max)
@@ -624,7 +680,7 @@ def records_to_trajectory(
     for field in ("behavior_logprobs", "reward", "unit_rewards"):
       values = rec.get(field, [])
       values = values if isinstance(values, (list, tuple)) else [values]
-      big = [k for k, x in enumerate(values) if abs(float(x)) > f32_max]
+      big = [k for k, x in enumerate(values) if x is not None and abs(float(x)) > f32_max]
       if big:
         where = f"{field}[{big[0]}]" if field != "reward" else field
         raise ValueError(f"{_record_name(i, rec)}: field {where!r}: {float(values[big[0]])!r} overflows float32")

@@ -349,7 +349,8 @@ class VLLMEngine:
   ) -> SampleOutput:
     """Samples a completion of each prompt (token ids) on the server. Same contract as `Sampler.generate`.
 
-    Greedy (`params.top_p <= 1 / vocab`) is sent as temperature 0. Each row's seed comes from `key`.
+    Greedy (`params.top_p <= 1 / vocab`) is sent as temperature 0. Each row's seed comes from `key`. A token the
+    server returns without a log-prob (null) gets NaN in `logprobs` (the trainer leaves it out of the loss).
 
     Raises:
       ValueError: top_p < 1 on a sampled (not greedy) call: the server's log-probs would be renormalised over the
@@ -391,7 +392,9 @@ class VLLMEngine:
     for choice in choices:
       lp = choice.get("logprobs") or {}
       ids = [int(t[len(_TOKEN_PREFIX) :]) for t in lp.get("tokens", [])]
-      values = [(-np.inf if v is None else float(v)) for v in lp.get("token_logprobs", [])]
+      # A token without a log-prob (null) is NaN, not -inf: -inf would read as "impossible under the engine" and
+      # give the token the largest importance weight; the trainer leaves NaN tokens out of the loss.
+      values = [(np.nan if v is None else float(v)) for v in lp.get("token_logprobs", [])]
       if len(ids) != len(values):
         raise EngineError(f"{self.url}: {len(ids)} tokens but {len(values)} log-probs in a completion")
       tokens.append(ids)

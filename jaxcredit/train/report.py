@@ -81,7 +81,8 @@ def view_samples(
     {"index": path of index.html, "rollouts": pages written, "step": step, "methods": names}.
 
   Raises:
-    ValueError: no samples (or none at `step`), an unknown method, or a method that cannot be computed here
+    ValueError: no samples (or none at `step`), a sample line with a token id outside the tokenizer's vocabulary
+      (file, line and field named), an unknown method, or a method that cannot be computed here
       (the message names it and why: a missing teacher, a group too small, ...).
   """
   steps = sample_steps(workdir)
@@ -94,10 +95,11 @@ def view_samples(
   if step not in steps:
     raise ValueError(f"no rollout samples for step {step} in {workdir}/rollout_samples; steps with samples: {steps}")
   path = os.path.join(workdir, "rollout_samples", f"step_{step}.jsonl")
-  records = jsonl_lib.read_jsonl(path)
+  config = run_config(workdir) if config is None else config
+  tok = trainer.load_tokenizer(trainer.resolve_source(config.model.source), cache_dir=config.model.cache_dir or None)
+  records = jsonl_lib.read_jsonl(path, vocab_size=tok.vocab_size)  # the pages decode every id with it
   if not records:
     raise ValueError(f"{path} holds no rollouts")
-  config = run_config(workdir) if config is None else config
   trained = records[0].get("method") or config.credit.method
   if methods is None:
     methods = [trained] + (["grpo"] if trained != "grpo" else [])
@@ -126,7 +128,6 @@ def view_samples(
       else "computed now (no passes)"
     )
     peer_ids[name] = [r["rollout_id"] for r in records]
-  tok = trainer.load_tokenizer(trainer.resolve_source(config.model.source), cache_dir=config.model.cache_dir or None)
   out_dir = out_dir or os.path.join(workdir, "viewer", f"step_{step}")
   try:
     index = page.write_rollout_pages(

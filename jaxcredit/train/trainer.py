@@ -12,6 +12,7 @@ The trainer names no environment and no method: `ENVS` (jaxcredit.envs), `METHOD
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import json
@@ -512,6 +513,24 @@ def _batch(traj, extra: dict, behavior_logp_BxL=None) -> dict:
   }
 
 
+def drop_invalid_behavior_logp(traj):
+  """Takes out of the loss the action tokens whose sampler log-prob is not finite: an engine that returned none
+  (vLLM's null, read as NaN) or a broken one. Such a token's log-ratio is meaningless; kept, it would get the
+  largest importance weight (`loss.engine_is_cap`) or make the loss NaN. The token stays in the context.
+
+  Returns:
+    (a shallow copy of `traj` with those tokens off `action_mask_BxL` and their `behavior_logp_BxL` 0.0,
+    {"engine_invalid_logp_tokens": how many there were}). `traj` itself is not changed.
+  """
+  act = traj.action_mask_BxL & traj.sample_mask_B[:, None]
+  invalid = act & ~np.isfinite(traj.behavior_logp_BxL)
+  kept = copy.copy(traj)
+  if invalid.any():
+    kept.action_mask_BxL = traj.action_mask_BxL & ~invalid
+    kept.behavior_logp_BxL = np.where(invalid, 0.0, traj.behavior_logp_BxL).astype(np.float32)
+  return kept, {"engine_invalid_logp_tokens": int(invalid.sum())}
+
+
 def _engine_correction(run: Run, params, traj):
   """For rollouts from an external engine (`engines.Engine.external`): the trainer's own log-probs of the sampled
   tokens under `params` (the weights before this step's update), the truncated importance weight
@@ -528,7 +547,8 @@ def _engine_correction(run: Run, params, traj):
     run.policy_logp = step_lib.make_logp_fn(run.graphdef, run.rest, c.sampling.temperature)
   trainer = np.asarray(multihost.to_host(run.policy_logp(params, traj.tokens_BxL, traj.token_mask_BxL)), np.float32)
   engine = np.asarray(traj.behavior_logp_BxL, np.float32)
-  act = traj.action_mask_BxL & traj.sample_mask_B[:, None]
+  # A non-finite engine log-prob is no evidence of the engine's policy (`drop_invalid_behavior_logp`).
+  act = traj.action_mask_BxL & traj.sample_mask_B[:, None] & np.isfinite(engine)
   log_ratio = np.where(act, trainer - engine, 0.0)
   cap = float(c.loss.engine_is_cap)
   weight = np.where(act, np.minimum(np.exp(np.minimum(log_ratio, 50.0)), cap), 1.0).astype(np.float32)
@@ -1078,6 +1098,7 @@ def learn_step(
     length_bucket=c.train.length_bucket,
     unit_rewards=sampled.unit_rewards,
   )
+  traj, invalid_row = drop_invalid_behavior_logp(traj)
   t1 = time.time()
   pass_row = run_passes(run, traj, results, tasks, params, ref_params, jax.random.fold_in(key, 1))
   t_passes = time.time() - t1
@@ -1145,6 +1166,7 @@ def learn_step(
   row.update(sampled.env_metrics)
   row.update(sampled.sampler_stats)
   row.update(engine_row)
+  row.update(invalid_row)
   if sampled.policy_version is not None:  # how many updates behind the sampling weights were (rollout.max_staleness)
     row["policy_staleness"] = run.policy_version - 1 - sampled.policy_version
   row.update(sampled.timing)  # prefill_tokens, decode_tokens, extends, rebuilds of this step's rollouts
@@ -1353,7 +1375,8 @@ MAX_CREDIT_TURNS = 4096
 def credit_file(config: ml_collections.ConfigDict, in_path: str, out_path: str) -> dict:
   """Computes the config's method's advantages for rollouts made elsewhere (`jaxcredit credit`).
 
-  Reads `in_path` (rollouts JSONL, any order: groups come from their group ids), credits them with
+  Reads `in_path` (rollouts JSONL, any order: groups come from their group ids; for a method with passes, token
+  ids in [0, the policy tokenizer's vocabulary), checked naming the line), credits them with
   `credit_records` and writes the records with "advantages", "turn_advantages" and "method" to `out_path`. The
   workdir's config.json is neither checked nor written.
 
@@ -1363,7 +1386,11 @@ def credit_file(config: ml_collections.ConfigDict, in_path: str, out_path: str) 
   Raises:
     ValueError: as `credit_records`.
   """
-  records = jsonl_lib.read_jsonl(in_path)
+  vocab_size = None
+  if METHODS[config.credit.method].passes:  # the passes read the ids with the policy: check them, naming the line
+    tok = load_tokenizer(resolve_source(config.model.source), cache_dir=config.model.cache_dir or None)
+    vocab_size = tok.vocab_size
+  records = jsonl_lib.read_jsonl(in_path, vocab_size=vocab_size)
   credited, groups = credit_records(config, records, source=in_path)
   jsonl_lib.write_jsonl(out_path, credited)
   return {"rollouts": len(records), "groups": groups, "method": config.credit.method}
@@ -1390,7 +1417,8 @@ def credit_records(
 
   Raises:
     ValueError: no records, a bad record (file and line named), a duplicate rollout id, a group smaller than the
-      method needs, or a task_id the environment does not have when a pass needs the task.
+      method needs, groups of unequal size for a group method, a token id outside the policy tokenizer's vocabulary when the method runs passes, or a task_id
+      the environment does not have when a pass needs the task.
   """
   c = config
   method = METHODS[c.credit.method]
@@ -1422,14 +1450,29 @@ def credit_records(
       f"{c.credit.method} needs groups of at least {method.min_group_size} rollouts; in {in_path} "
       f"group(s) {sorted(small, key=str)[:5]} have {sorted(set(small.values()))}"
     )
+  if method.min_group_size > 1 and len(set(sizes.values())) > 1:  # a group baseline is vmapped over one group size
+    g0, n0 = next(iter(sizes.items()))
+    g, n = next((g, n) for g, n in sizes.items() if n != n0)
+    raise ValueError(
+      f"{c.credit.method} needs groups of one size; in {in_path} group {g!r} has {n} rollouts but group {g0!r} has "
+      f"{n0} (every group needs the same number of rollouts)"
+    )
   if method.passes:
     run = build(c, write_config=False)
     pad_id = run.tok.pad_id
   else:
     run, pad_id = None, 0
-  traj, groups = jsonl_lib.records_to_trajectory(
-    records, max_turns=max_turns, pad_id=pad_id, length_bucket=c.train.length_bucket
-  )
+  try:
+    traj, groups = jsonl_lib.records_to_trajectory(
+      records,
+      max_turns=max_turns,
+      pad_id=pad_id,
+      length_bucket=c.train.length_bucket,
+      vocab_size=run.tok.vocab_size if run is not None else None,
+    )
+  except ValueError as e:
+    raise ValueError(f"{in_path}: {e}") from None
+  traj, _ = drop_invalid_behavior_logp(traj)  # null behavior log-probs (engine_invalid_logp_tokens), as in training
   if method.passes:
     tasks = tasks_of_records(
       run.env, list(run.train_tasks) + list(run.eval_tasks), records, source=in_path, need=f"{c.credit.method}'s passes"

@@ -185,6 +185,7 @@ def rollout_view(
     "boundaries": [int(b) for b in record.get("boundaries") or []],
     "prompt_len": int(record.get("prompt_len") or 0),
     "behavior_logp": _finite(record.get("behavior_logprobs") or [0.0] * n),
+    "engine_invalid_logp_tokens": int(record.get("engine_invalid_logp_tokens") or 0),
     "tool_calls": _tool_calls(record.get("messages") or []),
     "methods": tabs,
   }
@@ -211,7 +212,7 @@ def page_name(rollout_id: str) -> str:
 _CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:0;background:#f3f3f3;color:#222}
 header{background:#fff;padding:10px 16px;border-bottom:1px solid #ddd}
-h1{font-size:17px;margin:0 0 4px} .meta{color:#555}
+h1{font-size:17px;margin:0 0 4px} .meta{color:#555} .warn{color:#a40000;font-weight:bold}
 #tabs{margin:8px 0 0} .tab{border:1px solid #bbb;background:#eee;padding:4px 10px;margin-right:4px;cursor:pointer;
 border-radius:4px 4px 0 0;font:inherit} .tab.active{background:#fff;border-bottom-color:#fff;font-weight:600}
 main{display:flex;gap:16px;padding:12px 16px;align-items:flex-start}
@@ -345,7 +346,7 @@ def rollout_page(view: Mapping[str, Any]) -> str:
 <header><h1>{e(view["rollout_id"])}</h1>
 <div class="meta">{e(step)}group {e(str(view["group_id"]))} · task {e(str(view["task_id"]))} · reward
 {view["reward"]:g} · finish {e(view["finish"] or "-")} · {view["num_turns"]} turns · {sum(view["action"])} action
-tokens of {n} · <a href="index.html">all rollouts</a></div>
+tokens of {n} · <a href="index.html">all rollouts</a></div>{_invalid_logp_warning(view)}
 <div id="tabs">{tabs}</div>
 <div id="legend"><span>advantage</span><span id="lo"></span><span id="legendbar"></span><span id="hi"></span>
 <span class="meta">grey: prompt and observations (not trained) · marks: turn, unit, boundary state s_t</span></div>
@@ -358,13 +359,26 @@ tokens of {n} · <a href="index.html">all rollouts</a></div>
 """
 
 
+def _invalid_logp_warning(view: Mapping[str, Any], *, short: bool = False) -> str:
+  """A visible mark on a rollout holding tokens the engine returned without a log-prob (docs/engines.md): the
+  trainer left them out of the loss, so the rollout trained on fewer tokens than it shows."""
+  k = int(view.get("engine_invalid_logp_tokens") or 0)
+  if not k:
+    return ""
+  text = f"{k} token{'s' if k > 1 else ''} without an engine log-prob (left out of the loss)"
+  if short:
+    return f' <span class="warn" title="{text}">⚠ {k}</span>'
+  return f'<div class="warn">⚠ {text}</div>'
+
+
 def index_page(views: Sequence[Mapping[str, Any]], *, title: str = "jaxcredit: rollouts", extra_html: str = "") -> str:
   """The index: one row per rollout (step, group, reward, finish, turns, methods), each linking to its page."""
   e = html.escape
   rows = "".join(
     f'<tr><td><a href="{e(page_name(v["rollout_id"]))}">{e(v["rollout_id"])}</a></td><td>{e(str(v["step"]))}</td>'
     f"<td>{e(str(v['group_id']))}</td><td>{v['reward']:g}</td><td>{e(v['finish'] or '-')}</td>"
-    f"<td>{v['num_turns']}</td><td>{e(', '.join(m['name'] for m in v['methods']))}</td></tr>"
+    f"<td>{v['num_turns']}{_invalid_logp_warning(v, short=True)}</td>"
+    f"<td>{e(', '.join(m['name'] for m in v['methods']))}</td></tr>"
     for v in views
   )
   return f"""<!doctype html>

@@ -222,3 +222,65 @@ def test_credit_finds_each_rollouts_own_task_when_tasks_have_no_id(tiny, tmp_pat
   stranger = [dict(records[0], messages=[{"role": "user", "content": "Reverse nothing."}])] + records[1:]
   with pytest.raises(ValueError, match=r"in.jsonl: rollout 'reward-0' has no task_id and its prompt .* is none of"):
     trainer.credit_records(c, stranger, source="in.jsonl")
+
+
+def test_credit_refuses_token_ids_outside_the_policy_vocabulary(tiny, tmp_path):
+  """Issue 35 case 8: a rollout whose action holds id 60000 (the tiny vocabulary has 300 ids) was credited with exit
+  0 (its passes scored a clamped embedding row). Refused before any model runs, naming the file, line and field;
+  -1 likewise."""
+  from jaxcredit.envs import make_env_spec
+
+  c = tiny_run_config("trace", tmp_path / "run", tiny)
+  task = trainer._task_id(make_env_spec(c.env).make_tasks("train", c.env.num_train_tasks, c.seed)[0])
+  for bad_id in (60000, -1):
+    records = _records({"g": [1.0, 0.0]}, task_id=task)
+    records[1]["token_ids"][3] = bad_id  # the first action token
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"in\.jsonl, line 2: field 'token_ids\[3\]': .*{bad_id}"):
+      trainer.credit_file(c, str(src), str(tmp_path / "out.jsonl"))
+    assert not os.path.exists(tmp_path / "out.jsonl")
+
+
+def test_credit_refuses_groups_of_unequal_size(tmp_path, capsys):
+  """docs/rollouts-jsonl.md: groups of unequal size are refused (in one line, exit code 2), not credited with a
+  baseline over a ragged group."""
+  from jaxcredit.train.config import base_config
+
+  records = _records({"a": [1.0, 0.0, 0.0], "b": [1.0, 0.0]})
+  jsonl.write_jsonl(tmp_path / "in.jsonl", records)
+  c = base_config()
+  c.credit.method = "grpo"
+  c.workdir = str(tmp_path / "never_written")
+  with pytest.raises(
+    ValueError,
+    match=re.escape(
+      "grpo needs groups of one size; in "
+      + str(tmp_path / "in.jsonl")
+      + " group 'b' has 2 rollouts but group 'a' has 3"
+    ),
+  ):
+    trainer.credit_file(c, str(tmp_path / "in.jsonl"), str(tmp_path / "out.jsonl"))
+  base = ["jaxcredit", "credit", "--config", os.path.join(ROOT, "configs", "grpo.py")]
+  capsys.readouterr()
+  assert cli.main(base + ["--in", str(tmp_path / "in.jsonl"), "--out", str(tmp_path / "out.jsonl")]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "group 'b' has 2 rollouts but group 'a' has 3" in err[0], err
+  assert not os.path.exists(tmp_path / "out.jsonl")
+
+
+def test_viz_refuses_token_ids_outside_the_policy_vocabulary(tiny, tmp_path):
+  """Issue 35 case 8 (viz): the viewer decoded sample ids with the policy tokenizer whatever they were; an id the
+  tokenizer does not have is refused naming the file, line and field, before any page is written."""
+  from jaxcredit.train import report
+
+  c = tiny_run_config("grpo", tmp_path / "run", tiny)
+  records = _records({"g": [1.0, 0.0]})
+  records[0]["token_ids"][4] = 60000
+  os.makedirs(os.path.join(c.workdir, "rollout_samples"))
+  path = os.path.join(c.workdir, "rollout_samples", "step_1.jsonl")
+  with open(path, "w", encoding="utf-8") as f:
+    f.write("".join(json.dumps(r) + "\n" for r in records))
+  with pytest.raises(ValueError, match=r"step_1\.jsonl, line 1: field 'token_ids\[4\]': id 60000 is outside the vocab"):
+    report.view_samples(c.workdir, config=c, methods=["grpo"])
+  assert not os.path.exists(os.path.join(c.workdir, "viewer"))

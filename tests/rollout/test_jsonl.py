@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import tempfile
 
 import numpy as np
@@ -642,3 +643,83 @@ def test_export_skips_calls_that_are_not_strict_json(payload):
   good = tc.render_tool_call("h", {"x": 1})
   calls = jsonl.extract_tool_calls("<tool_call>" + payload + "</tool_call>" + good, 0)
   assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == [("h", '{"x": 1}')]
+
+
+# ----------------------------------------------------------------------------- token ids against the vocabulary
+
+
+def test_token_ids_outside_the_vocabulary_are_refused_naming_file_line_and_field(tmp_path):
+  """Issue 35 case 8: an action token 60000 of a 49152-token vocabulary was read (and credited) silently; -1 too
+  must be named. Both are refused with the file, the line and the field."""
+  good = small_record()
+  big, negative = json.loads(json.dumps(good)), json.loads(json.dumps(good))
+  big["token_ids"][4] = 60000  # an action token (turn 0)
+  negative["token_ids"][4] = -1
+  for bad, expected in ((big, "id 60000 is outside the vocabulary [0, 49152)"), (negative, "'token_ids[4]'")):
+    path = tmp_path / "r.jsonl"
+    path.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n", encoding="utf-8")
+    with pytest.raises(ValueError) as e:
+      jsonl.read_jsonl(path, vocab_size=49152)
+    assert str(e.value).startswith(f"{path}, line 2: field 'token_ids[4]': "), str(e.value)
+    assert expected in str(e.value)
+  path.write_text(json.dumps(good) + "\n" + json.dumps(big) + "\n", encoding="utf-8")
+  assert len(jsonl.read_jsonl(path, vocab_size=60001)) == 2  # 60000 is inside a 60001-token vocabulary
+  with pytest.raises(ValueError, match=r"record 1 \(rollout_id 'r0'\): field 'token_ids\[4\]': id 60000 is outside"):
+    jsonl.records_to_trajectory([good, big], pad_id=0, vocab_size=49152)
+
+
+@given(st.data())
+def test_token_ids_are_accepted_exactly_inside_the_vocabulary(data):
+  """Sweep: any id at any position (prompt, action, observation) against any vocabulary size is accepted iff
+  0 <= id < vocab_size, and the error names the first bad position."""
+  vocab = data.draw(st.integers(1, 2**31 - 1), label="vocab")
+  rec = small_record()
+  n = len(rec["token_ids"])
+  ids = data.draw(
+    st.lists(st.one_of(st.integers(-5, 2**31 - 1), st.integers(vocab - 2, vocab + 2)), min_size=n, max_size=n)
+  )
+  rec["token_ids"] = ids
+  bad = [k for k, t in enumerate(ids) if not 0 <= t < vocab]
+  if bad:
+    with pytest.raises(ValueError, match=rf"field 'token_ids\[{bad[0]}\]'"):
+      jsonl.check_token_ids(rec, vocab)
+  else:
+    jsonl.check_token_ids(rec, vocab)
+
+
+# ----------------------------------------------------------------------- tokens the engine gave no log-prob
+
+
+def test_a_token_without_an_engine_logprob_is_exported_as_null_and_flagged(tmp_path):
+  """Issue 35 case 11 (export): a rollout holding a token whose engine log-prob is NaN (vLLM's null) or -inf could
+  not be exported (NaN is not JSON) and nothing marked it. It is written as null with the rollout flagged by
+  `engine_invalid_logp_tokens` (their count), and reads back as NaN."""
+  b = RolloutBuilder.from_prompt([5, 6, 7])
+  b.append_action([8, 9, 10], [-0.5, float("nan"), float("-inf")])
+  rec = jsonl.rollout_to_record(b, rollout_id="r0", group_id=0, reward=1.0)
+  assert rec["behavior_logprobs"] == [0.0, 0.0, 0.0, -0.5, None, None]
+  assert rec["engine_invalid_logp_tokens"] == 2
+  (back,), raw = roundtrip_file([rec])
+  assert b'"behavior_logprobs":[0.0,0.0,0.0,-0.5,null,null]' in raw and b'"engine_invalid_logp_tokens":2' in raw
+  again = jsonl.record_to_builder(back)
+  assert again.behavior_logp[:4] == [0.0, 0.0, 0.0, -0.5] and all(np.isnan(again.behavior_logp[4:]))
+  traj, _ = jsonl.records_to_trajectory([back], pad_id=0)
+  assert np.isnan(traj.behavior_logp_BxL[0, 4:6]).all()
+  fine = small_record()
+  assert "engine_invalid_logp_tokens" not in fine  # only a rollout that holds such tokens is flagged
+
+
+@pytest.mark.parametrize(
+  "mutate, expected",
+  [
+    (item("behavior_logprobs", 0, None), "'behavior_logprobs[0]': is null on a non-action token"),
+    (item("behavior_logprobs", 3, None), "'engine_invalid_logp_tokens': missing, but behavior_logprobs holds 1 null"),
+    (set_("engine_invalid_logp_tokens", 1), "'engine_invalid_logp_tokens': is 1 but behavior_logprobs holds 0 null"),
+    (set_("engine_invalid_logp_tokens", True), "'engine_invalid_logp_tokens': expected an int"),
+  ],
+)
+def test_null_logprobs_and_their_flag_must_agree(mutate, expected):
+  rec = json.loads(json.dumps(small_record()))
+  mutate(rec)
+  with pytest.raises(ValueError, match=re.escape(expected)):
+    jsonl.validate_record(rec)

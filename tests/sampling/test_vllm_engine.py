@@ -29,7 +29,7 @@ def random_params(seed=0):
 class FakeServer:
   """/v1/models, /v1/completions (tokens from the seed), /collective_rpc and /reset_prefix_cache, recorded."""
 
-  def __init__(self, model="policy", stop_reason=None, finish="stop"):
+  def __init__(self, model="policy", stop_reason=None, finish="stop", logprobs=(-0.5, -1.5, -0.25)):
     self.requests = []
     outer = self
 
@@ -58,7 +58,7 @@ class FakeServer:
             {
               "choices": [
                 {
-                  "logprobs": {"tokens": [f"token_id:{i}" for i in ids], "token_logprobs": [-0.5, -1.5, -0.25]},
+                  "logprobs": {"tokens": [f"token_id:{i}" for i in ids], "token_logprobs": list(logprobs)},
                   "finish_reason": finish,
                   "stop_reason": stop_reason,
                 }
@@ -200,3 +200,16 @@ def test_save_hf_weights_refuses_missing_and_misshapen_parameters(tmp_path):
     hf.save_hf_weights(CFG, {k: v for k, v in params.items() if k != "final_norm"}, tmp_path)
   with pytest.raises(ValueError, match="'embedding' has shape \\(3,\\)"):
     hf.save_hf_weights(CFG, {**params, "embedding": np.zeros(3, np.float32)}, tmp_path)
+
+
+def test_a_null_logprob_is_read_as_nan_not_minus_infinity(tmp_path):
+  """Issue 35 case 11: vLLM returned a token without a log-prob (null); the adapter read it as -inf, which made the
+  trainer's log-ratio +inf and gave the token the largest importance weight. It is NaN now: no log-prob, which
+  the trainer takes out of the loss (`trainer.drop_invalid_behavior_logp`)."""
+  server = FakeServer(logprobs=(-0.5, None, -0.25))
+  try:
+    out = make_engine(server.url, tmp_path).generate([[1]], SamplingParams(max_new_tokens=3), jax.random.key(0))
+    assert np.isnan(out.logprobs[0][1]) and out.logprobs[0].dtype == np.float32
+    np.testing.assert_array_equal(out.logprobs[0][[0, 2]], np.float32([-0.5, -0.25]))
+  finally:
+    server.close()

@@ -98,3 +98,62 @@ def test_flat_params_are_host_arrays_by_parameter_path():
   assert {name: a.shape for name, a in flat.items()} == param_shapes(cfg)
   assert all(isinstance(a, np.ndarray) for a in flat.values())
   np.testing.assert_array_equal(flat["layers/wq"], np.asarray(model.layers.wq.value))
+
+
+def _traj_with_one_missing_logp(value):
+  """Two rollouts of 4 tokens, actions at 1..3; the engine gave token [0, 2] no log-prob (`value`: NaN or -inf)."""
+  engine = np.array([[0.0, -1.0, value, -0.5], [0.0, -1.0, -3.0, -0.2]], np.float32)
+  return types.SimpleNamespace(
+    tokens_BxL=np.zeros((2, 4), np.int32),
+    token_mask_BxL=np.ones((2, 4), bool),
+    action_mask_BxL=np.array([[0, 1, 1, 1], [0, 1, 1, 1]], bool),
+    sample_mask_B=np.array([True, True]),
+    behavior_logp_BxL=engine,
+    group_ids_B=np.array([0, 0], np.int32),
+  )
+
+
+@pytest.mark.parametrize("value", [float("nan"), -np.inf, np.inf])
+def test_a_token_without_an_engine_logprob_leaves_the_loss_and_the_gap_metrics(value):
+  """Issue 35 case 11: a null log-prob from the engine (read as -inf) gave a log-ratio of +inf, the token the cap's
+  weight (the largest) and engine_logp_gap_mean inf. Now it leaves the loss: loss and gradient equal those of the
+  batch with that token masked out; it is counted in engine_invalid_logp_tokens; the gap metrics stay finite."""
+  from jaxcredit.train import step as step_lib
+
+  c = config_lib.base_config()
+  traj = _traj_with_one_missing_logp(value)
+  trainer_logp = np.array([[-9.0, -0.9, -2.5, -0.4], [-9.0, -1.2, -2.0, -0.3]], np.float32)
+  run = types.SimpleNamespace(config=c, graphdef=None, rest=None, policy_logp=lambda p, t, m: trainer_logp)
+  _, raw_weight, raw_row = trainer._engine_correction(run, None, traj)  # even before the drop
+  assert np.isfinite(raw_row["engine_logp_gap_mean"]) and raw_weight[0, 2] < c.loss.engine_is_cap
+  kept, row = trainer.drop_invalid_behavior_logp(traj)
+  assert row == {"engine_invalid_logp_tokens": 1}
+  ref = _traj_with_one_missing_logp(-2.0)
+  ref.action_mask_BxL[0, 2] = False
+  _, weight, gap_row = trainer._engine_correction(run, None, kept)
+  assert np.isfinite(gap_row["engine_logp_gap_mean"]) and np.isfinite(gap_row["engine_logp_gap_max"])
+  assert weight[0, 2] == 1.0  # not an action token any more: not the cap
+  _, ref_weight, ref_row = trainer._engine_correction(run, None, ref)
+  assert gap_row == ref_row
+  np.testing.assert_array_equal(weight, ref_weight)
+
+  cfg = step_lib.PolicyLossConfig(aggregation="token-mean")
+  adv = {"adv_BxL": np.array([[0, 1.0, 1.0, 1.0], [0, -1.0, -1.0, -1.0]], np.float32)}
+
+  def policy_only(graphdef, params, rest, mb, cfg):
+    tok_loss, _ = step_lib.policy_term(params["logp_BxL"], mb, cfg)
+    return {"policy": tok_loss}, {}
+
+  params = {"logp_BxL": np.full((2, 4), -1.1, np.float32)}
+  loss, grads, _ = step_lib.loss_and_grads(policy_only, None, params, None, trainer._batch(kept, adv), cfg)
+  ref_loss, ref_grads, _ = step_lib.loss_and_grads(policy_only, None, params, None, trainer._batch(ref, adv), cfg)
+  assert np.isfinite(float(loss)) and float(loss) == pytest.approx(float(ref_loss), rel=1e-6)
+  np.testing.assert_allclose(grads["logp_BxL"], ref_grads["logp_BxL"], rtol=1e-6)
+  assert float(grads["logp_BxL"][0, 2]) == 0.0
+
+
+def test_finite_engine_logprobs_are_all_kept():
+  traj = _traj_with_one_missing_logp(-2.0)
+  kept, row = trainer.drop_invalid_behavior_logp(traj)
+  assert row == {"engine_invalid_logp_tokens": 0}
+  np.testing.assert_array_equal(kept.action_mask_BxL, traj.action_mask_BxL)

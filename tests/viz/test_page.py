@@ -146,3 +146,19 @@ def test_page_names_are_never_hidden_or_the_index():
   assert page.page_name("step3_0") == "step3_0.html" and page.page_name("a/b") == "a_b.html"
   assert page.page_name("index") == "rollout_index.html"
   assert page.page_name("..") == "rollout_...html" and page.page_name("") == "rollout_.html"
+
+
+def test_a_rollout_with_tokens_the_engine_gave_no_logprob_is_marked():
+  """Issue 35 case 11 (viewer): a rollout flagged `engine_invalid_logp_tokens` shows it on its page and in the
+  index; the tokens' sampler log-prob reads as none."""
+  flagged = record() | {"engine_invalid_logp_tokens": 1}
+  flagged["behavior_logprobs"] = [0, 0, -0.5, None, 0, -0.1, -2.0, -0.3]
+  view = page.rollout_view(flagged, ["x"] * 8, {"grpo": credited([0.0] * 8)})
+  assert view["engine_invalid_logp_tokens"] == 1 and view["behavior_logp"][3] is None
+  html = page.rollout_page(view)
+  assert 'class="warn"' in html and "1 token without an engine log-prob (left out of the loss)" in html
+  index = page.index_page([view])
+  assert 'class="warn"' in index
+  plain = page.rollout_view(record(), ["x"] * 8, {"grpo": credited([0.0] * 8)})
+  assert plain["engine_invalid_logp_tokens"] == 0
+  assert 'class="warn"' not in page.rollout_page(plain) and 'class="warn"' not in page.index_page([plain])
