@@ -98,6 +98,7 @@ def view_samples(
   if not records:
     raise ValueError(f"{path} holds no rollouts")
   config = run_config(workdir) if config is None else config
+  config_lib.validate(config)
   trained = records[0].get("method") or config.credit.method
   if methods is None:
     methods = [trained] + (["grpo"] if trained != "grpo" else [])
