@@ -3,6 +3,7 @@
 and 7, and the sweep over every numeric key)."""
 
 import math
+import os
 
 import ml_collections
 import numpy as np
@@ -174,3 +175,28 @@ def test_every_method_knob_and_environment_key_refuses_a_non_number_by_key(node,
     c[node][name][key] = bad
   with pytest.raises(ValueError, match=rf"^config\.{node}\.{name}\.{key}"):
     validate(c)
+
+
+def test_viz_validates_the_workdirs_config_naming_the_key(tmp_path):
+  """`jaxcredit viz` reads the run's config.json; a GRPO run's bad length_bucket ended in a ZeroDivisionError."""
+  import json
+
+  w = tmp_path / "w"
+  (w / "rollout_samples").mkdir(parents=True)
+  _rollouts_jsonl(w / "rollout_samples" / "step_1.jsonl")
+  (w / "config.json").write_text(json.dumps({"credit": {"method": "grpo"}, "train": {"length_bucket": 0}}))
+  p = run_cli("viz", "--workdir", str(w), "--methods", "grpo")
+  assert p.returncode == 2, p.stderr[-2000:]
+  assert "config.train.length_bucket = 0: must be an int >= 1" in p.stderr and "Traceback" not in p.stderr
+  assert not (w / "viewer").exists()
+
+
+def test_plan_validates_its_config_naming_the_key(monkeypatch):
+  # `plan` sets these for its simulated devices; monkeypatch restores them after the test.
+  for name in ("XLA_FLAGS", "JAX_PLATFORMS", "TPU_WORKER_HOSTNAMES"):
+    monkeypatch.setenv(name, os.environ.get(name, ""))
+  p = run_cli(
+    "plan", "--config", "configs/plan_qwen3_4b.py", "--topology", "v5p:2x2x1", "--config.optim.max_grad_norm=-1.0"
+  )
+  assert p.returncode == 2, p.stderr[-2000:]
+  assert "config.optim.max_grad_norm = -1.0: must be a finite number >= 0" in p.stderr, p.stderr[-2000:]
