@@ -115,6 +115,8 @@ def view_samples(
       continue
     c = ml_collections.ConfigDict(config.to_dict())
     c.credit.method = name
+    if METHODS[name].teacher is None:
+      c.teacher.source = ""  # the trained method's teacher: a method without a teacher pass refuses one
     try:
       credited[name], _ = trainer.credit_records(c, records, source=path, details=True)
     except ValueError as e:

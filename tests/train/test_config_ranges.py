@@ -200,3 +200,19 @@ def test_plan_validates_its_config_naming_the_key(monkeypatch):
   )
   assert p.returncode == 2, p.stderr[-2000:]
   assert "config.optim.max_grad_norm = -1.0: must be a finite number >= 0" in p.stderr, p.stderr[-2000:]
+
+
+def test_viz_computes_a_method_without_a_teacher_for_a_run_that_had_one(tmp_path, tiny):
+  """The run's config names a teacher (CrEST's); GRPO, computed now, runs no teacher pass, and the validation of its
+  config must not refuse the trained run's teacher.source."""
+  import json
+
+  w = tmp_path / "w"
+  (w / "rollout_samples").mkdir(parents=True)
+  _rollouts_jsonl(w / "rollout_samples" / "step_1.jsonl")
+  saved = {"credit": {"method": "crest"}, "teacher": {"source": "policy"}, "model": {"source": tiny.gguf_path}}
+  saved["model"]["cache_dir"] = tiny.cache_dir
+  (w / "config.json").write_text(json.dumps(saved))
+  p = run_cli("viz", "--workdir", str(w), "--methods", "grpo")
+  assert p.returncode == 0, p.stderr[-2000:]
+  assert (w / "viewer" / "step_1" / "index.html").is_file()
