@@ -167,6 +167,20 @@ def _load_config(command: str, args: list[str]):
   return config
 
 
+def _validate(command: str, config) -> int:
+  """`config.validate` before a command does work: 0, or 2 after one line naming the config key and its value.
+  (`plan` validates in `plan.run_plan`, once the simulated devices are set up; `viz` in `report.view_samples`, on
+  the workdir's config.)"""
+  from jaxcredit.train import config as config_lib
+
+  try:
+    config_lib.validate(config)
+  except ValueError as e:
+    print(f"jaxcredit {command}: error: {_one_line(e)}", file=sys.stderr)
+    return 2
+  return 0
+
+
 def _credit(command: str, args: list[str]) -> int:
   """credit: --in and --out, then the config arguments of `_load_config`."""
   paths, rest, i = {}, [], 0
@@ -200,6 +214,9 @@ def _credit(command: str, args: list[str]) -> int:
   config = _load_config(command, rest)
   if isinstance(config, int):
     return config
+  error = _validate(command, config)
+  if error:
+    return error
   from jaxcredit.train import trainer
 
   try:
@@ -219,10 +236,17 @@ def _train(command: str, args: list[str]) -> int:
   config = _load_config(command, args)
   if isinstance(config, int):
     return config
-  if os.environ.get("JAXCREDIT_DISTRIBUTED") == "1":
+  distributed = os.environ.get("JAXCREDIT_DISTRIBUTED") == "1"
+  # Validation runs the method's credit functions once (`methods.check_knobs`), which starts the JAX backend:
+  # under JAXCREDIT_DISTRIBUTED it waits until this process has joined the others.
+  if not distributed and _validate(command, config):
+    return 2
+  if distributed:
     error = _convert_before_joining(config) or _initialize_distributed()
     if error:
       print(f"jaxcredit {command}: error: {error}", file=sys.stderr)
+      return 2
+    if _validate(command, config):
       return 2
   from jaxcredit.sampling.vllm_engine import EngineError
   from jaxcredit.train import trainer
@@ -253,12 +277,12 @@ def _convert_before_joining(config) -> str | None:
   atomic). Returns an error message, or None."""
   import subprocess
 
-  from jaxcredit.train import config as config_lib
   from jaxcredit.train.methods import METHODS
 
   sources = [config.model.source]
-  teacher = config_lib.teacher_source(config)
-  if METHODS[config.credit.method].teacher is not None and teacher not in ("policy", "reference"):
+  method = METHODS.get(config.credit.method)  # an unknown name is refused by the validation that follows
+  teacher = (config.teacher.source or method.teacher) if method else None
+  if method and method.teacher is not None and teacher not in ("policy", "reference"):
     sources.append(teacher)
   code = (
     "import sys\n"

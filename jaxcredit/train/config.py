@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+from typing import NamedTuple
 
 import ml_collections
 
@@ -32,6 +33,127 @@ _KNOB_CHOICES = {
 # Derived teacher budgets (`teacher_budgets`): tokens beside a whole rollout and a one-turn gold answer (the labels of
 # a peer transcript, "The correct final answer: ", request numbers), and beside each wrapper's own bytes.
 TEACHER_CONTEXT_SLACK = 256
+
+
+class Range(NamedTuple):
+  """A numeric config key's range: `kind` int (a float is refused) or float (finite; an int is taken); the ends,
+  None where unbounded, closed unless `*_open`; `also`: values outside the range that mean something (`meaning`)."""
+
+  kind: type
+  low: float | None = None
+  high: float | None = None
+  low_open: bool = False
+  high_open: bool = False
+  also: tuple = ()
+  meaning: str = ""
+
+  def describe(self) -> str:
+    """The range in words, as an error message ends: "an int >= 1", "a finite number in (0, 1]"."""
+    what = "an int" if self.kind is int else "a finite number"
+    if self.low is not None and self.high is not None:
+      text = f"{what} in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+    elif self.low is not None:
+      text = f"{what} {'>' if self.low_open else '>='} {self.low:g}"
+    elif self.high is not None:
+      text = f"{what} {'<' if self.high_open else '<='} {self.high:g}"
+    else:
+      text = what
+    return text + (f" ({self.meaning})" if self.meaning else "")
+
+  def holds(self, v) -> bool:
+    if v in self.also and not isinstance(v, bool):
+      return True
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+      return False
+    if self.kind is int and not isinstance(v, int):
+      return False
+    if not math.isfinite(v):
+      return False
+    if self.low is not None and not (v > self.low if self.low_open else v >= self.low):
+      return False
+    return self.high is None or (v < self.high if self.high_open else v <= self.high)
+
+
+_INT1 = Range(int, 1)  # a count or a period that must be at least one
+_INT0 = Range(int, 0)
+# Every numeric key of `base_config` (and `pod_config`, which sets the same keys) with its range: the one place a
+# range is stated; `check_ranges` applies it and tests/train/test_config_ranges.py fails for a numeric key without
+# a row. The method knobs (credit.<method>.*) are checked by the methods' own validators (`_validate_knobs`,
+# `methods.check_knobs`), the environments' keys (env.<name>.*) by `ENVS[name].make_spec`.
+RANGES: dict[str, Range] = {
+  "seed": _INT0,
+  "total_steps": _INT1,
+  "log_every": _INT1,
+  "checkpoint_every": _INT1,
+  "max_checkpoints_to_keep": _INT1,
+  "log_rollouts_every": Range(int, 0, meaning="0: never"),
+  "log_rollouts_count": _INT1,
+  "model.attention_chunk": _INT1,
+  "plan.batch_size": Range(int, 0, meaning="0: one per data-parallel shard"),
+  "plan.seq_len": Range(int, 0, meaning="0: sampling.max_len"),
+  "plan.step_time_s": Range(float, 0.0, meaning="0: no MFU"),
+  **{
+    f"mesh.{axis}": Range(int, 1, also=(-1,), meaning="or -1: the chips the other axes leave")
+    for axis in sharding.MESH_AXES
+  },
+  "env.num_train_tasks": _INT1,
+  "sampling.temperature": Range(float, 0.0, low_open=True),
+  "sampling.top_p": Range(float, 0.0, 1.0, low_open=True),
+  "sampling.max_new_tokens": _INT1,
+  "sampling.max_len": _INT1,
+  "sampling.chunk_size": _INT1,
+  "sampling.prompt_bucket": _INT1,
+  "rollout.prompts_per_step": _INT1,
+  "rollout.group_size": _INT1,
+  "rollout.max_staleness": _INT0,
+  "rollout.vllm.port": Range(int, 0, 65535, meaning="0: a free one"),
+  "rollout.vllm.kv_cache_gib": _INT1,
+  "rollout.vllm.startup_timeout_s": Range(float, 0.0, low_open=True),
+  "teacher.max_context_tokens": Range(int, 0, meaning="0: derived from the config"),
+  "teacher.max_len": Range(int, 0, meaning="0: derived from the config"),
+  "loss.eps_low": Range(float, 0.0),
+  "loss.eps_high": Range(float, 0.0),
+  "loss.kl_coef": Range(float, 0.0),
+  "loss.engine_is_cap": Range(float, 1.0),
+  "optim.learning_rate": Range(float, 0.0, low_open=True),
+  "optim.warmup_steps": _INT0,
+  "optim.weight_decay": Range(float, 0.0),
+  # Negative: optax's clip scales the gradient by a negative factor, an update up the gradient (issue 35 case 7).
+  "optim.max_grad_norm": Range(float, 0.0, meaning="0: no clipping"),
+  "train.num_micro_batches": _INT1,
+  "train.mini_batch_size": Range(int, 0, meaning="0: the whole batch"),
+  "train.ppo_epochs": _INT1,
+  "train.length_bucket": _INT1,
+  "train.pack_max_row_len": _INT1,
+  "train.slot_bucket": _INT1,
+  "sft.steps": Range(int, 0, meaning="0: no warm start"),
+  "sft.batch_size": _INT1,
+  "sft.learning_rate": Range(float, 0.0, low_open=True),
+  "sft.warmup_steps": _INT0,
+  "sft.length_bucket": _INT1,
+  "sft.checkpoint_every": _INT1,
+  "eval.num_tasks": _INT1,
+  "eval.batch_size": _INT1,
+  "eval.every": Range(int, 0, meaning="0: no evals during RL"),
+  "eval.sft_every": Range(int, 0, meaning="0: no evals during the warm start"),
+}
+
+
+def check_ranges(c: ml_collections.ConfigDict) -> None:
+  """Every key of `RANGES` present in `c` against its range.
+
+  Raises:
+    ValueError: "config.KEY = VALUE: must be <the range>" for the first key out of its range.
+  """
+  for key, r in RANGES.items():
+    node = c
+    for part in key.split("."):
+      if part not in node:
+        break
+      node = node[part]
+    else:
+      if not r.holds(node):
+        raise ValueError(f"config.{key} = {node!r}: must be {r.describe()}")
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -246,12 +368,7 @@ def _validate_engine(c: ml_collections.ConfigDict) -> None:
   from jaxcredit.train.engines import ENGINES
 
   if c.rollout.engine not in ENGINES:
-    raise ValueError(f"config.rollout.engine must be one of {tuple(ENGINES)}, got {c.rollout.engine!r}")
-  if isinstance(c.rollout.max_staleness, bool) or int(c.rollout.max_staleness) < 0:
-    raise ValueError(f"config.rollout.max_staleness must be an int >= 0, got {c.rollout.max_staleness!r}")
-  cap = c.loss.engine_is_cap
-  if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap >= 1:
-    raise ValueError(f"config.loss.engine_is_cap must be a number >= 1, got {cap!r}")
+    raise ValueError(f"config.rollout.engine = {c.rollout.engine!r}: must be one of {tuple(ENGINES)}")
   if c.rollout.engine == "vllm":
     v = c.rollout.vllm
     if not v.url and not v.python:
@@ -259,8 +376,6 @@ def _validate_engine(c: ml_collections.ConfigDict) -> None:
         "config.rollout.engine='vllm' needs config.rollout.vllm.url (a running server) or "
         "config.rollout.vllm.python (a Python with vllm installed, to launch one)"
       )
-    if isinstance(v.kv_cache_gib, bool) or not isinstance(v.kv_cache_gib, int) or v.kv_cache_gib < 1:
-      raise ValueError(f"config.rollout.vllm.kv_cache_gib must be an int >= 1 (GiB), got {v.kv_cache_gib!r}")
     for url in str(v.url).split(",") if v.url else ():
       if not url.strip().startswith(("http://", "https://")):
         raise ValueError(f"config.rollout.vllm.url: each URL must start with http:// or https://, got {url.strip()!r}")
@@ -272,7 +387,13 @@ def _validate_engine(c: ml_collections.ConfigDict) -> None:
 
 
 def validate(c: ml_collections.ConfigDict) -> None:
-  """Checks values a user can get wrong; raises ValueError naming the key and the fix."""
+  """Checks values a user can get wrong, before any command (train, sft, credit, plan, viz) does work: every numeric
+  key against its range (`RANGES`), the choices, the chosen method's knobs, and the keys that must agree.
+
+  Raises:
+    ValueError: naming the config key and its value ("config.train.length_bucket = 0: must be an int >= 1").
+  """
+  check_ranges(c)
   sharding.resolve_rules(dict(c.sharding_rules))
   try:
     sharding.resolve_rules(dict(c.teacher.sharding_rules))
@@ -286,76 +407,19 @@ def validate(c: ml_collections.ConfigDict) -> None:
   }
   for key, (v, allowed) in choices_model.items():
     if v not in allowed:
-      raise ValueError(f"config.{key} must be one of {allowed}, got {v!r}")
-  if int(c.model.attention_chunk) < 1:
-    raise ValueError(f"config.model.attention_chunk must be >= 1, got {c.model.attention_chunk}")
-  if c.plan.batch_size < 0 or c.plan.seq_len < 0 or not (math.isfinite(c.plan.step_time_s) and c.plan.step_time_s >= 0):
-    raise ValueError("config.plan.batch_size, plan.seq_len and plan.step_time_s must be >= 0 (0 = default)")
-  for axis, size in dict(c.mesh).items():
+      raise ValueError(f"config.{key} = {v!r}: must be one of {allowed}")
+  for axis in dict(c.mesh):
     if axis not in sharding.MESH_AXES:
       raise ValueError(f"config.mesh.{axis} is not a mesh axis; known: {sharding.MESH_AXES}")
-    if isinstance(size, bool) or not isinstance(size, int) or (size < 1 and size != -1):
-      raise ValueError(f"config.mesh.{axis} must be an int >= 1 (or -1 for the rest), got {size!r}")
   if c.credit.method not in METHODS:
-    raise ValueError(f"config.credit.method must be one of {tuple(METHODS)}, got {c.credit.method!r}")
+    raise ValueError(f"config.credit.method = {c.credit.method!r}: must be one of {tuple(METHODS)}")
   _validate_engine(c)
   if c.env.name not in ENVS:
-    raise ValueError(f"config.env.name must be one of {sorted(ENVS)}, got {c.env.name!r}")
+    raise ValueError(f"config.env.name = {c.env.name!r}: must be one of {sorted(ENVS)}")
   _validate_knobs(c)
-  for key in (
-    "total_steps",
-    "log_every",
-    "checkpoint_every",
-    "rollout.prompts_per_step",
-    "rollout.group_size",
-    "sampling.max_new_tokens",
-    "sampling.max_len",
-    "train.num_micro_batches",
-    "train.ppo_epochs",
-    "train.slot_bucket",
-    "train.pack_max_row_len",
-    "sft.batch_size",
-    "sft.checkpoint_every",
-    "eval.batch_size",
-    "env.num_train_tasks",
-    "log_rollouts_count",
-  ):
-    v = c
-    for part in key.split("."):
-      v = v[part]
-    if int(v) < 1:
-      raise ValueError(f"config.{key} must be >= 1, got {v}")
-  if int(c.log_rollouts_every) < 0:
-    raise ValueError(f"config.log_rollouts_every must be >= 0 (0: never), got {c.log_rollouts_every}")
   if c.sft.loss_tokens not in ("actions", "all"):
-    raise ValueError(f"config.sft.loss_tokens must be 'actions' or 'all', got {c.sft.loss_tokens!r}")
-  if c.sft.steps < 0:
-    raise ValueError(f"config.sft.steps must be >= 0, got {c.sft.steps}")
-  if int(c.eval.every) < 0:
-    raise ValueError(f"config.eval.every must be >= 0 (0: no evals during RL), got {c.eval.every}")
-  if int(c.eval.sft_every) < 0:
-    raise ValueError(f"config.eval.sft_every must be >= 0 (0: no evals during the warm start), got {c.eval.sft_every}")
+    raise ValueError(f"config.sft.loss_tokens = {c.sft.loss_tokens!r}: must be 'actions' or 'all'")
   _validate_env_keys(c)
-  # Written as `not (x > 0)` so that NaN fails too.
-  if not 0 < c.sampling.top_p <= 1:
-    raise ValueError(f"config.sampling.top_p must be in (0, 1], got {c.sampling.top_p}")
-  positive = {
-    "sampling.temperature": c.sampling.temperature,
-    "optim.learning_rate": c.optim.learning_rate,
-    "sft.learning_rate": c.sft.learning_rate,
-  }
-  for key, v in positive.items():
-    if not (math.isfinite(v) and v > 0):
-      raise ValueError(f"config.{key} must be a finite number > 0, got {v}")
-  non_negative = {
-    "loss.kl_coef": c.loss.kl_coef,
-    "loss.eps_low": c.loss.eps_low,
-    "loss.eps_high": c.loss.eps_high,
-    "optim.weight_decay": c.optim.weight_decay,
-  }
-  for key, v in non_negative.items():
-    if not (math.isfinite(v) and v >= 0):
-      raise ValueError(f"config.{key} must be a finite number >= 0, got {v}")
   choices = {
     "loss.aggregation": (c.loss.aggregation, AGGREGATIONS),
     "loss.kl_estimator": (c.loss.kl_estimator, KL_ESTIMATORS),
@@ -363,7 +427,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
   }
   for key, (v, allowed) in choices.items():
     if v not in allowed:
-      raise ValueError(f"config.{key} must be one of {allowed}, got {v!r}")
+      raise ValueError(f"config.{key} = {v!r}: must be one of {allowed}")
   need = METHODS[c.credit.method].min_group_size
   if c.rollout.group_size < need:
     raise ValueError(
@@ -397,11 +461,9 @@ def validate(c: ml_collections.ConfigDict) -> None:
       f"config.teacher.context_wrapper must hold '{{context}}' exactly once (or be '' to insert "
       f"nothing), got {wrapper!r}"
     )
-  if int(c.train.length_bucket) < 1:
-    raise ValueError(f"config.train.length_bucket must be >= 1, got {c.train.length_bucket}")
   batch = c.rollout.prompts_per_step * c.rollout.group_size
   mini = c.train.mini_batch_size
-  if isinstance(mini, bool) or not isinstance(mini, int) or mini < 0 or (mini and batch % mini):
+  if mini and batch % mini:
     raise ValueError(
       f"config.train.mini_batch_size={mini!r} must be 0 (the whole batch) or a divisor of the batch "
       f"of rollout.prompts_per_step x rollout.group_size = {batch} rollouts"
@@ -484,21 +546,21 @@ def _validate_knobs(c: ml_collections.ConfigDict) -> None:
       raise ValueError(f"config.credit.{name}.{key} is not a knob of {name}; its knobs: {sorted(defaults)}")
     if isinstance(defaults[key], bool):
       if not isinstance(v, bool):
-        raise ValueError(f"config.credit.{name}.{key} must be True or False, got {v!r}")
+        raise ValueError(f"config.credit.{name}.{key} = {v!r}: must be True or False")
     elif isinstance(defaults[key], (int, float)):
       # ±inf passes here: some knobs take it (HSD's clip = inf turns the clip off); the credit function that
       # reads a knob refuses, by name, a value outside its range.
       if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
-        raise ValueError(f"config.credit.{name}.{key} must be a number, got {v!r}")
+        raise ValueError(f"config.credit.{name}.{key} = {v!r}: must be a number")
       if isinstance(defaults[key], int) and not isinstance(v, int):
-        raise ValueError(f"config.credit.{name}.{key} must be an int, got {v!r}")
+        raise ValueError(f"config.credit.{name}.{key} = {v!r}: must be an int")
     elif key in _KNOB_CHOICES and v not in _KNOB_CHOICES[key]:
-      raise ValueError(f"config.credit.{name}.{key} must be one of {_KNOB_CHOICES[key]}, got {v!r}")
+      raise ValueError(f"config.credit.{name}.{key} = {v!r}: must be one of {_KNOB_CHOICES[key]}")
   k = c.credit[name]
   for key in ("distill_coef", "dense_coef"):
     if key in k and not (math.isfinite(k[key]) and k[key] >= 0):
       raise ValueError(
-        f"config.credit.{name}.{key} must be a finite number >= 0 (a negative weight flips the term), got {k[key]}"
+        f"config.credit.{name}.{key} = {k[key]!r}: must be a finite number >= 0 (a negative weight flips the term)"
       )
   if "skill_max_tokens" in k and not 1 <= k.skill_max_tokens < c.sampling.max_len:
     raise ValueError(

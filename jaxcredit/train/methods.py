@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import re
 from typing import Any, Callable, Mapping
 
 import jax
@@ -503,7 +504,9 @@ def check_knobs(name: str, knobs: Mapping[str, Any]) -> None:
   credit functions refuse a knob outside its range when the run is configured, not at its first RL step.
 
   Raises:
-    ValueError: "config.credit.<name>: " + the credit function's message, which names the knob.
+    ValueError: "config.credit.<name>.<knob> = <value>: must be ..." where the credit function's message names one
+      of `knobs` (`<fn>: knob `<knob>` must be ..., got ...`; the knobs carry the functions' argument names), else
+      "config.credit.<name>: " + its message.
   """
   from jaxcredit.trajectory import RolloutBuilder, pack
 
@@ -537,4 +540,17 @@ def check_knobs(name: str, knobs: Mapping[str, Any]) -> None:
           traj.rewards_B, traj.sample_mask_B, jax.random.key(0), success_threshold=knobs["success_threshold"]
         )
   except (ValueError, TypeError) as e:
-    raise ValueError(f"config.credit.{name}: {e}") from None
+    raise ValueError(knob_error_message(name, knobs, str(e))) from None
+
+
+_KNOB_ERROR = re.compile(r"^(?P<fn>\w+): knob `(?P<knob>\w+)` (?P<rule>.*?)(?:, got [^,]*?)?\.?$", re.DOTALL)
+
+
+def knob_error_message(name: str, knobs: Mapping[str, Any], message: str) -> str:
+  """A credit function's knob error (`grpo_advantages: knob `eps` must be > 0.0, got -1.0.`) said with the config
+  key and value the user set (`config.credit.grpo.eps = -1.0: must be > 0.0`); any other message is prefixed with
+  `config.credit.<name>: `."""
+  m = _KNOB_ERROR.match(message)
+  if m and m["knob"] in knobs:
+    return f"config.credit.{name}.{m['knob']} = {knobs[m['knob']]!r}: {m['rule']}"
+  return f"config.credit.{name}: {message}"

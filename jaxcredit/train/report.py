@@ -96,6 +96,7 @@ def view_samples(
     raise ValueError(f"no rollout samples for step {step} in {workdir}/rollout_samples; steps with samples: {steps}")
   path = os.path.join(workdir, "rollout_samples", f"step_{step}.jsonl")
   config = run_config(workdir) if config is None else config
+  config_lib.validate(config)
   tok = trainer.load_tokenizer(trainer.resolve_source(config.model.source), cache_dir=config.model.cache_dir or None)
   records = jsonl_lib.read_jsonl(path, vocab_size=tok.vocab_size)  # the pages decode every id with it
   if not records:
@@ -116,6 +117,8 @@ def view_samples(
       continue
     c = ml_collections.ConfigDict(config.to_dict())
     c.credit.method = name
+    if METHODS[name].teacher is None:
+      c.teacher.source = ""  # the trained method's teacher: a method without a teacher pass refuses one
     try:
       credited[name], _ = trainer.credit_records(c, records, source=path, details=True)
     except ValueError as e:

@@ -85,10 +85,13 @@ def make_optimizer(
   (0 or None: no clipping).
 
   Raises:
-    ValueError: a learning rate <= 0, or an unknown name.
+    ValueError: a learning rate <= 0, a negative `max_grad_norm` (a negative clip scales the gradient by a negative
+      factor: an update up the gradient), or an unknown name.
   """
   if learning_rate <= 0:
     raise ValueError(f"learning rate must be > 0, got {learning_rate}")
+  if max_grad_norm is not None and not max_grad_norm >= 0:
+    raise ValueError(f"max_grad_norm must be >= 0 (0 or None: no clipping), got {max_grad_norm}")
   if name not in OPTIMIZERS:
     raise ValueError(f"unknown optimizer {name!r}; known: {sorted(OPTIMIZERS)}")
   schedule = (

@@ -1421,6 +1421,7 @@ def credit_records(
       the environment does not have when a pass needs the task.
   """
   c = config
+  config_lib.validate(c)  # before any record is read: a bad key is named, not met as a crash in the credit run
   method = METHODS[c.credit.method]
   in_path = source
   if not records:

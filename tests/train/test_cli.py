@@ -50,9 +50,12 @@ def test_unknown_config_key_is_rejected_by_name(tmp_path):
     # Out of a credit function's range: refused by its own check, named under the method's node.
     (
       ["--config.credit.method=crest", "--config.credit.crest.clip_eps=-1"],
-      ["config.credit.crest", "`clip_eps` must be >= 0"],
+      ["config.credit.crest.clip_eps = -1.0: must be >= 0"],
     ),
-    (["--config.credit.method=gigpo", "--config.credit.gigpo.gamma=2.0"], ["config.credit.gigpo", "`gamma`"]),
+    (
+      ["--config.credit.method=gigpo", "--config.credit.gigpo.gamma=2.0"],
+      ["config.credit.gigpo.gamma = 2.0: must be in [0, 1]"],
+    ),
     (
       ["--config.credit.method=hsd", "--config.credit.hsd.success_threshold=inf"],
       ["config.credit.hsd", "success_threshold"],
@@ -65,7 +68,7 @@ def test_unknown_config_key_is_rejected_by_name(tmp_path):
 )
 def test_bad_method_teacher_and_env_settings_are_refused_by_name(tmp_path, overrides, words):
   p = run_cli("train", "--config", "configs/quickstart.py", *overrides, f"--config.workdir={tmp_path}/w")
-  assert p.returncode == 1, p.stderr[-2000:]
+  assert p.returncode == 2, p.stderr[-2000:]  # bad input, refused by the validation before the run starts
   assert all(w in p.stderr for w in words), p.stderr[-2000:]
   assert not os.path.exists(tmp_path / "w")
 
@@ -95,7 +98,7 @@ def test_config_that_fails_to_build_leaves_nothing_behind(tmp_path):
 )
 def test_bad_values_are_refused_before_anything_is_written(tmp_path, override, key):
   p = run_cli("train", "--config", "configs/quickstart.py", override, f"--config.workdir={tmp_path}/w")
-  assert p.returncode == 1 and key in p.stderr, p.stderr[-2000:]
+  assert p.returncode == 2 and key in p.stderr, p.stderr[-2000:]
   assert not os.path.exists(tmp_path / "w")
 
 

@@ -18,16 +18,16 @@ def test_engine_table():
 @pytest.mark.parametrize(
   "overrides, message",
   [
-    ({"rollout.engine": "sglang"}, "config.rollout.engine must be one of \\('jax', 'vllm'\\), got 'sglang'"),
+    ({"rollout.engine": "sglang"}, "config.rollout.engine = 'sglang': must be one of \\('jax', 'vllm'\\)"),
     ({"rollout.engine": "vllm"}, "needs config.rollout.vllm.url .* or config.rollout.vllm.python"),
     ({"rollout.engine": "vllm", "rollout.vllm.url": "http://a:1,localhost:8000"}, "got 'localhost:8000'"),
     (
       {"rollout.engine": "vllm", "rollout.vllm.url": "http://h:1", "sampling.top_p": 0.9},
       "config.sampling.top_p=0.9: rollout.engine='vllm' samples with top_p=1",
     ),
-    ({"rollout.max_staleness": -1}, "config.rollout.max_staleness must be an int >= 0"),
-    ({"loss.engine_is_cap": 0.5}, "config.loss.engine_is_cap must be a number >= 1"),
-    ({"loss.engine_is_cap": float("nan")}, "config.loss.engine_is_cap must be a number >= 1"),
+    ({"rollout.max_staleness": -1}, "config.rollout.max_staleness = -1: must be an int >= 0"),
+    ({"loss.engine_is_cap": 0.5}, "config.loss.engine_is_cap = 0.5: must be a finite number >= 1"),
+    ({"loss.engine_is_cap": float("nan")}, "config.loss.engine_is_cap = nan: must be a finite number >= 1"),
   ],
 )
 def test_engine_config_is_checked_naming_the_field(overrides, message):
