@@ -725,12 +725,15 @@ def env_spec(env_config=None) -> spec.EnvSpec:
   generators in `EXPRESSION_GENERATORS`, or a file source with `expression_field`.
 
   Raises:
-    ValueError: `max_tool_calls` < 0, no or unknown generators, `generator_kwargs` not a JSON object of objects,
+    ValueError: `max_tool_calls` < 0, `eval_holdout` < 1, no or unknown generators, `generator_kwargs` not a JSON object of objects,
       a `source` without a known prefix.
   """
   max_tool_calls = int(_get(env_config, "max_tool_calls"))
   if max_tool_calls < 0:
     raise ValueError(f"config.env.math_tools.max_tool_calls must be >= 0, got {max_tool_calls}")
+  eval_holdout = int(_get(env_config, "eval_holdout"))
+  if eval_holdout < 1:  # read by file sources only, but refused for any source: a bad value never waits for one
+    raise ValueError(f"config.env.math_tools.eval_holdout must be >= 1, got {eval_holdout}")
   source = str(_get(env_config, "source")).strip()
   if source:
     if not source.startswith(sources.PREFIXES):
@@ -748,7 +751,7 @@ def env_spec(env_config=None) -> spec.EnvSpec:
       source_split=str(_get(env_config, "source_split")),
       eval_source=str(_get(env_config, "eval_source")).strip(),
       eval_split=str(_get(env_config, "eval_split")),
-      eval_holdout=int(_get(env_config, "eval_holdout")),
+      eval_holdout=eval_holdout,
       fields=fields,
     )
 

@@ -272,6 +272,8 @@ def test_env_spec_keys_and_defaults():
     ({"generator_kwargs": "[1]"}, "JSON object"),
     ({"source": "csv:/x"}, "must be '' or start with"),
     ({"max_tool_calls": -1}, ">= 0"),
+    ({"eval_holdout": -1}, r"config.env.math_tools.eval_holdout must be >= 1, got -1"),  # was accepted (issue 35 kind)
+    ({"eval_holdout": 0}, r"eval_holdout must be >= 1, got 0"),
   ):
     with pytest.raises(ValueError, match=match):
       mt.env_spec(bad)
