@@ -422,16 +422,17 @@ REFUSED = {
 }
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
-@pytest.mark.parametrize("name", sorted(APPLIED))
+# llama.cpp reads rope_freqs.weight for llama only: qwen3's is in the refusal sweep ("rope_freqs_on_qwen3").
+@pytest.mark.parametrize(
+  "name, arch",
+  [(n, a) for n in sorted(APPLIED) for a in ("llama", "qwen3") if (n, a) != ("rope_freqs", "qwen3")],
+)
 def test_gguf_fields_that_change_the_model_are_applied_as_transformers(tmp_path, arch, name):
   import torch
 
   from hf_checkpoints import torch_model
 
   overrides, extra = APPLIED[name]
-  if name == "rope_freqs" and arch == "qwen3":
-    pytest.skip("llama.cpp reads rope_freqs.weight for llama only; qwen3's is refused (the refusal sweep)")
   reference = torch_model(arch, **{**TINY_LLAMA, **overrides})
   with torch.no_grad():
     for param_name, p in reference.named_parameters():
@@ -447,14 +448,13 @@ def test_gguf_fields_that_change_the_model_are_applied_as_transformers(tmp_path,
     np.testing.assert_allclose(_logits_far_out(model, tokens, start), want, atol=1e-4, rtol=0, err_msg=str(start))
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
-@pytest.mark.parametrize("name", sorted(REFUSED) + ["rope_freqs_on_qwen3"])
+@pytest.mark.parametrize(
+  "name, arch", [(n, a) for n in sorted(REFUSED) for a in ("llama", "qwen3")] + [("rope_freqs_on_qwen3", "qwen3")]
+)
 def test_gguf_fields_the_loader_cannot_apply_are_refused_by_name(tmp_path, arch, name):
   from hf_checkpoints import torch_model
 
-  if name == "rope_freqs_on_qwen3":
-    if arch != "qwen3":
-      pytest.skip("applied for llama (the applied sweep)")
+  if name == "rope_freqs_on_qwen3":  # llama's is applied (the applied sweep)
     extra, named = APPLIED["rope_freqs"][1], "'rope_freqs.weight'"
   else:
     extra, named = REFUSED[name]
