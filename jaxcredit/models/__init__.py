@@ -28,9 +28,10 @@ from typing import Any
 
 from jaxcredit import trees
 from jaxcredit.models.config import ModelConfig
-from jaxcredit.models.decoder import Decoder, KVCache, init_cache, param_shapes, set_params
+from jaxcredit.models.decoder import Decoder, param_shapes, set_params
 from jaxcredit.models.gguf_loader import load_gguf, open_gguf
 from jaxcredit.models.hf import convert_gguf, convert_hf, export_hf
+from jaxcredit.models.kv_cache import KVCache, init_cache
 from jaxcredit.models.tokenizer import ChatTokenizer
 
 __all__ = [
