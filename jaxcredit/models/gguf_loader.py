@@ -62,31 +62,6 @@ def gguf_metadata(path) -> dict[str, Any]:
   return {key: field.contents() for key, field in reader.fields.items()}
 
 
-# `<arch>.*` keys the loader reads, or that do not change the model's function (context_length: the trained length;
-# rope.scaling.finetuned: a flag). Any other `<arch>.*` key is refused by name rather than silently dropped.
-_KNOWN_ARCH_KEYS = frozenset(
-  {
-    "embedding_length",
-    "attention.head_count",
-    "attention.head_count_kv",
-    "attention.key_length",
-    "attention.value_length",
-    "rope.dimension_count",
-    "vocab_size",
-    "feed_forward_length",
-    "block_count",
-    "rope.freq_base",
-    "attention.layer_norm_rms_epsilon",
-    "context_length",
-    "rope.scaling.type",
-    "rope.scaling.factor",
-    "rope.scale_linear",
-    "rope.scaling.original_context_length",
-    "rope.scaling.finetuned",
-  }
-)
-
-
 # `<arch>.*` keys that are sizes (positive integers).
 _SIZE_KEYS = (
   "embedding_length",
@@ -98,6 +73,22 @@ _SIZE_KEYS = (
   "vocab_size",
   "feed_forward_length",
   "block_count",
+)
+
+# `<arch>.*` keys the loader reads, or that do not change the model's function (context_length: the trained length;
+# rope.scaling.finetuned: a flag). Any other `<arch>.*` key is refused by name rather than silently dropped.
+_KNOWN_ARCH_KEYS = frozenset(
+  {
+    *_SIZE_KEYS,
+    "rope.freq_base",
+    "attention.layer_norm_rms_epsilon",
+    "context_length",
+    "rope.scaling.type",
+    "rope.scaling.factor",
+    "rope.scale_linear",
+    "rope.scaling.original_context_length",
+    "rope.scaling.finetuned",
+  }
 )
 
 
