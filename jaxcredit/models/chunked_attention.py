@@ -27,7 +27,7 @@ def chunked_causal_attention(
 ) -> jax.Array:
   """Exact causal attention: query i attends key j when j <= i and key_mask[j]; float32 softmax.
 
-  Equals `jaxcredit.models.decoder.attention` with mask = tril & key_mask (a query with no allowed key gets a
+  Equals `jaxcredit.models.attention.attention` with mask = tril & key_mask (a query with no allowed key gets a
   zero output), differentiable (custom VJP).
 
   Args:

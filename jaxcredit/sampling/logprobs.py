@@ -379,13 +379,13 @@ def packed_predictor_slots(
 ) -> jax.Array:
   """pred_BxL: the slot whose hidden state predicts each token of a packed row, -1 where there is none.
 
-      pred[b, t] = max{s < t : allowed[b, t, s]}     (allowed: `jaxcredit.models.decoder.packed_attention_mask`)
+      pred[b, t] = max{s < t : allowed[b, t, s]}     (allowed: `jaxcredit.models.attention.packed_attention_mask`)
 
   i.e. the latest slot before t that t attends to: t-1 inside a segment (and on the plain prefix), but
   prefix_limit[t] - 1 for the first token of an appended segment, whose context is the prefix up to its limit,
   not the previous segment's last token that happens to precede it in the packed row.
   """
-  from jaxcredit.models.decoder import packed_attention_mask
+  from jaxcredit.models.attention import packed_attention_mask
 
   l = token_mask_BxL.shape[1]
   allowed_BxLxS = packed_attention_mask(token_mask_BxL, segment_ids_BxL, prefix_limit_BxL)

@@ -35,7 +35,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxcredit.models.decoder import KVCache, compute_params, init_cache
+from jaxcredit.models.decoder import compute_params
+from jaxcredit.models.kv_cache import KVCache, init_cache
 from jaxcredit.sampling.logprobs import temperature_log_softmax
 
 FINISH_STOP_TOKEN = "stop_token"

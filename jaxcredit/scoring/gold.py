@@ -10,7 +10,7 @@ Two ways, same outputs:
   forward: (T+1) forwards of growing prefixes per rollout, each padded to the longest.
 - `score_gold_answers_packed`: one row per rollout, its tokens up to its last valid boundary followed by one copy
   of y* per valid boundary; each copy attends to the prefix up to its own boundary and to itself (a segment
-  mask, `jaxcredit.models.decoder.packed_attention_mask`), with positions continuing from its boundary. About
+  mask, `jaxcredit.models.attention.packed_attention_mask`), with positions continuing from its boundary. About
   one forward of the rollout plus (T+1)·|y*| tokens.
 
 Letters: B rollouts, T1 = T+1 boundaries, N rows of the scoring batch, L its tokens, G scored slots per row.

@@ -81,7 +81,8 @@ def make_vllm_engine(config: ml_collections.ConfigDict, model, tok):
     ValueError: `vllm_urls`.
     EngineError: the server is unreachable, serves another model, or did not start (its log's tail).
   """
-  from jaxcredit.models.hf import hf_config_from_model_config, save_hf_weights
+  from jaxcredit.models.hf import save_hf_weights
+  from jaxcredit.models.hf_config import hf_config_from_model_config
   from jaxcredit.sampling.vllm_engine import VLLMEngine, launch_server
 
   urls = vllm_urls(config)

@@ -5,7 +5,7 @@ The rollouts of a group start with the same prompt. Right-padded one per row (th
 [B, L] runs the model on every rollout's copy of the prompt, on its padding, and the output head (a V x D product
 per position) on every slot, although the loss reads only the action tokens. `pack_update_batch` lays out instead,
 per row, the group's longest common prefix once (segment 0) followed by each rollout's continuation (segments
-1, 2, ...), which attends to the prefix and to itself (`jaxcredit.models.decoder.packed_attention_mask`, with
+1, 2, ...), which attends to the prefix and to itself (`jaxcredit.models.attention.packed_attention_mask`, with
 `prefix_limit` the prefix length), at the RoPE positions it has in its own rollout. The loss then scores the K
 action slots of each row with `jaxcredit.sampling.logprobs.packed_slot_logprobs`. Every scored token keeps exactly
 its context, so log-probs, losses and gradients equal the unpacked ones up to float summation order

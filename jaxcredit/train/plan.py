@@ -579,9 +579,9 @@ def model_config_for(source: str, config=None) -> ModelConfig:
         raise ValueError(f"{path / 'model_config.json'} must hold a JSON object")
       cfg = ModelConfig.from_dict(stored)
     elif (path / "config.json").is_file():
-      from jaxcredit.models import hf
+      from jaxcredit.models.hf_config import config_from_hf
 
-      cfg = hf.config_from_hf(json.loads((path / "config.json").read_text()))
+      cfg = config_from_hf(json.loads((path / "config.json").read_text()))
     elif path.is_file():
       from jaxcredit.models.gguf_loader import config_from_metadata, gguf_metadata, open_gguf
 
