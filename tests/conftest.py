@@ -42,6 +42,17 @@ os.environ["JAX_COMPILATION_CACHE_DIR"] = XLA_CACHE_DIR  # read by jax in this p
 # decoder's programs compile in 0.2-1 s and are compiled again in many modules).
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 
+# XLA compiles the tests' programs at LLVM's lowest optimisation: nearly every program here is compiled to run once
+# or twice on tiny arrays, so compiling is most of a test's time (a tiny training run: about 2/3 of it), and level 0
+# roughly halves that. The matrix products still go to XLA's runtime library and the HLO is the same; results can
+# differ in their last bits (a reduction vectorised or not), which no test may depend on. Child processes inherit it (tests/fixtures/multidevice.py `child_env` keeps it
+# when it sets the device count). JAXCREDIT_TEST_XLA_OPTIMIZE=1 compiles as a user's run does.
+FAST_COMPILE_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+if os.environ.get("JAXCREDIT_TEST_XLA_OPTIMIZE") != "1" and FAST_COMPILE_XLA_FLAGS not in os.environ.get(
+  "XLA_FLAGS", ""
+):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + FAST_COMPILE_XLA_FLAGS).strip()
+
 import pytest
 from hypothesis import HealthCheck, settings
 

@@ -15,6 +15,7 @@ import time
 import numpy as np
 import pytest
 
+from tests.fixtures.multidevice import child_env
 from tests.fixtures.tiny_model import CFG, random_params, write_gguf
 from tests.fixtures.tiny_run import tiny_run_overrides
 
@@ -56,10 +57,8 @@ def _start(overrides, workdir, num_processes=2, devices=4):
   port = _free_port()
   procs = []
   for i in range(num_processes):
-    env = dict(
-      os.environ,
-      XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-      JAX_PLATFORMS="cpu",
+    env = child_env(
+      devices,
       JAXCREDIT_DISTRIBUTED="1",
       JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
       JAX_NUM_PROCESSES=str(num_processes),
@@ -129,7 +128,7 @@ def test_two_processes_sample_their_own_groups_and_train_like_one(tmp_path):
 
   # The same rollouts on 1 process x 8 devices: the same losses, gradients and parameters.
   out_path = tmp_path / "replay.json"
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+  env = child_env(8)
   cmd = [
     sys.executable,
     "-m",

@@ -45,7 +45,8 @@ def test_chunked_reverse_kl_matches_full_logits(seq_chunk, vocab_chunk):
     h_s, w_s, h_t, w_t
   )
   assert got.shape == (2, 9) and got.dtype == jnp.float32
-  np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+  # float32 rounding of sums over the vocabulary in another order: about 1 part in 1e6 of KLs up to 20 nats
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=2e-6)
   assert float(jnp.min(got)) >= 0.0 and float(jnp.max(got)) > 0.1
 
 
