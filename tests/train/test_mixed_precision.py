@@ -60,17 +60,23 @@ def _one_adamw_step(model):
   opt_state = jax.jit(optimizer.init, out_shardings=opt_sh)(params)
   batch = sharding.shard_batch(_batch(), mesh)
   loss_cfg = step_lib.PolicyLossConfig()
-  grads = step_lib.MeshJit(
-    jax.jit(lambda p, b: step_lib.loss_and_grads(step_lib.pg_token_loss, graphdef, p, rest, b, loss_cfg, 1)[1]), mesh
-  )(params, batch)
   old = jax.device_get(params)
   update = step_lib.make_update_fn(step_lib.pg_token_loss, graphdef, rest, optimizer, loss_cfg, mesh, p_sh, opt_sh)
   new, opt_state, _ = update(jax.tree.map(jnp.copy, params), opt_state, batch)
-  return old, jax.device_get(new), jax.device_get(grads), opt_state
+  return old, jax.device_get(new), _first_moments(opt_state, params), opt_state
+
+
+def _first_moments(opt_state, params):
+  """AdamW's first moment after its first step, (1 - b1) · g: nonzero exactly where the gradient is (the update
+  compiles the gradient once; a second program only for the gradient took as long as the step)."""
+  (mu,) = [s.mu for s in jax.tree.leaves(opt_state, is_leaf=lambda s: hasattr(s, "mu")) if hasattr(s, "mu")]
+  assert jax.tree.structure(mu) == jax.tree.structure(params)
+  return jax.device_get(mu)
 
 
 def _changed_fraction(old, new, grads):
-  """Of the parameter entries with a nonzero gradient, the fraction the step changed."""
+  """Of the parameter entries with a nonzero gradient (`grads`: the gradient or anything zero exactly where it is),
+  the fraction the step changed."""
   changed = moving = 0
   for o, n, g in zip(jax.tree.leaves(old), jax.tree.leaves(new), jax.tree.leaves(grads)):
     has_grad = np.asarray(g, np.float32) != 0
