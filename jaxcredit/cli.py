@@ -460,6 +460,13 @@ def _viz(command: str, args: list[str]) -> int:
       "on the same rollouts with the workdir's latest checkpoint",
     )
     p.add_argument("--out", default=None, help="output folder (default: WORKDIR/viewer/step_N)")
+    p.add_argument(
+      "--rollouts",
+      default=None,
+      metavar="FILE",
+      help="a rollouts JSONL file to show instead of the samples (e.g. DIR/rollouts.jsonl of `jaxcredit eval "
+      "--samples K`), credited with the workdir's config and latest checkpoint",
+    )
 
   try:
     a = _parse(command, args, build)
@@ -478,12 +485,13 @@ def _viz(command: str, args: list[str]) -> int:
   from jaxcredit.train import report
 
   try:
-    info = report.view_samples(a.workdir, step=a.step, methods=methods, out_dir=a.out)
+    info = report.view_samples(a.workdir, step=a.step, methods=methods, out_dir=a.out, rollouts=a.rollouts)
   except (ValueError, OSError) as e:
     print(f"jaxcredit {command}: error: {_one_line(e)}", file=sys.stderr)
     return 2
+  where = f"step {info['step']}" if info["step"] is not None else a.rollouts
   print(
-    f"[jaxcredit] credit viewer: {info['rollouts']} rollouts of step {info['step']}, methods "
+    f"[jaxcredit] credit viewer: {info['rollouts']} rollouts of {where}, methods "
     f"{', '.join(info['methods'])} -> {info['index']}"
   )
   return 0
@@ -636,7 +644,7 @@ COMMANDS: dict[str, Command] = {
     _plan,
   ),
   "viz": Command(
-    "--workdir W [--step N] [--methods trace,grpo,...] [--out DIR]",
+    "--workdir W [--step N | --rollouts FILE] [--methods trace,grpo,...] [--out DIR]",
     "the credit viewer: static HTML pages, every action token coloured by its advantage under each method",
     _viz,
   ),
