@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import os
 import re
@@ -308,6 +309,7 @@ def build(config: ml_collections.ConfigDict, model: str | None, *, out_dir: str)
   Raises:
     As `load_model`, and ValueError for what the environment refuses in config.env.
   """
+  logging.getLogger("math_verify").setLevel(logging.ERROR)  # as `trainer.build`: its "timeout disabled" notice
   env = make_env_spec(config.env)
   tasks = env.make_tasks("eval", config.eval.num_tasks, None)
   mesh = sharding.make_mesh(dict(config.mesh))
