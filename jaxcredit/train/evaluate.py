@@ -146,7 +146,8 @@ def metric_table(env: EnvSpec, results_by_task: Sequence[Sequence[RolloutResult]
 
   The unit of the intervals is the task (its samples are not independent of each other): with one sample per task,
   success_rate and answered_frac get Wilson's interval over the tasks; with K > 1 samples, the normal interval of
-  the mean of the per-task rates. tool_calls and mean_turns get the normal interval of the mean of the per-task
+  the mean of the per-task rates (cut to [0, 1]). tool_calls and mean_turns get the normal interval (cut at 0) of the
+  mean of the per-task
   means; pass@K (a task passes when any of its K samples succeeded) Wilson's; the environment's own metrics a
   percentile bootstrap over the tasks (`BOOTSTRAP_RESAMPLES`, seed 0).
 
@@ -172,7 +173,11 @@ def metric_table(env: EnvSpec, results_by_task: Sequence[Sequence[RolloutResult]
     if name in ("success_rate", "answered_frac") and k == 1:
       table[name] = _metric(heldout[name], n, wilson_interval(int(sum(row[0] for row in rows)), n), "wilson")
     else:
-      table[name] = _metric(heldout[name], n, mean_interval(means), "normal")
+      interval = mean_interval(means)
+      if interval is not None:  # cut to the values the metric can take: a rate in [0, 1], a count >= 0
+        top = 1.0 if name in ("success_rate", "answered_frac") else math.inf
+        interval = (max(0.0, interval[0]), min(top, interval[1]))
+      table[name] = _metric(heldout[name], n, interval, "normal")
   if k > 1:
     passed = sum(any(row) for row in per_task["success_rate"])
     table[f"pass@{k}"] = _metric(passed / n, n, wilson_interval(passed, n), "wilson")

@@ -91,10 +91,13 @@ def test_k_samples_per_task_give_pass_at_k_and_mean_at_k():
     "ci95": list(evaluate.wilson_interval(2, 3)),
     "interval": "wilson",
   }
-  # per-task success rates 0.5, 0, 1: mean 0.5, s = 0.5, half = 1.959964 · 0.5 / √3
-  half = 1.959964 * 0.5 / math.sqrt(3)
+  # per-task success rates 0.5, 0, 1: mean 0.5, s = 0.5, 0.5 ± 1.959964 · 0.5 / √3 = 0.5 ± 0.565792, cut to [0, 1]
   assert table["mean@2"]["value"] == 0.5 and table["mean@2"]["interval"] == "normal"
-  assert table["mean@2"]["ci95"] == pytest.approx([0.5 - half, 0.5 + half], abs=1e-6)
+  assert table["mean@2"]["ci95"] == [0.0, 1.0]
+  # rates 0, 0, 1 (one task of three passes both samples): 1/3 ± 1.959964 · 0.57735 / √3 = 1/3 ± 0.653321, cut at 0
+  by_task[0] = [_result(0.0), _result(0.0)]
+  cut = evaluate.metric_table(_env(with_metrics=False), by_task, dict(heldout, success_rate=1 / 3))["mean@2"]
+  assert cut["ci95"] == pytest.approx([0.0, 1 / 3 + 0.653321], abs=1e-6)
   assert table["success_rate"] == table["mean@2"] and table["success_rate"]["count"] == 3
 
 
