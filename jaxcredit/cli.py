@@ -5,6 +5,9 @@
   sft      --config configs/X.py [...]: the supervised warm start alone (a later `train` goes straight to RL)
   convert  --hf DIR | --gguf FILE, --out DIR [--dtype bf16|f32|f16]: a converted checkpoint (streamed)
   export   --checkpoint DIR --out DIR: Hugging Face safetensors + config.json from a converted checkpoint
+  eval     --config configs/X.py [--model SOURCE] [--out DIR] [--samples K]: a model (any `model.source`, a
+           training workdir or WORKDIR@STEP) on the held-out split with the trainer's eval; eval.json with 95%
+           intervals and rollouts.jsonl; rerunning resumes
   credit   --config configs/X.py --in rollouts.jsonl --out credited.jsonl: the config's method's advantages for
            rollouts made elsewhere (docs/rollouts-jsonl.md), running the passes it needs with the config's models
   plan     --config configs/X.py --topology v5p:4x4x4 --mesh fsdp=N,tensor=M[,expert=E]: compile the training
@@ -447,6 +450,93 @@ def _export(command: str, args: list[str]) -> int:
   return 0
 
 
+def _own_flags(command: str, args: list[str], names: tuple[str, ...]) -> tuple[dict[str, str], list[str]] | int:
+  """Splits `--name VALUE` / `--name=VALUE` of `names` from the config arguments; 2 after one line when one lacks
+  its value."""
+  own: dict[str, str] = {}
+  rest: list[str] = []
+  i = 0
+  while i < len(args):
+    name, eq, value = args[i].partition("=")
+    if name in names:
+      if not eq:
+        if i + 1 >= len(args) or args[i + 1].startswith("--"):
+          print(f"jaxcredit {command}: {name} needs a value", file=sys.stderr)
+          return 2
+        value, i = args[i + 1], i + 1
+      own[name[2:]] = value
+    else:
+      rest.append(args[i])
+    i += 1
+  return own, rest
+
+
+def _default_eval_dir(config, model: str | None) -> str:
+  """eval/<model>_<env>: the model source's last path part (a Hub id's name, a workdir with its @step)."""
+  import re
+
+  source = str(config.model.source if model is None else model).rstrip("/")
+  name = re.sub(r"[^A-Za-z0-9._@-]+", "_", os.path.basename(source) or source)
+  return os.path.join("eval", f"{name}_{config.env.name}")
+
+
+def _eval(command: str, args: list[str]) -> int:
+  """eval: --model, --out and --samples are ours; the rest is the config and its overrides."""
+  split = _own_flags(command, args, ("--model", "--out", "--samples"))
+  if isinstance(split, int):
+    return split
+  own, rest = split
+  if _wants_help(args) and not any(a == "--config" or a.startswith("--config=") for a in rest):
+    print(
+      _command_help(command) + "\n\n  --model    what to evaluate: a Hugging Face folder or Hub id, a GGUF file, a "
+      "converted checkpoint,\n             a training workdir (its last checkpoint) or WORKDIR@STEP; default: "
+      "config.model.source\n  --out      the folder of eval.json and rollouts.jsonl (default eval/<model>_<env>); "
+      "an\n             interrupted eval there resumes\n  --samples  K rollouts per task at the rollouts' "
+      "temperature: pass@K and mean@K (default 1:\n             greedy, config.eval.greedy)"
+    )
+    return 0
+  try:
+    samples = int(own.get("samples", "1"))
+  except ValueError:
+    samples = 0
+  if samples < 1:
+    print(f"jaxcredit {command}: --samples must be an integer >= 1, got {own['samples']!r}", file=sys.stderr)
+    return 2
+  config = _load_config(command, rest)
+  if isinstance(config, int):
+    return config
+  if _validate(command, config):
+    return 2
+  model = own.get("model") or None
+  out = own.get("out") or _default_eval_dir(config, model)
+  if os.path.isfile(out):
+    print(f"jaxcredit {command}: --out {out} is a file; give a folder", file=sys.stderr)
+    return 2
+  from jaxcredit.sampling.vllm_engine import EngineError
+  from jaxcredit.train import evaluate
+
+  try:
+    info = evaluate.evaluate_model(config, model=model, out_dir=out, samples=samples)
+  except (ValueError, OSError) as e:  # OSError: a missing model, an unreadable folder
+    print(f"jaxcredit {command}: error: {_one_line(e)}", file=sys.stderr)
+    return 2
+  except EngineError as e:
+    print(f"jaxcredit {command}: error: {e}", file=sys.stderr)
+    return 1
+  except KeyboardInterrupt:
+    print(f"\njaxcredit {command}: interrupted; the same command resumes from {out}/rollouts.jsonl", file=sys.stderr)
+    return 130
+  decoding = (
+    "greedy" if info["decoding"]["greedy"] else f"{samples} sample(s) at temperature {config.sampling.temperature}"
+  )
+  print(
+    f"[jaxcredit] eval of {info['model']} on {len(info['task_ids'])} held-out tasks of {config.env.name} "
+    f"({decoding}; {info['sampled']} rollouts sampled, {info['resumed']} resumed) -> {out}/eval.json"
+  )
+  print(evaluate.format_table(info))
+  return 0
+
+
 def _viz(command: str, args: list[str]) -> int:
   """viz: the credit viewer's pages for a workdir's rollout samples (jaxcredit.train.report.view_samples)."""
 
@@ -460,6 +550,13 @@ def _viz(command: str, args: list[str]) -> int:
       "on the same rollouts with the workdir's latest checkpoint",
     )
     p.add_argument("--out", default=None, help="output folder (default: WORKDIR/viewer/step_N)")
+    p.add_argument(
+      "--rollouts",
+      default=None,
+      metavar="FILE",
+      help="a rollouts JSONL file to show instead of the samples (e.g. DIR/rollouts.jsonl of `jaxcredit eval "
+      "--samples K`), credited with the workdir's config and latest checkpoint",
+    )
 
   try:
     a = _parse(command, args, build)
@@ -478,12 +575,13 @@ def _viz(command: str, args: list[str]) -> int:
   from jaxcredit.train import report
 
   try:
-    info = report.view_samples(a.workdir, step=a.step, methods=methods, out_dir=a.out)
+    info = report.view_samples(a.workdir, step=a.step, methods=methods, out_dir=a.out, rollouts=a.rollouts)
   except (ValueError, OSError) as e:
     print(f"jaxcredit {command}: error: {_one_line(e)}", file=sys.stderr)
     return 2
+  where = f"step {info['step']}" if info["step"] is not None else a.rollouts
   print(
-    f"[jaxcredit] credit viewer: {info['rollouts']} rollouts of step {info['step']}, methods "
+    f"[jaxcredit] credit viewer: {info['rollouts']} rollouts of {where}, methods "
     f"{', '.join(info['methods'])} -> {info['index']}"
   )
   return 0
@@ -625,6 +723,11 @@ COMMANDS: dict[str, Command] = {
     "write a converted checkpoint as Hugging Face safetensors + config.json",
     _export,
   ),
+  "eval": Command(
+    "--config configs/X.py [--model SOURCE] [--out DIR] [--samples K] [--config.key=value ...]",
+    "a model or checkpoint on the held-out split: the trainer's eval metrics with 95% intervals; resumable",
+    _eval,
+  ),
   "credit": Command(
     "--config configs/X.py --in rollouts.jsonl --out credited.jsonl [--config.key=value ...]",
     "the method's advantages for rollouts made elsewhere (JSONL; groups from group ids)",
@@ -636,7 +739,7 @@ COMMANDS: dict[str, Command] = {
     _plan,
   ),
   "viz": Command(
-    "--workdir W [--step N] [--methods trace,grpo,...] [--out DIR]",
+    "--workdir W [--step N | --rollouts FILE] [--methods trace,grpo,...] [--out DIR]",
     "the credit viewer: static HTML pages, every action token coloured by its advantage under each method",
     _viz,
   ),

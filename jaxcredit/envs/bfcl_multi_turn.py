@@ -23,7 +23,7 @@ A session (one rollout):
   * The outcome reward is 1.0 when every request passed ("all_units"), or the fraction that passed
     ("unit_fraction"). `unit_rewards` gives each reached request's 0/1 verdict (CrEST's verified units).
     `info["official_valid"]` is BFCL's own verdict, which skips the empty-ground-truth requests; the trainer logs its
-    mean as `env/bfcl_official_accuracy`.
+    mean as `env/bfcl_official_accuracy`, and per category as `env/bfcl_official_accuracy/<category>`.
 
 Each rollout owns fresh backend instances (`BfclSession`): nothing lives in module globals across rollouts, unlike
 `bfcl-eval`'s executor, which caches instances in `globals()` keyed by model name and task id and builds calls as
@@ -695,13 +695,25 @@ def gold_answer_text(task: BfclTask) -> str:
   return render_calls(calls) if calls else REFUSAL_TEXT
 
 
+def official_valid(env: BfclSession) -> bool:
+  """BFCL's official verdict of a session: it reached its end and every request passed BFCL's checkers (an
+  unfinished session fails, as BFCL's force-terminated ones do)."""
+  return bool(env.done and all(env.official))
+
+
 def env_metrics(envs: Sequence[BfclSession]) -> dict[str, float]:
-  """BFCL's official accuracy and the fraction of requests passed, over finished and unfinished sessions."""
+  """BFCL's official accuracy and the fraction of requests passed, over finished and unfinished sessions; and the
+  official accuracy of each category the sessions hold, "bfcl_official_accuracy/<category>" (BFCL's table reports
+  one column per category: base, miss_func, miss_param, long_context)."""
   units = [p for e in envs for p in e.unit_rewards()]
-  return {
-    "bfcl_official_accuracy": sum(bool(e.done and all(e.official)) for e in envs) / max(1, len(envs)),
+  out = {
+    "bfcl_official_accuracy": sum(official_valid(e) for e in envs) / max(1, len(envs)),
     "bfcl_unit_pass_rate": sum(units) / max(1, len(units)),
   }
+  for category in sorted({e.task.category for e in envs}):
+    group = [e for e in envs if e.task.category == category]
+    out[f"bfcl_official_accuracy/{category}"] = sum(official_valid(e) for e in group) / len(group)
+  return out
 
 
 def env_spec(

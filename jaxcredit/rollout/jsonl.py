@@ -592,6 +592,27 @@ def write_jsonl(path: str | os.PathLike, records: Iterable[Mapping[str, Any]]) -
     f.write("".join(line + "\n" for line in lines))
 
 
+def append_jsonl(path: str | os.PathLike, records: Iterable[Mapping[str, Any]]) -> None:
+  """Appends records to `path` as `write_jsonl` writes them (each checked first; nothing is written unless all
+  pass), flushed and synced to disk: a process killed afterwards leaves them whole, one killed during the write
+  at most a last line without its newline.
+
+  Raises:
+    ValueError: as `write_jsonl`.
+  """
+  lines = []
+  for i, rec in enumerate(records):
+    try:
+      validate_record(rec)
+      lines.append(_dump_line(rec))
+    except (TypeError, ValueError) as e:
+      raise ValueError(f"{_record_name(i, rec)}: {e}") from None
+  with open(path, "a", encoding="utf-8", newline="\n") as f:
+    f.write("".join(line + "\n" for line in lines))
+    f.flush()
+    os.fsync(f.fileno())
+
+
 def _reject_constant(name: str):
   raise ValueError(f"{name} is not standard JSON (non-finite numbers are not allowed)")
 

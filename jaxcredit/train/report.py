@@ -67,8 +67,10 @@ def view_samples(
   methods: list[str] | None = None,
   out_dir: str | None = None,
   config: ml_collections.ConfigDict | None = None,
+  rollouts: str | None = None,
 ) -> dict:
-  """Writes the viewer's pages for one step's rollout samples.
+  """Writes the viewer's pages for one step's rollout samples, or for the rollouts of a JSONL file (`rollouts`,
+  e.g. a `jaxcredit eval` folder's rollouts.jsonl) credited with the workdir's config and latest checkpoint.
 
   Args:
     workdir: a training workdir with rollout samples (`config.log_rollouts_every` > 0).
@@ -76,25 +78,33 @@ def view_samples(
     methods: method names (keys of METHODS), one tab each, in order; default the trained method, then GRPO.
     out_dir: default `workdir/viewer/step_<step>`.
     config: the run's config (default: `workdir/config.json`); other methods use its knobs and models.
+    rollouts: a rollouts JSONL file to show instead of the workdir's samples (`step` is then ignored; a method
+      without the file's advantages is computed now, a group method needing groups of its size, e.g.
+      `jaxcredit eval --samples K`); default out_dir `workdir/viewer/<the file's folder name>`.
 
   Returns:
-    {"index": path of index.html, "rollouts": pages written, "step": step, "methods": names}.
+    {"index": path of index.html, "rollouts": pages written, "step": step (None for `rollouts`), "methods": names}.
 
   Raises:
     ValueError: no samples (or none at `step`), a sample line with a token id outside the tokenizer's vocabulary
       (file, line and field named), an unknown method, or a method that cannot be computed here
       (the message names it and why: a missing teacher, a group too small, ...).
   """
-  steps = sample_steps(workdir)
-  if not steps:
-    raise ValueError(
-      f"{workdir}/rollout_samples holds no step_N.jsonl: train with --config.log_rollouts_every=N to write rollout "
-      "samples"
-    )
-  step = steps[-1] if step is None else int(step)
-  if step not in steps:
-    raise ValueError(f"no rollout samples for step {step} in {workdir}/rollout_samples; steps with samples: {steps}")
-  path = os.path.join(workdir, "rollout_samples", f"step_{step}.jsonl")
+  if rollouts is not None:
+    if not os.path.isfile(rollouts):
+      raise ValueError(f"--rollouts {rollouts}: not a file")
+    path, step = rollouts, None
+  else:
+    steps = sample_steps(workdir)
+    if not steps:
+      raise ValueError(
+        f"{workdir}/rollout_samples holds no step_N.jsonl: train with --config.log_rollouts_every=N to write "
+        "rollout samples"
+      )
+    step = steps[-1] if step is None else int(step)
+    if step not in steps:
+      raise ValueError(f"no rollout samples for step {step} in {workdir}/rollout_samples; steps with samples: {steps}")
+    path = os.path.join(workdir, "rollout_samples", f"step_{step}.jsonl")
   config = run_config(workdir) if config is None else config
   config_lib.validate(config)
   tok = trainer.load_tokenizer(trainer.resolve_source(config.model.source), cache_dir=config.model.cache_dir or None)
@@ -110,7 +120,7 @@ def view_samples(
   latest = _latest_checkpoint(workdir)
   credited, notes, peer_ids = {}, {}, {}
   for name in methods:
-    if name == trained and all("advantages" in r for r in records):
+    if name == trained and step is not None and all("advantages" in r for r in records):
       credited[name] = records
       notes[name] = f"as trained at step {step}"
       peer_ids[name] = [f"step{step}_{i}" for i in range(_batch_size(records, step))]
@@ -131,6 +141,8 @@ def view_samples(
       else "computed now (no passes)"
     )
     peer_ids[name] = [r["rollout_id"] for r in records]
+  if out_dir is None and step is None:
+    out_dir = os.path.join(workdir, "viewer", os.path.basename(os.path.dirname(os.path.abspath(path))))
   out_dir = out_dir or os.path.join(workdir, "viewer", f"step_{step}")
   try:
     index = page.write_rollout_pages(
@@ -141,7 +153,9 @@ def view_samples(
       summaries={m: METHODS[m].summary for m in methods},
       notes=notes,
       peer_ids=peer_ids,
-      title=f"jaxcredit: rollouts of step {step} ({os.path.basename(os.path.abspath(workdir))})",
+      title=f"jaxcredit: rollouts of step {step} ({os.path.basename(os.path.abspath(workdir))})"
+      if step is not None
+      else f"jaxcredit: rollouts of {path}",
     )
   except (TypeError, AttributeError, KeyError) as e:  # metadata.passes / credit_details of another layout
     raise ValueError(f"{path}: a record's pass outputs or credit details have an unexpected layout ({e!r})") from None

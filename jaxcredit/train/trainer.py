@@ -283,12 +283,51 @@ def _sample(run: Run, tasks, key, *, greedy=False):
   )
 
 
+def eval_key(offset: int) -> jax.Array:
+  """The key of the held-out eval batch that starts at rollout `offset`: fixed, so that every eval of a run (and
+  `jaxcredit eval` of its checkpoints) draws the same samples when `config.eval.greedy` is off."""
+  return jax.random.fold_in(jax.random.key(0), offset)
+
+
+def sample_eval_batch(run: Run, tasks, offset: int, *, greedy: bool) -> list[RolloutResult]:
+  """One batch of held-out rollouts, one per task of `tasks` (the batch starting at rollout `offset` of the eval),
+  by the parameters the sampler holds: greedy, or at the rollouts' temperature and top-p with `eval_key(offset)`.
+  `run` needs only `config`, `env`, `tok`, `fmt` and `sampler` (`jaxcredit eval` passes its own)."""
+  return _sample(run, tasks, eval_key(offset), greedy=greedy)
+
+
+def eval_summaries(run: Run, results) -> list[tuple[bool, int, int, bool]]:
+  """Per rollout: (success, tool calls, assistant turns, answered), what `eval_metrics` averages."""
+  return [(run.env.is_success(r.reward), r.tool_calls, r.builder.num_turns, r.finish == "answer") for r in results]
+
+
+def eval_metrics(summaries, env_rows) -> dict:
+  """The held-out eval's metrics: success_rate, tool_calls, mean_turns, answered_frac (means over the rollouts'
+  `eval_summaries`), the environment's own metrics (the mean of `env_rows`, one `_env_metrics` dict per process)
+  and num_tasks (the number of rollouts).
+
+  Raises:
+    ValueError: no summaries.
+  """
+  if not summaries:
+    raise ValueError("no held-out rollouts to evaluate (config.eval.num_tasks gave no tasks)")
+  success, tool_calls, turns, answered = (np.asarray(x, np.float64) for x in zip(*summaries))
+  return {
+    "success_rate": float(success.mean()),
+    "tool_calls": float(tool_calls.mean()),
+    "mean_turns": float(turns.mean()),
+    "answered_frac": float(answered.mean()),
+    **multihost.mean_of(env_rows),
+    "num_tasks": len(summaries),
+  }
+
+
 def evaluate(run: Run, params, stage: str, step: int, *, sft_step: int | None = None) -> dict:
   """Rollouts on the held-out tasks, greedy (`config.eval.greedy`, the default) or sampled at the rollouts'
   temperature and top-p with a fixed key per batch (the same draws for every eval of a run); logs a phase="eval" row
   at RL step `step` (0 before RL; a warm-start eval also carries `sft_step`). With several processes each evaluates
   its share of the tasks and the row is over all of them (the environment's own metrics: the mean of the
-  processes')."""
+  processes'). `jaxcredit eval` (train/evaluate.py) samples and scores through the same functions."""
   t0 = time.time()
   results = []
   bs = run.config.eval.batch_size
@@ -296,26 +335,10 @@ def evaluate(run: Run, params, stage: str, step: int, *, sft_step: int | None = 
   # Collective once; the batches below are local.
   run.sampler.update_model(_sampling_model(run, params), version=run.policy_version)
   for i in _bar(run.config, iterable=range(0, len(mine), bs), desc=f"eval {stage}", leave=False):
-    key = jax.random.fold_in(jax.random.key(0), i)
-    results += _sample(run, mine[i : i + bs], key, greedy=bool(run.config.eval.greedy))
-  summaries = sum(
-    multihost.allgather_objects(
-      [(run.env.is_success(r.reward), r.tool_calls, r.builder.num_turns, r.finish == "answer") for r in results]
-    ),
-    [],
-  )
+    results += sample_eval_batch(run, mine[i : i + bs], i, greedy=bool(run.config.eval.greedy))
+  summaries = sum(multihost.allgather_objects(eval_summaries(run, results)), [])
   env_rows = multihost.allgather_objects(_env_metrics(run, results) if results else {})
-  success, tool_calls, turns, answered = (np.asarray(x, np.float64) for x in zip(*summaries))
-  m = {
-    "stage": stage,
-    "success_rate": float(success.mean()),
-    "tool_calls": float(tool_calls.mean()),
-    "mean_turns": float(turns.mean()),
-    "answered_frac": float(answered.mean()),
-    **multihost.mean_of(env_rows),
-    "num_tasks": len(summaries),
-    "seconds": time.time() - t0,
-  }
+  m = {"stage": stage, **eval_metrics(summaries, env_rows), "seconds": time.time() - t0}
   if sft_step is not None:
     m["sft_step"] = int(sft_step)
   run.writer.write("eval", step, m)
@@ -330,7 +353,15 @@ def _env_metrics(run: Run, results) -> dict:
   """The environment's own metrics of these rollouts (`EnvSpec.metrics`), as "env/<name>"."""
   if run.env.metrics is None:
     return {}
-  return {f"env/{k}": float(v) for k, v in run.env.metrics([r.env for r in results]).items()}
+  return env_metrics_of(run.env, [r.env for r in results])
+
+
+def env_metrics_of(env: EnvSpec, envs) -> dict:
+  """The environment's own metrics (`EnvSpec.metrics`) of finished environment objects, as "env/<name>"; {} when
+  it has none."""
+  if env.metrics is None:
+    return {}
+  return {f"env/{k}": float(v) for k, v in env.metrics(list(envs)).items()}
 
 
 def warm_start(run: Run, params, stop: "StopRequests | None" = None) -> Any:
