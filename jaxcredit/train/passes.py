@@ -383,6 +383,20 @@ def teacher_peer(ctx: PassContext, traj: Trajectory) -> dict:
   return out
 
 
+def teacher_notes(ctx: PassContext, prompts: Sequence[list[int]], max_new: int) -> tuple[list[str], list[int]]:
+  """The teacher's greedy texts for chat prompts (ToolOPD's hindsight skills, SGCD's sibling summaries): at most
+  `max_new` tokens each, batched through the sampler bound to the teacher model (`ctx.sampler_for`).
+
+  Returns:
+    (each text without its stop token, stripped; the tokens each generated).
+  """
+  tok = ctx.tok
+  sampler = ctx.sampler_for(ctx.models[ctx.teacher])
+  params = SamplingParams(temperature=1.0, top_p=1e-6, max_new_tokens=max_new, stop_token_ids=tok.stop_ids)
+  out = sampler.generate(list(prompts), params, ctx.key)
+  return [action_text(tok, ids, params.stop_token_ids).strip() for ids in out.tokens], [len(ids) for ids in out.tokens]
+
+
 def hindsight_skill(ctx: PassContext, traj: Trajectory) -> dict:
   """ToolOPD's hindsight skills: the teacher writes one or two sentences of advice from the task, the rollout's
   transcript and its outcome; greedy, at most `skill_max_tokens` tokens, batched over the rollouts.
@@ -406,14 +420,11 @@ def hindsight_skill(ctx: PassContext, traj: Trajectory) -> dict:
     prompt = encode_chat(tok, [{"role": "user", "content": template.format(transcript=text, **fill)}])
     fits.append(room > 0 and len(prompt) <= budget)
     prompts.append(prompt[-budget:] if budget > 0 else prompt[:1])
-  sampler = ctx.sampler_for(ctx.models[ctx.teacher])
-  params = SamplingParams(temperature=1.0, top_p=1e-6, max_new_tokens=max_new, stop_token_ids=tok.stop_ids)
-  out = sampler.generate(prompts, params, ctx.key)
   skills, lengths, reasons = [], [], []
-  for ids, fit in zip(out.tokens, fits):
-    text = action_text(tok, ids, params.stop_token_ids).strip() if fit else ""
+  for text, n, fit in zip(*teacher_notes(ctx, prompts, max_new), fits):
+    text = text if fit else ""
     skills.append(text)
-    lengths.append(len(ids) if fit else 0)
+    lengths.append(n if fit else 0)
     reasons.append("" if text else ("over_budget" if not fit else "empty_skill"))
   valid = np.asarray([not r for r in reasons], bool)
   return {
