@@ -490,7 +490,8 @@ def sibling_summary(ctx: PassContext, traj: Trajectory) -> dict:
   default `DEFAULT_SIBLING_TEMPLATE`), greedy, at most `summary_max_tokens` tokens, one generation per group;
   every rollout of the group gets the group's summary as its teacher context (`teacher_sibling`).
 
-  Each transcript is cut from its start to half of what the template leaves of `sampling.max_len` minus the summary.
+  Each transcript is cut from its start to half of what the template leaves of `sampling.max_len` minus the summary
+  (and by a few tokens more where the joined prompt encodes longer than its parts).
   A rollout has no summary (its teacher pass is then invalid) when its group lacks an outcome ("not_mixed"), when
   the prompt cannot fit ("over_budget") or when the summary came out empty ("empty_summary"). Training only: the
   policy never sees a summary when it samples.
@@ -519,11 +520,15 @@ def sibling_summary(ctx: PassContext, traj: Trajectory) -> dict:
     question = next(m["content"] for m in reversed(ctx.env.initial_messages(task)) if m["role"] == "user")
     empty = encode_chat(tok, [{"role": "user", "content": template.format(task=question, success="", failure="")}])
     room = (budget - len(empty)) // 2
-    texts = {}
-    for field, i in (("success", good), ("failure", bad)):
-      ids = encode_plain(tok, transcript(ctx.results[i].messages))
-      texts[field] = tok.decode(ids[-room:]) if room > 0 else ""
-    prompt = encode_chat(tok, [{"role": "user", "content": template.format(task=question, **texts)}])
+    ids = {"success": good, "failure": bad}
+    ids = {field: encode_plain(tok, transcript(ctx.results[i].messages)) for field, i in ids.items()}
+    for _ in range(4):  # the texts join the template in fewer or more tokens than apart: cut again by the excess
+      texts = {field: tok.decode(x[-room:]) if room > 0 else "" for field, x in ids.items()}
+      prompt = encode_chat(tok, [{"role": "user", "content": template.format(task=question, **texts)}])
+      excess = len(prompt) - budget
+      if excess <= 0 or room <= 0:
+        break
+      room -= (excess + 1) // 2
     fits.append(room > 0 and len(prompt) <= budget)
     prompts.append(prompt[-budget:] if budget > 0 else prompt[:1])
   summaries = [""] * traj.batch_size
