@@ -36,7 +36,7 @@ def _config(name, workdir, steps):
 def main():
   ap = argparse.ArgumentParser()
   ap.add_argument("--steps", type=int, default=2)
-  ap.add_argument("--methods", default="grpo,drgrpo,rloo,gigpo,trace,crest,toolopd,hsd,gear,opd")
+  ap.add_argument("--methods", default="grpo,drgrpo,rloo,gigpo,trace,crest,toolopd,hsd,gear,sgcd,opd")
   ap.add_argument("--root", default="/tmp/methods_bench")
   ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "methods_bench.json"))
   args = ap.parse_args()

@@ -98,6 +98,7 @@ RUNS = {
   "hsd": ("hsd", {}),
   "gear": ("gear", {}),
   "toolopd": ("toolopd", {}),
+  "sgcd": ("sgcd", {}),
 }
 
 # The arithmetic task (`--task arithmetic`): the quickstart's environment (reasoning-gym arithmetic, a calculator, at

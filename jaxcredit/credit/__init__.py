@@ -19,6 +19,7 @@ from jaxcredit.credit.hsd import hsd_token_advantages
 from jaxcredit.credit.outcome import grpo_advantages
 from jaxcredit.credit.outcome import rloo_advantages
 from jaxcredit.credit.outcome import turn_to_token
+from jaxcredit.credit.sgcd import sgcd_token_weights
 from jaxcredit.credit.toolopd import toolopd_token_weights
 from jaxcredit.credit.trace import trace_advantages
 from jaxcredit.credit.trace import trace_state_values
@@ -43,4 +44,5 @@ __all__ = (
   "gear_advantages",
   "opd_token_advantages",
   "gigpo_advantages",
+  "sgcd_token_weights",
 )

@@ -537,8 +537,8 @@ def teacher_budgets(c: ml_collections.ConfigDict) -> tuple[int, int]:
 
 
 def _validate_knobs(c: ml_collections.ConfigDict) -> None:
-  """The chosen method's knobs: types, strings among their choices, no knob the method lacks, then every value
-  through the credit functions' own range checks (`methods.check_knobs`)."""
+  """The chosen method's knobs: types, strings among their choices, no knob the method lacks, the row's own checks
+  (`Method.validate`), then every value through the credit functions' own range checks (`methods.check_knobs`)."""
   name = c.credit.method
   defaults = METHODS[name].knobs
   for key, v in c.credit[name].items():
@@ -575,4 +575,6 @@ def _validate_knobs(c: ml_collections.ConfigDict) -> None:
         f"config.credit.{name}.skill_template may use only {{task}}, {{transcript}} and "
         f"{{outcome}}: {e!r} in {k.skill_template!r}"
       ) from None
+  if METHODS[name].validate is not None:  # the row's own checks (its passes' knobs), naming the config key
+    METHODS[name].validate(k, c)
   check_knobs(name, k)

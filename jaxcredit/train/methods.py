@@ -47,6 +47,9 @@ class MethodOutput:
       numpy arrays with leading axis B named by their shape suffix (`*_BxL` per token, `*_BxT` per turn, `*_BxT1`
       per boundary state): TRACE's state values and TD rewards, CrEST's direction gate and token factors, GEAR's
       segments, ToolOPD's distillation weights, ... Never read by the loss.
+    keep_B: bool, the rollouts the update trains on, or None: all of them. A method that filters groups (SGCD's
+      dynamic sampling drops groups without both outcomes) sets False on the rollouts it drops; the trainer takes
+      them out of the loss and its token counts, as it does rollouts without action tokens.
   """
 
   adv_BxL: np.ndarray
@@ -55,6 +58,7 @@ class MethodOutput:
   distill_target_BxL: np.ndarray | None = None
   metrics: dict = dataclasses.field(default_factory=dict)
   details: dict = dataclasses.field(default_factory=dict)
+  keep_B: np.ndarray | None = None
 
   def batch_arrays(self) -> dict[str, np.ndarray]:
     """The arrays the loss terms read, by batch key (`jaxcredit.train.step.LOSS_TERMS[...].batch_keys`)."""
@@ -79,6 +83,9 @@ class Method:
       empty: a teacher it would never use is refused rather than loaded).
     min_group_size: the smallest `config.rollout.group_size` it can use (2 for a group baseline).
     summary: one line for `docs` and errors.
+    validate: (knobs, config) -> None, the row's own checks of the knobs its credit functions do not read (its
+      passes' and its filter's), run by `config.validate` before `check_knobs`; raises ValueError naming
+      `config.credit.<name>.<knob>`. None: the credit functions' checks are all.
   """
 
   advantages: Callable[[Trajectory, Mapping[str, Any]], MethodOutput]
@@ -88,6 +95,7 @@ class Method:
   teacher: str | None = "policy"
   min_group_size: int = 2
   summary: str = ""
+  validate: Callable[[Mapping[str, Any], Any], None] | None = None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -413,6 +421,83 @@ def gear(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
   )
 
 
+SGCD_MIXED_GROUPS = ("skip", "keep")
+SGCD_TEMPLATE_FIELDS = ("task", "success", "failure")
+
+
+def sgcd(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
+  """SGCD (arXiv 2606.12634, our reading): GRPO's token advantages times bounded weights from the reverse KL and the
+  entropy of a teacher shown its group's sibling-contrast credit reference (credit.sgcd_token_weights). The policy
+  gradient keeps every token's sign; there is no distillation loss. Dynamic sampling: a group without both a
+  successful and a failed rollout has no reference; with mixed_groups="skip" it leaves the update (`keep_B`), with
+  "keep" it trains as GRPO (w = 1).
+
+  Raises:
+    ValueError: `sgcd: knob `mixed_groups` must be one of ...` for another value (said by config key in
+      `check_knobs`), and whatever credit.sgcd_token_weights raises for its knobs.
+  """
+  if k["mixed_groups"] not in SGCD_MIXED_GROUPS:
+    raise ValueError(f"sgcd: knob `mixed_groups` must be one of {SGCD_MIXED_GROUPS}, got {k['mixed_groups']!r}.")
+  seq = _outcome(traj, k["scale"], k["eps"])
+  name = "teacher_sibling"
+  valid = pass_valid(traj, name)
+  div = _teacher_or_nan(traj, name, "divergence_BxL")
+  ent = _teacher_or_nan(traj, name, "entropy_BxL")
+  w = per_rollout(
+    credit.sgcd_token_weights,
+    _pick(k, "alpha", "entropy_coef", "w_min", "w_max"),
+    div,
+    ent,
+    traj.action_mask_BxL,
+  )
+  summaries = traj.passes["sibling_summary"]
+  mixed = np.asarray(summaries["mixed_B"], bool)
+  groups = np.asarray(traj.group_ids_B)
+  unmixed = len(set(groups[~mixed].tolist()))
+  skip = k["mixed_groups"] == "skip"
+  act = traj.action_mask_BxL & valid[:, None]
+  bounds = np.isclose(w, k["w_min"]) | np.isclose(w, k["w_max"])
+  return MethodOutput(
+    (_on_actions(seq, traj) * w).astype(np.float32),
+    seq[:, None] * traj.turn_mask_BxT,
+    metrics={
+      "teacher_policy_gap": _teacher_gap(traj, name),
+      "sgcd_mixed_groups": len(set(groups.tolist())) - unmixed,
+      "sgcd_groups_skipped": unmixed if skip else 0,
+      "sgcd_divergence_mean": _action_mean(np.nan_to_num(div), act),
+      "sgcd_weight_std": float(w[act].std()) if act.any() else 0.0,
+      "sgcd_weight_clipped_frac": _action_mean(bounds.astype(np.float32), act),
+      "sgcd_summary_tokens": float(np.mean(np.asarray(summaries["summary_tokens_B"])[mixed])) if mixed.any() else 0.0,
+    },
+    details={
+      "credit_weight_BxL": np.where(act, w, np.nan),
+      "divergence_BxL": np.where(act, div, np.nan),
+    },
+    keep_B=mixed if skip else None,
+  )
+
+
+def sgcd_validate(k: Mapping[str, Any], c) -> None:
+  """The knobs of SGCD's summary pass (`passes.sibling_summary`), which no credit function reads.
+
+  Raises:
+    ValueError: naming `config.credit.sgcd.summary_max_tokens` outside [1, sampling.max_len) or a
+      `config.credit.sgcd.summary_template` that uses a field other than {task}, {success} and {failure}.
+  """
+  n, max_len = k["summary_max_tokens"], c.sampling.max_len
+  if not 1 <= n < max_len:
+    raise ValueError(f"config.credit.sgcd.summary_max_tokens = {n!r}: must be in [1, sampling.max_len = {max_len})")
+  template = k["summary_template"]
+  if template:
+    try:
+      template.format(**{f: "" for f in SGCD_TEMPLATE_FIELDS})
+    except Exception as e:  # KeyError, IndexError, AttributeError, ValueError: any template str.format refuses
+      raise ValueError(
+        f"config.credit.sgcd.summary_template = {template!r}: may use only {{task}}, {{success}} and {{failure}} "
+        f"({e!r})"
+      ) from None
+
+
 def opd(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
   """On-policy distillation: token advantage = teacher - policy log-prob of the sampled token."""
   name = "teacher_plain"
@@ -488,6 +573,25 @@ METHODS: dict[str, Method] = {
     ("teacher_divergence",),
     summary="divergence-anchored segments rescale the GRPO advantage",
   ),
+  # SGCD (arXiv 2606.12634), known from its abstract only: every formula is our reading (docs/credit.md, "SGCD").
+  # Its teacher is the policy shown the group's sibling-contrast summary, which the same teacher writes; the paper's
+  # summariser is an external LLM (name a checkpoint as config.teacher.source: it then writes and scores).
+  "sgcd": Method(
+    sgcd,
+    dict(
+      _OUTCOME,
+      alpha=1.0,
+      entropy_coef=1.0,
+      w_min=0.5,
+      w_max=2.0,
+      mixed_groups="skip",
+      summary_max_tokens=64,
+      summary_template="",
+    ),
+    ("sibling_summary", "teacher_sibling"),
+    summary="GRPO reweighted, within bounds, by a teacher shown how a successful and a failed sibling differ",
+    validate=sgcd_validate,
+  ),
   "opd": Method(
     opd,
     {},
@@ -528,6 +632,9 @@ def check_knobs(name: str, knobs: Mapping[str, Any]) -> None:
     "skills": ["s", "s"],
     "skill_tokens_B": np.ones(2, np.int32),
     "success_B": np.asarray([True, False]),
+    "mixed_B": np.ones(2, bool),
+    "summaries": ["s", "s"],
+    "summary_tokens_B": np.ones(2, np.int32),
     "valid_B": np.ones(2, bool),
     "reasons": ["", ""],
   }

@@ -27,6 +27,8 @@ PLOTTED = (
   "toolopd_credited_frac",
   "hsd_peers_found_frac",
   "gear_spikes_per_rollout",
+  "sgcd_weight_std",
+  "sgcd_groups_skipped",
   "tokens_per_s",
   "tokens_per_s_per_chip",
   "mfu",

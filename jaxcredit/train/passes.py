@@ -4,8 +4,8 @@
 
 Each pass returns a dict of numpy arrays aligned to the trajectory, always with `valid_B` (bool) and `reasons`
 (one string per rollout: "" when valid, else why the pass could not be made: "no_context", "over_budget",
-"non_finite", "no_boundary", "empty_skill", "no_peer"); the methods also drop rollouts whose `sample_mask_B` is
-False. A rollout whose pass is invalid loses only its dense term
+"non_finite", "no_boundary", "empty_skill", "no_peer", "not_mixed", "empty_summary"); the methods also drop
+rollouts whose `sample_mask_B` is False. A rollout whose pass is invalid loses only its dense term
 (the method falls back to its outcome term); it never reads log p = 0 as a score. Gradients never flow through a
 pass. Who the teacher is, what context it sees and how the context is inserted: docs/teacher-passes.md.
 
@@ -18,6 +18,8 @@ pass. Who the teacher is, what context it sees and how the context is inserted: 
 | hindsight_skill | config.teacher.source | writes a skill from task, transcript and outcome | skills, skill_tokens_B, success_B |
 | teacher_skill | config.teacher.source | the rollout's hindsight skill | logp_BxL, entropy_BxL |
 | teacher_divergence | config.teacher.source | the environment's verified ground truth | + divergence_BxL (vs the policy) |
+| sibling_summary | config.teacher.source | writes a step-wise credit reference from a successful and a failed sibling | summaries, summary_tokens_B, siblings_Bx2, mixed_B, success_B |
+| teacher_sibling | config.teacher.source | its group's sibling summary (SGCD) | + divergence_BxL (vs the policy) |
 
 Teacher passes also return `context_cut_tokens_B` (int32, the tokens cut from each rollout's context to fit
 `config.teacher.max_context_tokens`, `config.teacher_budgets`): `pass_metrics` logs `pass/<name>/context_cut` (the
@@ -383,6 +385,20 @@ def teacher_peer(ctx: PassContext, traj: Trajectory) -> dict:
   return out
 
 
+def teacher_notes(ctx: PassContext, prompts: Sequence[list[int]], max_new: int) -> tuple[list[str], list[int]]:
+  """The teacher's greedy texts for chat prompts (ToolOPD's hindsight skills, SGCD's sibling summaries): at most
+  `max_new` tokens each, batched through the sampler bound to the teacher model (`ctx.sampler_for`).
+
+  Returns:
+    (each text without its stop token, stripped; the tokens each generated).
+  """
+  tok = ctx.tok
+  sampler = ctx.sampler_for(ctx.models[ctx.teacher])
+  params = SamplingParams(temperature=1.0, top_p=1e-6, max_new_tokens=max_new, stop_token_ids=tok.stop_ids)
+  out = sampler.generate(list(prompts), params, ctx.key)
+  return [action_text(tok, ids, params.stop_token_ids).strip() for ids in out.tokens], [len(ids) for ids in out.tokens]
+
+
 def hindsight_skill(ctx: PassContext, traj: Trajectory) -> dict:
   """ToolOPD's hindsight skills: the teacher writes one or two sentences of advice from the task, the rollout's
   transcript and its outcome; greedy, at most `skill_max_tokens` tokens, batched over the rollouts.
@@ -406,14 +422,11 @@ def hindsight_skill(ctx: PassContext, traj: Trajectory) -> dict:
     prompt = encode_chat(tok, [{"role": "user", "content": template.format(transcript=text, **fill)}])
     fits.append(room > 0 and len(prompt) <= budget)
     prompts.append(prompt[-budget:] if budget > 0 else prompt[:1])
-  sampler = ctx.sampler_for(ctx.models[ctx.teacher])
-  params = SamplingParams(temperature=1.0, top_p=1e-6, max_new_tokens=max_new, stop_token_ids=tok.stop_ids)
-  out = sampler.generate(prompts, params, ctx.key)
   skills, lengths, reasons = [], [], []
-  for ids, fit in zip(out.tokens, fits):
-    text = action_text(tok, ids, params.stop_token_ids).strip() if fit else ""
+  for text, n, fit in zip(*teacher_notes(ctx, prompts, max_new), fits):
+    text = text if fit else ""
     skills.append(text)
-    lengths.append(len(ids) if fit else 0)
+    lengths.append(n if fit else 0)
     reasons.append("" if text else ("over_budget" if not fit else "empty_skill"))
   valid = np.asarray([not r for r in reasons], bool)
   return {
@@ -438,6 +451,121 @@ def teacher_skill(ctx: PassContext, traj: Trajectory) -> dict:
   return out
 
 
+def sibling_pairs(success_B: np.ndarray, valid_B: np.ndarray, group_ids_B: np.ndarray, key: jax.Array) -> np.ndarray:
+  """SGCD's siblings: for each group holding both a successful and a failed valid rollout, one of each, drawn
+  uniformly among them (one pair per group, given to each of its rollouts).
+
+  Args:
+    success_B: bool, the environment's `is_success` of each rollout's reward.
+    valid_B: bool, the rollouts that may be chosen (the trajectory's `sample_mask_B`).
+    group_ids_B: the prompt group of each rollout (any batch order).
+    key: a jax.random key (typed or raw); the same key gives the same pairs.
+
+  Returns:
+    siblings_Bx2: int32, the batch indices of the group's (successful, failed) sibling; (-1, -1) for the rollouts
+    of a group without both outcomes.
+  """
+  success, valid = np.asarray(success_B, bool), np.asarray(valid_B, bool)
+  seed = np.asarray(jax.random.randint(key, (2,), 0, np.iinfo(np.int32).max)).tolist()
+  rng = np.random.default_rng(seed)
+  out = np.full((len(success), 2), -1, np.int32)
+  for row in group_index(group_ids_B):
+    good = [int(i) for i in row if valid[i] and success[i]]
+    bad = [int(i) for i in row if valid[i] and not success[i]]
+    if good and bad:
+      out[row] = (good[rng.integers(len(good))], bad[rng.integers(len(bad))])
+  return out
+
+
+DEFAULT_SIBLING_TEMPLATE = (
+  "Task: {task}\n\nSuccessful attempt:\n{success}\n\nFailed attempt:\n{failure}\n\n"
+  "Step by step, say which steps decided the outcome: what the successful attempt did right and where the failed "
+  "one went wrong. Be brief."
+)
+
+
+def sibling_summary(ctx: PassContext, traj: Trajectory) -> dict:
+  """SGCD's step-wise credit reference: for each group with both outcomes, the teacher compares a successful and a
+  failed sibling (`sibling_pairs`) and writes which steps decided the outcome (`credit.sgcd.summary_template`,
+  default `DEFAULT_SIBLING_TEMPLATE`), greedy, at most `summary_max_tokens` tokens, one generation per group;
+  every rollout of the group gets the group's summary as its teacher context (`teacher_sibling`).
+
+  Each transcript is cut from its start to half of what the template leaves of `sampling.max_len` minus the summary
+  (and by a few tokens more where the joined prompt encodes longer than its parts).
+  A rollout has no summary (its teacher pass is then invalid) when its group lacks an outcome ("not_mixed"), when
+  the prompt cannot fit ("over_budget") or when the summary came out empty ("empty_summary"). Training only: the
+  policy never sees a summary when it samples.
+
+  Source: arXiv 2606.12634's abstract (an LLM summarises the contrast of mixed siblings into a training-only,
+  step-wise credit reference); the prompt, the uniform pair and one summary per group are our reading
+  (docs/credit.md, "SGCD").
+
+  Returns:
+    summaries (str per rollout, "" when none), summary_tokens_B (int32), siblings_Bx2 (int32, `sibling_pairs`),
+    mixed_B (bool: the rollout's group has both outcomes), success_B (bool), valid_B, reasons.
+  """
+  k, tok = ctx.knobs, ctx.tok
+  template = k["summary_template"] or DEFAULT_SIBLING_TEMPLATE
+  max_new = int(k["summary_max_tokens"])
+  budget = int(ctx.config.sampling.max_len) - max_new
+  success = np.asarray([bool(ctx.env.is_success(r.reward)) for r in ctx.results])
+  pairs = sibling_pairs(success, traj.sample_mask_B, traj.group_ids_B, jax.random.fold_in(ctx.key, 1))
+  mixed = pairs[:, 0] >= 0
+  members: dict[tuple[int, int], list[int]] = {}
+  for i in np.flatnonzero(mixed):
+    members.setdefault((int(pairs[i, 0]), int(pairs[i, 1])), []).append(int(i))
+  prompts, fits = [], []
+  for good, bad in members:
+    task = ctx.tasks[good]
+    question = next(m["content"] for m in reversed(ctx.env.initial_messages(task)) if m["role"] == "user")
+    empty = encode_chat(tok, [{"role": "user", "content": template.format(task=question, success="", failure="")}])
+    room = (budget - len(empty)) // 2
+    ids = {"success": good, "failure": bad}
+    ids = {field: encode_plain(tok, transcript(ctx.results[i].messages)) for field, i in ids.items()}
+    for _ in range(4):  # the texts join the template in fewer or more tokens than apart: cut again by the excess
+      texts = {field: tok.decode(x[-room:]) if room > 0 else "" for field, x in ids.items()}
+      prompt = encode_chat(tok, [{"role": "user", "content": template.format(task=question, **texts)}])
+      excess = len(prompt) - budget
+      if excess <= 0 or room <= 0:
+        break
+      room -= (excess + 1) // 2
+    fits.append(room > 0 and len(prompt) <= budget)
+    prompts.append(prompt[-budget:] if budget > 0 else prompt[:1])
+  summaries = [""] * traj.batch_size
+  lengths = np.zeros(traj.batch_size, np.int32)
+  reasons = ["not_mixed"] * traj.batch_size
+  notes = teacher_notes(ctx, prompts, max_new) if prompts else ([], [])
+  for rows, text, n, fit in zip(members.values(), *notes, fits):
+    text = text if fit else ""
+    for i in rows:
+      summaries[i], lengths[i] = text, n if fit else 0
+      reasons[i] = "" if text else ("over_budget" if not fit else "empty_summary")
+  return {
+    "summaries": summaries,
+    "summary_tokens_B": lengths,
+    "siblings_Bx2": pairs,
+    "mixed_B": mixed,
+    "success_B": success,
+    "valid_B": np.asarray([not r for r in reasons], bool),
+    "reasons": reasons,
+  }
+
+
+def teacher_sibling(ctx: PassContext, traj: Trajectory) -> dict:
+  """The teacher shown its group's sibling-contrast summary (SGCD; needs `sibling_summary` first), with the
+  full-vocabulary reverse KL from the policy, which sees no summary: the dense divergence and the teacher's entropy
+  that `credit.sgcd_token_weights` reads."""
+  summary = traj.passes["sibling_summary"]
+  contexts = [s if v else None for s, v in zip(summary["summaries"], summary["valid_B"])]
+  prompts, cut_B = _teacher_prompts(ctx, contexts)
+  out = run_teacher(ctx, traj, prompts, divergence=True, context_cut_B=cut_B)
+  # A rollout without a summary is dropped for the summary's reason (not_mixed, empty_summary), not "no_context".
+  out["reasons"] = [
+    sr if (c is None and r == "no_context") else r for c, r, sr in zip(contexts, out["reasons"], summary["reasons"])
+  ]
+  return out
+
+
 PASSES: dict[str, Callable[[PassContext, Trajectory], dict]] = {
   "gold_answer": gold_answer,
   "teacher_plain": teacher_plain,
@@ -446,4 +574,6 @@ PASSES: dict[str, Callable[[PassContext, Trajectory], dict]] = {
   "hindsight_skill": hindsight_skill,
   "teacher_skill": teacher_skill,
   "teacher_divergence": teacher_divergence,
+  "sibling_summary": sibling_summary,
+  "teacher_sibling": teacher_sibling,
 }

@@ -1134,6 +1134,8 @@ def learn_step(
   pass_row = run_passes(run, traj, results, tasks, params, ref_params, jax.random.fold_in(key, 1))
   t_passes = time.time() - t1
   out = method.advantages(traj, c.credit[c.credit.method])
+  if out.keep_B is not None:  # a method's own filter (SGCD's dynamic sampling): its dropped rollouts leave the loss
+    traj.sample_mask_B = traj.sample_mask_B & np.asarray(out.keep_B, bool)
   t_score = time.time() - t1
   t2 = time.time()
   extra = out.batch_arrays()

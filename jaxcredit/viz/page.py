@@ -7,8 +7,9 @@ A page shows the conversation token by token: every action token coloured by its
 blue below 0, red above, white at 0, with a legend), prompt and tool observations greyed, turn, unit and boundary
 markers, one tab per method on the same rollout, and beside the text what each method's passes saw (TRACE's state
 values as a chart, GEAR's segments and CrEST's direction gate as marks on the tokens, HSD's peer, ToolOPD's
-skill). On hover: the token, its id, its log-prob under the sampler, the teacher's log-prob and entropy, and the
-advantage. No server, no network, no CDN: the data sit in the page as JSON and a few lines of JavaScript draw them.
+skill, SGCD's sibling summary, its siblings and its credit weights as marks). On hover: the token, its id, its
+log-prob under the sampler, the teacher's log-prob and entropy, and the advantage. No server, no network, no CDN:
+the data sit in the page as JSON and a few lines of JavaScript draw them.
 
 Inputs are rollout records (docs/rollouts-jsonl.md) credited by a method, with the pass outputs and details under
 metadata["passes"] / metadata["credit_details"] (`jaxcredit.train.trainer.credit_records(..., details=True)` and the
@@ -34,6 +35,7 @@ HOVER = {
   "distill_weight_BxL": "distillation weight",
   "skill_logp_gain_BxL": "skill log-prob gain",
   "dense_advantage_BxL": "dense advantage",
+  "credit_weight_BxL": "SGCD credit weight",
 }
 
 # Per-boundary and per-turn series drawn as small charts: label, unit.
@@ -141,6 +143,15 @@ def rollout_view(
           marks["gate"] = [bool(v) for v in value]
         elif key == "skills" and value:
           texts.append({"label": "hindsight skill (the teacher's extra context)", "text": str(value)})
+        elif key == "summaries" and value:
+          texts.append({"label": "sibling-contrast credit reference (the teacher's extra context)", "text": str(value)})
+        elif key == "siblings_Bx2" and isinstance(value, list) and len(value) == 2:
+          batch = (peer_ids or {}).get(name)
+          if min(value) < 0:
+            texts.append({"label": "siblings", "text": "none: the group lacks a successful or a failed rollout"})
+          for label, j in zip(("successful sibling", "failed sibling"), value if min(value) >= 0 else ()):
+            sib = batch[j] if batch is not None and j < len(batch) else f"row {j} of the batch"
+            texts.append({"label": f"{label} (summarised for the teacher)", "text": sib, "link": page_name(sib)})
         elif key == "peer_B" and isinstance(value, int):
           batch = (peer_ids or {}).get(name)
           if value < 0:
@@ -151,7 +162,20 @@ def rollout_view(
         elif key == "reasons" and value:
           texts.append({"label": f"{source}: pass invalid", "text": str(value)})
         elif key in ("success_B",) and isinstance(value, bool):
-          texts.append({"label": "outcome the skill was written from", "text": "success" if value else "failure"})
+          label = "outcome the skill was written from" if "skills" in outputs else "this rollout's outcome"
+          texts.append({"label": label, "text": "success" if value else "failure"})
+    weights = _finite(details.get("credit_weight_BxL"))
+    if len(weights) == n and any(w is not None for w in weights):  # SGCD: where the teacher moved the credit
+      marks["raised"] = [w is not None and w > 1 for w in weights]
+      marks["lowered"] = [w is not None and w < 1 for w in weights]
+      seen = [w for w in weights if w is not None]
+      texts.append(
+        {
+          "label": "credit weights",
+          "text": f"{sum(marks['raised'])} of {len(seen)} scored tokens raised, {sum(marks['lowered'])} lowered; "
+          f"from {min(seen):.3g} to {max(seen):.3g}",
+        }
+      )
     turn_adv = _finite(credited.get("turn_advantages"))
     if turn_adv:
       charts.insert(0, {"label": "turn advantage", "unit": "", "values": turn_adv})
@@ -225,6 +249,7 @@ aside{flex:2;min-width:280px}
 .act{color:#111}
 .tok.seg{box-shadow:inset 0 -3px 0 #6a3d9a} .tok.segstart{border-left:2px solid #6a3d9a}
 .tok.gate{outline:1px dotted #333}
+.tok.raised{box-shadow:inset 0 2px 0 #b2182b} .tok.lowered{box-shadow:inset 0 2px 0 #2166ac}
 .mark{font:10px system-ui,sans-serif;color:#fff;background:#777;border-radius:3px;padding:0 3px;margin:0 2px;
 vertical-align:super}
 .mark.turn{background:#1b7837} .mark.unit{background:#8c510a} .mark.bd{background:#2166ac}
@@ -275,6 +300,8 @@ function show(k) {
     el.classList.toggle('seg', !!(m.marks.segment && m.marks.segment[i]));
     el.classList.toggle('segstart', !!(m.marks.segment_start && m.marks.segment_start[i]));
     el.classList.toggle('gate', !!(m.marks.gate && m.marks.gate[i]));
+    el.classList.toggle('raised', !!(m.marks.raised && m.marks.raised[i]));
+    el.classList.toggle('lowered', !!(m.marks.lowered && m.marks.lowered[i]));
     if (D.action[i]) el.style.backgroundColor = colour(m.adv[i], m.scale);
   });
   document.getElementById('lo').textContent = fmt(-m.scale);
@@ -283,6 +310,7 @@ function show(k) {
   if (m.note) h += '<div class="meta">' + esc(m.note) + '</div>';
   if (m.marks.segment) h += '<div>GEAR segments: purple underline; a segment starts at a left bar (a divergence spike)</div>';
   if (m.marks.gate) h += '<div>CrEST direction gate open (teacher agrees with the verifier): dotted outline</div>';
+  if (m.marks.raised) h += '<div>SGCD credit weight above 1: red bar over the token; below 1: blue bar</div>';
   m.texts.forEach(t => {
     const body = t.link ? '<a href="' + encodeURI(t.link) + '">' + esc(t.text) + '</a>' : esc(t.text);
     h += '<div><b>' + esc(t.label) + '</b>: ' + body + '</div>';

@@ -459,3 +459,23 @@ def gigpo_advantages_ref(
   for g, t in step_return:
     out[g, t] = a_episode[g] + f32(omega) * a_step.get((g, t), f32(0.0))
   return out
+
+
+# --------------------------------------------------------------------------------------------------- SGCD
+
+
+def sgcd_weights(divergence, teacher_entropy, action_mask, alpha=1.0, entropy_coef=1.0, w_min=0.5, w_max=2.0):
+  """In float64 Python arithmetic, token by token (docs/credit.md, "SGCD")."""
+  n = len(divergence)
+  live = [bool(action_mask[i]) and _finite(divergence[i]) and _finite(teacher_entropy[i]) for i in range(n)]
+  f = {
+    i: max(float(divergence[i]), 0.0) / (1.0 + entropy_coef * max(float(teacher_entropy[i]), 0.0))
+    for i in range(n)
+    if live[i]
+  }
+  w = np.ones(n, f32)
+  mean = sum(f.values()) / len(f) if f else 0.0
+  if mean > 0:
+    for i, fi in f.items():
+      w[i] = min(max(1.0 + alpha * (fi / mean - 1.0), w_min), w_max)
+  return w

@@ -21,6 +21,11 @@ def _config(name, workdir, tiny, config_dir=CONFIGS):
   c = tiny_run_config(name, workdir, tiny, config_dir=config_dir, teacher__max_len=2048)
   if c.credit.method == "toolopd":
     c.credit.toolopd.skill_max_tokens = 4
+  if c.credit.method == "sgcd":
+    c.credit.sgcd.summary_max_tokens = 4
+    # The tiny random policy never succeeds, so no group has both outcomes: "keep" trains them as GRPO (the shipped
+    # "skip" would leave every rollout out of the update).
+    c.credit.sgcd.mixed_groups = "keep"
   return c
 
 
@@ -47,6 +52,9 @@ def test_method_trains(name, tiny, tmp_path):
     assert np.isfinite(r["loss"]) and np.isfinite(r["grad_norm"])
     for p in METHODS[name].passes:
       assert r[f"pass/{p}/seconds"] > 0 and 0 <= r[f"pass/{p}/dropped"] <= 4
+    if name == "sgcd":  # no group with both outcomes: no summary, every rollout GRPO's, none skipped ("keep")
+      assert r["sgcd_mixed_groups"] == 0 and r["sgcd_groups_skipped"] == 0
+      assert r["pass/sibling_summary/dropped_not_mixed"] == 4
     # The sampler kept each rollout's cache across turns: every context token prefilled once, every action token
     # decoded once, unless a turn did not fit the cache and was prefilled again.
     assert r["sampler_prefill_tokens"] + r["sampler_decode_tokens"] == r["tokens"] or r["sampler_rebuilds"] > 0

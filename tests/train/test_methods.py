@@ -187,6 +187,67 @@ def test_gear_redistributes_toward_a_spike():
   assert out.metrics["gear_segment_tokens_per_rollout"] == 2.0
 
 
+def _sgcd_traj():
+  """Group 0 mixed (rewards 1, 0), group 1 without a success (0, 0): only group 0 has a summary. The teacher departs
+  from the student on rollout 0's first action token only (2 nats) and agrees with rollout 1 everywhere."""
+  traj = _traj(rewards=(1.0, 0.0, 0.0, 0.0), group_ids=(0, 0, 1, 1))
+  mixed = np.asarray([True, True, False, False])
+  traj.passes["sibling_summary"] = {
+    "summaries": ["step 1 decided it", "step 1 decided it", "", ""],
+    "summary_tokens_B": np.asarray([5, 5, 0, 0], np.int32),
+    "siblings_Bx2": np.asarray([[0, 1], [0, 1], [-1, -1], [-1, -1]], np.int32),
+    "mixed_B": mixed,
+    "success_B": np.asarray([True, False, False, False]),
+    "valid_B": mixed,
+    "reasons": ["", "", "not_mixed", "not_mixed"],
+  }
+  div = np.zeros((B, L), np.float32)
+  div[0, np.flatnonzero(traj.action_mask_BxL[0])[0]] = 2.0
+  traj.passes["teacher_sibling"] = _teacher(traj, entropy=0.0, valid=mixed, divergence_BxL=div)
+  return traj
+
+
+def test_sgcd_reweights_grpo_within_bounds_and_skips_groups_without_both_outcomes():
+  """Rollout 0: f = (2, 0, 0, 0, 0), f̄ = 0.4, so w = clip(1 + (f/f̄ − 1), 0.5, 2) = (2, 0.5, 0.5, 0.5, 0.5);
+  rollout 1 (no divergence) and the unmixed group (no summary) keep w = 1: GRPO."""
+  traj = _sgcd_traj()
+  a0 = float(credit.grpo_advantages(np.asarray([1.0, 0.0]))[0])
+  out = METHODS["sgcd"].advantages(traj, _knobs("sgcd"))
+  _assert_seq(out.adv_BxL, traj, [[2 * a0] + [0.5 * a0] * 4, -a0, 0.0, 0.0])
+  np.testing.assert_array_equal(out.keep_B, [True, True, False, False])
+  assert out.metrics["sgcd_groups_skipped"] == 1 and out.metrics["sgcd_mixed_groups"] == 1
+  assert out.metrics["sgcd_weight_clipped_frac"] == pytest.approx(1.0 / 2)  # rollout 0's 5 tokens of the 10 scored
+  assert out.metrics["sgcd_summary_tokens"] == 5.0
+  w = out.details["credit_weight_BxL"]
+  np.testing.assert_allclose(w[0][traj.action_mask_BxL[0]], [2.0, 0.5, 0.5, 0.5, 0.5])
+  assert np.isnan(w[2]).all() and np.isnan(w[0][~traj.action_mask_BxL[0]]).all()
+  # "keep": the unmixed group stays in the update, as GRPO (its advantages are 0: equal rewards).
+  out = METHODS["sgcd"].advantages(traj, _knobs("sgcd", mixed_groups="keep"))
+  assert out.keep_B is None and out.metrics["sgcd_groups_skipped"] == 0
+  _assert_seq(out.adv_BxL, traj, [[2 * a0] + [0.5 * a0] * 4, -a0, 0.0, 0.0])
+
+
+@pytest.mark.parametrize(
+  "key,value,message",
+  [
+    ("mixed_groups", "drop", "config.credit.sgcd.mixed_groups = 'drop': must be one of ('skip', 'keep')"),
+    ("w_min", 0.0, "config.credit.sgcd.w_min = 0.0: must be > 0.0"),
+    ("w_max", 0.5, "config.credit.sgcd.w_max = 0.5: must be >= 1.0"),
+    ("summary_max_tokens", 288, "config.credit.sgcd.summary_max_tokens = 288: must be in [1, sampling.max_len = 288)"),
+    ("summary_template", "Task: {question}", "config.credit.sgcd.summary_template = 'Task: {question}': may use only"),
+  ],
+)
+def test_sgcd_knobs_are_refused_by_config_key(key, value, message):
+  from jaxcredit.train.config import validate
+
+  c = base_config()
+  c.credit.method = "sgcd"
+  c.credit.sgcd[key] = value
+  with pytest.raises(ValueError) as info:
+    validate(c)
+  assert str(info.value).startswith(message)
+
+
 def test_opd_is_teacher_minus_policy_and_zero_on_invalid():
   traj = _traj()
   logp = np.where(traj.action_mask_BxL, traj.behavior_logp_BxL - 0.25, 0.0)

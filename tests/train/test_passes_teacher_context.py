@@ -123,7 +123,7 @@ def test_every_shipped_config_derives_budgets_that_hold_a_whole_rollout_and_the_
     assert context >= c.sampling.max_len + c.sampling.max_new_tokens, path
     assert seq >= c.sampling.max_len + context, path
     checked.add(c.credit.method)
-  assert checked == {"crest", "hsd", "gear", "toolopd", "opd"}
+  assert checked == {"crest", "hsd", "gear", "toolopd", "opd", "sgcd"}
   c = config_lib.base_config()
   c.credit.method = "crest"
   assert config_lib.teacher_budgets(c)[0] == 288 + 48 + config_lib.TEACHER_CONTEXT_SLACK
@@ -256,3 +256,99 @@ def test_crest_all_and_outcome_only_contexts(tok):
   c.credit.crest.teacher_context = "previous"
   with pytest.raises(ValueError, match="config.credit.crest.teacher_context"):
     config_lib.validate(c)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# SGCD: the sibling-contrast summary and the teacher shown it
+
+
+class StubSampler:
+  """Stands in for the teacher's sampler: records the prompts and answers each with `text`."""
+
+  def __init__(self, tok, text):
+    self.tok, self.text, self.prompts, self.params = tok, text, [], None
+
+  def generate(self, prompts, params, key):
+    self.prompts += [list(p) for p in prompts]
+    self.params = params
+    ids = self.tok.encode(self.text) + [self.tok.eos_id]
+    return type("Out", (), {"tokens": [list(ids) for _ in prompts]})()
+
+
+def _sgcd_batch(tok, config):
+  """Group 0: rollout 0 failed, rollout 1 succeeded; group 1: both failed (no contrast to summarise)."""
+  turns = {
+    0: [("<answer>41</answer>", None, None)],
+    1: [("<tool_call>6*7</tool_call>", "tool", "42"), (GOLD, None, None)],
+    2: [("<answer>40</answer>", None, None)],
+    3: [("<answer>43</answer>", None, None)],
+  }
+  built = [rollout(tok, "What is 6*7?", turns[i]) for i in range(4)]
+  rewards = [0.0, 1.0, 0.0, 0.0]
+  traj = pack([b for b, _ in built], rewards, [0, 0, 1, 1], max_turns=2, pad_id=tok.pad_id, length_bucket=16)
+  results = [RolloutResult(b, None, r, "answer", 0, 0, m) for (b, m), r in zip(built, rewards)]
+  ctx = context(config, tok, env_spec(units=False), ["What is 6*7?"] * 4, results, config.credit.sgcd)
+  return ctx, traj, [m for _, m in built]
+
+
+def test_sgcd_summary_compares_a_successful_and_a_failed_sibling_and_conditions_the_teacher(tok):
+  config = config_lib.base_config()
+  config.credit.method = "sgcd"
+  config.sampling.max_len = 1024  # one token per byte: the tiny run's budget
+  config.credit.sgcd.summary_max_tokens = 24
+  ctx, traj, messages = _sgcd_batch(tok, config)
+  sampler = StubSampler(tok, "Calling the calculator decided it.")
+  ctx.sampler_for = lambda model: sampler
+  out = passes_lib.sibling_summary(ctx, traj)
+  assert out["mixed_B"].tolist() == [True, True, False, False]
+  assert out["siblings_Bx2"].tolist() == [[1, 0], [1, 0], [-1, -1], [-1, -1]]
+  assert out["summaries"] == ["Calling the calculator decided it."] * 2 + ["", ""]
+  assert out["reasons"] == ["", "", "not_mixed", "not_mixed"] and out["valid_B"].tolist() == [True, True, False, False]
+  assert out["summary_tokens_B"].tolist() == [35, 35, 0, 0]  # 34 bytes and the stop token
+  # One generation for the one mixed group: greedy, at most summary_max_tokens, both transcripts whole.
+  assert len(sampler.prompts) == 1 and sampler.params.max_new_tokens == 24 and sampler.params.top_p < 1e-3
+  prompt = tok.decode(sampler.prompts[0])
+  assert "Task: What is 6*7?" in prompt
+  assert f"Successful attempt:\n{transcript(messages[1])}\n\nFailed attempt:\n{transcript(messages[0])}\n" in prompt
+  assert passes_lib.pass_metrics("sibling_summary", out, 0.1)["pass/sibling_summary/dropped_not_mixed"] == 2
+
+  traj.passes["sibling_summary"] = out
+  teacher = passes_lib.teacher_sibling(ctx, traj)
+  assert teacher["reasons"] == ["", "", "not_mixed", "not_mixed"]
+  batch = ctx.fns.batches[0]
+  for i in (0, 1):  # both siblings (and any other rollout of the group) are scored with the group's summary
+    text = tok.decode(batch.tokens_BxS[i, : batch.teacher_prompt_len_B[i]].tolist())
+    assert "Reference (not visible to the assistant being trained): Calling the calculator decided it." in text
+  assert batch.valid_B.tolist() == [True, True, False, False]
+
+
+def test_sgcd_summary_that_cannot_fit_or_comes_out_empty_is_dropped_by_reason(tok):
+  config = config_lib.base_config()
+  config.credit.method = "sgcd"
+  config.sampling.max_len = 1024
+  config.credit.sgcd.summary_max_tokens = config.sampling.max_len - 8  # no room left for the prompt
+  ctx, traj, _ = _sgcd_batch(tok, config)
+  ctx.sampler_for = lambda model: StubSampler(tok, "advice")
+  assert passes_lib.sibling_summary(ctx, traj)["reasons"][:2] == ["over_budget"] * 2
+  config.credit.sgcd.summary_max_tokens = 24
+  ctx.sampler_for = lambda model: StubSampler(tok, "")
+  assert passes_lib.sibling_summary(ctx, traj)["reasons"][:2] == ["empty_summary"] * 2
+
+
+def test_sgcd_siblings_are_one_success_and_one_failure_of_the_same_group_drawn_by_the_key():
+  success = np.asarray([True, False, True, False, False, False, True, True])
+  valid = np.asarray([True, True, True, True, True, True, True, False])
+  groups = np.asarray([0, 1, 0, 1, 0, 1, 1, 0])  # interleaved: group 0 = 0, 2, 4, 7; group 1 = 1, 3, 5, 6
+  seen = set()
+  for seed in range(24):
+    pairs = passes_lib.sibling_pairs(success, valid, groups, jax.random.key(seed))
+    np.testing.assert_array_equal(pairs, passes_lib.sibling_pairs(success, valid, groups, jax.random.key(seed)))
+    for g, (good_set, bad_set) in {0: ({0, 2}, {4}), 1: ({6}, {1, 3, 5})}.items():
+      rows = np.flatnonzero(groups == g)
+      assert len({tuple(p) for p in pairs[rows].tolist()}) == 1  # one pair per group
+      good, bad = pairs[rows[0]]
+      assert good in good_set and bad in bad_set  # rollout 7 succeeded but is not valid
+      seen.add((g, int(good), int(bad)))
+  assert len(seen) == 5  # every allowed pair of both groups was drawn
+  only_failures = passes_lib.sibling_pairs(np.zeros(8, bool), valid, groups, jax.random.key(0))
+  assert (only_failures == -1).all()

@@ -94,6 +94,43 @@ def test_rollout_view_collects_hover_series_charts_marks_and_texts():
   assert view["tool_calls"] == ['calc({"x": 1})']
 
 
+def test_rollout_view_shows_sgcd_summary_siblings_and_credit_weights():
+  """SGCD's tab: the group's sibling summary, links to the two siblings it compared, its weights on hover and as
+  raised / lowered marks; a rollout of a group without both outcomes says so."""
+  passes = {
+    "sibling_summary": {
+      "summaries": "Step 1 decided it: the success called calc(17*3); the failure guessed.",
+      "siblings_Bx2": [1, 2],
+      "success_B": False,
+      "reasons": "",
+    },
+    "teacher_sibling": {"divergence_BxL": [None, None, 0.5, 0.1, None, 0.9, 0.0, 0.2], "reasons": ""},
+  }
+  weights = [None, None, 1.5, 0.5, None, 2.0, 1.0, 0.8]
+  sgcd = credited(
+    [0, 0, -0.75, -0.25, 0, -1.0, -0.5, -0.4], passes=passes, credit_details={"credit_weight_BxL": weights}
+  )
+  ids = ["step2_0", "step2_1", "step2_2", "step2_3"]
+  view = page.rollout_view(record(), [str(i) for i in range(8)], {"sgcd": sgcd}, peer_ids={"sgcd": ids}, step=2)
+  (tab,) = view["methods"]
+  texts = {t["label"]: t for t in tab["texts"]}
+  assert texts["sibling-contrast credit reference (the teacher's extra context)"]["text"].startswith("Step 1")
+  assert texts["successful sibling (summarised for the teacher)"]["link"] == "step2_1.html"
+  assert texts["failed sibling (summarised for the teacher)"]["text"] == "step2_2"
+  assert texts["this rollout's outcome"]["text"] == "failure"
+  assert texts["credit weights"]["text"] == "2 of 5 scored tokens raised, 2 lowered; from 0.5 to 2"
+  assert {"label": "SGCD credit weight (credit)", "values": weights} in tab["hover"]
+  assert tab["marks"]["raised"] == [False, False, True, False, False, True, False, False]
+  assert tab["marks"]["lowered"] == [False, False, False, True, False, False, False, True]
+  assert '"raised": [false, false, true, false, false, true, false, false]' in page.rollout_page(view)
+
+  passes["sibling_summary"].update(summaries="", siblings_Bx2=[-1, -1], reasons="not_mixed")
+  sgcd = credited([0.0] * 8, passes=passes)
+  (tab,) = page.rollout_view(record(), [str(i) for i in range(8)], {"sgcd": sgcd})["methods"]
+  labels = [t["label"] for t in tab["texts"]]
+  assert "siblings" in labels and "sibling_summary: pass invalid" in labels and "raised" not in tab["marks"]
+
+
 def test_rollout_view_refuses_mismatched_lengths():
   with pytest.raises(ValueError, match="7 token pieces for 8 tokens"):
     page.rollout_view(record(), ["x"] * 7, {"grpo": credited([0.0] * 8)})

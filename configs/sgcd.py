@@ -1,0 +1,22 @@
+"""SGCD on the quickstart task: GRPO whose token advantages are reweighted, within [w_min, w_max] and never in sign,
+by a teacher (the policy) shown a step-wise credit reference that it wrote comparing a successful and a failed
+sibling of the same group; the policy itself never sees the reference (arXiv 2606.12634, known from its abstract:
+docs/credit.md, "SGCD", gives the readings taken). Groups without both outcomes leave the update
+(credit.sgcd.mixed_groups="skip", counted as sgcd_groups_skipped) or train as GRPO ("keep"). Knobs:
+config.credit.sgcd.*; a separate summariser and teacher: --config.teacher.source=path/to/checkpoint (same
+tokenizer).
+
+  jaxcredit train --config configs/sgcd.py
+  jaxcredit viz --workdir runs/sgcd --methods sgcd,grpo   # the weights and the summary beside each rollout
+"""
+
+from jaxcredit.train.config import base_config
+
+
+def get_config():
+  c = base_config()
+  c.workdir = "runs/sgcd"
+  c.credit.method = "sgcd"
+  # Rollout samples at RL steps 3 and 6 for the credit viewer (runs/sgcd/viewer/step_6/index.html).
+  c.log_rollouts_every = 3
+  return c
