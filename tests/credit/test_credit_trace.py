@@ -160,10 +160,13 @@ def test_raw_delta_one_step_without_fill_is_v1(group):
   np.testing.assert_allclose(got, ref.trace_adv_v1(rewards, gold, bmask, tmask, smask), rtol=1e-5, atol=1e-5)
 
 
+_trace_advantages_batched = jax.jit(jax.vmap(credit.trace_advantages))  # one program per shape for every example
+
+
 @given(groups())
 def test_trace_advantages_vmapped_under_jit(group):
   rewards, gold, bmask, tmask, smask = group
-  batched = jax.jit(jax.vmap(credit.trace_advantages))
+  batched = _trace_advantages_batched
   stack = lambda x: np.stack([x, x[::-1]])
   got = np.asarray(batched(stack(rewards), stack(gold), stack(bmask), stack(tmask), stack(smask)))
   flipped = tuple(x[::-1] for x in group)
