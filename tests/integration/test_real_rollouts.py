@@ -106,8 +106,11 @@ def test_append_only_tokens(real_rollouts):
     assert all((t >= 0) == a for t, a in zip(b.turn_ids, b.action_mask))
 
 
+@pytest.mark.slow
 def test_temperature_consistency(real_rollouts):
-  """Sampler-recorded log-probs == trainer log-probs at temperature 0.6; ratio 1, clip fraction 0."""
+  """Sampler-recorded log-probs == trainer log-probs at temperature 0.6; ratio 1, clip fraction 0. In the slow tier
+  (about 20 s: SmolLM2's log-probs and loss compiled): the default suite checks the same case on the tiny model's
+  trained run (test_every_method_trains' test_reference_and_teacher_passes_use_the_sampling_temperature)."""
   c = case("temperature-consistency")
   model, tok, sampler, results = real_rollouts
   sampled_turns = [r for r in results if r.builder.num_turns >= 2]

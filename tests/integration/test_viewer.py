@@ -4,6 +4,8 @@ rollouts, and the pages open in headless Chromium with every action token colour
 
 import os
 
+import pytest
+
 from jaxcredit import cli
 from jaxcredit.rollout import jsonl as jsonl_lib
 from jaxcredit.train import trainer
@@ -12,7 +14,11 @@ from tests.fixtures.tiny_run import tiny_run_config
 from tests.viz.browser import check_viewer_page
 
 
+@pytest.mark.slow
 def test_trained_samples_open_in_the_viewer_with_six_methods(tiny, tmp_path, browser, capsys):
+  """In the slow tier (about 30 s on two cores): the default suite checks the viewer's pages in Chromium on
+  generated samples (tests/viz) and every method's run writing its viewer (test_every_method_trains); this is the
+  whole path, a trained run's samples with five more methods added by `jaxcredit viz`."""
   c = tiny_run_config("trace", tmp_path / "run", tiny)
   c.log_rollouts_every, c.log_rollouts_count = 1, 1
   trainer.train(c)

@@ -287,9 +287,13 @@ needs_smollm2 = pytest.mark.skipif(
 )
 
 
+@pytest.mark.slow
 @needs_smollm2
 @pytest.mark.parametrize("reduce", ["sum", "mean"])
 def test_packed_equals_separate_on_smollm2(smollm2_packed, reduce):
+  """In the slow tier (about 25 s): the same equality on the random decoder is
+  test_packed_equals_separate_on_random_decoder, in the default suite; this is it on the real model's GQA and
+  rope."""
   sep, pkd = smollm2_packed[reduce]
   np.testing.assert_array_equal(sep[1], pkd[1])
   assert pkd[1].sum() == 7  # 3 + 1 + (4 - 1 invalid)
