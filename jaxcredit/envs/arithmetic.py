@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
+import threading
 from typing import Any, Iterator, Protocol, Sequence
 
 from jaxcredit.envs import spec, tool_calls
@@ -45,6 +46,11 @@ SYSTEM_PROMPT = (
 _GOLD_RE = re.compile(r"-?\d+")
 _NUMBER_RE = re.compile(r"[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
 _WRAPPERS = (re.compile(r"\$(.*)\$", re.S), re.compile(r"\\boxed\{(.*)\}", re.S))
+_MATH_VERIFY_UNSAFE = re.compile(r"\^|\*\*|!|\\binom|\\choose")
+"""Powers, factorials and binomials: sympy evaluates their integers eagerly inside C code ("9^9^9^9"), which neither
+math-verify's signal timeout nor anything else interrupts, so `math_verify_correct` never hands them to it."""
+MATH_VERIFY_TIMEOUT_S = 5
+"""math-verify's own default parse and verify timeouts, used on the main thread (its timeouts are signal alarms)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,6 +291,7 @@ class ArithmeticEnv:
       "answer": None,
     }
     self._reward: float | None = None
+    self._math_verify: bool | None = None
 
   def step(self, assistant_text: str) -> StepResult:
     """Consumes one assistant message.
@@ -350,6 +357,15 @@ class ArithmeticEnv:
       self._reward = 1.0 if (answer is not None and answer_is_correct(answer, self.task.answer)) else 0.0
     return self._reward
 
+  def math_verify_correct(self) -> bool:
+    """math-verify's verdict on the rollout's final answer against the gold (`math_verify_correct`); False before the
+    end or without an answer. Cached (the metrics' bootstrap asks for it again and again)."""
+    if not self.done:
+      return False
+    if self._math_verify is None:
+      self._math_verify = math_verify_correct(self.info["answer"], self.task.answer)
+    return self._math_verify
+
 
 def normalize_answer(answer: str) -> str | None:
   """The plain number inside an answer, or None when it is not one.
@@ -381,6 +397,39 @@ def answer_is_correct(answer: str, gold: str) -> bool:
 
   pred = parse(s, parsing_timeout=None)
   return bool(pred) and bool(verify(_parse_gold(gold), pred, timeout_seconds=None))
+
+
+def math_verify_correct(answer: str | None, gold: str) -> bool:
+  """Whether the final answer (the text inside `<answer>`) is right by the `math_verify` package as math benchmarks
+  score it: `verify(parse(gold), parse(answer))` with its default extraction (LaTeX and plain expressions) and its
+  default 5 s timeouts on the main thread (none elsewhere: they are signal alarms).
+
+  Unlike the reward (`answer_is_correct`, plain numbers only), any form math-verify reads counts (e.g.
+  "\\frac{28}{2}" for 14). Counted wrong without calling math-verify: no answer, more than `MAX_ANSWER_CHARS`
+  characters, or a power, factorial or binomial (`_MATH_VERIFY_UNSAFE`: what can hang sympy beyond any timeout). A
+  math-verify error is wrong.
+
+  Source: Hugging Face's Math-Verify (github.com/huggingface/Math-Verify, `parse` and `verify`).
+  """
+  if answer is None or len(answer) > MAX_ANSWER_CHARS or _MATH_VERIFY_UNSAFE.search(answer):
+    return False
+  from math_verify import parse, verify  # lazy: imports sympy (about 2 s)
+
+  timeout = MATH_VERIFY_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+  try:
+    pred = parse(answer, parsing_timeout=timeout)
+    return bool(pred) and bool(verify(_parse_gold(gold), pred, timeout_seconds=timeout))
+  except Exception:  # noqa: BLE001 - model-written text reaching sympy; math-verify's timeout raises too
+    return False
+
+
+def metrics(envs: Sequence[ArithmeticEnv]) -> dict[str, float]:
+  """{"math_verify_accuracy": the fraction of rollouts whose final answer math-verify accepts} (`math_verify_correct`:
+  the `math_verify` package's parse and verify against the gold, beside the stricter plain-number reward); {} for none.
+  """
+  if not envs:
+    return {}
+  return {"math_verify_accuracy": sum(e.math_verify_correct() for e in envs) / len(envs)}
 
 
 @functools.lru_cache(maxsize=4096)
@@ -467,4 +516,5 @@ def env_spec(max_tool_calls: int = 2, direct_answer_prob: float = 0.0):
     demonstration=lambda task, rng: demonstration(task, rng, direct_answer_prob),
     gold_answer_text=gold_answer_text,
     privileged_info=privileged_info,
+    metrics=metrics,
   )

@@ -18,7 +18,7 @@ A rollout is one assistant message:
     from the reward where BFCL's decoder drops what it cannot parse. BFCL counts a malformed call (bad JSON,
     arguments as a JSON string, no "arguments") as a correct refusal on irrelevance tasks; as a training reward
     that would pay the policy for broken calls, so the reward never does. `metrics` reports its mean as
-    `bfcl_official_accuracy` beside the reward.
+    `bfcl_official_accuracy` beside the reward, and both per category (`metrics`).
 
 The checker is imported from `bfcl_eval/eval_checker/ast_eval/ast_checker.py`. It imports
 `bfcl_eval.constants.model_config`, which imports every API client bfcl-eval knows (anthropic, openai, ...); when that
@@ -534,9 +534,29 @@ class BfclSingleEnv:
 
 
 def metrics(envs: Sequence[BfclSingleEnv]) -> dict[str, float]:
-  """{"bfcl_official_accuracy": mean of `info["official_valid"]` over the finished envs}; {} when none finished."""
-  verdicts = [bool(e.info["official_valid"]) for e in envs if e.done]
-  return {"bfcl_official_accuracy": sum(verdicts) / len(verdicts)} if verdicts else {}
+  """BFCL's AST accuracy, official and strict, overall and per category, over the finished envs.
+
+  - "bfcl_official_accuracy": the mean of `info["official_valid"]`, BFCL's own verdict (`official_valid`: its Qwen
+    decoder, then `ast_checker` for the task's category; on irrelevance, valid when the decoder finds no call or
+    fails, so a malformed call counts as a refusal). "bfcl_official_accuracy/<category>" is the same over the
+    category's tasks: the number in BFCL's leaderboard column for that category (bfcl-eval's `ast_file_runner` and
+    `relevance_file_runner`, which our category names map to by `BFCL_CATEGORY`).
+  - "bfcl_strict_accuracy/<category>": the mean reward over the category's tasks (`BfclSingleEnv.step`): the same
+    checker, but every `<tool_call>` must parse and name its arguments as an object, and an irrelevance task passes
+    only when the message holds no `<tool_call>` at all (the irrelevance rule). Over all tasks it is the trainer's
+    `success_rate`, so there is no overall strict key.
+
+  {} when none finished. Categories are ours ("simple", "multiple", "parallel", "parallel_multiple", "irrelevance").
+  """
+  done = [e for e in envs if e.done]
+  if not done:
+    return {}
+  out = {"bfcl_official_accuracy": sum(bool(e.info["official_valid"]) for e in done) / len(done)}
+  for category in sorted({e.task.category for e in done}):
+    group = [e for e in done if e.task.category == category]
+    out[f"bfcl_official_accuracy/{category}"] = sum(bool(e.info["official_valid"]) for e in group) / len(group)
+    out[f"bfcl_strict_accuracy/{category}"] = sum(e.reward() >= 1.0 for e in group) / len(group)
+  return out
 
 
 def env_spec(env_config=None) -> spec.EnvSpec:

@@ -784,6 +784,7 @@ def env_spec(env_config=None) -> spec.EnvSpec:
     demonstration=demonstration if has_demos else None,
     gold_answer_text=gold_answer_text,
     privileged_info=privileged_info,
+    metrics=arithmetic.metrics,  # math-verify against the gold, beside the task's own verifier
   )
 
 

@@ -392,3 +392,43 @@ def test_demonstrations_verify_when_replayed(train_tasks):
       assert ar.answer_is_correct(value, t.answer), t  # the calculator result verifies (math-verify)
       assert env.step(msgs[4]["content"]).done
       assert env.reward() == 1.0, t
+
+
+# --- math-verify accuracy (EnvSpec.metrics) ---------------------------------------------------------------------
+
+MATH_VERIFY_CASES = [  # gold, the <answer> text (None: the rollout never answers), math-verify's verdict by hand
+  ("14", "14", True),
+  ("14", "15", False),
+  ("14", "$\\frac{28}{2}$", True),  # the reward refuses it (not a plain number); math-verify reads the fraction
+  ("-28", "-28.0", True),
+  ("14", "fourteen", False),
+  ("14", None, False),
+]
+
+
+def _answered(gold, answer):
+  env = ar.ArithmeticEnv(_task(answer=gold))
+  env.step("I give up." if answer is None else f"<answer>{answer}</answer>")
+  assert env.done
+  return env
+
+
+def test_math_verify_accuracy_is_the_math_verify_packages_verdict():
+  from math_verify import parse, verify
+
+  envs = [_answered(gold, answer) for gold, answer, _ in MATH_VERIFY_CASES]
+  by_hand = [want for _, _, want in MATH_VERIFY_CASES]
+  official = [answer is not None and bool(verify(parse(gold), parse(answer))) for gold, answer, _ in MATH_VERIFY_CASES]
+  assert [e.math_verify_correct() for e in envs] == official == by_hand
+  assert [e.reward() for e in envs] == [1.0, 0.0, 0.0, 1.0, 0.0, 0.0]  # the reward beside it: plain numbers only
+  spec = ar.env_spec()
+  assert spec.metrics(envs) == {"math_verify_accuracy": pytest.approx(3 / 6)}
+  assert spec.metrics([]) == {}
+  assert ar.ArithmeticEnv(_task()).math_verify_correct() is False  # not finished
+
+
+def test_math_verify_accuracy_never_hands_powers_or_factorials_to_sympy():
+  start = time.perf_counter()
+  for answer in ("10^10^10^10", "9**9**9**9", "$10^{10^{10^{10}}}$", "10!!!!", "\\binom{10^9}{5}", "9" * 80):
+    assert ar.math_verify_correct(answer, "14") is False, answer
+  assert time.perf_counter() - start < 1.0  # generous

@@ -237,6 +237,79 @@ def test_official_valid_matches_bfcls_runner(tasks, bfcl):
     assert bfcl.verdict(task, variants["one malformed extra"][0]) is True
 
 
+# --- per-category accuracy, official and strict, beside BFCL's runner -------------------------------------------
+
+CATEGORY_SIZES = {"simple": 400, "multiple": 200, "parallel": 200, "parallel_multiple": 200, "irrelevance": 240}
+"""Every task of each category is compared (bfcl-eval 2026.3.23's files)."""
+
+SCENARIOS = ("ground_truth", "wrong_argument", "empty", "call_on_irrelevance", "malformed")
+"""What the model outputs on every task (`_output`)."""
+
+
+def _wrong_argument(calls):
+  """The calls with the first int, float or str argument of the last call changed to a value no possible answer
+  holds (+ 7919, + 7919.5, " (wrong)" appended); None when that call has no such argument."""
+  name, args = calls[-1]
+  for key, value in args.items():
+    if type(value) in (int, float, str):
+      wrong = value + " (wrong)" if type(value) is str else value + (7919 if type(value) is int else 7919.5)
+      return calls[:-1] + [(name, dict(args, **{key: wrong}))]
+  return None
+
+
+def _output(scenario, task):
+  """The model's message on `task`: the ground truth (a refusal on irrelevance tasks), the ground truth with a wrong
+  argument, nothing, a call on irrelevance tasks (the ground truth elsewhere), or a call that is not JSON."""
+  calls = b.ground_truth_calls(task)
+  relevant = task.category != "irrelevance"
+  if scenario == "ground_truth":
+    return _qwen_text(calls) if relevant else b.REFUSAL_TEXT
+  if scenario == "wrong_argument":
+    return _qwen_text(_wrong_argument(calls) or calls) if relevant else b.REFUSAL_TEXT
+  if scenario == "empty":
+    return ""
+  if scenario == "call_on_irrelevance":
+    return _qwen_text(calls) if relevant else _qwen_text([(task.functions[0]["name"], {})])
+  assert scenario == "malformed"
+  return "<tool_call>\n{bad json\n</tool_call>"
+
+
+def _by_hand(scenario, category, tasks):
+  """(official, strict) accuracy of a category under a scenario, by the rules: BFCL's decoder drops a call that is
+  not JSON (a refusal on irrelevance, a missing call elsewhere); the strict rule fails any malformed call."""
+  if category == "irrelevance":
+    return {"call_on_irrelevance": (0.0, 0.0), "malformed": (1.0, 0.0)}.get(scenario, (1.0, 1.0))
+  if scenario == "wrong_argument":
+    passed = sum(_wrong_argument(b.ground_truth_calls(t)) is None for t in tasks) / len(tasks)
+    return passed, passed
+  return (0.0, 0.0) if scenario in ("empty", "malformed") else (1.0, 1.0)
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_per_category_official_accuracy_equals_bfcls_runner(bfcl, scenario):
+  """bfcl_official_accuracy/<category> equals the accuracy BFCL's eval runner (its Qwen decoder, relevance and AST
+  entry rules, `ast_checker`) gives the same messages, task by task; official and strict match the rules by hand."""
+  tasks = b.load_tasks(b.CATEGORIES)
+  texts = [_output(scenario, t) for t in tasks]
+  envs = [b.BfclSingleEnv(t) for t in tasks]
+  for env, text in zip(envs, texts):
+    env.step(text)
+  theirs = [bfcl.verdict(t, text) for t, text in zip(tasks, texts)]
+  assert [e.info["official_valid"] for e in envs] == theirs  # task by task, not only on average
+  ours = b.metrics(envs)
+  for category in b.CATEGORIES:
+    group = [t for t in tasks if t.category == category]
+    verdicts = [v for t, v in zip(tasks, theirs) if t.category == category]
+    assert len(verdicts) == CATEGORY_SIZES[category]
+    assert ours[f"bfcl_official_accuracy/{category}"] == sum(verdicts) / len(verdicts), category
+    official, strict = _by_hand(scenario, category, group)
+    assert ours[f"bfcl_official_accuracy/{category}"] == pytest.approx(official), category
+    assert ours[f"bfcl_strict_accuracy/{category}"] == pytest.approx(strict), category
+  if scenario == "wrong_argument":  # most tasks do get a wrong argument
+    relevant = [t for t in tasks if t.category != "irrelevance"]
+    assert sum(_wrong_argument(b.ground_truth_calls(t)) is not None for t in relevant) > 0.75 * len(relevant)
+
+
 # --- parsing: think blocks, several calls, arguments as a JSON string --------------------------------------------
 
 
@@ -301,8 +374,14 @@ def test_info_keys_and_metrics(tasks, irrelevance):
   info = envs[1].info
   assert {"tool_calls", "tool_errors", "answered", "budget_exhausted", "turns", "finish", "official_valid"} <= set(info)
   assert info["finish"] == "malformed" and info["tool_errors"] == 1 and not info["answered"]
-  # envs[3] never stepped: left out
-  assert b.metrics(envs) == {"bfcl_official_accuracy": pytest.approx(2 / 3)}
+  # envs[3] never stepped: left out; the malformed call is a refusal to BFCL on the irrelevance task, not to us
+  assert b.metrics(envs) == {
+    "bfcl_official_accuracy": pytest.approx(2 / 3),
+    "bfcl_official_accuracy/simple": 0.5,
+    "bfcl_strict_accuracy/simple": 0.5,
+    "bfcl_official_accuracy/irrelevance": 1.0,
+    "bfcl_strict_accuracy/irrelevance": 0.0,
+  }
   assert [e.reward() for e in envs] == [1.0, 0.0, 0.0, 0.0]
   assert b.metrics([]) == {}
   many = b.BfclSingleEnv(tasks[0], max_calls=2)
@@ -372,7 +451,12 @@ def test_env_spec():
   assert chat[-1]["content"] == es.gold_answer_text(task)
   env = es.make_env(task)
   env.step(chat[-1]["content"])
-  assert env.reward() == 1.0 and es.metrics([env]) == {"bfcl_official_accuracy": 1.0}
+  assert env.reward() == 1.0
+  assert es.metrics([env]) == {
+    "bfcl_official_accuracy": 1.0,
+    "bfcl_official_accuracy/parallel": 1.0,
+    "bfcl_strict_accuracy/parallel": 1.0,
+  }
   assert "Maroon 5" in es.privileged_info(task) and "Taylor Swift" in es.privileged_info(task)
   assert es.tools(task) == b.schemas(task)
   default = b.env_spec(types.SimpleNamespace())

@@ -277,3 +277,21 @@ def test_env_spec_keys_and_defaults():
   ):
     with pytest.raises(ValueError, match=match):
       mt.env_spec(bad)
+
+
+def test_math_verify_accuracy_beside_the_verifiers_reward():
+  """The EnvSpec's metrics are arithmetic's: math-verify's parse and verify of the <answer> against the file's gold."""
+  from math_verify import parse, verify
+
+  task = mt.MathTask(
+    task_id="f/0", question="Half of 1?", answer="\\frac{1}{2}", source="jsonl:f", verifier="math_verify"
+  )
+  envs = []
+  for answer in ("0.5", "1/2", "0.25"):
+    env = mt.MathEnv(task, max_tool_calls=1)
+    env.step(tc.render_answer(answer))
+    envs.append(env)
+  assert [e.reward() for e in envs] == [1.0, 0.0, 0.0]  # the reward takes plain numbers only
+  official = [bool(verify(parse(task.answer), parse(a))) for a in ("0.5", "1/2", "0.25")]
+  assert [e.math_verify_correct() for e in envs] == official == [True, True, False]
+  assert mt.env_spec().metrics(envs) == {"math_verify_accuracy": pytest.approx(2 / 3)}

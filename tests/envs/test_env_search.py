@@ -556,8 +556,45 @@ def test_metrics(spec, index):
   a, b = se.SearchEnv(TASK, index, top_k=1), se.SearchEnv(TASK, index)
   a.step(_search("Orvane Holdings") + _open("d3"))
   b.step(tc.render_answer("x"))
-  assert spec.metrics([a, b]) == {"searches": 0.5, "opens": 0.5, "evidence_found": pytest.approx(1 / 3)}
-  assert spec.metrics([b]) == {"searches": 0.0, "opens": 0.0, "evidence_found": 0.0}
+  assert spec.metrics([a, b]) == {
+    "searches": 0.5,
+    "opens": 0.5,
+    "evidence_found": pytest.approx(1 / 3),  # a: d1 searched, d3 opened, of d1, d3, d4
+    "evidence_recall": pytest.approx(1 / 6),  # a: d1 searched
+  }
+  assert spec.metrics([b]) == {"searches": 0.0, "opens": 0.0, "evidence_found": 0.0, "evidence_recall": 0.0}
+  assert spec.metrics([]) == {}
+
+
+def test_evidence_recall_is_browsecomp_plus_retrieval_recall(index):
+  """BrowseComp-Plus's recall (its evaluate_run.py): |search results' docids ∩ evidence| / |evidence|, averaged over
+  the rollouts whose task lists evidence; an `open` is not a retrieval."""
+  env = se.SearchEnv(TASK, index, top_k=1)
+  env.step(_search("Orvane Holdings") + _open("d3"))  # retrieves d1; d3 is read without a search returning it
+  assert (env.evidence_recall(), env.evidence_found()) == (pytest.approx(1 / 3), pytest.approx(2 / 3))
+  env.step(_search("Kelmarsh") + _search("Tamsin Korvel"))  # retrieves d4, then d3
+  assert env.searched_docids == {"d1", "d4", "d3"}
+  assert env.evidence_recall() == 1.0
+  no_evidence = se.SearchEnv(se.SearchTask("q2", "Who?", "Nobody"), index, top_k=1)
+  no_evidence.step(_search("Kelmarsh"))
+  assert no_evidence.evidence_recall() is None
+  assert se.metrics([env, no_evidence])["evidence_recall"] == 1.0  # the task without evidence is left out
+  assert se.metrics([env, no_evidence])["searches"] == 2.0  # 3 + 1 searches over 2 rollouts
+
+
+def _squad_normalize(s):
+  """SQuAD v1.1's evaluate-v1.1.py `normalize_answer`: lower, drop string.punctuation, drop articles, fix spaces."""
+  import string
+
+  s = "".join(ch for ch in s.lower() if ch not in set(string.punctuation))
+  return " ".join(re.sub(r"\b(a|an|the)\b", " ", s).split())
+
+
+@pytest.mark.parametrize(
+  "text", ["The River Velsa.", "  an   Orvane-Holdings!  ", "A.B.C. the theory", "Kelmarsh (1894)", "Théâtre"]
+)
+def test_normalize_answer_is_squads_on_ascii_punctuation(text):
+  assert se.normalize_answer(text) == _squad_normalize(text)
 
 
 def test_search_only_demonstrations_search_once_per_hop_and_open_is_unknown(index):

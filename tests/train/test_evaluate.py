@@ -101,6 +101,31 @@ def test_k_samples_per_task_give_pass_at_k_and_mean_at_k():
   assert table["success_rate"] == table["mean@2"] and table["success_rate"]["count"] == 3
 
 
+def test_an_environments_own_metric_reaches_the_trainers_row_and_the_eval_table():
+  """The path of a benchmark metric: `EnvSpec.metrics` (here arithmetic's math-verify accuracy) -> the trainer's
+  `env_metrics_of` ("env/..." in its eval row) -> `metric_table` (eval.json, with a bootstrap interval) -> the table."""
+  from jaxcredit.envs import arithmetic
+  from jaxcredit.train import trainer
+
+  spec = arithmetic.env_spec()
+  task = arithmetic.ArithmeticTask(task_id="t/0", question="2*(3+4)?", answer="14", source="x", expression="2*(3+4)")
+  by_task = []
+  for answer in ("14", "$\\frac{28}{2}$", "15"):  # math-verify: right, right (the reward: no), wrong
+    env = spec.make_env(task)
+    env.step(f"<answer>{answer}</answer>")
+    by_task.append([types.SimpleNamespace(reward=env.reward(), tool_calls=0, builder=None, finish="answer", env=env)])
+  row = trainer.env_metrics_of(spec, [rs[0].env for rs in by_task])
+  assert row == {"env/math_verify_accuracy": pytest.approx(2 / 3)}
+  for rs in by_task:
+    rs[0].builder = types.SimpleNamespace(num_turns=1)
+  heldout = {"success_rate": 1 / 3, "tool_calls": 0.0, "mean_turns": 1.0, "answered_frac": 1.0, **row, "num_tasks": 3}
+  table = evaluate.metric_table(spec, by_task, heldout)
+  m = table["env/math_verify_accuracy"]
+  assert m["value"] == pytest.approx(2 / 3) and m["count"] == 3 and m["interval"] == "bootstrap"
+  assert 0.0 <= m["ci95"][0] <= 2 / 3 <= m["ci95"][1] <= 1.0
+  assert "env/math_verify_accuracy  0.667" in evaluate.format_table({"metrics": table})
+
+
 def test_a_folder_of_another_eval_is_refused_naming_the_key(tmp_path):
   c = base_config()
   header = evaluate.eval_header(c, "smollm2", 1)

@@ -88,6 +88,10 @@ _ARTICLES = re.compile(r"\b(a|an|the)\b")
 def normalize_answer(text: str) -> str:
   """SQuAD's answer normalisation: lowercase, punctuation removed, articles (a, an, the) removed, whitespace collapsed.
 
+  Source: `normalize_answer` of SQuAD v1.1's official evaluation script (evaluate-v1.1.py; Rajpurkar et al., "SQuAD:
+  100,000+ Questions for Machine Comprehension of Text", EMNLP 2016), the exact match that TRACE's outcome reward on
+  BrowseComp-Plus names (docs/environments.md).
+
   Punctuation is ASCII `string.punctuation` plus every Unicode punctuation character (so "O’Brien" == "O'Brien"); the
   text is NFKC-normalised first.
   """
@@ -204,6 +208,7 @@ class SearchEnv:
       "opens": 0,
     }
     self.seen_docids: set[str] = set()  # docids shown in search results or opened
+    self.searched_docids: set[str] = set()  # docids shown in search results (BrowseComp-Plus's retrieved docids)
     self.open_tool = bool(open_tool)
     self._tools = {
       t.name: t for t in _tools(self, self.top_k, self.snippet_chars, self.max_output_chars, self.open_tool)
@@ -219,6 +224,7 @@ class SearchEnv:
     if not hits:
       return f"no results for {query!r}"
     self.seen_docids.update(d.docid for d, _ in hits)
+    self.searched_docids.update(d.docid for d, _ in hits)
     label = "snippet" if self.open_tool else "text"
     return "\n\n".join(
       f"docid: {d.docid}\ntitle: {d.title}\n{label}: {snippet(d.text, self.snippet_chars)}" for d, _ in hits
@@ -295,6 +301,16 @@ class SearchEnv:
     """The fraction of the task's evidence documents that a search returned or `open` read; None without evidence."""
     ev = self.task.evidence_docids
     return None if not ev else sum(d in self.seen_docids for d in ev) / len(ev)
+
+  def evidence_recall(self) -> float | None:
+    """BrowseComp-Plus's retrieval recall of this rollout: the fraction of the task's evidence documents among the
+    documents its `search` calls returned (`open` does not count); None without evidence.
+
+    Source: BrowseComp-Plus (Chen et al., arXiv 2508.06600), `scripts_evaluation/evaluate_run.py`:
+    |retrieved_docids ∩ qrel_evidence| / |qrel_evidence|, with retrieved_docids the search results' docids.
+    """
+    ev = set(self.task.evidence_docids)
+    return None if not ev else len(ev & self.searched_docids) / len(ev)
 
 
 # --- prompts, demonstrations, teacher text ---------------------------------------------------------------------
@@ -634,18 +650,6 @@ def env_spec(env_config: Any) -> spec.EnvSpec:
   )
   schemas = tool_schemas(top_k, snippet_chars, max_output_chars, c["open_tool"])
 
-  def metrics(envs: Sequence[SearchEnv]) -> dict[str, float]:
-    if not envs:
-      return {}
-    found = [f for f in (e.evidence_found() for e in envs) if f is not None]
-    out = {
-      "searches": sum(e.info["searches"] for e in envs) / len(envs),
-      "opens": sum(e.info["opens"] for e in envs) / len(envs),
-    }
-    if found:
-      out["evidence_found"] = sum(found) / len(found)
-    return out
-
   return spec.EnvSpec(
     make_tasks=lambda split, num, seed: make_tasks(train_pool, eval_pool, split, num, seed),
     make_env=lambda task: SearchEnv(task, index, **limits),
@@ -659,3 +663,30 @@ def env_spec(env_config: Any) -> spec.EnvSpec:
     tools=lambda task: schemas,
     metrics=metrics,
   )
+
+
+def metrics(envs: Sequence[SearchEnv]) -> dict[str, float]:
+  """The search environment's own metrics over finished or unfinished rollouts ({} for none).
+
+  - "searches": `search` calls per rollout (calls that reached the tool; BrowseComp-Plus's "Search Calls").
+  - "opens": `open` calls per rollout.
+  - "evidence_found": the mean over rollouts whose task lists evidence of the fraction of its evidence documents that
+    a search returned or `open` read (`SearchEnv.evidence_found`).
+  - "evidence_recall": the same mean of the fraction that a search returned (`SearchEnv.evidence_recall`):
+    BrowseComp-Plus's "Recall" (arXiv 2508.06600; its `evaluate_run.py` averages it over the queries with evidence).
+    It differs from evidence_found only when a rollout opens an evidence docid no search showed it.
+
+  The two evidence keys are absent when no task lists evidence. Answer accuracy is the trainer's `success_rate`:
+  the reward is normalised exact match (`normalize_answer`, `answer_matches`), TRACE's outcome on BrowseComp-Plus.
+  """
+  if not envs:
+    return {}
+  out = {
+    "searches": sum(e.info["searches"] for e in envs) / len(envs),
+    "opens": sum(e.info["opens"] for e in envs) / len(envs),
+  }
+  for key in ("evidence_found", "evidence_recall"):
+    values = [v for v in (getattr(e, key)() for e in envs) if v is not None]
+    if values:
+      out[key] = sum(values) / len(values)
+  return out
