@@ -14,7 +14,9 @@
            step ahead of time for a TPU topology (libtpu, no TPU needed) and print memory, FLOPs and MFU
   viz      --workdir W [--step N] [--methods trace,grpo,...] [--out DIR]: the credit viewer, one static HTML page
            per sampled rollout with every method's advantages on its tokens (docs/viewer.md)
-  compare  W1 W2 ... [--out DIR]: learning curves of several runs overlaid, seeds of one setting as a band
+  compare  W1 W2 ... [--out DIR]: learning curves of several runs overlaid, seeds of one setting as a band; or
+           EVAL_A EVAL_B ...: `jaxcredit eval` folders of the same tasks, B - A per metric and per category with a
+           paired 95% interval over the tasks
 
 Each command is one row of COMMANDS: (argument synopsis, summary, handler(command, args) -> exit code).
 Exit codes: 0 done, 1 the run failed, 2 bad usage or input (one line on stderr, nothing left half-written).
@@ -588,10 +590,16 @@ def _viz(command: str, args: list[str]) -> int:
 
 
 def _compare(command: str, args: list[str]) -> int:
-  """compare: learning curves of several workdirs (jaxcredit.viz.compare.compare_runs)."""
+  """compare: learning curves of several workdirs (jaxcredit.viz.compare.compare_runs), or B - A of eval folders
+  with paired intervals (jaxcredit.viz.compare_evals.compare_evals); never a mix of the two."""
 
   def build(p):
-    p.add_argument("workdirs", nargs="+", help="training workdirs (metrics.jsonl, config.json)")
+    p.add_argument(
+      "workdirs",
+      nargs="+",
+      help="training workdirs (metrics.jsonl, config.json), or `jaxcredit eval` folders (eval.json) of the same "
+      "tasks: each compared with the first",
+    )
     p.add_argument("--out", default="compare", help="output folder (default: ./compare)")
 
   try:
@@ -600,6 +608,26 @@ def _compare(command: str, args: list[str]) -> int:
     print(f"jaxcredit {command}: {e}", file=sys.stderr)
     return 2
   if a is None:
+    return 0
+  from jaxcredit.viz import compare_evals
+
+  evals = [w for w in a.workdirs if compare_evals.is_eval_folder(w)]
+  if evals and len(evals) < len(a.workdirs):
+    runs = [w for w in a.workdirs if w not in evals]
+    print(
+      f"jaxcredit {command}: cannot mix eval folders ({', '.join(evals)}) with training runs or other folders "
+      f"({', '.join(runs)}): give only `jaxcredit eval` folders, or only training workdirs",
+      file=sys.stderr,
+    )
+    return 2
+  if evals:
+    try:
+      info = compare_evals.compare_evals(evals, a.out)
+    except (ValueError, OSError) as e:
+      print(f"jaxcredit {command}: error: {_one_line(e)}", file=sys.stderr)
+      return 2
+    print(compare_evals.format_comparison(info))
+    print(f"[jaxcredit] compare: {info['json']} (intervals: {info['interval']})")
     return 0
   from jaxcredit.viz.compare import compare_runs
 
@@ -744,8 +772,9 @@ COMMANDS: dict[str, Command] = {
     _viz,
   ),
   "compare": Command(
-    "W1 W2 ... [--out DIR]",
-    "learning curves of several runs overlaid (mean and band over seeds), PNG + JSON + HTML",
+    "W1 W2 ... | EVAL_A EVAL_B ... [--out DIR]",
+    "learning curves of several runs overlaid (mean and band over seeds), PNG + JSON + HTML; or eval folders of "
+    "the same tasks: B - A per metric and category with a paired 95% interval",
     _compare,
   ),
 }

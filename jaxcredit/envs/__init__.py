@@ -62,6 +62,7 @@ def _bfcl_multi_turn(c) -> EnvSpec:
     max_calls_per_message=int(c.max_calls_per_message),
     compact_tools=bool(c.compact_tools),
     classes=str(c.classes).split(","),
+    protocol=str(c.protocol),
   )
 
 
@@ -107,6 +108,7 @@ ENVS: dict[str, Env] = {
       "max_calls_per_message": 64,
       "compact_tools": False,
       "classes": "",
+      "protocol": "",  # "crest": CrEST's split (100 Base to train; 100 each of the four categories to evaluate)
     },
     "BFCL V3 multi-turn sessions on BFCL's backends; one verified unit per user request (BFCL's checkers)",
   ),

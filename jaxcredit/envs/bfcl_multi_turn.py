@@ -178,6 +178,52 @@ BACKENDS = (
 )
 
 
+PROTOCOLS = ("", "crest")
+"""Values of config.env.bfcl_multi_turn.protocol: "" the hashed split (`is_eval`), "crest" `crest_split`'s."""
+CREST_SEED = 0
+"""The seed of `crest_split`'s draw of the 100 Base training sessions."""
+CREST_TRAIN = 100
+"""Base sessions CrEST trains on (arXiv 2608.13179, App. C.1); it evaluates 100 sessions of each category."""
+
+
+def session_index(task_id: str) -> int:
+  """The session's index within its category, e.g. 17 for "multi_turn_miss_param_17". BFCL's four categories are
+  variants of the same 200 sessions: index i of miss_func, miss_param and long_context is base session i with a
+  function held out, a parameter missing, or a long context added."""
+  return int(task_id.rsplit("_", 1)[1])
+
+
+@functools.lru_cache(maxsize=None)
+def crest_split(seed: int = CREST_SEED, sessions: int = 200) -> tuple[tuple[int, ...], tuple[int, ...]]:
+  """The session indices of the CrEST protocol's split: `CREST_TRAIN` of the `sessions` Base sessions drawn by
+  `random.Random(seed).sample`, and the others.
+
+  CrEST (arXiv 2608.13179, App. C.1) trains on 100 Base sessions and reports 100 sessions each of Base, Miss Func,
+  Miss Param and Long Context; it does not publish which ids. Our reading: a seeded draw of the 100 training
+  indices, and for evaluation the other 100 indices in each of the four categories. So the eval sets are disjoint
+  from the training sessions not only by id but by session: no evaluated Miss Func / Miss Param / Long Context
+  session is a variant of a Base session trained on.
+
+  Returns:
+    (train indices, eval indices), each sorted, disjoint, together range(sessions).
+  """
+  import random
+
+  train = sorted(random.Random(seed).sample(range(sessions), CREST_TRAIN))
+  return tuple(train), tuple(i for i in range(sessions) if i not in set(train))
+
+
+def _crest_pool(split: str) -> list[BfclTask]:
+  """The CrEST protocol's tasks of a split: train the Base sessions of `crest_split`'s training indices; eval the
+  other indices' sessions of all four categories, in rounds of (base, miss_func, miss_param, long_context) by
+  index, so that the first 4k tasks hold k sessions of each category."""
+  train, held = crest_split()
+  by_id = {t.task_id: t for t in load_tasks(CATEGORIES)}
+  if split == "train":
+    return [by_id[f"multi_turn_base_{i}"] for i in train]
+  return [by_id[f"multi_turn_{c}_{i}"] for i in held for c in CATEGORIES]
+
+
 def make_tasks(
   split: str,
   num: int | None = None,
@@ -185,27 +231,37 @@ def make_tasks(
   *,
   categories: Sequence[str] = CATEGORIES,
   classes: Sequence[str] = (),
+  protocol: str = "",
 ) -> list[BfclTask]:
-  """Tasks of one split: eval is a fixed tenth (by a hash of the id), train the rest, shuffled by `seed`.
+  """Tasks of one split: eval is a fixed tenth (by a hash of the id), train the rest, shuffled by `seed`; with
+  `protocol="crest"`, `crest_split`'s (train: 100 Base sessions; eval: 100 each of the four categories).
 
   Args:
+    categories: the split's categories (ignored by the crest protocol, which fixes them).
     classes: when given, only sessions whose backends are all among these classes (e.g. ("TradingBot",) for short
       prompts); empty: every session.
+    protocol: one of `PROTOCOLS`.
 
   Raises:
-    ValueError: unknown split, category or class, or `num` larger than the split (naming config.env.num_train_tasks
-      or config.eval.num_tasks).
+    ValueError: unknown split, category, class or protocol, or `num` larger than the split (naming
+      config.env.num_train_tasks or config.eval.num_tasks).
   """
   if split not in ("train", "eval"):
     raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+  if protocol not in PROTOCOLS:
+    raise ValueError(f"config.env.bfcl_multi_turn.protocol: unknown protocol {protocol!r}; known: '', 'crest'")
   unknown = [c for c in classes if c not in BACKENDS]
   if unknown:
     raise ValueError(f"config.env.bfcl_multi_turn.classes: unknown backend(s) {unknown}; known: {', '.join(BACKENDS)}")
-  pool = [
-    t
-    for t in load_tasks(tuple(categories))
-    if is_eval(t.task_id) == (split == "eval") and (not classes or set(t.involved_classes) <= set(classes))
-  ]
+  if protocol == "crest":
+    pool = _crest_pool(split)
+    categories = ("base",) if split == "train" else CATEGORIES
+  else:
+    pool = [
+      t
+      for t in load_tasks(tuple(categories))
+      if is_eval(t.task_id) == (split == "eval") and (not classes or set(t.involved_classes) <= set(classes))
+    ]
   if split == "train":
     import random
 
@@ -215,6 +271,7 @@ def make_tasks(
     key = "config.env.num_train_tasks" if split == "train" else "config.eval.num_tasks"
     raise ValueError(
       f"{key}={num}, but the BFCL multi-turn {split} split of {list(categories)}"
+      + (" (protocol crest)" if protocol == "crest" else "")
       + (f" on {list(classes)}" if classes else "")
       + f" has {len(pool)} tasks"
     )
@@ -727,16 +784,36 @@ def env_spec(
   max_calls_per_message: int = 64,
   compact_tools: bool = False,
   classes: Sequence[str] = (),
+  protocol: str = "",
 ) -> spec.EnvSpec:
   """The BFCL multi-turn `EnvSpec` (config keys: config.env.bfcl_multi_turn.*).
 
   `categories` are the held-out evals' categories, and the training tasks' too unless `train_categories` names
   others (CrEST, arXiv 2608.13179 App. C.1, trains on Base sessions and evaluates on all four categories). Either
-  way a task's split is its hash (`is_eval`), so no training task is ever evaluated.
+  way a task's split is its hash (`is_eval`), so no training task is ever evaluated. `protocol="crest"` takes
+  `crest_split`'s split instead, for comparing with CrEST's table: 100 Base sessions to train on, 100 each of the
+  four categories to evaluate (config.eval.num_tasks=400), none a variant of a training session.
 
   Raises:
-    ValueError: for an unknown category or reward, or a limit < 1 (naming the config key).
+    ValueError: for an unknown category, reward or protocol, a limit < 1, or the crest protocol with categories,
+      train_categories or classes set (naming the config key).
   """
+  protocol = str(protocol).strip()
+  if protocol not in PROTOCOLS:
+    raise ValueError(f"config.env.bfcl_multi_turn.protocol: unknown protocol {protocol!r}; known: '', 'crest'")
+  if protocol == "crest":
+    given = {
+      "categories": tuple(c.strip() for c in categories if c.strip()) not in ((), CATEGORIES),
+      "train_categories": tuple(c.strip() for c in train_categories if c.strip()) not in ((), ("base",)),
+      "classes": bool(tuple(c.strip() for c in classes if c.strip())),
+    }
+    for key, bad in given.items():
+      if bad:
+        raise ValueError(
+          f"config.env.bfcl_multi_turn.{key} is set, but protocol='crest' fixes the split (train: 100 Base "
+          "sessions; eval: 100 each of base, miss_func, miss_param, long_context): leave "
+          f"config.env.bfcl_multi_turn.{key} at its default, or set protocol=''"
+        )
   categories = tuple(c.strip() for c in categories if c.strip())
   train_categories = tuple(c.strip() for c in train_categories if c.strip()) or categories
   for key, names in (("categories", categories), ("train_categories", train_categories)):
@@ -760,7 +837,12 @@ def env_spec(
     BfclSession(load_tasks(("base",))[0], **session_kwargs)  # raises the named error
   return spec.EnvSpec(
     make_tasks=lambda split, num, seed: make_tasks(
-      split, num, seed, categories=train_categories if split == "train" else categories, classes=classes
+      split,
+      num,
+      seed,
+      categories=train_categories if split == "train" else categories,
+      classes=classes,
+      protocol=protocol,
     ),
     make_env=lambda task: BfclSession(task, **session_kwargs),
     initial_messages=lambda task: initial_messages(task, compact_tools=compact_tools),

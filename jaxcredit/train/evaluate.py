@@ -13,7 +13,8 @@ task at the rollouts' temperature and top-p (`config.sampling`) and adds pass@K 
 
 `out_dir` receives `rollouts.jsonl` (docs/rollouts-jsonl.md; group id = the task's index, so the K samples of a task
 are one group for `jaxcredit credit`), appended batch by batch, and `eval.json`: the model, the config, the split,
-the trainer's metrics ("heldout") and every metric with its count and 95% interval ("metrics"). A rerun into the
+the trainer's metrics ("heldout"), every metric with its count and 95% interval ("metrics") and each task's own
+values ("per_task", what `jaxcredit compare` pairs between two evals of the same tasks). A rerun into the
 same folder resumes: the rollouts already written are read back (their environments replayed from the recorded
 assistant messages, for the environment's own metrics) and only the missing ones are sampled.
 """
@@ -196,6 +197,39 @@ def metric_table(env: EnvSpec, results_by_task: Sequence[Sequence[RolloutResult]
       interval = tuple(np.percentile(draws[key], [2.5, 97.5])) if draws[key] else None
       table[key] = _metric(heldout[key], n, interval, "bootstrap")
   return table
+
+
+def per_task_rows(env: EnvSpec, tasks: Sequence, results_by_task: Sequence[Sequence[RolloutResult]]) -> list[dict]:
+  """Each task's own metrics, for comparing two evals task by task (`jaxcredit compare` of eval folders).
+
+  Args:
+    env: the environment (its `is_success` and `metrics`).
+    tasks: [n] the held-out tasks.
+    results_by_task: [n tasks][K samples] their finished rollouts.
+
+  Returns:
+    [n] {"task_id": str | None, "category": the task's `category` attribute (str) or None, "success_rate",
+    "answered_frac", "tool_calls", "mean_turns" (means over the task's K samples), "passed" (whether any sample
+    succeeded), and the environment's own metrics of the task's rollouts alone ("env/<name>"; a per-category key
+    only for a task of that category)}.
+  """
+  rows = []
+  for task, rs in zip(tasks, results_by_task):
+    success = [bool(env.is_success(r.reward)) for r in rs]
+    category = getattr(task, "category", None)
+    rows.append(
+      {
+        "task_id": trainer._task_id(task),
+        "category": None if category is None else str(category),
+        "success_rate": float(np.mean(success)),
+        "answered_frac": float(np.mean([r.finish == "answer" for r in rs])),
+        "tool_calls": float(np.mean([r.tool_calls for r in rs])),
+        "mean_turns": float(np.mean([r.builder.num_turns for r in rs])),
+        "passed": any(success),
+        **trainer.env_metrics_of(env, [r.env for r in rs]),
+      }
+    )
+  return rows
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -479,7 +513,8 @@ def evaluate_model(
 
   Returns:
     eval.json's content: the header (`eval_header`), "model_info" (`load_model`'s info), "heldout" (the trainer's
-    held-out metrics, `trainer.eval_metrics`), "metrics" (`metric_table`), "num_rollouts", "resumed" (rollouts read
+    held-out metrics, `trainer.eval_metrics`), "metrics" (`metric_table`), "per_task" (`per_task_rows`),
+    "num_rollouts", "resumed" (rollouts read
     back), "sampled" (rollouts sampled now), "seconds".
 
   Raises:
@@ -544,6 +579,7 @@ def _evaluate(run: EvalRun, header: dict, out_dir: str, samples: int, resuming: 
     "task_ids": [trainer._task_id(t) for t in run.tasks],
     "heldout": heldout,
     "metrics": metric_table(run.env, by_task, heldout),
+    "per_task": per_task_rows(run.env, run.tasks, by_task),
     "num_rollouts": len(results),
     "resumed": resumed,
     "sampled": todo,

@@ -7,6 +7,9 @@ import pytest
 
 pytest.importorskip("bfcl_eval")
 
+from ml_collections import ConfigDict
+
+from jaxcredit.envs import ENVS
 from jaxcredit.envs import bfcl_multi_turn as bm
 from jaxcredit.envs import tool_calls as tc
 
@@ -231,6 +234,51 @@ def test_train_categories_train_on_base_and_evaluate_on_all_four():
   assert len(train) == 100 and {t.task_id.split("_")[-2] for t in train} == {"base"}
   assert {c for c in bm.CATEGORIES if any(c in t.task_id for t in held_out)} == set(bm.CATEGORIES)
   assert not {t.task_id for t in train} & {t.task_id for t in held_out}
+
+
+def test_crest_protocol_splits_100_base_to_train_and_100_of_each_category_to_evaluate():
+  """protocol="crest" (arXiv 2608.13179 App. C.1's sizes): 100 Base sessions to train on, drawn with a fixed seed;
+  100 each of the four categories to evaluate, in rounds of the four, none a training session or a variant of one."""
+  spec = bm.env_spec(protocol="crest")
+  train, held_out = spec.make_tasks("train", None, 0), spec.make_tasks("eval", None, None)
+  assert len(train) == 100 and {t.category for t in train} == {"base"}
+  assert len(held_out) == 400 and [t.category for t in held_out[:4]] == list(bm.CATEGORIES)
+  assert {c: sum(t.category == c for t in held_out) for c in bm.CATEGORIES} == dict.fromkeys(bm.CATEGORIES, 100)
+  train_ids = {t.task_id for t in train}
+  assert len(train_ids) == 100 and not train_ids & {t.task_id for t in held_out}
+  # disjoint by session too: index i of every category is a variant of base session i
+  assert not {bm.session_index(t) for t in train_ids} & {bm.session_index(t.task_id) for t in held_out}
+  # deterministic: the same split from a fresh draw, in the same order; the training order shuffled by the seed
+  assert bm.crest_split.__wrapped__() == bm.crest_split()
+  assert [t.task_id for t in bm.env_spec(protocol="crest").make_tasks("eval", None, None)] == [
+    t.task_id for t in held_out
+  ]
+  assert [t.task_id for t in spec.make_tasks("train", None, 0)] == [t.task_id for t in train]
+  assert {t.category for t in spec.make_tasks("eval", 8, None)} == set(bm.CATEGORIES)  # a prefix holds all four
+  with pytest.raises(ValueError, match="config.eval.num_tasks=401.*protocol crest"):
+    spec.make_tasks("eval", 401, None)
+  with pytest.raises(ValueError, match="config.env.num_train_tasks=101"):
+    spec.make_tasks("train", 101, 0)
+  assert len(bm.env_spec(protocol="crest", train_categories=["base"]).make_tasks("train", None, 0)) == 100
+  # the env row: the config node's key
+  row = ENVS["bfcl_multi_turn"]
+  assert len(row.make_spec(ConfigDict(dict(row.defaults, protocol="crest"))).make_tasks("eval", None, None)) == 400
+  with pytest.raises(ValueError, match="config.env.bfcl_multi_turn.protocol: unknown protocol 'CrEST'"):
+    row.make_spec(ConfigDict(dict(row.defaults, protocol="CrEST")))
+
+
+@pytest.mark.parametrize(
+  "kwargs, key",
+  [
+    ({"protocol": "paper"}, "protocol"),
+    ({"protocol": "crest", "categories": ["base"]}, "categories"),
+    ({"protocol": "crest", "train_categories": ["miss_func"]}, "train_categories"),
+    ({"protocol": "crest", "classes": ["TradingBot"]}, "classes"),
+  ],
+)
+def test_crest_protocol_refuses_keys_it_fixes_by_name(kwargs, key):
+  with pytest.raises(ValueError, match=f"config.env.bfcl_multi_turn.{key}"):
+    bm.env_spec(**kwargs)
 
 
 def test_ground_truth_calls_are_parsed_without_eval():
