@@ -211,7 +211,10 @@ def test_copy_batch_repeats_each_string_and_targets_only_the_copy(testbed):
     assert segments > 10
 
 
+@pytest.mark.slow
 def test_copy_curriculum_writes_a_loadable_policy(testbed, tmp_path):
+  """In the slow tier (a benchmark's curriculum trains and is reloaded, about 10 s): its batches are checked in the
+  default suite (test_copy_batch_repeats_each_string_and_targets_only_the_copy)."""
   from jaxcredit import models
 
   args = types.SimpleNamespace(
@@ -254,7 +257,10 @@ def test_reading_batch_targets_only_each_answer(testbed):
     assert task.answer in tok.tokenizer.decode(row[: int(np.argmax(tgt))], skip_special_tokens=False)
 
 
+@pytest.mark.slow
 def test_reading_curriculum_writes_a_loadable_policy(testbed, tmp_path, monkeypatch):
+  """In the slow tier (a benchmark's curriculum trains and is reloaded, about 12 s): its batches are checked in the
+  default suite (test_reading_batch_targets_only_each_answer)."""
   from jaxcredit import models
 
   monkeypatch.setattr(testbed, "READ_BATCH", 2)

@@ -12,12 +12,13 @@ import subprocess
 import sys
 import time
 
+import jax
 import numpy as np
 import pytest
 
 from tests.fixtures.multidevice import child_env
 from tests.fixtures.tiny_model import CFG, random_params, write_gguf
-from tests.fixtures.tiny_run import tiny_run_overrides
+from tests.fixtures.tiny_run import tiny_run_config, tiny_run_overrides
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -162,7 +163,27 @@ def test_a_pass_that_samples_runs_on_every_process(tmp_path):
   assert all(r["pass/hindsight_skill/dropped"] < 8 for r in rl), rl
 
 
+def test_groups_that_cannot_be_split_over_the_processes_are_refused_before_anything_is_written(
+  tiny, tmp_path, monkeypatch
+):
+  """The check itself, in this process with jax reporting 2 processes: the trainer's build refuses 3 prompt groups
+  naming the field, before the workdir is written. The whole path with two real processes is the slow test
+  below."""
+  from jaxcredit.train import trainer
+
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  monkeypatch.setattr(jax, "process_index", lambda: 0)
+  c = tiny_run_config("quickstart", tmp_path / "run", tiny, rollout__prompts_per_step=3)
+  with pytest.raises(ValueError, match=r"config\.rollout\.prompts_per_step=3.*over 2 processes"):
+    trainer.build(c)
+  assert not (tmp_path / "run" / "config.json").exists()
+  c.rollout.prompts_per_step, c.mesh.data = 4, 2  # 2 groups and one device per process: accepted
+  trainer._check_processes(c)
+
+
+@pytest.mark.slow
 def test_groups_that_cannot_be_split_over_the_processes_are_refused(tmp_path):
+  """Two real processes (about 13 s): each exits 1 with the message, nothing written."""
   policy, teacher = _models(tmp_path)
   outs = _launch(tmp_path, _overrides(tmp_path, policy, teacher, prompts=3), tmp_path / "run")
   for code, out in outs:

@@ -82,7 +82,10 @@ def real_rollouts(smollm2):
   return model, tok, sampler, results
 
 
+@pytest.mark.slow
 def test_append_only_tokens(real_rollouts):
+  """In the slow tier (about 17 s: SmolLM2's rollouts): the default suite checks token-in/token-out over four
+  turns on the tiny model (tests/rollout/test_prefix_reuse.py, test_four_turn_rollouts_prefill_each_context_token_once)."""
   c = case("append-only-tokens")
   _, _, sampler, results = real_rollouts
   assert len(sampler.calls) >= 2, "the rollouts never reached a second round"
