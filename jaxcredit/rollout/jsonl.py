@@ -581,6 +581,13 @@ def write_jsonl(path: str | os.PathLike, records: Iterable[Mapping[str, Any]]) -
     ValueError: naming the record (index, rollout_id) and field that fails `validate_record` or is not
       JSON-serializable (e.g. a NaN).
   """
+  lines = _checked_lines(records)
+  with open(path, "w", encoding="utf-8", newline="\n") as f:
+    f.write("".join(line + "\n" for line in lines))
+
+
+def _checked_lines(records: Iterable[Mapping[str, Any]]) -> list[str]:
+  """Each record checked (`validate_record`) and dumped to one JSON line; raises ValueError naming the record."""
   lines = []
   for i, rec in enumerate(records):
     try:
@@ -588,8 +595,7 @@ def write_jsonl(path: str | os.PathLike, records: Iterable[Mapping[str, Any]]) -
       lines.append(_dump_line(rec))
     except (TypeError, ValueError) as e:
       raise ValueError(f"{_record_name(i, rec)}: {e}") from None
-  with open(path, "w", encoding="utf-8", newline="\n") as f:
-    f.write("".join(line + "\n" for line in lines))
+  return lines
 
 
 def append_jsonl(path: str | os.PathLike, records: Iterable[Mapping[str, Any]]) -> None:
@@ -600,13 +606,7 @@ def append_jsonl(path: str | os.PathLike, records: Iterable[Mapping[str, Any]]) 
   Raises:
     ValueError: as `write_jsonl`.
   """
-  lines = []
-  for i, rec in enumerate(records):
-    try:
-      validate_record(rec)
-      lines.append(_dump_line(rec))
-    except (TypeError, ValueError) as e:
-      raise ValueError(f"{_record_name(i, rec)}: {e}") from None
+  lines = _checked_lines(records)
   with open(path, "a", encoding="utf-8", newline="\n") as f:
     f.write("".join(line + "\n" for line in lines))
     f.flush()

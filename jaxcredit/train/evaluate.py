@@ -54,19 +54,7 @@ Z95 = 1.959963984540054
 BOOTSTRAP_RESAMPLES = 1000
 """Resamples of the tasks for the intervals of the environment's own metrics (percentile bootstrap, seed 0)."""
 
-IGNORED_KEYS = (
-  "workdir",
-  "total_steps",
-  "log_every",
-  "checkpoint_every",
-  "max_checkpoints_to_keep",
-  "model.cache_dir",
-  "progress",
-  "tensorboard",
-  "compilation_cache_dir",
-  "log_rollouts_every",
-  "log_rollouts_count",
-  "sft.checkpoint_every",
+IGNORED_KEYS = tuple(k for k in ckpt_lib.RUN_LENGTH_KEYS if k != "eval") + (
   "eval.every",
   "eval.sft_every",
   "eval.before_sft",
