@@ -646,21 +646,10 @@ def _compare(command: str, args: list[str]) -> int:
 
 def _plan(command: str, args: list[str]) -> int:
   """plan: --topology and --mesh (and --json FILE) are ours; the rest is the config and its overrides."""
-  own: dict[str, str] = {}
-  rest: list[str] = []
-  i = 0
-  while i < len(args):
-    name, eq, value = args[i].partition("=")
-    if name in ("--topology", "--mesh", "--json"):
-      if not eq:
-        if i + 1 >= len(args):
-          print(f"jaxcredit plan: {name} needs a value", file=sys.stderr)
-          return 2
-        value, i = args[i + 1], i + 1
-      own[name[2:]] = value
-    else:
-      rest.append(args[i])
-    i += 1
+  split = _own_flags(command, args, ("--topology", "--mesh", "--json"))
+  if isinstance(split, int):
+    return split
+  own, rest = split
   if _wants_help(args):
     if not any(a == "--config" or a.startswith("--config=") for a in rest):
       print(
