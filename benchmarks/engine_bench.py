@@ -19,7 +19,6 @@ import os
 import platform
 import statistics
 import tempfile
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -47,12 +46,13 @@ def main():
 
   import jax
 
-  from jaxcredit.train import trainer
+  from jaxcredit.train import rl_step as rl_step_lib
+  from jaxcredit.train import run as run_lib
 
   load_before = os.getloadavg()[0]
   root = tempfile.mkdtemp(prefix="engine_bench-")
-  runs = {e: trainer.build(_config(os.path.join(root, e), e, args.vllm_python)) for e in ("jax", "vllm")}
-  data = trainer._data_iterator(len(runs["jax"].train_tasks), runs["jax"].config.rollout.prompts_per_step, seed=0)
+  runs = {e: run_lib.build(_config(os.path.join(root, e), e, args.vllm_python)) for e in ("jax", "vllm")}
+  data = run_lib.data_iterator(len(runs["jax"].train_tasks), runs["jax"].config.rollout.prompts_per_step, seed=0)
   steps = [[int(i) for i in next(data)] for _ in range(args.steps)]
   rounds = {e: [] for e in runs}
   try:
@@ -61,7 +61,7 @@ def main():
         run.policy_version += 1  # a new version: the vLLM engine syncs its weights
         tokens = seconds = sync = 0.0
         for k, prompt_ids in enumerate(steps):
-          sampled = trainer.sample_step(run, run.params, prompt_ids, jax.random.fold_in(jax.random.key(r), k))
+          sampled = rl_step_lib.sample_step(run, run.params, prompt_ids, jax.random.fold_in(jax.random.key(r), k))
           tokens += sum(sum(x.builder.action_mask) for x in sampled.results)
           seconds += sampled.seconds
           sync += sampled.timing["sampler_sync_s"]

@@ -47,7 +47,7 @@ WORKLOADS = {
 
 
 def rollout_batch(vocab: int, prompts: int, group: int, prompt: int, cont: tuple[int, int], seed: int = 0) -> dict:
-  """A right-padded update batch (the trainer's `_batch` layout) of synthetic rollouts."""
+  """A right-padded update batch (`jaxcredit.train.update.update_batch`'s layout) of synthetic rollouts."""
   from jaxcredit.trajectory import pad_length
 
   rng = np.random.default_rng(seed)

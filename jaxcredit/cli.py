@@ -222,10 +222,10 @@ def _credit(command: str, args: list[str]) -> int:
   error = _validate(command, config)
   if error:
     return error
-  from jaxcredit.train import trainer
+  from jaxcredit.train import offline_credit
 
   try:
-    info = trainer.credit_file(config, paths["--in"], paths["--out"])
+    info = offline_credit.credit_file(config, paths["--in"], paths["--out"])
   except (ValueError, OSError) as e:
     print(f"jaxcredit {command}: error: {e}", file=sys.stderr)
     return 2
@@ -254,14 +254,14 @@ def _train(command: str, args: list[str]) -> int:
     if _validate(command, config):
       return 2
   from jaxcredit.sampling.vllm_engine import EngineError
-  from jaxcredit.train import trainer
+  from jaxcredit.train import stopping, trainer
 
   try:
     trainer.train(config, sft_only=(command == "sft"))
   except (ValueError, NotImplementedError, FileNotFoundError, FloatingPointError, EngineError) as e:
     print(f"jaxcredit {command}: error: {e}", file=sys.stderr)
     return 1
-  except trainer.TrainingStopped as e:  # SIGTERM (preemption) or Ctrl-C during RL: the step was checkpointed
+  except stopping.TrainingStopped as e:  # SIGTERM (preemption) or Ctrl-C during RL: the step was checkpointed
     print(f"jaxcredit {command}: {e}", file=sys.stderr)
     return 0 if e.signum == signal.SIGTERM else 130
   except KeyboardInterrupt:
@@ -392,9 +392,7 @@ def _convert(command: str, args: list[str]) -> int:
     ns = _parse(command, args, build)
     if ns is None:
       return 0
-    from jaxcredit.models import hf
-
-    from jaxcredit.models import resolve_source
+    from jaxcredit.models import hf, resolve_source
 
     convert = hf.convert_hf if ns.hf is not None else hf.convert_gguf
     stats = convert(resolve_source(ns.hf) if ns.hf is not None else ns.gguf, ns.out, dtype=ns.dtype, progress=True)

@@ -5,8 +5,8 @@
     info = evaluate_model(config, out_dir="eval/base", samples=8)                      # config.model.source, pass@8
 
 The tasks are `env.make_tasks("eval", config.eval.num_tasks, None)`, the trainer's held-out tasks; the rollouts are
-sampled in batches of `config.eval.batch_size` by `trainer.sample_eval_batch` and scored by `trainer.eval_summaries`,
-`trainer.env_metrics_of` and `trainer.eval_metrics`, the functions the trainer's `evaluate` calls: with one sample per
+sampled in batches of `config.eval.batch_size` by `heldout.sample_eval_batch` and scored by `heldout.eval_summaries`,
+`heldout.env_metrics_of` and `heldout.eval_metrics`, the functions the trainer's `evaluate` calls: with one sample per
 task, the same config and a run's checkpoint, the metrics equal the trainer's held-out eval of that checkpoint.
 Decoding is greedy when `config.eval.greedy` (the default) and `samples` is 1; `samples` K > 1 draws K rollouts per
 task at the rollouts' temperature and top-p (`config.sampling`) and adds pass@K and mean@K.
@@ -44,8 +44,10 @@ from jaxcredit.rollout import jsonl as jsonl_lib
 from jaxcredit.rollout.chat_format import ChatFormat
 from jaxcredit.rollout.multiturn import RolloutResult
 from jaxcredit.train import checkpoint as ckpt_lib
+from jaxcredit.train import export
+from jaxcredit.train import heldout as heldout_lib
+from jaxcredit.train import run as run_lib
 from jaxcredit.train import step as step_lib
-from jaxcredit.train import trainer
 from jaxcredit.train.engines import ENGINES
 
 Z95 = 1.959963984540054
@@ -143,7 +145,7 @@ def metric_table(env: EnvSpec, results_by_task: Sequence[Sequence[RolloutResult]
   Args:
     env: the environment (its `is_success` and `metrics`).
     results_by_task: [n tasks][K samples] finished rollouts, K equal for every task.
-    heldout: `trainer.eval_metrics` of all the rollouts (the values reported).
+    heldout: `heldout.eval_metrics` of all the rollouts (the values reported).
 
   Returns:
     {name: {"value": float, "count": tasks, "ci95": [low, high] (null when undefined), "interval": "wilson" |
@@ -177,7 +179,7 @@ def metric_table(env: EnvSpec, results_by_task: Sequence[Sequence[RolloutResult]
     draws: dict[str, list[float]] = {key: [] for key in env_keys}
     for _ in range(BOOTSTRAP_RESAMPLES):
       pick = rng.integers(0, n, size=n)
-      row = trainer.env_metrics_of(env, [r.env for t in pick for r in results_by_task[t]])
+      row = heldout_lib.env_metrics_of(env, [r.env for t in pick for r in results_by_task[t]])
       for key in env_keys:
         if key in row:
           draws[key].append(row[key])
@@ -207,14 +209,14 @@ def per_task_rows(env: EnvSpec, tasks: Sequence, results_by_task: Sequence[Seque
     category = getattr(task, "category", None)
     rows.append(
       {
-        "task_id": trainer._task_id(task),
+        "task_id": export.task_id_of(task),
         "category": None if category is None else str(category),
         "success_rate": float(np.mean(success)),
         "answered_frac": float(np.mean([r.finish == "answer" for r in rs])),
         "tool_calls": float(np.mean([r.tool_calls for r in rs])),
         "mean_turns": float(np.mean([r.builder.num_turns for r in rs])),
         "passed": any(success),
-        **trainer.env_metrics_of(env, [r.env for r in rs]),
+        **heldout_lib.env_metrics_of(env, [r.env for r in rs]),
       }
     )
   return rows
@@ -226,7 +228,7 @@ def per_task_rows(env: EnvSpec, tasks: Sequence, results_by_task: Sequence[Seque
 
 @dataclasses.dataclass
 class EvalRun:
-  """What the trainer's held-out eval functions read (`trainer.sample_eval_batch`, `trainer.eval_summaries`): the
+  """What the trainer's held-out eval functions read (`heldout.sample_eval_batch`, `heldout.eval_summaries`): the
   config, the environment, the tokenizer and its chat format, and the sampler holding the evaluated model."""
 
   config: ml_collections.ConfigDict
@@ -268,7 +270,7 @@ def load_model(config: ml_collections.ConfigDict, source: str | None, mesh) -> t
   checkpoint, "smollm2"), or a training workdir `W` (its latest RL checkpoint) or `W@STEP` (the checkpoint of RL step
   STEP; 0 is the policy as RL started): the policy's parameters of that checkpoint, on the model the workdir's
   config.json names. None: `config.model.source`. The compute and parameter dtypes and the runtime options are the
-  config's (`model.compute_dtype`, `model.param_dtype`, `trainer.model_overrides_dict`).
+  config's (`model.compute_dtype`, `model.param_dtype`, `run_lib.model_overrides_dict`).
 
   Returns:
     (model: the nnx Decoder, tok: the tokenizer of config.model.source, info: {"source", "kind": "model" |
@@ -306,7 +308,7 @@ def load_model(config: ml_collections.ConfigDict, source: str | None, mesh) -> t
     dtype=config.model.compute_dtype or None,
     param_dtype=config.model.param_dtype,
     mesh=mesh,
-    config_overrides=trainer.model_overrides_dict(config),
+    config_overrides=run_lib.model_overrides_dict(config),
   )
   try:
     model_vocab = load_tokenizer(path, cache_dir=base_cache).vocab_size
@@ -336,7 +338,7 @@ def build(config: ml_collections.ConfigDict, model: str | None, *, out_dir: str)
   Raises:
     As `load_model`, and ValueError for what the environment refuses in config.env.
   """
-  logging.getLogger("math_verify").setLevel(logging.ERROR)  # as `trainer.build`: its "timeout disabled" notice
+  logging.getLogger("math_verify").setLevel(logging.ERROR)  # as `run_lib.build`: its "timeout disabled" notice
   env = make_env_spec(config.env)
   tasks = env.make_tasks("eval", config.eval.num_tasks, None)
   mesh = sharding.make_mesh(dict(config.mesh))
@@ -441,7 +443,7 @@ def to_record(run: EvalRun, result: RolloutResult, task_index: int, sample: int)
     rollout_id=rollout_id(task_index, sample),
     group_id=task_index,
     unit_rewards=list(run.env.unit_rewards(result.env)) if run.env.unit_rewards is not None else None,
-    task_id=trainer._task_id(task),
+    task_id=export.task_id_of(task),
     tools=run.env.tools(task) if run.env.tools is not None else None,
     metadata={"sample": sample},
   )
@@ -457,9 +459,9 @@ def replay(run: EvalRun, record: dict, task_index: int) -> RolloutResult:
   """
   task = run.tasks[task_index]
   where = f"rollout {record['rollout_id']!r}"
-  if record.get("task_id") is not None and record["task_id"] != trainer._task_id(task):
+  if record.get("task_id") is not None and record["task_id"] != export.task_id_of(task):
     raise ValueError(
-      f"{where} has task_id {record['task_id']!r}, but held-out task {task_index} is {trainer._task_id(task)!r}"
+      f"{where} has task_id {record['task_id']!r}, but held-out task {task_index} is {export.task_id_of(task)!r}"
     )
   env = run.env.make_env(task)
   for m in record.get("messages") or []:
@@ -501,7 +503,7 @@ def evaluate_model(
 
   Returns:
     eval.json's content: the header (`eval_header`), "model_info" (`load_model`'s info), "heldout" (the trainer's
-    held-out metrics, `trainer.eval_metrics`), "metrics" (`metric_table`), "per_task" (`per_task_rows`),
+    held-out metrics, `heldout.eval_metrics`), "metrics" (`metric_table`), "per_task" (`per_task_rows`),
     "num_rollouts", "resumed" (rollouts read
     back), "sampled" (rollouts sampled now), "seconds".
 
@@ -549,22 +551,22 @@ def _evaluate(run: EvalRun, header: dict, out_dir: str, samples: int, resuming: 
     missing = [j for j in plan[start : start + bs] if j not in done]
     if not missing:
       continue
-    results = trainer.sample_eval_batch(run, [run.tasks[t] for t, _ in missing], start, greedy=greedy)
+    results = heldout_lib.sample_eval_batch(run, [run.tasks[t] for t, _ in missing], start, greedy=greedy)
     records = [to_record(run, r, t, k) for r, (t, k) in zip(results, missing)]
     jsonl_lib.append_jsonl(path, records)
     done.update(zip(missing, results))
     bar.update(len(missing))
   bar.close()
   results = [done[j] for j in plan]
-  heldout = trainer.eval_metrics(
-    trainer.eval_summaries(run, results), [trainer.env_metrics_of(run.env, [r.env for r in results])]
+  heldout = heldout_lib.eval_metrics(
+    heldout_lib.eval_summaries(run, results), [heldout_lib.env_metrics_of(run.env, [r.env for r in results])]
   )
   by_task = [results[i : i + samples] for i in range(0, len(results), samples)]
   info = {
     "status": "done",
     **header,
     "model_info": run.model_info,
-    "task_ids": [trainer._task_id(t) for t in run.tasks],
+    "task_ids": [export.task_id_of(t) for t in run.tasks],
     "heldout": heldout,
     "metrics": metric_table(run.env, by_task, heldout),
     "per_task": per_task_rows(run.env, run.tasks, by_task),

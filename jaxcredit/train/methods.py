@@ -25,7 +25,6 @@ import re
 from typing import Any, Callable, Mapping
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxcredit import credit

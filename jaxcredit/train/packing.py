@@ -52,7 +52,7 @@ def pack_update_batch(
   rows_multiple: int = 1,
   slot_bucket: int = 64,
 ) -> dict:
-  """Packs an update batch of right-padded rollouts (the trainer's `_batch`) into group rows with scored slots.
+  """Packs an update batch of right-padded rollouts (`jaxcredit.train.update.update_batch`) into group rows with scored slots.
 
   Rollouts are grouped by `group_ids_B` (default: each its own group). A group's rows start with the longest
   common prefix of its rollouts' tokens; continuations are appended while the row stays within

@@ -594,7 +594,7 @@ def model_config_for(source: str, config=None) -> ModelConfig:
         f"a checkpoint folder or a GGUF file"
       )
   if config is not None:
-    from jaxcredit.train.trainer import model_overrides
+    from jaxcredit.train.run import model_overrides
 
     cfg = model_overrides(cfg, config)
     if config.model.compute_dtype:

@@ -5,7 +5,7 @@ on the same rollouts (docs/viewer.md).
 
 The trainer writes rollout samples (`config.log_rollouts_every`): whole prompt groups of a step, with the advantages
 it trained on, every pass output and the method's details. The trained method is shown as trained; every other
-method is computed again on the same rollouts by `trainer.credit_records`, running the passes it needs with the
+method is computed again on the same rollouts by `offline_credit.credit_records`, running the passes it needs with the
 workdir's latest checkpoint (and its reference). The page of each method says which.
 """
 
@@ -17,9 +17,10 @@ import re
 
 import ml_collections
 
+from jaxcredit.models import load_tokenizer, resolve_source
 from jaxcredit.rollout import jsonl as jsonl_lib
 from jaxcredit.train import config as config_lib
-from jaxcredit.train import trainer
+from jaxcredit.train import offline_credit
 from jaxcredit.train.methods import METHODS
 from jaxcredit.viz import page
 
@@ -107,7 +108,7 @@ def view_samples(
     path = os.path.join(workdir, "rollout_samples", f"step_{step}.jsonl")
   config = run_config(workdir) if config is None else config
   config_lib.validate(config)
-  tok = trainer.load_tokenizer(trainer.resolve_source(config.model.source), cache_dir=config.model.cache_dir or None)
+  tok = load_tokenizer(resolve_source(config.model.source), cache_dir=config.model.cache_dir or None)
   records = jsonl_lib.read_jsonl(path, vocab_size=tok.vocab_size)  # the pages decode every id with it
   if not records:
     raise ValueError(f"{path} holds no rollouts")
@@ -130,7 +131,7 @@ def view_samples(
     if METHODS[name].teacher is None:
       c.teacher.source = ""  # the trained method's teacher: a method without a teacher pass refuses one
     try:
-      credited[name], _ = trainer.credit_records(c, records, source=path, details=True)
+      credited[name], _ = offline_credit.credit_records(c, records, source=path, details=True)
     except ValueError as e:
       raise ValueError(f"method {name!r}: {e}") from None
     needs = METHODS[name].passes

@@ -13,8 +13,7 @@ import pytest
 from jaxcredit import cli
 from jaxcredit.envs import ENVS
 from jaxcredit.rollout import jsonl
-from jaxcredit.train import trainer
-
+from jaxcredit.train import export, offline_credit, trainer
 from tests.fixtures.tiny_run import ROOT, metrics_rows, tiny_run_config
 
 
@@ -109,11 +108,11 @@ def test_credit_refuses_small_groups_and_unknown_tasks(tiny, tmp_path):
   lonely = [dict(records[0], group_id="alone")] + records[1:]
   jsonl.write_jsonl(tmp_path / "lonely.jsonl", lonely)
   with pytest.raises(ValueError, match="groups of at least 2"):
-    trainer.credit_file(c, str(tmp_path / "lonely.jsonl"), str(tmp_path / "o.jsonl"))
+    offline_credit.credit_file(c, str(tmp_path / "lonely.jsonl"), str(tmp_path / "o.jsonl"))
   unknown = [dict(r, task_id="no/such/task") for r in records]
   jsonl.write_jsonl(tmp_path / "unknown.jsonl", unknown)
   with pytest.raises(ValueError, match="no/such/task"):
-    trainer.credit_file(c, str(tmp_path / "unknown.jsonl"), str(tmp_path / "o.jsonl"))
+    offline_credit.credit_file(c, str(tmp_path / "unknown.jsonl"), str(tmp_path / "o.jsonl"))
   assert not os.path.exists(tmp_path / "o.jsonl")
   bad = tmp_path / "bad.jsonl"
   bad.write_text(json.dumps(records[0]) + "\n{not json\n")
@@ -157,7 +156,7 @@ def test_credit_without_passes_loads_no_model_and_refuses_bad_files(tmp_path):
   c = base_config()
   c.credit.method = "grpo"
   c.workdir = str(tmp_path / "never_written")
-  info = trainer.credit_file(c, str(tmp_path / "in.jsonl"), str(tmp_path / "out.jsonl"))
+  info = offline_credit.credit_file(c, str(tmp_path / "in.jsonl"), str(tmp_path / "out.jsonl"))
   assert info == {"rollouts": 4, "groups": 2, "method": "grpo"}
   adv = {r["rollout_id"]: r["advantages"] for r in jsonl.read_jsonl(tmp_path / "out.jsonl")}
   s = 1 / np.sqrt(2)  # (1 - 0.5) / std([1, 0], ddof=1)
@@ -168,10 +167,10 @@ def test_credit_without_passes_loads_no_model_and_refuses_bad_files(tmp_path):
 
   jsonl.write_jsonl(tmp_path / "dup.jsonl", records + [records[0]])
   with pytest.raises(ValueError, match="appears more than once"):
-    trainer.credit_file(c, str(tmp_path / "dup.jsonl"), str(tmp_path / "o.jsonl"))
+    offline_credit.credit_file(c, str(tmp_path / "dup.jsonl"), str(tmp_path / "o.jsonl"))
   jsonl.write_jsonl(tmp_path / "turns.jsonl", [dict(records[0], num_turns=10**9)] + records[1:])
   with pytest.raises(ValueError, match="num_turns=1000000000"):
-    trainer.credit_file(c, str(tmp_path / "turns.jsonl"), str(tmp_path / "o.jsonl"))
+    offline_credit.credit_file(c, str(tmp_path / "turns.jsonl"), str(tmp_path / "o.jsonl"))
   base = ["jaxcredit", "credit", "--config", os.path.join(ROOT, "configs", "grpo.py")]
   assert cli.main(base + ["--in", str(tmp_path / "in.jsonl"), "--out", str(tmp_path)]) == 2
   assert cli.main(base + ["--in", "--out", str(tmp_path / "o.jsonl")]) == 2
@@ -216,12 +215,12 @@ def test_credit_finds_each_rollouts_own_task_when_tasks_have_no_id(tiny, tmp_pat
         jsonl.rollout_to_record(b, rollout_id=f"{word}-{k}", group_id=g, reward=float(k), messages=messages)
       )
   assert all(r["task_id"] is None for r in records)
-  trainer.credit_records(c, records, source="in.jsonl")
+  offline_credit.credit_records(c, records, source="in.jsonl")
   assert sorted(set(asked)) == ["reward", "tensor"]  # before: every rollout got "credit"'s gold answer
 
   stranger = [dict(records[0], messages=[{"role": "user", "content": "Reverse nothing."}])] + records[1:]
   with pytest.raises(ValueError, match=r"in.jsonl: rollout 'reward-0' has no task_id and its prompt .* is none of"):
-    trainer.credit_records(c, stranger, source="in.jsonl")
+    offline_credit.credit_records(c, stranger, source="in.jsonl")
 
 
 def test_credit_refuses_token_ids_outside_the_policy_vocabulary(tiny, tmp_path):
@@ -231,14 +230,14 @@ def test_credit_refuses_token_ids_outside_the_policy_vocabulary(tiny, tmp_path):
   from jaxcredit.envs import make_env_spec
 
   c = tiny_run_config("trace", tmp_path / "run", tiny)
-  task = trainer._task_id(make_env_spec(c.env).make_tasks("train", c.env.num_train_tasks, c.seed)[0])
+  task = export.task_id_of(make_env_spec(c.env).make_tasks("train", c.env.num_train_tasks, c.seed)[0])
   for bad_id in (60000, -1):
     records = _records({"g": [1.0, 0.0]}, task_id=task)
     records[1]["token_ids"][3] = bad_id  # the first action token
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
     with pytest.raises(ValueError, match=rf"in\.jsonl, line 2: field 'token_ids\[3\]': .*{bad_id}"):
-      trainer.credit_file(c, str(src), str(tmp_path / "out.jsonl"))
+      offline_credit.credit_file(c, str(src), str(tmp_path / "out.jsonl"))
     assert not os.path.exists(tmp_path / "out.jsonl")
 
 
@@ -260,7 +259,7 @@ def test_credit_refuses_groups_of_unequal_size(tmp_path, capsys):
       + " group 'b' has 2 rollouts but group 'a' has 3"
     ),
   ):
-    trainer.credit_file(c, str(tmp_path / "in.jsonl"), str(tmp_path / "out.jsonl"))
+    offline_credit.credit_file(c, str(tmp_path / "in.jsonl"), str(tmp_path / "out.jsonl"))
   base = ["jaxcredit", "credit", "--config", os.path.join(ROOT, "configs", "grpo.py")]
   capsys.readouterr()
   assert cli.main(base + ["--in", str(tmp_path / "in.jsonl"), "--out", str(tmp_path / "out.jsonl")]) == 2

@@ -10,7 +10,8 @@ import os
 import pytest
 
 from jaxcredit.rollout import jsonl as jsonl_lib
-from jaxcredit.train import trainer
+from jaxcredit.train import heldout, trainer
+from jaxcredit.train import run as run_lib
 from tests.fixtures.cli import run_cli
 from tests.fixtures.tiny_model import random_params, tiny_decoder_config, write_gguf
 from tests.fixtures.tiny_run import metrics_rows, tiny_run_config, tiny_run_overrides
@@ -40,14 +41,14 @@ def trained(tmp_path_factory, tiny):
     **EVAL,
   )
   captured = []
-  real_batch = trainer.sample_eval_batch
+  real_batch = heldout.sample_eval_batch
 
   def capture(run, tasks, offset, *, greedy):
     captured.extend(real_batch(run, tasks, offset, greedy=greedy))
     return captured[-len(tasks) :]
 
   with pytest.MonkeyPatch.context() as m:
-    m.setattr(trainer, "sample_eval_batch", capture)
+    m.setattr(heldout, "sample_eval_batch", capture)
     trainer.train(c)
   final = metrics_rows(workdir, "eval")[-1]
   args = [
@@ -116,13 +117,13 @@ def test_an_interrupted_eval_resumes_without_sampling_its_finished_tasks(trained
   # The first batch written, the second cut off in the middle of its first line (a kill during the write).
   (resumed / "rollouts.jsonl").write_text("".join(lines[:2]) + lines[2][:40])
   sampled = []
-  real_sample = trainer._sample
+  real_sample = run_lib.sample_rollouts
 
   def counting_sample(run, tasks, key, *, greedy=False):
     sampled.extend(tasks)
     return real_sample(run, tasks, key, greedy=greedy)
 
-  monkeypatch.setattr(trainer, "_sample", counting_sample)
+  monkeypatch.setattr(heldout, "sample_rollouts", counting_sample)
   p = run_cli("eval", *args, "--model", full["model"], "--out", str(resumed))
   assert p.returncode == 0, p.stderr
   assert len(sampled) == 2, "finished tasks were sampled again"

@@ -169,16 +169,16 @@ def test_groups_that_cannot_be_split_over_the_processes_are_refused_before_anyth
   """The check itself, in this process with jax reporting 2 processes: the trainer's build refuses 3 prompt groups
   naming the field, before the workdir is written. The whole path with two real processes is the slow test
   below."""
-  from jaxcredit.train import trainer
+  from jaxcredit.train import run as run_lib
 
   monkeypatch.setattr(jax, "process_count", lambda: 2)
   monkeypatch.setattr(jax, "process_index", lambda: 0)
   c = tiny_run_config("quickstart", tmp_path / "run", tiny, rollout__prompts_per_step=3)
   with pytest.raises(ValueError, match=r"config\.rollout\.prompts_per_step=3.*over 2 processes"):
-    trainer.build(c)
+    run_lib.build(c)
   assert not (tmp_path / "run" / "config.json").exists()
   c.rollout.prompts_per_step, c.mesh.data = 4, 2  # 2 groups and one device per process: accepted
-  trainer._check_processes(c)
+  run_lib.check_processes(c)
 
 
 @pytest.mark.slow

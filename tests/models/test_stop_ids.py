@@ -10,9 +10,8 @@ import pytest
 
 from jaxcredit.models import ChatTokenizer, load_model, load_tokenizer
 from jaxcredit.sampling import Sampler, SamplingParams
-from jaxcredit.train import trainer
+from jaxcredit.train import run as run_lib
 from jaxcredit.train.config import base_config
-
 from tests.fixtures.tiny_model import CFG, TOKENS, random_params, write_gguf
 
 # The tiny vocabulary's control tokens: 0 <|endoftext|>, 1 <|im_start|>, 2 <|im_end|> (the eos token).
@@ -75,7 +74,7 @@ def test_the_trainer_samples_until_any_stop_id():
   run = types.SimpleNamespace(
     config=c, tok=types.SimpleNamespace(eos_id=2, stop_ids=(2, 0)), env=types.SimpleNamespace(stop_strings=())
   )
-  assert trainer._sampling_params(run).stop_token_ids == (2, 0)
+  assert run_lib.rollout_sampling_params(run).stop_token_ids == (2, 0)
 
 
 def test_sampler_stops_at_the_second_eos_id(tmp_path):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from jaxcredit.train import config as config_lib
-from jaxcredit.train import trainer
+from jaxcredit.train import update as update_lib
 from jaxcredit.train.engines import ENGINES
 
 
@@ -57,7 +57,7 @@ def test_engine_correction_weights_gap_and_behaviour():
     behavior_logp_BxL=engine,
   )
   run = types.SimpleNamespace(config=c, graphdef=None, rest=None, policy_logp=lambda p, t, m: trainer_logp)
-  behaviour, weight, row = trainer._engine_correction(run, None, traj)
+  behaviour, weight, row = update_lib.engine_correction(run, None, traj)
   act = traj.action_mask_BxL & traj.sample_mask_B[:, None]
   np.testing.assert_array_equal(behaviour[act], trainer_logp[act])
   np.testing.assert_array_equal(behaviour[~act], engine[~act])
@@ -124,16 +124,16 @@ def test_a_token_without_an_engine_logprob_leaves_the_loss_and_the_gap_metrics(v
   traj = _traj_with_one_missing_logp(value)
   trainer_logp = np.array([[-9.0, -0.9, -2.5, -0.4], [-9.0, -1.2, -2.0, -0.3]], np.float32)
   run = types.SimpleNamespace(config=c, graphdef=None, rest=None, policy_logp=lambda p, t, m: trainer_logp)
-  _, raw_weight, raw_row = trainer._engine_correction(run, None, traj)  # even before the drop
+  _, raw_weight, raw_row = update_lib.engine_correction(run, None, traj)  # even before the drop
   assert np.isfinite(raw_row["engine_logp_gap_mean"]) and raw_weight[0, 2] < c.loss.engine_is_cap
-  kept, row = trainer.drop_invalid_behavior_logp(traj)
+  kept, row = update_lib.drop_invalid_behavior_logp(traj)
   assert row == {"engine_invalid_logp_tokens": 1}
   ref = _traj_with_one_missing_logp(-2.0)
   ref.action_mask_BxL[0, 2] = False
-  _, weight, gap_row = trainer._engine_correction(run, None, kept)
+  _, weight, gap_row = update_lib.engine_correction(run, None, kept)
   assert np.isfinite(gap_row["engine_logp_gap_mean"]) and np.isfinite(gap_row["engine_logp_gap_max"])
   assert weight[0, 2] == 1.0  # not an action token any more: not the cap
-  _, ref_weight, ref_row = trainer._engine_correction(run, None, ref)
+  _, ref_weight, ref_row = update_lib.engine_correction(run, None, ref)
   assert gap_row == ref_row
   np.testing.assert_array_equal(weight, ref_weight)
 
@@ -145,8 +145,10 @@ def test_a_token_without_an_engine_logprob_leaves_the_loss_and_the_gap_metrics(v
     return {"policy": tok_loss}, {}
 
   params = {"logp_BxL": np.full((2, 4), -1.1, np.float32)}
-  loss, grads, _ = step_lib.loss_and_grads(policy_only, None, params, None, trainer._batch(kept, adv), cfg)
-  ref_loss, ref_grads, _ = step_lib.loss_and_grads(policy_only, None, params, None, trainer._batch(ref, adv), cfg)
+  loss, grads, _ = step_lib.loss_and_grads(policy_only, None, params, None, update_lib.update_batch(kept, adv), cfg)
+  ref_loss, ref_grads, _ = step_lib.loss_and_grads(
+    policy_only, None, params, None, update_lib.update_batch(ref, adv), cfg
+  )
   assert np.isfinite(float(loss)) and float(loss) == pytest.approx(float(ref_loss), rel=1e-6)
   np.testing.assert_allclose(grads["logp_BxL"], ref_grads["logp_BxL"], rtol=1e-6)
   assert float(grads["logp_BxL"][0, 2]) == 0.0
@@ -154,6 +156,6 @@ def test_a_token_without_an_engine_logprob_leaves_the_loss_and_the_gap_metrics(v
 
 def test_finite_engine_logprobs_are_all_kept():
   traj = _traj_with_one_missing_logp(-2.0)
-  kept, row = trainer.drop_invalid_behavior_logp(traj)
+  kept, row = update_lib.drop_invalid_behavior_logp(traj)
   assert row == {"engine_invalid_logp_tokens": 0}
   np.testing.assert_array_equal(kept.action_mask_BxL, traj.action_mask_BxL)

@@ -6,7 +6,8 @@ import types
 import jax
 import numpy as np
 
-from jaxcredit.train import trainer
+from jaxcredit.train import heldout
+from jaxcredit.train import run as run_lib
 from jaxcredit.train.config import base_config
 
 
@@ -34,7 +35,7 @@ def _evaluate(monkeypatch, greedy: bool):
   calls = []
 
   def fake_sample(run, tasks, key, *, greedy=False):
-    params = trainer._sampling_params(run, greedy=greedy)
+    params = run_lib.rollout_sampling_params(run, greedy=greedy)
     calls.append((list(tasks), np.asarray(jax.random.key_data(key)), params.temperature, params.top_p))
     return [
       types.SimpleNamespace(
@@ -43,10 +44,10 @@ def _evaluate(monkeypatch, greedy: bool):
       for t in tasks
     ]
 
-  monkeypatch.setattr(trainer, "_sample", fake_sample)
-  monkeypatch.setattr(trainer, "_sampling_model", lambda run, params: None)
+  monkeypatch.setattr(heldout, "sample_rollouts", fake_sample)
+  monkeypatch.setattr(heldout, "sampling_model", lambda run, params: None)
   run, rows = _fake_run(greedy, num_tasks=5, batch_size=2)
-  m = trainer.evaluate(run, params=None, stage="rl_step_1", step=1)
+  m = heldout.evaluate(run, params=None, stage="rl_step_1", step=1)
   return calls, rows, m
 
 

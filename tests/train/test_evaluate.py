@@ -105,7 +105,7 @@ def test_an_environments_own_metric_reaches_the_trainers_row_and_the_eval_table(
   """The path of a benchmark metric: `EnvSpec.metrics` (here arithmetic's math-verify accuracy) -> the trainer's
   `env_metrics_of` ("env/..." in its eval row) -> `metric_table` (eval.json, with a bootstrap interval) -> the table."""
   from jaxcredit.envs import arithmetic
-  from jaxcredit.train import trainer
+  from jaxcredit.train import heldout
 
   spec = arithmetic.env_spec()
   task = arithmetic.ArithmeticTask(task_id="t/0", question="2*(3+4)?", answer="14", source="x", expression="2*(3+4)")
@@ -114,7 +114,7 @@ def test_an_environments_own_metric_reaches_the_trainers_row_and_the_eval_table(
     env = spec.make_env(task)
     env.step(f"<answer>{answer}</answer>")
     by_task.append([types.SimpleNamespace(reward=env.reward(), tool_calls=0, builder=None, finish="answer", env=env)])
-  row = trainer.env_metrics_of(spec, [rs[0].env for rs in by_task])
+  row = heldout.env_metrics_of(spec, [rs[0].env for rs in by_task])
   assert row == {"env/math_verify_accuracy": pytest.approx(2 / 3)}
   for rs in by_task:
     rs[0].builder = types.SimpleNamespace(num_turns=1)

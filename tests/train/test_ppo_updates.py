@@ -1,4 +1,4 @@
-"""PPO epochs and mini-batches (`trainer.ppo_updates`): one epoch of one mini-batch is the plain update; more updates
+"""PPO epochs and mini-batches (`update_lib.ppo_updates`): one epoch of one mini-batch is the plain update; more updates
 per batch move the ratio away from 1 so that the clip acts; the order is reproducible from the seed."""
 
 import jax
@@ -10,8 +10,7 @@ from flax import nnx
 from jaxcredit import sharding
 from jaxcredit.models.decoder import Decoder, param_logical_axes
 from jaxcredit.train import step as step_lib
-from jaxcredit.train.trainer import ppo_updates
-
+from jaxcredit.train.update import ppo_updates
 from tests.fixtures.tiny_model import tiny_decoder_config
 
 CFG = tiny_decoder_config(tie_word_embeddings=False)

@@ -7,7 +7,7 @@ import pytest
 
 from jaxcredit.train import metrics as metrics_lib
 from jaxcredit.train import plan
-from jaxcredit.train import trainer
+from jaxcredit.train import rl_step as rl_step_lib
 
 
 def _run(kind: str, chips: int, active_params: int):
@@ -18,13 +18,13 @@ def _run(kind: str, chips: int, active_params: int):
 
 
 def test_tokens_per_chip_and_mfu_on_a_tpu():
-  row = trainer._throughput(_run("TPU v5p", 64, 4_000_000_000), tokens=1_000_000, step_s=10.0)
+  row = rl_step_lib.throughput_metrics(_run("TPU v5p", 64, 4_000_000_000), tokens=1_000_000, step_s=10.0)
   assert row["tokens_per_s_per_chip"] == pytest.approx(1_000_000 / 10.0 / 64)
   assert row["mfu"] == pytest.approx(6 * 4e9 * 1e6 / (10.0 * 64 * 459e12))
 
 
 def test_no_mfu_where_the_peak_is_unknown():
-  row = trainer._throughput(_run("cpu", 1, 135_000_000), tokens=1318, step_s=26.0)
+  row = rl_step_lib.throughput_metrics(_run("cpu", 1, 135_000_000), tokens=1318, step_s=26.0)
   assert row == {"tokens_per_s_per_chip": pytest.approx(1318 / 26.0)}
 
 

@@ -11,7 +11,7 @@ import types
 import pytest
 
 from jaxcredit.rollout.multiturn import RolloutResult
-from jaxcredit.train import evaluate, trainer
+from jaxcredit.train import evaluate, heldout
 from jaxcredit.train.config import base_config
 from jaxcredit.trajectory import RolloutBuilder
 from jaxcredit.viz import compare_evals
@@ -65,7 +65,7 @@ def write_eval(folder, model, scripted, *, task_ids=None, num_tasks=5):
 
   os.makedirs(folder)
   with pytest.MonkeyPatch.context() as m:
-    m.setattr(trainer, "sample_eval_batch", sample)
+    m.setattr(heldout, "sample_eval_batch", sample)
     evaluate._evaluate(run, evaluate.eval_header(c, model, 1), str(folder), 1, False, 0.0)
   return str(folder)
 

@@ -1,0 +1,137 @@
+"""What a run writes about its rollouts: JSONL exports with the advantages computed for them (`export_rollouts`,
+docs/rollouts-jsonl.md), each rollout's pass outputs and credit details as JSON values (`pass_outputs_of`,
+`rollout_values`) and the credit viewer's pages of the latest sample (`write_viewer`)."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import numpy as np
+
+from jaxcredit.rollout import jsonl as jsonl_lib
+from jaxcredit.train.methods import METHODS
+from jaxcredit.train.run import Run
+from jaxcredit.viz import page as viz_page
+
+
+def write_viewer(run: Run) -> str | None:
+  """The credit viewer's pages (jaxcredit.viz.page) for the latest rollout sample, with the trained method's
+  advantages (`jaxcredit viz` adds other methods). Returns the index's path, or None without samples."""
+  folder = os.path.join(run.config.workdir, "rollout_samples")
+  steps = sorted(
+    int(f[5:-6]) for f in (os.listdir(folder) if os.path.isdir(folder) else []) if re.fullmatch(r"step_\d+\.jsonl", f)
+  )
+  if not steps:
+    return None
+  records = jsonl_lib.read_jsonl(os.path.join(folder, f"step_{steps[-1]}.jsonl"))
+  if not records:
+    return None
+  name = run.config.credit.method
+  return viz_page.write_rollout_pages(
+    os.path.join(run.config.workdir, "viewer", f"step_{steps[-1]}"),
+    {name: records},
+    run.tok.decode,
+    step=steps[-1],
+    summaries={name: METHODS[name].summary},
+    notes={name: f"as trained at step {steps[-1]}"},
+    peer_ids={
+      name: [f"step{steps[-1]}_{i}" for i in range(run.config.rollout.prompts_per_step * run.config.rollout.group_size)]
+    },
+  )
+
+
+def sample_rows(group_ids_B, count: int) -> list[int]:
+  """The rollouts of the groups that hold the first `count` rollouts, in batch order: whole groups, so that a
+  group method's advantages can be computed again from the sample (`jaxcredit viz`)."""
+  group_ids = [int(g) for g in np.asarray(group_ids_B)]
+  keep = set(group_ids[:count])
+  return [i for i, g in enumerate(group_ids) if g in keep]
+
+
+def export_rollouts(
+  run: Run,
+  path: str,
+  results,
+  tasks,
+  traj,
+  out,
+  *,
+  rollout_ids,
+  rows=None,
+  with_passes: bool = False,
+  processes=None,
+  policy_version: int | None = None,
+) -> None:
+  """Writes rollouts as JSONL (jaxcredit/rollout/jsonl.py; docs/rollouts-jsonl.md), with the advantages computed for
+  them: one line per rollout, its group id the index of its prompt group. `rows`: which rollouts (default all);
+  `with_passes`: also every pass output of each rollout under metadata["passes"] (`pass_outputs_of`) and the
+  method's per-rollout details (TRACE's state values, GEAR's segments, ...) under metadata["credit_details"];
+  `processes`: the process that sampled each rollout, recorded as metadata["process"] when several did;
+  `policy_version`: the version of the weights that sampled them (`Run.policy_version`), metadata["policy_version"]."""
+  rows = range(len(results)) if rows is None else list(rows)
+  records = []
+  for i in rows:
+    res, task = results[i], tasks[i]
+    records.append(
+      jsonl_lib.rollout_to_record(
+        res,
+        rollout_id=rollout_ids[i],
+        group_id=int(traj.group_ids_B[i]),
+        unit_rewards=[float(x) for x in traj.unit_rewards_BxU[i][traj.unit_mask_BxU[i]]],
+        task_id=task_id_of(task),
+        tools=run.env.tools(task) if run.env.tools is not None else None,
+        metadata={
+          **({"passes": pass_outputs_of(traj, i)} if with_passes else {}),
+          **({"credit_details": rollout_values(out.details, i, traj)} if with_passes and out.details else {}),
+          **({"process": int(processes[i])} if processes is not None and len(set(processes)) > 1 else {}),
+          **({"policy_version": int(policy_version)} if policy_version is not None else {}),
+        },
+      )
+    )
+  turn_adv = None if out.turn_adv_BxT is None else out.turn_adv_BxT[list(rows)]
+  records = jsonl_lib.attach_credit(records, out.adv_BxL[list(rows)], turn_adv, method=run.config.credit.method)
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  jsonl_lib.write_jsonl(path, records)
+
+
+def pass_outputs_of(traj, i: int) -> dict:
+  """Rollout i's share of every pass output (`traj.passes[name][key]`), as JSON values (`rollout_values`)."""
+  return {name: rollout_values(outputs, i, traj) for name, outputs in traj.passes.items()}
+
+
+def rollout_values(outputs: dict, i: int, traj) -> dict:
+  """Rollout i's share of `outputs` (pass outputs or `MethodOutput.details`), as JSON values: row i of each array or
+  list with one entry per rollout, per-token rows (`*_BxL`) cut to the rollout's tokens, per-turn rows (`*_BxT`) to
+  its turns and per-boundary rows (`*_BxT1`) to its turns + 1, non-finite numbers as None. Values that are not per
+  rollout are left out."""
+  b, n = traj.tokens_BxL.shape[0], int(traj.token_mask_BxL[i].sum())
+  turns = int(traj.turn_mask_BxT[i].sum())
+  cut = {"_BxL": n, "_BxT": turns, "_BxT1": turns + 1}
+  row: dict = {}
+  for key, value in outputs.items():
+    if isinstance(value, (list, tuple)) and len(value) == b:
+      v = value[i]
+      row[key] = v if isinstance(v, (str, int, float, bool, type(None))) else str(v)
+      continue
+    array = np.asarray(value) if isinstance(value, np.ndarray) or hasattr(value, "shape") else None
+    if array is None or array.ndim == 0 or array.shape[0] != b:
+      continue
+    x = array[i]
+    suffix = next((s for s in ("_BxT1", "_BxL", "_BxT") if key.endswith(s)), None)
+    if suffix is not None and x.ndim >= 1:
+      x = x[: cut[suffix]]
+    if np.issubdtype(x.dtype, np.floating):
+      x = np.where(np.isfinite(x), x, np.nan).astype(np.float64)
+      row[key] = np.where(np.isnan(x), None, x).tolist() if x.ndim else (float(x) if np.isfinite(x) else None)
+    else:
+      row[key] = x.tolist()
+  return row
+
+
+def task_id_of(task) -> str | None:
+  for key in ("task_id", "query_id", "id"):
+    v = getattr(task, key, None)
+    if v is not None:
+      return str(v)
+  return None

@@ -1,0 +1,326 @@
+"""One RL step, in the order of its phases (`learn_step` reads the same way):
+
+  sampled = sample_step(run, params, prompt_ids, key)      # group_size rollouts per prompt, gathered over processes
+  traj    = pack_rollouts(run, sampled)                     # the one trajectory layout (jaxcredit.trajectory)
+  run_passes(run, traj, ...)                                # the PASSES the method needs fill traj.passes
+  out     = METHODS[method].advantages(traj, knobs)         # credit
+  batch, _ = loss_batch(run, params, ref_params, traj, out, ref_logp)
+  params, opt_state, m = ppo_updates(update, params, opt_state, batch, ...)
+  row     = metrics_row(run, sampled, traj, out, m, ...)    # then export_step_rollouts
+
+`run_rl_step` is `sample_step` then `learn_step` (the rest, on given rollouts).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+
+import jax
+import numpy as np
+
+from jaxcredit import multihost
+from jaxcredit.train import config as config_lib
+from jaxcredit.train import passes as passes_lib
+from jaxcredit.train import step as step_lib
+from jaxcredit.train.engines import ENGINES
+from jaxcredit.train.export import export_rollouts, sample_rows
+from jaxcredit.train.heldout import rollout_env_metrics
+from jaxcredit.train.methods import METHODS
+from jaxcredit.train.run import Run, sample_rollouts, sampler_binder, sampling_model
+from jaxcredit.train.update import (
+  drop_invalid_behavior_logp,
+  engine_correction,
+  loss_config_of,
+  make_packer,
+  ppo_updates,
+  update_batch,
+)
+from jaxcredit.trajectory import pack
+
+
+def run_passes(run: Run, traj, results, tasks, params, ref_params, key) -> dict:
+  """Runs the chosen method's passes in order, filling `traj.passes`; returns their metrics."""
+  c = run.config
+  method = METHODS[c.credit.method]
+  models = {
+    "policy": passes_lib.Model(run.graphdef, run.rest, params),
+    "reference": passes_lib.Model(run.graphdef, run.rest, ref_params),
+  }
+  if run.teacher is not None:
+    models["checkpoint"] = run.teacher
+  source = config_lib.teacher_source(c)
+  ctx = passes_lib.PassContext(
+    config=c,
+    knobs=c.credit[c.credit.method],
+    tok=run.tok,
+    env=run.env,
+    tasks=tasks,
+    results=results,
+    key=key,
+    models=models,
+    teacher=source if source in ("policy", "reference") else "checkpoint",
+    fns=run.pass_fns,
+    sampler_for=sampler_binder(run),
+  )
+  row = {}
+  for name in method.passes:
+    t0 = time.time()
+    traj.passes[name] = passes_lib.PASSES[name](ctx, traj)
+    row.update(passes_lib.pass_metrics(name, traj.passes[name], time.time() - t0))
+  return row
+
+
+def throughput_metrics(run: Run, tokens: int, step_s: float) -> dict:
+  """tokens_per_s_per_chip (the step's real tokens over its whole time, per device of the mesh) and, on a chip
+  kind with a known peak (`plan.peak_flops_per_chip`), mfu = 6·N_active·tokens / (step time · chips · peak)."""
+  from jaxcredit.topology import peak_flops_per_chip
+
+  chips = run.mesh.size
+  out = {"tokens_per_s_per_chip": tokens / max(step_s, 1e-9) / chips}
+  peak = peak_flops_per_chip(run.mesh.devices.flat[0].device_kind)
+  if peak is not None:
+    out["mfu"] = 6 * run.model_cfg.num_params(active=True) * tokens / (max(step_s, 1e-9) * chips * peak)
+  return out
+
+
+@dataclasses.dataclass
+class StepRollouts:
+  """One RL step's rollouts, identical on every process (each process sampled its share of the prompt groups).
+
+  `results[i].env` is the environment object only where this process sampled rollout i (None for the others':
+  environments stay where they ran); `env_metrics` are the environment's own metrics, the mean over processes.
+  """
+
+  tasks: list  # the task of each rollout, [B] (group after group)
+  results: list  # RolloutResult per rollout, [B]
+  unit_rewards: list | None  # per rollout, the verified reward of each unit (EnvSpec.unit_rewards), or None
+  processes: list  # the process that sampled each rollout, [B]
+  env_metrics: dict
+  sampler_stats: dict  # sampler_<counter>: this step's counts, summed over processes
+  seconds: float  # the slowest process's sampling time
+  # sampler_sync_s: putting the policy's parameters into the sampler (with several processes, each process's copy);
+  # rollout_gather_s: gathering every process's rollouts (0 with one process).
+  timing: dict = dataclasses.field(default_factory=dict)
+  policy_version: int | None = None  # the version of the weights that sampled them (Run.policy_version)
+
+
+def sample_step(run: Run, params, prompt_ids, key) -> StepRollouts:
+  """Samples one RL step's rollouts: `group_size` per prompt of `prompt_ids` (the step's global batch of training
+  task indices). With several processes each samples its contiguous share of the groups on its own devices (its
+  key folded with its process index), then all rollouts are gathered onto every process. Collective."""
+  c = run.config
+  g = c.rollout.group_size
+  t0 = time.time()
+  mine = prompt_ids[
+    multihost.share(len(prompt_ids), what=f"config.rollout.prompts_per_step={len(prompt_ids)}", unit="prompt groups")
+  ]
+  if jax.process_count() > 1:
+    key = jax.random.fold_in(jax.random.fold_in(key, 2), jax.process_index())
+  stats_before = dict(run.sampler.stats)
+  run.sampler.update_model(
+    sampling_model(run, params), version=run.policy_version, max_staleness=c.rollout.max_staleness
+  )
+  sync_s = time.time() - t0
+  results = sample_rollouts(run, [run.train_tasks[i] for i in mine for _ in range(g)], key)
+  sampler_stats = {f"sampler_{k}": int(v - stats_before.get(k, 0)) for k, v in run.sampler.stats.items()}
+  unit_rewards = [list(run.env.unit_rewards(r.env)) for r in results] if run.env.unit_rewards is not None else None
+  env_metrics = rollout_env_metrics(run, results)
+  seconds = time.time() - t0
+  processes = [jax.process_index()] * len(results)
+  t_gather = time.time()
+  if jax.process_count() > 1:
+    local = [dataclasses.replace(r, env=None) for r in results]
+    shares = multihost.allgather_objects((local, unit_rewards, env_metrics, sampler_stats, seconds))
+    me = jax.process_index()
+    results = sum((results if k == me else share[0] for k, share in enumerate(shares)), [])
+    unit_rewards = None if unit_rewards is None else sum((share[1] for share in shares), [])
+    env_metrics = multihost.mean_of([share[2] for share in shares])
+    sampler_stats = {k: sum(share[3][k] for share in shares) for k in sampler_stats}
+    seconds = max(share[4] for share in shares)
+    processes = [k for k, share in enumerate(shares) for _ in share[0]]
+  timing = {"sampler_sync_s": sync_s, "rollout_gather_s": time.time() - t_gather}
+  return StepRollouts(
+    tasks=[run.train_tasks[int(i)] for i in prompt_ids for _ in range(g)],
+    results=results,
+    unit_rewards=unit_rewards,
+    processes=processes,
+    env_metrics=env_metrics,
+    sampler_stats=sampler_stats,
+    seconds=seconds,
+    timing=timing,
+    policy_version=run.sampler.version,
+  )
+
+
+def run_rl_step(run: Run, params, opt_state, ref_params, data, update, ref_logp, rl_step: int):
+  """One RL step: rollouts (`sample_step`), then `learn_step`. Returns (params, opt_state, metrics row)."""
+  t0 = time.time()
+  key = jax.random.fold_in(run.key, rl_step)
+  sampled = sample_step(run, params, [int(i) for i in next(data)], key)
+  return learn_step(run, params, opt_state, ref_params, sampled, update, ref_logp, rl_step, t0=t0)
+
+
+def learn_step(
+  run: Run, params, opt_state, ref_params, sampled: StepRollouts, update, ref_logp, rl_step: int, *, t0=None
+):
+  """The rest of an RL step on its rollouts: pack, passes, advantages, the PPO updates, the metrics row (written
+  every `log_every` steps) and the rollout exports. Returns (params, opt_state, metrics row).
+
+  The same on every process (its inputs are): a 1-process run fed another run's rollouts computes that run's
+  losses and gradients."""
+  c = run.config
+  t0 = time.time() if t0 is None else t0
+  key = jax.random.fold_in(run.key, rl_step)
+  traj, invalid_row = drop_invalid_behavior_logp(pack_rollouts(run, sampled))
+  t1 = time.time()
+  pass_row = run_passes(run, traj, sampled.results, sampled.tasks, params, ref_params, jax.random.fold_in(key, 1))
+  t_passes = time.time() - t1
+  out = METHODS[c.credit.method].advantages(traj, c.credit[c.credit.method])
+  if out.keep_B is not None:  # a method's own filter (SGCD's dynamic sampling): its dropped rollouts leave the loss
+    traj.sample_mask_B = traj.sample_mask_B & np.asarray(out.keep_B, bool)
+  t_score = time.time() - t1
+  t2 = time.time()
+  batch, engine_row = loss_batch(run, params, ref_params, traj, out, ref_logp)
+  for sampler in (run.sampler, run.teacher_sampler):  # their weights are bound again before their next use
+    if sampler is not None:
+      sampler.release_weights()
+  params, opt_state, m = ppo_updates(
+    update,
+    params,
+    opt_state,
+    batch,
+    run.mesh,
+    epochs=c.train.ppo_epochs,
+    mini_batch_size=c.train.mini_batch_size,
+    seed=(c.seed, rl_step),
+    pack=make_packer(run),
+  )
+  run.policy_version += 1
+  seconds = {"rollout_s": sampled.seconds, "passes_s": t_passes, "credit_s": t_score - t_passes, "score_s": t_score}
+  seconds.update(update_s=time.time() - t2, step_s=time.time() - t0)
+  row = metrics_row(run, sampled, traj, out, m, seconds, {**engine_row, **invalid_row}, pass_row)
+  if rl_step % c.log_every == 0:
+    run.writer.write("rl", rl_step, row)
+  export_step_rollouts(run, sampled, traj, out, rl_step)
+  return params, opt_state, row
+
+
+def pack_rollouts(run: Run, sampled: StepRollouts):
+  """The step's rollouts as one `jaxcredit.trajectory.Trajectory`: rollout k in group k // group_size, rewards and
+  per-unit verified rewards as sampled, turns up to the environment's `max_turns`."""
+  g = run.config.rollout.group_size
+  results = sampled.results
+  return pack(
+    [r.builder for r in results],
+    [r.reward for r in results],
+    [k // g for k in range(len(results))],
+    max_turns=run.env.max_turns,
+    pad_id=run.tok.pad_id,
+    length_bucket=run.config.train.length_bucket,
+    unit_rewards=sampled.unit_rewards,
+  )
+
+
+def loss_batch(run: Run, params, ref_params, traj, out, ref_logp) -> tuple[dict, dict]:
+  """The update's batch (`update_batch`): the method's arrays (`MethodOutput.batch_arrays`), the reference's
+  log-probs when the KL term is on, and for an external engine the trainer's own behaviour log-probs and the
+  truncated importance weights (`engine_correction`). Returns (batch, the engine-correction metrics or {}).
+
+  Raises:
+    ValueError: the method's arrays miss a key a loss term reads (`step.check_batch_keys`), naming the method.
+  """
+  c = run.config
+  extra = out.batch_arrays()
+  if ref_logp is not None:
+    extra["ref_logp_BxL"] = multihost.to_host(ref_logp(ref_params, traj.tokens_BxL, traj.token_mask_BxL))
+  step_lib.check_batch_keys(extra, loss_config_of(c), who=f"method {c.credit.method!r}")
+  behavior_logp, engine_row = traj.behavior_logp_BxL, {}
+  if ENGINES[c.rollout.engine].external:
+    behavior_logp, extra["behavior_weight_BxL"], engine_row = engine_correction(run, params, traj)
+  return update_batch(traj, extra, behavior_logp), engine_row
+
+
+def metrics_row(run: Run, sampled: StepRollouts, traj, out, m: dict, seconds: dict, engine_row: dict, pass_row: dict):
+  """The RL step's row of metrics.jsonl (phase "rl"): rollouts (reward, success, turns, tool calls, answered),
+  advantages over the action tokens, the updates' loss, clipping and gradient norm (`ppo_updates`' metrics `m`),
+  tokens and throughput, the phases' `seconds` (rollout_s, passes_s, credit_s, score_s, update_s, step_s), the
+  environment's and the sampler's own metrics, `engine_row` (engine correction, dropped log-probs), staleness,
+  units, the method's own metrics and the passes' (`pass_row`). The README's metrics table lists the keys."""
+  c = run.config
+  results = sampled.results
+  act = traj.action_mask_BxL & traj.sample_mask_B[:, None]
+  a = out.adv_BxL[act]
+  tm = traj.turn_mask_BxT
+  tokens = int(traj.token_mask_BxL.sum())
+  row = {
+    "method": c.credit.method,
+    "reward_mean": float(np.mean(traj.rewards_B)),
+    "success_rate": float(np.mean([run.env.is_success(r.reward) for r in results])),
+    "mean_turns": float(np.mean([r.builder.num_turns for r in results])),
+    "tool_calls": float(np.mean([r.tool_calls for r in results])),
+    "tool_errors": float(np.mean([r.tool_errors for r in results])),
+    "answered_frac": float(np.mean([r.finish == "answer" for r in results])),
+    "adv_mean": float(a.mean()) if a.size else 0.0,
+    "adv_std": float(a.std()) if a.size else 0.0,
+    "loss": float(m["loss"]),
+    "clip_frac": float(m["clip"]),
+    "ratio_dev": float(m["ratio_dev"]),
+    "grad_norm": float(m["grad_norm"]),
+    "updates": int(m["updates"]),
+    "update_slots": m["update_slots"],
+    "update_scored_slots": m["update_scored_slots"],
+    "clip_frac_last": m["clip_last"],
+    "ratio_dev_last": m["ratio_dev_last"],
+    "clip_frac_max": m["clip_max"],
+    "ratio_dev_max": m["ratio_dev_max"],
+    "action_tokens": int(act.sum()),
+    "tokens": tokens,
+    "tokens_per_s": float(tokens / max(seconds["update_s"], 1e-9)),
+    **seconds,
+  }
+  row.update(throughput_metrics(run, tokens, seconds["step_s"]))
+  row.update(sampled.env_metrics)
+  row.update(sampled.sampler_stats)
+  row.update(engine_row)
+  if sampled.policy_version is not None:  # how many updates behind the sampling weights were (rollout.max_staleness)
+    row["policy_staleness"] = run.policy_version - 1 - sampled.policy_version
+  row.update(sampled.timing)  # prefill_tokens, decode_tokens, extends, rebuilds of this step's rollouts
+  if traj.unit_mask_BxU.shape[1] > 1:
+    row["units_mean"] = float(traj.unit_mask_BxU.sum(1).mean())
+    row["unit_reward_mean"] = float(traj.unit_rewards_BxU[traj.unit_mask_BxU].mean())
+  if out.turn_adv_BxT is not None and tm.any():
+    row["turn_adv_abs_mean"] = float(np.abs(out.turn_adv_BxT[tm]).mean())
+  row.update({k: float(v) for k, v in m.items() if k.startswith("loss_")})
+  if "kl" in m and c.loss.kl_coef > 0:
+    row["kl"] = float(m["kl"])
+  row.update({k: v for k, v in out.metrics.items() if v is not None})
+  row.update(pass_row)
+  return row
+
+
+def export_step_rollouts(run: Run, sampled: StepRollouts, traj, out, rl_step: int) -> None:
+  """On process 0: every rollout of the step to `workdir/rollouts/step_N.jsonl` when `rollout.export_jsonl` is on,
+  and the sample the viewer reads (whole groups, with pass outputs and credit details) to
+  `workdir/rollout_samples/step_N.jsonl` every `log_rollouts_every` steps (`export_rollouts`)."""
+  c = run.config
+  exports = []  # (folder, rows, with_passes)
+  if c.rollout.export_jsonl:
+    exports.append(("rollouts", None, False))
+  if c.log_rollouts_every and rl_step % c.log_rollouts_every == 0:
+    exports.append(("rollout_samples", sample_rows(traj.group_ids_B, c.log_rollouts_count), True))
+  for folder, rows, with_passes in exports if jax.process_index() == 0 else ():
+    export_rollouts(
+      run,
+      os.path.join(c.workdir, folder, f"step_{rl_step}.jsonl"),
+      sampled.results,
+      sampled.tasks,
+      traj,
+      out,
+      rollout_ids=[f"step{rl_step}_{i}" for i in range(len(sampled.results))],
+      rows=rows,
+      with_passes=with_passes,
+      processes=sampled.processes,
+      policy_version=sampled.policy_version,
+    )

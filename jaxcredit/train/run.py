@@ -1,0 +1,290 @@
+"""A training run's description and how it is built: the config validated, the policy, tokenizer, mesh, environment,
+tasks, teacher checkpoint, sampler, checkpointer and metrics writer (`build` -> `Run`); and the helpers every phase
+uses to sample rollouts with the policy (`sample_rollouts`, `sampling_model`, `sampler_binder`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from typing import Any
+
+import grain
+import jax
+import jax.numpy as jnp
+import ml_collections
+from flax import nnx
+from tqdm.auto import tqdm
+
+from jaxcredit import multihost, sharding
+from jaxcredit.envs import EnvSpec, make_env_spec
+from jaxcredit.models import load, load_tokenizer, resolve_source
+from jaxcredit.models.decoder import compute_params, param_logical_axes
+from jaxcredit.rollout.chat_format import ChatFormat
+from jaxcredit.rollout.multiturn import run_rollouts
+from jaxcredit.sampling import Sampler, SamplingParams
+from jaxcredit.train import checkpoint as ckpt_lib
+from jaxcredit.train import config as config_lib
+from jaxcredit.train import metrics as metrics_lib
+from jaxcredit.train import passes as passes_lib
+from jaxcredit.train import step as step_lib
+from jaxcredit.train.engines import ENGINES, make_jax_sampler
+from jaxcredit.train.methods import METHODS
+
+
+@dataclasses.dataclass
+class Run:
+  """Everything the loop needs, built once."""
+
+  config: ml_collections.ConfigDict
+  mesh: Any
+  tok: Any
+  fmt: ChatFormat
+  model_cfg: Any  # the policy's ModelConfig (compute dtype cfg.dtype; parameters stored in cfg.param_dtype)
+  rules: dict  # the policy's sharding table (config.sharding_rules), in force while the run trains
+  graphdef: Any
+  rest: Any
+  params: Any  # the trained parameters (master weights), in model_cfg.param_dtype
+  params_shardings: Any
+  sampler: Sampler
+  env: EnvSpec
+  train_tasks: list
+  eval_tasks: list
+  teacher: passes_lib.Model | None  # a teacher checkpoint (config.teacher.source), when the method uses one
+  pass_fns: passes_lib.PassFns
+  writer: metrics_lib.MetricsWriter
+  ckpt: ckpt_lib.Checkpointer
+  key: jax.Array
+  teacher_sampler: Sampler | None = None  # built on first use, for hindsight skills from a teacher checkpoint
+  # With several processes: the mesh over this process's devices that its samplers run on (None with one process:
+  # the sampler reads the training mesh's parameters directly).
+  local_mesh: Any = None
+  # The number of parameter updates so far (warm-start steps and RL steps; saved with each checkpoint): the version
+  # a rollout engine's weights are compared against (config.rollout.max_staleness), in rollout exports.
+  policy_version: int = 0
+  policy_logp: Any = None  # jitted (params, tokens, mask) -> log-probs, built when an external engine samples
+
+  def close(self) -> None:
+    """Stops what the run started outside this process (a launched rollout server)."""
+    self.sampler.close()
+
+
+def progress_bar(config, **kw):
+  return tqdm(disable=not config.progress, dynamic_ncols=True, **kw)
+
+
+def model_overrides_dict(config: ml_collections.ConfigDict) -> dict:
+  """The numerics the config may change (remat, attention, MoE implementation), as ModelConfig fields."""
+  return {
+    "remat": bool(config.model.remat),
+    "attention_impl": config.model.attention_impl,
+    "attention_chunk": int(config.model.attention_chunk),
+    "moe_impl": config.model.moe_impl,
+  }
+
+
+def model_overrides(cfg, config: ml_collections.ConfigDict):
+  """cfg with `model_overrides_dict(config)` applied."""
+  return dataclasses.replace(cfg, **model_overrides_dict(config))
+
+
+def check_processes(config) -> None:
+  """With several processes: each samples whole prompt groups (credit needs a group's rollouts together, and a
+  group never spans processes), and the mesh must split into equal per-process sampling meshes.
+
+  Raises:
+    ValueError: naming the field, its value and the process count.
+  """
+  p = jax.process_count()
+  if p == 1:
+    return
+  multihost.share(
+    config.rollout.prompts_per_step,
+    what=f"config.rollout.prompts_per_step={config.rollout.prompts_per_step} (groups of "
+    f"group_size={config.rollout.group_size} rollouts; a group never spans processes)",
+    unit="prompt groups",
+  )
+  multihost.local_mesh_shape(dict(config.mesh), p)
+
+
+def sampling_model(run: Run, params, graphdef=None, rest=None):
+  """The model the sampler reads: `params` in the compute dtype; with several processes, this process's own copy
+  on its devices (`multihost.local_copy`; collective)."""
+  graphdef = run.graphdef if graphdef is None else graphdef
+  rest = run.rest if rest is None else rest
+  if run.local_mesh is None:
+    return nnx.merge(graphdef, params, rest)
+  return nnx.merge(graphdef, *multihost.local_copy((compute_params(run.model_cfg, params), rest), run.local_mesh))
+
+
+def load_teacher(config, mesh, tok, policy_cfg) -> passes_lib.Model | None:
+  """The teacher checkpoint `config.teacher.source` names (None for "policy" / "reference"), sharded like the
+  policy; a tokenizer whose vocabulary differs from the policy's is refused naming both sizes."""
+  source = config_lib.teacher_source(config)
+  if METHODS[config.credit.method].teacher is None or source in ("policy", "reference"):
+    return None
+  cache_dir = config.model.cache_dir or None
+  try:
+    path = resolve_source(source)  # once: a Hub id is looked up in its cache (or fetched) a single time
+    model, _ = load(
+      path,
+      cache_dir=cache_dir,
+      dtype=config.model.compute_dtype or None,
+      param_dtype="",  # frozen: stored in the compute dtype, no master weights
+      mesh=mesh,
+      config_overrides=model_overrides_dict(config),
+    )
+    teacher_tok = load_tokenizer(path, cache_dir=cache_dir)
+  except (OSError, ValueError) as e:
+    raise ValueError(
+      f"config.teacher.source={source!r} could not be loaded as a teacher ({e}); it must be "
+      f"'policy', 'reference', 'smollm2', a .gguf file, a Hugging Face or converted folder, "
+      f"or a Hub id"
+    ) from None
+  if teacher_tok.vocab_size != tok.vocab_size or model.cfg.vocab_size != policy_cfg.vocab_size:
+    raise ValueError(
+      f"config.teacher.source={source!r} has a vocabulary of {teacher_tok.vocab_size} tokens "
+      f"({model.cfg.vocab_size} embedding rows); the policy's has {tok.vocab_size} "
+      f"({policy_cfg.vocab_size} rows). A teacher must share the policy's tokenizer."
+    )
+  graphdef, params, rest = step_lib.split_model(model)
+  rules = sharding.resolve_rules(dict(config.teacher.sharding_rules))
+  params = jax.device_put(params, sharding.param_shardings(params, mesh, param_logical_axes(model.cfg), rules))
+  return passes_lib.Model(graphdef, rest, params, rules=rules)
+
+
+def build(config: ml_collections.ConfigDict, *, write_config: bool = True) -> Run:
+  """Validates the config and loads everything a run needs. With `write_config=False` (e.g. `credit_file`) nothing
+  is written to the workdir."""
+  config_lib.validate(config)
+  check_processes(config)
+  if write_config:
+    ckpt_lib.check_or_write_config(config.workdir, config.to_dict(), write=False)
+  if config.compilation_cache_dir:
+    # Which programs are kept stays jax's choice (JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS, 1 s by default).
+    jax.config.update("jax_compilation_cache_dir", os.path.expanduser(config.compilation_cache_dir))
+  logging.getLogger("math_verify").setLevel(logging.ERROR)  # its "timeout disabled" notice: we bound inputs
+  rules = sharding.resolve_rules(dict(config.sharding_rules))
+  mesh = sharding.make_mesh(dict(config.mesh))
+  cache_dir = config.model.cache_dir or None
+  source = resolve_source(config.model.source)
+  env = make_env_spec(config.env)
+  if config.sft.steps > 0 and env.demonstration is None:
+    raise ValueError(
+      f"config.sft.steps={config.sft.steps}, but environment {config.env.name!r} has no "
+      f"demonstrations for a warm start; set config.sft.steps=0"
+    )
+  train_tasks = env.make_tasks("train", config.env.num_train_tasks, config.seed)  # bad sizes fail before the load
+  eval_tasks = env.make_tasks("eval", config.eval.num_tasks, None)
+  t0 = time.time()
+  model, _ = load(
+    source,
+    cache_dir=cache_dir,
+    dtype=config.model.compute_dtype or None,
+    param_dtype=config.model.param_dtype,
+    mesh=mesh,
+    config_overrides=model_overrides_dict(config),
+  )
+  tok = load_tokenizer(source, cache_dir=cache_dir)
+  print(f"[jaxcredit] model {config.model.source} loaded in {time.time() - t0:.1f}s")
+  graphdef, params, rest = step_lib.split_model(model)
+  p_sh = sharding.param_shardings(params, mesh, param_logical_axes(model.cfg), rules)
+  params = jax.device_put(params, p_sh)
+  local_mesh = None
+  if jax.process_count() > 1:  # each process samples on its own devices, from its own copy of the policy
+    local_mesh = sharding.make_mesh(
+      multihost.local_mesh_shape(dict(config.mesh), jax.process_count()), devices=jax.local_devices()
+    )
+    model = nnx.merge(graphdef, *multihost.local_copy((params, rest), local_mesh))
+  teacher = load_teacher(config, mesh, tok, model.cfg)
+  # Last, so that nothing fails after a rollout server is launched. Sampler: traced at its first generate, inside
+  # train's use_rules block.
+  sampler = ENGINES[config.rollout.engine].build(config, model, tok)
+  if write_config:
+    if multihost.is_primary():
+      ckpt_lib.check_or_write_config(config.workdir, config.to_dict())
+    multihost.barrier("config.json written")
+  return Run(
+    config=config,
+    mesh=mesh,
+    tok=tok,
+    fmt=ChatFormat.from_tokenizer(tok),
+    model_cfg=model.cfg,
+    rules=rules,
+    graphdef=graphdef,
+    rest=rest,
+    params=params,
+    params_shardings=p_sh,
+    sampler=sampler,
+    env=env,
+    train_tasks=train_tasks,
+    eval_tasks=eval_tasks,
+    teacher=teacher,
+    pass_fns=passes_lib.PassFns(mesh, config.sampling.temperature),
+    writer=metrics_lib.MetricsWriter(config.workdir, tensorboard=config.tensorboard, enabled=jax.process_index() == 0),
+    ckpt=ckpt_lib.Checkpointer(config.workdir, max_to_keep=config.max_checkpoints_to_keep),
+    key=jax.random.key(config.seed),
+    local_mesh=local_mesh,
+  )
+
+
+def data_iterator(num_tasks: int, batch: int, seed: int):
+  ds = grain.MapDataset.range(num_tasks).shuffle(seed=seed).repeat().batch(batch, drop_remainder=True)
+  return iter(ds.to_iter_dataset())
+
+
+def rollout_sampling_params(run: Run, *, greedy: bool = False) -> SamplingParams:
+  s = run.config.sampling
+  return SamplingParams(
+    temperature=1.0 if greedy else s.temperature,
+    top_p=1e-6 if greedy else s.top_p,
+    max_new_tokens=s.max_new_tokens,
+    stop_token_ids=run.tok.stop_ids,
+    stop_strings=run.env.stop_strings,
+  )
+
+
+def sample_rollouts(run: Run, tasks, key, *, greedy=False):
+  """Rollouts of `tasks` by the parameters the sampler holds (bound with `run.sampler.update_model(
+  sampling_model(run, params))`, collective with several processes; sampling itself is process-local)."""
+  envs = [run.env.make_env(t) for t in tasks]
+  prompts = [run.env.initial_messages(t) for t in tasks]
+  return run_rollouts(
+    run.sampler,
+    run.tok,
+    run.fmt,
+    envs,
+    prompts,
+    rollout_sampling_params(run, greedy=greedy),
+    key,
+    max_turns=run.env.max_turns,
+    max_len=run.config.sampling.max_len,
+  )
+
+
+def reference_copy(run: Run, params):
+  """The frozen reference: a copy of `params` in the compute dtype (it is only read; float32 master weights need
+  no float32 reference)."""
+  return jax.tree_util.tree_map(jnp.copy, compute_params(run.model_cfg, params))
+
+
+def sampler_binder(run: Run):
+  """Binds the policy's sampler to a model of the policy's graph, or builds (once) a sampler for a teacher
+  checkpoint. The next rollouts rebind the policy's sampler to the policy (`rollouts`). With several processes
+  binding is collective, and each process samples on its own copy of the model."""
+
+  def bind(model: passes_lib.Model):
+    if model.graphdef is run.graphdef:
+      run.sampler.update_model(sampling_model(run, model.params, model.graphdef, model.rest))
+      return run.sampler
+    if run.local_mesh is None:
+      merged = nnx.merge(model.graphdef, model.params, model.rest)
+    else:  # each process generates every rollout's text (the same inputs, the same outputs) on its own devices
+      merged = nnx.merge(model.graphdef, *multihost.local_copy((model.params, model.rest), run.local_mesh))
+    if run.teacher_sampler is None:
+      run.teacher_sampler = make_jax_sampler(run.config, merged, run.tok)
+    run.teacher_sampler.update_model(merged)
+    return run.teacher_sampler
+
+  return bind

@@ -1,0 +1,47 @@
+"""The trainer as parts (issue 33): `train/trainer.py` holds the loop only (at most 500 lines), each phase is a module
+of its own under 900 lines, and `jaxcredit credit` / `jaxcredit eval` do not import the training loop."""
+
+import ast
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+TRAIN = ROOT / "jaxcredit" / "train"
+PHASES = ("run", "heldout", "stopping", "warm_start", "update", "rl_step", "export", "offline_credit")
+
+
+def _lines(path: pathlib.Path) -> int:
+  return len(path.read_text().splitlines())
+
+
+def test_the_trainer_is_the_loop_and_no_module_is_over_900_lines():
+  assert _lines(TRAIN / "trainer.py") <= 500
+  over = {str(p.relative_to(ROOT)): _lines(p) for p in (ROOT / "jaxcredit").rglob("*.py") if _lines(p) > 900}
+  assert over == {}
+
+
+def _imports(module: str) -> set[str]:
+  tree = ast.parse((TRAIN / f"{module}.py").read_text())
+  out = set()
+  for node in ast.walk(tree):
+    if isinstance(node, ast.ImportFrom) and node.module:
+      out |= {f"{node.module}.{a.name}" for a in node.names} | {node.module}
+    elif isinstance(node, ast.Import):
+      out |= {a.name for a in node.names}
+  return out
+
+
+@pytest.mark.parametrize("module", PHASES + ("evaluate", "report"))
+def test_phases_and_commands_do_not_import_the_loop(module):
+  assert not any(name.startswith("jaxcredit.train.trainer") for name in _imports(module))
+
+
+def test_each_function_of_the_loop_fits_on_a_screen():
+  """No function of trainer.py or rl_step.py is longer than 80 lines (learn_step was 132)."""
+  long = {}
+  for module in ("trainer", "rl_step"):
+    for node in ast.parse((TRAIN / f"{module}.py").read_text()).body:
+      if isinstance(node, ast.FunctionDef) and node.end_lineno - node.lineno + 1 > 80:
+        long[f"{module}.{node.name}"] = node.end_lineno - node.lineno + 1
+  assert long == {}
