@@ -5,7 +5,8 @@
     out = method.advantages(traj, config.credit[config.credit.method])  # -> MethodOutput
     loss = PPO-clip(out.adv_BxL) + Σ the method's loss terms             # jaxcredit.train.step
 
-A method is a `Method` record: the passes it needs, a function from (trajectory with pass outputs, its knobs) to
+A method is a `Method` record: the passes it needs and the pass outputs it reads ("pass_name/key", checked against
+the passes' declared `writes` by `config.validate`), a function from (trajectory with pass outputs, its knobs) to
 token advantages, the knobs' defaults (they become `config.credit.<name>.*`, with the credit functions' own
 argument names) and the extra loss terms it adds. Adding a method is one function and one row; the trainer never
 names a method.
