@@ -169,6 +169,10 @@ def _load_config(command: str, args: list[str]):
     )
     print(config_help.describe_config(config, path.split(":")[0] if path else None))
     return 0
+  if path and "config_file" in config and not config.config_file:
+    # Recorded in config.json: `jaxcredit viz` loads the file again for the rows it registers (METHODS, PASSES, ...).
+    file, sep, arg = path.partition(":")
+    config.config_file = os.path.abspath(file) + sep + arg
   return config
 
 

@@ -24,6 +24,7 @@ from jaxcredit import multihost, trees
 # Everything else changes what is trained and must match on resume.
 RUN_LENGTH_KEYS = (
   "workdir",
+  "config_file",
   "total_steps",
   "log_every",
   "checkpoint_every",

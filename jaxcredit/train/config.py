@@ -15,7 +15,10 @@ import ml_collections
 from jaxcredit import sharding
 from jaxcredit.envs import ENVS
 from jaxcredit.train.loss import AGGREGATIONS, KL_ESTIMATORS
-from jaxcredit.train.methods import METHODS, check_knobs
+from jaxcredit.train.methods import METHODS, check_knobs, check_reads
+
+# The teacher budgets live with the passes that spend them; re-exported here, where the config keys are.
+from jaxcredit.train.passes import TEACHER_CONTEXT_SLACK, teacher_budgets  # noqa: F401
 from jaxcredit.train.step import LOSS_TERMS, OPTIMIZERS
 
 DEFAULT_CONTEXT_WRAPPER = "\n\nReference (not visible to the assistant being trained): {context}"
@@ -30,9 +33,6 @@ _KNOB_CHOICES = {
   "fallback": ("gold", "skip"),
   "teacher_context": ("per_unit", "all"),
 }
-# Derived teacher budgets (`teacher_budgets`): tokens beside a whole rollout and a one-turn gold answer (the labels of
-# a peer transcript, "The correct final answer: ", request numbers), and beside each wrapper's own bytes.
-TEACHER_CONTEXT_SLACK = 256
 
 
 class Range(NamedTuple):
@@ -159,6 +159,7 @@ def check_ranges(c: ml_collections.ConfigDict) -> None:
 def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.workdir = "runs/default"  # checkpoints, metrics.jsonl, tensorboard/, curves.png
+  c.config_file = ""  # the --config file (absolute; set by the CLI); viz reloads it for the rows it registers
   c.seed = 0
   c.total_steps = 6  # RL steps (run-length key: may change on resume)
   c.log_every = 1
@@ -386,12 +387,36 @@ def _validate_engine(c: ml_collections.ConfigDict) -> None:
       )
 
 
-def validate(c: ml_collections.ConfigDict) -> None:
-  """Checks values a user can get wrong, before any command (train, sft, credit, plan, viz) does work: every numeric
-  key against its range (`RANGES`), the choices, the chosen method's knobs, and the keys that must agree.
+def load_config_file(spec: str) -> ml_collections.ConfigDict:
+  """`get_config()` of a config file, as `jaxcredit train --config SPEC` loads it: SPEC is a path, or "path:arg" for
+  `get_config(arg)`. Running the file registers the rows it adds to the tables (METHODS, PASSES, LOSS_TERMS, ENVS,
+  ...); `jaxcredit viz` loads a run's recorded `config_file` for them (`report.run_config`).
 
   Raises:
-    ValueError: naming the config key and its value ("config.train.length_bucket = 0: must be an int >= 1").
+    ValueError: naming the file when it does not exist or has no `get_config`; whatever the file itself raises.
+  """
+  import importlib.util
+
+  path, _, arg = spec.partition(":")
+  if not os.path.isfile(path):
+    raise ValueError(f"config file {path} not found")
+  name = "jaxcredit_config_" + "".join(ch if ch.isalnum() else "_" for ch in os.path.abspath(path))
+  module_spec = importlib.util.spec_from_file_location(name, path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  if not hasattr(module, "get_config"):
+    raise ValueError(f"config file {path} has no get_config()")
+  return module.get_config(arg) if arg else module.get_config()
+
+
+def validate(c: ml_collections.ConfigDict) -> None:
+  """Checks values a user can get wrong, before any command (train, sft, credit, plan, viz) does work: every numeric
+  key against its range (`RANGES`), the choices, the chosen method's declarations (`methods.check_reads`: the pass
+  outputs it reads are written by its passes) and knobs, and the keys that must agree.
+
+  Raises:
+    ValueError: naming the config key and its value ("config.train.length_bucket = 0: must be an int >= 1"), or the
+      method, the pass output it reads and the passes it runs when no pass of it writes that output.
   """
   check_ranges(c)
   sharding.resolve_rules(dict(c.sharding_rules))
@@ -413,6 +438,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
       raise ValueError(f"config.mesh.{axis} is not a mesh axis; known: {sharding.MESH_AXES}")
   if c.credit.method not in METHODS:
     raise ValueError(f"config.credit.method = {c.credit.method!r}: must be one of {tuple(METHODS)}")
+  # The row's declarations agree: every pass output the method reads is written by one of its passes.
+  check_reads(c.credit.method)
   _validate_engine(c)
   if c.env.name not in ENVS:
     raise ValueError(f"config.env.name = {c.env.name!r}: must be one of {sorted(ENVS)}")
@@ -504,36 +531,6 @@ def _validate_env_keys(c: ml_collections.ConfigDict) -> None:
 def teacher_source(c: ml_collections.ConfigDict) -> str:
   """`config.teacher.source`, or the chosen method's default teacher when it is ""."""
   return c.teacher.source or METHODS[c.credit.method].teacher
-
-
-def teacher_budgets(c: ml_collections.ConfigDict) -> tuple[int, int]:
-  """(max_context_tokens, max_len): the teacher passes' budgets in tokens, `config.teacher.*` or, where 0, derived.
-
-  Derived (docs/teacher-passes.md, "Budgets"; spec teacher-passes.md v2): the context budget is the longest context
-  a method makes, a whole rollout of `sampling.max_len` tokens (HSD's peer transcript; ground truth, which a
-  successful rollout writes out, is no longer) plus a gold answer of one turn (`sampling.max_new_tokens`) plus
-  `TEACHER_CONTEXT_SLACK` tokens of labels; the sequence budget is the prompt and rollout (`sampling.max_len`) plus
-  the context budget plus the wrapper's bytes (a bound on its tokens) once per insertion: once, or, for CrEST's
-  per-unit contexts, once per assistant turn of the environment (`env.<name>.max_turns`, a bound on the units).
-  An explicit value is used as given.
-
-  Returns:
-    Two positive ints.
-
-  Raises:
-    ValueError: for a negative or non-int `teacher.max_context_tokens` / `teacher.max_len` (naming the key).
-  """
-  for key in ("max_context_tokens", "max_len"):
-    v = c.teacher[key]
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-      raise ValueError(f"config.teacher.{key} must be an int >= 1, or 0 (derived from the config), got {v!r}")
-  rollout = int(c.sampling.max_len)
-  context = c.teacher.max_context_tokens or rollout + int(c.sampling.max_new_tokens) + TEACHER_CONTEXT_SLACK
-  wrapper = len(str(c.teacher.context_wrapper).replace("{context}", "").encode("utf-8")) + 16
-  insertions = 1
-  if (c.credit.get(c.credit.method) or {}).get("teacher_context") == "per_unit":
-    insertions = max(1, int((c.env.get(c.env.name) or {}).get("max_turns", 1)))
-  return int(context), int(c.teacher.max_len or rollout + context + insertions * wrapper)
 
 
 def _validate_knobs(c: ml_collections.ConfigDict) -> None:

@@ -5,7 +5,8 @@
     out = method.advantages(traj, config.credit[config.credit.method])  # -> MethodOutput
     loss = PPO-clip(out.adv_BxL) + Σ the method's loss terms             # jaxcredit.train.step
 
-A method is a `Method` record: the passes it needs, a function from (trajectory with pass outputs, its knobs) to
+A method is a `Method` record: the passes it needs and the pass outputs it reads ("pass_name/key", checked against
+the passes' declared `writes` by `config.validate`), a function from (trajectory with pass outputs, its knobs) to
 token advantages, the knobs' defaults (they become `config.credit.<name>.*`, with the credit functions' own
 argument names) and the extra loss terms it adds. Adding a method is one function and one row; the trainer never
 names a method.
@@ -28,6 +29,7 @@ import jax
 import numpy as np
 
 from jaxcredit import credit
+from jaxcredit.train.passes import PASSES, split_read
 from jaxcredit.trajectory import Trajectory, group_index
 
 
@@ -85,6 +87,10 @@ class Method:
     validate: (knobs, config) -> None, the row's own checks of the knobs its credit functions do not read (its
       passes' and its filter's), run by `config.validate` before `check_knobs`; raises ValueError naming
       `config.credit.<name>.<knob>`. None: the credit functions' checks are all.
+    reads: the pass outputs `advantages` reads, as "pass_name/key" strings (`traj.passes[pass_name][key]`); each
+      must be in the `writes` of a pass in `passes` (`jaxcredit.train.passes.Pass`). `config.validate` refuses a
+      method that reads a key none of its passes writes (`check_reads`), and `check_knobs` one that reads a key it
+      did not declare.
   """
 
   advantages: Callable[[Trajectory, Mapping[str, Any]], MethodOutput]
@@ -95,6 +101,12 @@ class Method:
   min_group_size: int = 2
   summary: str = ""
   validate: Callable[[Mapping[str, Any], Any], None] | None = None
+  reads: tuple[str, ...] = ()
+
+  def __post_init__(self):
+    object.__setattr__(self, "passes", tuple(self.passes))
+    object.__setattr__(self, "loss_terms", tuple(self.loss_terms))
+    object.__setattr__(self, "reads", tuple(self.reads))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -509,6 +521,12 @@ def opd(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
 
 _OUTCOME = {"scale": "group", "eps": 1e-6}
 
+
+def _reads(pass_name: str, *keys: str) -> tuple[str, ...]:
+  """("pass_name/key", ...) for `Method.reads`."""
+  return tuple(f"{pass_name}/{k}" for k in keys)
+
+
 METHODS: dict[str, Method] = {
   "grpo": Method(grpo, dict(_OUTCOME), teacher=None, summary="outcome-only group-normalised baseline"),
   "drgrpo": Method(drgrpo, {"eps": 1e-6}, teacher=None, summary="GRPO without std normalisation"),
@@ -540,6 +558,7 @@ METHODS: dict[str, Method] = {
     ),
     ("gold_answer",),
     teacher=None,
+    reads=("gold_answer/gold_logp_BxT1", "gold_answer/boundary_mask_BxT1"),
     summary="outcome + K-step TD turn credit of the reference's log-ratio gold-answer state values",
   ),
   # CrEST as published (arXiv 2608.13179): its knob defaults, and its teacher the fixed initial model (the frozen
@@ -550,6 +569,7 @@ METHODS: dict[str, Method] = {
     dict(_OUTCOME, lam=0.3, clip_eps=0.28, tau=2.0, rho=0.5, teacher_context="per_unit"),
     ("teacher_privileged",),
     teacher="reference",
+    reads=_reads("teacher_privileged", "logp_BxL", "valid_B"),
     summary="verified unit advantages, bounded fixed-teacher amplification of the tokens it agrees on",
   ),
   "toolopd": Method(
@@ -558,18 +578,23 @@ METHODS: dict[str, Method] = {
     ("hindsight_skill", "teacher_plain", "teacher_skill"),
     ("distill",),
     teacher="reference",
+    reads=_reads("teacher_plain", "logp_BxL", "valid_B")
+    + _reads("teacher_skill", "logp_BxL", "valid_B")
+    + _reads("hindsight_skill", "success_B", "skill_tokens_B"),
     summary="GRPO + hindsight-skill-weighted distillation",
   ),
   "hsd": Method(
     hsd,
     dict(_OUTCOME, clip=1.0, dense_coef=0.1, success_threshold=0.5, fallback="gold"),
     ("teacher_peer",),
+    reads=_reads("teacher_peer", "logp_BxL", "valid_B", "peer_B"),
     summary="self-teacher conditioned on a successful peer rollout",
   ),
   "gear": Method(
     gear,
     dict(_OUTCOME, alpha=1.0, k_sigma=2.0, tau_low=0.1, entropy_floor=1.0, normalize=True),
     ("teacher_divergence",),
+    reads=_reads("teacher_divergence", "divergence_BxL", "student_entropy_BxL", "valid_B"),
     summary="divergence-anchored segments rescale the GRPO advantage",
   ),
   # SGCD (arXiv 2606.12634), known from its abstract only: every formula is our reading (docs/credit.md, "SGCD").
@@ -590,6 +615,8 @@ METHODS: dict[str, Method] = {
     ("sibling_summary", "teacher_sibling"),
     summary="GRPO reweighted, within bounds, by a teacher shown how a successful and a failed sibling differ",
     validate=sgcd_validate,
+    reads=_reads("teacher_sibling", "logp_BxL", "divergence_BxL", "entropy_BxL", "valid_B")
+    + _reads("sibling_summary", "mixed_B", "summary_tokens_B"),
   ),
   "opd": Method(
     opd,
@@ -598,18 +625,125 @@ METHODS: dict[str, Method] = {
     teacher="",
     min_group_size=1,
     summary="on-policy distillation from a teacher checkpoint",
+    reads=_reads("teacher_plain", "logp_BxL", "valid_B"),
   ),
 }
 
 
+def check_reads(name: str) -> None:
+  """Refuses method `name` when its row's declarations disagree: a pass it runs that is not a `PASSES` row, a read
+  that none of its passes writes (`Method.reads` against each `Pass.writes`), or a pass that reads an output no
+  earlier pass of the method writes (`Pass.reads`). Runs no model and no credit function.
+
+  Raises:
+    ValueError: naming the method, the pass or "pass/key" and the passes the method runs, e.g. "method 'x' reads
+      teacher_plain/score_BxL, which none of its passes ('teacher_plain',) writes (teacher_plain writes [...])".
+  """
+  method = METHODS[name]
+  passes = tuple(method.passes)
+  unknown = [p for p in passes if p not in PASSES]
+  if unknown:
+    raise ValueError(
+      f"method {name!r} runs pass(es) {unknown}, which are not PASSES rows; known passes: {sorted(PASSES)}"
+    )
+  for i, p in enumerate(passes):
+    for r in PASSES[p].reads:
+      src, key = split_read(r, who=f"pass {p!r}")
+      earlier = passes[:i]
+      if src not in earlier or key not in PASSES[src].writes:
+        raise ValueError(
+          f"method {name!r}: its pass {p!r} reads {r}, which no pass before it in the method's passes {passes} "
+          f"writes; run {src!r} (which must declare {key!r} in its writes) before {p!r}"
+        )
+  for r in method.reads:
+    src, key = split_read(r, who=f"method {name!r}")
+    if src not in passes:
+      raise ValueError(
+        f"method {name!r} reads {r}, but {src!r} is not among the passes it runs {passes}; add it to its `passes`"
+      )
+    if key not in PASSES[src].writes:
+      raise ValueError(
+        f"method {name!r} reads {r}, which none of its passes {passes} writes ({src} writes {list(PASSES[src].writes)})"
+      )
+
+
+class _ReadLog(dict):
+  """A pass's fake outputs in `check_knobs`: a read of a key the method did not declare raises, naming it."""
+
+  def __init__(self, method: str, pass_name: str, outputs: dict, declared: set):
+    super().__init__(outputs)
+    self.method, self.pass_name, self.declared = method, pass_name, declared
+
+  def __getitem__(self, key):
+    read = f"{self.pass_name}/{key}"
+    if read not in self.declared:
+      raise ValueError(
+        f"method {self.method!r} reads {read}, which its METHODS row does not declare in `reads` "
+        f"{sorted(self.declared)}; declare every pass output its advantage function reads"
+      )
+    return super().__getitem__(key)
+
+  def get(self, key, default=None):
+    return self[key] if key in self else default
+
+
+class _PassLog(dict):
+  """The fake `traj.passes` of `check_knobs`: reading a pass the method does not run raises, naming it."""
+
+  def __init__(self, method: str, outputs: dict):
+    super().__init__(outputs)
+    self.method = method
+
+  def __getitem__(self, pass_name):
+    if pass_name not in self:
+      raise ValueError(
+        f"method {self.method!r} reads the outputs of pass {pass_name!r}, which is not among the passes it runs "
+        f"{tuple(self)}"
+      )
+    return super().__getitem__(pass_name)
+
+
+def _fake_output(key: str, traj: Trajectory) -> Any:
+  """A valid-looking value of pass output `key` for the 2-rollout trajectory of `check_knobs`: the value of a known
+  key, else zeros of the shape its suffix names (`_BxL`, `_BxT1`, `_BxT`, `_Bx2`, `_B`), else one string per
+  rollout."""
+  b = traj.batch_size
+  known = {
+    "boundary_mask_BxT1": traj.boundary_mask_BxT1,
+    "peer_B": np.full(b, -1, np.int32),
+    "success_B": np.asarray([True, False]),
+    "mixed_B": np.ones(b, bool),
+    "valid_B": np.ones(b, bool),
+    "reasons": [""] * b,
+    "skill_tokens_B": np.ones(b, np.int32),
+    "summary_tokens_B": np.ones(b, np.int32),
+  }
+  if key in known:
+    return known[key]
+  shapes = {
+    "_BxL": traj.tokens_BxL.shape,
+    "_BxT1": traj.boundary_mask_BxT1.shape,
+    "_BxT": traj.turn_mask_BxT.shape,
+    "_Bx2": (b, 2),
+    "_B": (b,),
+  }
+  for suffix, shape in shapes.items():
+    if key.endswith(suffix):
+      return np.zeros(shape, np.int32 if suffix == "_Bx2" else np.float32)
+  return ["s"] * b
+
+
 def check_knobs(name: str, knobs: Mapping[str, Any]) -> None:
-  """Runs method `name` on a 2-rollout synthetic trajectory (every pass output present, all valid), so that the
-  credit functions refuse a knob outside its range when the run is configured, not at its first RL step.
+  """Runs method `name` on a 2-rollout synthetic trajectory, so that the credit functions refuse a knob outside its
+  range when the run is configured, not at its first RL step. The trajectory holds the outputs its passes declare
+  (`Pass.writes`, every rollout valid; `_fake_output`) and nothing else; reading one the method's row does not
+  declare (`Method.reads`) is refused.
 
   Raises:
     ValueError: "config.credit.<name>.<knob> = <value>: must be ..." where the credit function's message names one
       of `knobs` (`<fn>: knob `<knob>` must be ..., got ...`; the knobs carry the functions' argument names), else
-      "config.credit.<name>: " + its message.
+      "config.credit.<name>: " + its message; "method <name> reads <pass>/<key>, which its METHODS row does not
+      declare" for an undeclared read.
   """
   from jaxcredit.trajectory import RolloutBuilder, pack
 
@@ -619,34 +753,27 @@ def check_knobs(name: str, knobs: Mapping[str, Any]) -> None:
     b.append_action([3, 4], [-1.0, -1.0])
     builders.append(b)
   traj = pack(builders, [1.0, 0.0], [0, 0], max_turns=1, pad_id=0, length_bucket=4)
-  zeros = np.zeros(traj.tokens_BxL.shape, np.float32)
-  outputs = {
-    "gold_logp_BxT1": np.zeros(traj.boundary_mask_BxT1.shape, np.float32),
-    "boundary_mask_BxT1": traj.boundary_mask_BxT1,
-    "logp_BxL": zeros,
-    "entropy_BxL": zeros,
-    "divergence_BxL": zeros,
-    "student_entropy_BxL": zeros,
-    "peer_B": np.full(2, -1, np.int32),
-    "skills": ["s", "s"],
-    "skill_tokens_B": np.ones(2, np.int32),
-    "success_B": np.asarray([True, False]),
-    "mixed_B": np.ones(2, bool),
-    "summaries": ["s", "s"],
-    "summary_tokens_B": np.ones(2, np.int32),
-    "valid_B": np.ones(2, bool),
-    "reasons": ["", ""],
-  }
-  traj.passes = {p: outputs for p in METHODS[name].passes}
+  method = METHODS[name]
+  declared = set(method.reads)
+  traj.passes = _PassLog(
+    name,
+    {
+      p: _ReadLog(name, p, {k: _fake_output(k, traj) for k in PASSES[p].writes}, declared)
+      for p in method.passes
+      if p in PASSES
+    },
+  )
   try:
     # Jitted, as in training: run eagerly, every primitive compiled on its own made this 15 s for the ten methods in
     # a fresh process (CrEST alone 4.6 s, on every command that validates), against 3 s jitted.
-    METHODS[name].advantages(traj, knobs)
+    method.advantages(traj, knobs)
     if "success_threshold" in knobs:  # read by the peer pass (HSD), not by the advantage function
       credit.hsd_select_peers(
         traj.rewards_B, traj.sample_mask_B, jax.random.key(0), success_threshold=knobs["success_threshold"]
       )
   except (ValueError, TypeError) as e:
+    if str(e).startswith(f"method {name!r} reads"):
+      raise
     raise ValueError(knob_error_message(name, knobs, str(e))) from None
 
 

@@ -1,6 +1,7 @@
 """`PASSES`: the extra forward passes dense methods need, as one table.
 
     traj.passes[name] = PASSES[name](ctx, traj)      for name in METHODS[config.credit.method].passes
+    check_outputs(name, traj.passes[name])          # the keys it returned are its row's `writes`
 
 Each pass returns a dict of numpy arrays aligned to the trajectory, always with `valid_B` (bool) and `reasons`
 (one string per rollout: "" when valid, else why the pass could not be made: "no_context", "over_budget",
@@ -25,7 +26,10 @@ Teacher passes also return `context_cut_tokens_B` (int32, the tokens cut from ea
 `config.teacher.max_context_tokens`, `config.teacher_budgets`): `pass_metrics` logs `pass/<name>/context_cut` (the
 fraction of rollouts cut) and `pass/<name>/context_cut_tokens`, and the first cut of a run is warned about.
 
-Adding a pass is one function `(PassContext, Trajectory) -> dict` and one row.
+Adding a pass is one function `(PassContext, Trajectory) -> dict` and one row, `Pass(fn, writes=(...))`, that declares
+every key the function returns (`valid_B` and `reasons` included) and the earlier passes' outputs it reads; methods
+declare the keys they read (`Method.reads`), and `config.validate` refuses a method that reads a key none of its
+passes writes (docs/extending.md).
 """
 
 from __future__ import annotations
@@ -45,7 +49,6 @@ from jaxcredit.rollout.multiturn import action_text, transcript
 from jaxcredit.sampling import SamplingParams
 from jaxcredit.scoring import teacher as teacher_lib
 from jaxcredit.scoring.gold import score_gold_answers_packed
-from jaxcredit.train import config as config_lib
 from jaxcredit.train import step as step_lib
 from jaxcredit.trajectory import Trajectory, group_index
 
@@ -55,6 +58,42 @@ DEFAULT_SKILL_TEMPLATE = (
   "Here is a task, an attempt at it and its outcome.\n\nTask: {task}\n\nAttempt:\n{transcript}\n\n"
   "Outcome: {outcome}\n\nIn one or two sentences, write advice that would help on similar tasks."
 )
+
+
+# Derived teacher budgets (`teacher_budgets`): tokens beside a whole rollout and a one-turn gold answer (the labels of
+# a peer transcript, "The correct final answer: ", request numbers), and beside each wrapper's own bytes.
+TEACHER_CONTEXT_SLACK = 256
+
+
+def teacher_budgets(c) -> tuple[int, int]:
+  """(max_context_tokens, max_len): the teacher passes' budgets in tokens, `config.teacher.*` of config `c` or, where 0,
+  derived (also `jaxcredit.train.config.teacher_budgets`).
+
+  Derived (docs/teacher-passes.md, "Budgets"; spec teacher-passes.md v2): the context budget is the longest context
+  a method makes, a whole rollout of `sampling.max_len` tokens (HSD's peer transcript; ground truth, which a
+  successful rollout writes out, is no longer) plus a gold answer of one turn (`sampling.max_new_tokens`) plus
+  `TEACHER_CONTEXT_SLACK` tokens of labels; the sequence budget is the prompt and rollout (`sampling.max_len`) plus
+  the context budget plus the wrapper's bytes (a bound on its tokens) once per insertion: once, or, for CrEST's
+  per-unit contexts, once per assistant turn of the environment (`env.<name>.max_turns`, a bound on the units).
+  An explicit value is used as given.
+
+  Returns:
+    Two positive ints.
+
+  Raises:
+    ValueError: for a negative or non-int `teacher.max_context_tokens` / `teacher.max_len` (naming the key).
+  """
+  for key in ("max_context_tokens", "max_len"):
+    v = c.teacher[key]
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+      raise ValueError(f"config.teacher.{key} must be an int >= 1, or 0 (derived from the config), got {v!r}")
+  rollout = int(c.sampling.max_len)
+  context = c.teacher.max_context_tokens or rollout + int(c.sampling.max_new_tokens) + TEACHER_CONTEXT_SLACK
+  wrapper = len(str(c.teacher.context_wrapper).replace("{context}", "").encode("utf-8")) + 16
+  insertions = 1
+  if (c.credit.get(c.credit.method) or {}).get("teacher_context") == "per_unit":
+    insertions = max(1, int((c.env.get(c.env.name) or {}).get("max_turns", 1)))
+  return int(context), int(c.teacher.max_len or rollout + context + insertions * wrapper)
 
 
 @dataclasses.dataclass
@@ -164,6 +203,80 @@ def pass_metrics(name: str, outputs: Mapping[str, Any], seconds: float) -> dict:
   return row
 
 
+REQUIRED_OUTPUTS = ("valid_B", "reasons")
+"""The keys every pass writes: which rollouts it could score, and why not (per rollout)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Pass:
+  """One row of `PASSES`: the pass function and what it declares it writes (and reads of earlier passes).
+
+  Calling the row calls the function: `PASSES[name](ctx, traj)` -> its output dict.
+
+  Attributes:
+    fn: (PassContext, Trajectory) -> dict of outputs, `traj.passes[name]` (arrays with leading axis B named by
+      their shape suffix, `*_BxL` per token, `*_BxT1` per boundary, `*_B` per rollout; lists of one string per
+      rollout).
+    writes: the keys of that dict, all of them and no other; `valid_B` and `reasons` included (`REQUIRED_OUTPUTS`).
+      A method reads only keys its passes write (`Method.reads`, checked by `config.validate`); the trainer refuses
+      a pass whose outputs differ from `writes` (`check_outputs`).
+    reads: "pass_name/key" outputs of passes that run before this one (teacher_skill reads hindsight_skill's
+      skills); `config.validate` refuses a method whose passes do not write them earlier in its `passes`.
+    summary: one line for docs and errors.
+
+  Raises:
+    ValueError: at construction, `writes` without `valid_B` or `reasons`, or a `reads` entry not "pass/key".
+  """
+
+  fn: Callable[[PassContext, Trajectory], dict]
+  writes: tuple[str, ...]
+  reads: tuple[str, ...] = ()
+  summary: str = ""
+
+  def __post_init__(self):
+    object.__setattr__(self, "writes", tuple(self.writes))
+    object.__setattr__(self, "reads", tuple(self.reads))
+    missing = [k for k in REQUIRED_OUTPUTS if k not in self.writes]
+    if missing:
+      raise ValueError(f"a Pass of {getattr(self.fn, '__name__', self.fn)!r} must declare {missing} in `writes`")
+    for r in self.reads:
+      split_read(r, who=f"Pass {getattr(self.fn, '__name__', self.fn)!r}")
+
+  def __call__(self, ctx: PassContext, traj: Trajectory) -> dict:
+    return self.fn(ctx, traj)
+
+
+def split_read(read: str, *, who: str) -> tuple[str, str]:
+  """("pass_name", "key") of a declared read "pass_name/key".
+
+  Raises:
+    ValueError: naming `who` and the entry, when it is not a string of two non-empty parts joined by one "/".
+  """
+  parts = read.split("/") if isinstance(read, str) else []
+  if len(parts) != 2 or not all(parts):
+    raise ValueError(f"{who}: a read must be 'pass_name/key', got {read!r}")
+  return parts[0], parts[1]
+
+
+def check_outputs(name: str, outputs: Mapping[str, Any]) -> None:
+  """Refuses outputs of pass `name` that differ from what its row declares (`Pass.writes`).
+
+  Raises:
+    ValueError: naming the pass, the keys it returned without declaring them and the declared keys it did not
+      return; also for outputs that are not a dict.
+  """
+  declared = PASSES[name].writes
+  if not isinstance(outputs, Mapping):
+    raise ValueError(f"pass {name!r} returned {type(outputs).__name__}, not a dict of its outputs {list(declared)}")
+  extra = sorted(k for k in outputs if k not in declared)
+  missing = [k for k in declared if k not in outputs]
+  if extra or missing:
+    raise ValueError(
+      f"pass {name!r} returned outputs that differ from its PASSES row's `writes` {list(declared)}: "
+      f"undeclared {extra}, missing {missing}. Declare every key the pass returns (Pass(fn, writes=...))."
+    )
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The passes.
 
@@ -217,7 +330,7 @@ def _teacher_prompts(ctx: PassContext, contexts: Sequence[str | None]) -> tuple[
   """Each rollout's teacher prompt (its initial prompt with `contexts[b]` in the wrapper; None stays None) and the
   tokens cut from each context to fit the context budget."""
   t = ctx.config.teacher
-  budget, _ = config_lib.teacher_budgets(ctx.config)
+  budget, _ = teacher_budgets(ctx.config)
   prompts, cut_B = [], np.zeros(len(contexts), np.int32)
   for i, (task, c) in enumerate(zip(ctx.tasks, contexts)):
     if c is None:
@@ -251,7 +364,7 @@ def run_teacher(
   batch = teacher_lib.build_teacher_batch(
     traj,
     prompts,
-    max_len=config_lib.teacher_budgets(ctx.config)[1],
+    max_len=teacher_budgets(ctx.config)[1],
     pad_id=ctx.tok.pad_id,
     length_bucket=ctx.config.train.length_bucket,
     insertions=insertions,
@@ -285,7 +398,7 @@ def unit_contexts(ctx: PassContext, traj: Trajectory) -> tuple[list, list, np.nd
   Raises:
     ValueError: a negative or non-int `teacher.max_context_tokens` / `teacher.max_len` (naming the key).
   """
-  budget, _ = config_lib.teacher_budgets(ctx.config)
+  budget, _ = teacher_budgets(ctx.config)
   wrapper = ctx.config.teacher.context_wrapper
   if ctx.env.unit_privileged_info is None:
     prompts, cut_B = _teacher_prompts(ctx, [ctx.env.gold_answer_text(t) for t in ctx.tasks])
@@ -566,14 +679,27 @@ def teacher_sibling(ctx: PassContext, traj: Trajectory) -> dict:
   return out
 
 
-PASSES: dict[str, Callable[[PassContext, Trajectory], dict]] = {
-  "gold_answer": gold_answer,
-  "teacher_plain": teacher_plain,
-  "teacher_privileged": teacher_privileged,
-  "teacher_peer": teacher_peer,
-  "hindsight_skill": hindsight_skill,
-  "teacher_skill": teacher_skill,
-  "teacher_divergence": teacher_divergence,
-  "sibling_summary": sibling_summary,
-  "teacher_sibling": teacher_sibling,
+_TEACHER = ("logp_BxL", "entropy_BxL", "valid_B", "reasons", "context_cut_tokens_B")
+"""What every teacher pass writes (`run_teacher`); a divergence pass adds `_DIVERGENCE`."""
+_DIVERGENCE = ("divergence_BxL", "student_entropy_BxL")
+
+PASSES: dict[str, Pass] = {
+  "gold_answer": Pass(gold_answer, ("gold_logp_BxT1", "boundary_mask_BxT1", "valid_B", "reasons")),
+  "teacher_plain": Pass(teacher_plain, _TEACHER),
+  "teacher_privileged": Pass(teacher_privileged, _TEACHER),
+  "teacher_peer": Pass(teacher_peer, _TEACHER + ("peer_B",)),
+  "hindsight_skill": Pass(hindsight_skill, ("skills", "skill_tokens_B", "success_B", "valid_B", "reasons")),
+  "teacher_skill": Pass(
+    teacher_skill, _TEACHER, reads=("hindsight_skill/skills", "hindsight_skill/valid_B", "hindsight_skill/reasons")
+  ),
+  "teacher_divergence": Pass(teacher_divergence, _TEACHER + _DIVERGENCE),
+  "sibling_summary": Pass(
+    sibling_summary,
+    ("summaries", "summary_tokens_B", "siblings_Bx2", "mixed_B", "success_B", "valid_B", "reasons"),
+  ),
+  "teacher_sibling": Pass(
+    teacher_sibling,
+    _TEACHER + _DIVERGENCE,
+    reads=("sibling_summary/summaries", "sibling_summary/valid_B", "sibling_summary/reasons"),
+  ),
 }

@@ -37,10 +37,12 @@ def sample_steps(workdir: str) -> list[int]:
 
 def run_config(workdir: str) -> ml_collections.ConfigDict:
   """The training config recorded in `workdir/config.json`, over today's defaults (so that a run recorded before a
-  key existed still builds), with `workdir` set to where the run is now.
+  key existed still builds), with `workdir` set to where the run is now. A run whose method or environment is a row
+  its config file registers gets it again (`register_rows`).
 
   Raises:
-    ValueError: no config.json in the workdir, or one that is not a JSON object.
+    ValueError: no config.json in the workdir, or one that is not a JSON object; a row the run needs whose config
+      file is gone (`register_rows`).
   """
   path = os.path.join(workdir, "config.json")
   if not os.path.isfile(path):
@@ -52,13 +54,46 @@ def run_config(workdir: str) -> ml_collections.ConfigDict:
     raise ValueError(f"{path}: not JSON ({e.msg}, line {e.lineno})") from None
   if not isinstance(saved, dict):
     raise ValueError(f"{path}: expected a JSON object (the training config), got {type(saved).__name__}")
-  config = config_lib.base_config()
+  register_rows(saved)
+  config = config_lib.base_config()  # after the rows: it holds a node of knobs per METHODS row
   try:
     config.update(saved)
   except (TypeError, AttributeError, ValueError) as e:
     raise ValueError(f"{path}: a key does not fit the training config ({e})") from None
   config.workdir = workdir
   return config
+
+
+def register_rows(saved: dict) -> None:
+  """Registers again the rows a run's config file added to the tables, when the recorded config (`saved`, a
+  config.json dict) names a method or an environment that is not a row here: the file recorded as `config_file`
+  (set by the CLI to the `--config` file) is run again (`config.load_config_file`). Nothing is done otherwise.
+
+  Raises:
+    ValueError: naming the method or environment and the file, when no file was recorded or it cannot be loaded.
+  """
+  from jaxcredit.envs import ENVS
+
+  method = (saved.get("credit") or {}).get("method")
+  env = (saved.get("env") or {}).get("name")
+  missing = [f"method {method!r}" for m in [method] if m and m not in METHODS]
+  missing += [f"environment {env!r}" for e in [env] if e and e not in ENVS]
+  if not missing:
+    return
+  spec = saved.get("config_file") or ""
+  what = " and ".join(missing)
+  if not spec:
+    raise ValueError(
+      f"the run's {what} is not a registered row here, and its config.json records no config_file that registers "
+      f"it (runs trained before config_file was recorded, or not through the jaxcredit CLI)"
+    )
+  try:
+    config_lib.load_config_file(spec)
+  except Exception as e:  # noqa: BLE001 - whatever the user's file raises, said with its name
+    raise ValueError(f"the run's {what} is registered by its config file {spec}, which could not be loaded: {e!r}")
+  still = [m for m in [method] if m and m not in METHODS] + [e for e in [env] if e and e not in ENVS]
+  if still:
+    raise ValueError(f"the run's config file {spec} was loaded but registers no row {still}")
 
 
 def view_samples(

@@ -41,7 +41,12 @@ from jaxcredit.trajectory import pack
 
 
 def run_passes(run: Run, traj, results, tasks, params, ref_params, key) -> dict:
-  """Runs the chosen method's passes in order, filling `traj.passes`; returns their metrics."""
+  """Runs the chosen method's passes in order, filling `traj.passes`; returns their metrics.
+
+  Raises:
+    ValueError: a pass returned keys its `PASSES` row does not declare, or missed one it declares
+      (`passes.check_outputs`, naming the pass and the keys).
+  """
   c = run.config
   method = METHODS[c.credit.method]
   models = {
@@ -67,7 +72,9 @@ def run_passes(run: Run, traj, results, tasks, params, ref_params, key) -> dict:
   row = {}
   for name in method.passes:
     t0 = time.time()
-    traj.passes[name] = passes_lib.PASSES[name](ctx, traj)
+    outputs = passes_lib.PASSES[name](ctx, traj)
+    passes_lib.check_outputs(name, outputs)
+    traj.passes[name] = outputs
     row.update(passes_lib.pass_metrics(name, traj.passes[name], time.time() - t0))
   return row
 

@@ -1,0 +1,126 @@
+"""One config file that adds a pass (a `PASSES` row), a loss term (a `LOSS_TERMS` row) and a method that reads the
+new pass's output and has a string knob (a `METHODS` row): `jaxcredit train --config that_file.py` trains it a step,
+and `jaxcredit viz` on the run, with the rows no longer registered, loads the file again (config.json's
+`config_file`) and writes the method's page."""
+
+import json
+import os
+
+import pytest
+
+from jaxcredit import cli
+from jaxcredit.envs import ENVS
+from jaxcredit.train.methods import METHODS
+from jaxcredit.train.passes import PASSES
+from jaxcredit.train.step import LOSS_TERMS
+
+from tests.fixtures.tiny_run import metrics_rows, tiny_run_overrides
+
+CONFIG_FILE = '''
+import jax.numpy as jnp
+import numpy as np
+
+from jaxcredit.train.config import base_config
+from jaxcredit.train.methods import METHODS, Method, MethodOutput
+from jaxcredit.train.passes import PASSES, Pass
+from jaxcredit.train.step import LOSS_TERMS, LossTerm
+
+
+def action_share(ctx, traj):
+  """A pass without a model: each action token's share of its rollout's action tokens."""
+  act = traj.action_mask_BxL.astype(np.float32)
+  n = act.sum(axis=1)
+  return {
+    "share_BxL": act / np.maximum(n, 1.0)[:, None],
+    "valid_B": n > 0,
+    "reasons": ["" if k > 0 else "no_action" for k in n],
+  }
+
+
+def anchor(logp_BxL, mb, cfg):
+  """Pulls up the log-prob of the tokens with a positive advantage."""
+  return -jnp.where(mb["adv_BxL"] > 0, logp_BxL, 0.0), {}
+
+
+def shared_reward(traj, knobs):
+  seq = traj.rewards_B - knobs["baseline"]
+  out = traj.passes["action_share"]
+  spread = out["share_BxL"] if knobs["spread"] == "share" else traj.action_mask_BxL.astype(np.float32)
+  adv = np.where(np.asarray(out["valid_B"])[:, None], seq[:, None] * spread, 0.0).astype(np.float32)
+  return MethodOutput(adv, metrics={"share_spread": knobs["spread"] == "share"}, details={"share_BxL": spread})
+
+
+def check_spread(knobs, config):
+  if knobs["spread"] not in ("even", "share"):
+    raise ValueError(f"config.credit.shared_reward.spread = {knobs['spread']!r}: must be 'even' or 'share'")
+
+
+PASSES["action_share"] = Pass(action_share, writes=("share_BxL", "valid_B", "reasons"))
+LOSS_TERMS["anchor"] = LossTerm(anchor, lambda c: 0.1, lambda c: "token-mean", ("adv_BxL",))
+METHODS["shared_reward"] = Method(
+  shared_reward,
+  knobs={"baseline": 0.5, "spread": "even"},
+  passes=("action_share",),
+  loss_terms=("anchor",),
+  teacher=None,
+  summary="reward minus a baseline, spread by each token's share",
+  validate=check_spread,
+  reads=("action_share/share_BxL", "action_share/valid_B"),
+)
+
+
+def get_config():
+  c = base_config()
+  c.credit.method = "shared_reward"
+  return c
+'''
+
+
+@pytest.fixture
+def tables():
+  """The tables as they were, put back after the test (the config file registers rows in them)."""
+  saved = [(t, dict(t)) for t in (METHODS, PASSES, LOSS_TERMS, ENVS)]
+
+  def restore():
+    for table, rows in saved:
+      table.clear()
+      table.update(rows)
+
+  yield restore
+  restore()
+
+
+def test_a_config_file_adds_a_pass_a_loss_term_and_a_method_that_viz_opens(tiny, tmp_path, tables, capsys):
+  path = tmp_path / "shared_reward.py"
+  path.write_text(CONFIG_FILE)
+  w = str(tmp_path / "run")
+  overrides = tiny_run_overrides(
+    tiny.gguf_path,
+    w,
+    tiny.cache_dir,
+    compilation_cache_dir=tiny.xla_cache_dir,
+    total_steps=1,
+    log_rollouts_every=1,
+    log_rollouts_count=2,
+  )
+  # The string knob is a config key; a value the row's own check refuses is refused before any work.
+  bad = cli.main(["jaxcredit", "train", "--config", str(path), *overrides, "--config.credit.shared_reward.spread=x"])
+  assert bad == 2 and "config.credit.shared_reward.spread = 'x'" in capsys.readouterr().err
+  assert not os.path.exists(os.path.join(w, "config.json"))
+  args = ["jaxcredit", "train", "--config", str(path), *overrides, "--config.credit.shared_reward.spread=share"]
+  assert cli.main(args) == 0, capsys.readouterr().err
+  (row,) = metrics_rows(w, "rl")
+  assert row["method"] == "shared_reward" and row["share_spread"] is True
+  assert row["pass/action_share/dropped"] == 0 and "loss_anchor" in row
+  with open(os.path.join(w, "config.json")) as f:
+    assert json.load(f)["config_file"] == str(path)
+
+  tables()  # a fresh process: the rows are not registered until the run's config file is loaded again
+  assert "shared_reward" not in METHODS and "action_share" not in PASSES
+  out = tmp_path / "page"
+  capsys.readouterr()
+  assert cli.main(["jaxcredit", "viz", "--workdir", w, "--out", str(out)]) == 0, capsys.readouterr().err
+  assert "methods shared_reward, grpo" in capsys.readouterr().out
+  assert "shared_reward" in (out / "index.html").read_text()
+  pages = [p.read_text() for p in out.glob("*.html") if p.name != "index.html"]
+  assert pages and all("shared_reward" in p and "reward minus a baseline" in p for p in pages)

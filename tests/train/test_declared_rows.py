@@ -1,0 +1,97 @@
+"""Rows that declare what they need (issue 33): `Pass.writes` / `Pass.reads` and `Method.reads`, checked where a
+run is configured (`config.validate`, `methods.check_reads`, `methods.check_knobs`) and where the trainer stores a
+pass's outputs (`passes.check_outputs`); and `report.register_rows` for a run whose rows a config file adds."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from jaxcredit.train import config as config_lib
+from jaxcredit.train import passes as passes_lib
+from jaxcredit.train import report
+from jaxcredit.train.methods import METHODS, Method, MethodOutput, check_knobs, check_reads
+from jaxcredit.train.passes import PASSES, Pass, check_outputs
+
+
+def _config(method: str):
+  c = config_lib.base_config()  # after the row: it builds config.credit.<method>
+  c.credit.method = method
+  return c
+
+
+def _zero(traj, knobs):
+  return MethodOutput(np.zeros(traj.tokens_BxL.shape, np.float32))
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_every_shipped_method_declares_what_it_reads(name):
+  """Each read is written by one of its passes, and its advantage function reads nothing else (the fake
+  trajectory of check_knobs holds the declared outputs and refuses an undeclared read)."""
+  check_reads(name)
+  check_knobs(name, _config(name).credit[name])
+  for r in METHODS[name].reads:
+    pass_name, key = r.split("/")
+    assert pass_name in METHODS[name].passes and key in PASSES[pass_name].writes
+
+
+def test_a_method_reading_an_output_no_pass_writes_is_refused_by_validate(monkeypatch):
+  monkeypatch.setitem(
+    METHODS, "reads_nothing_written", Method(_zero, {}, ("teacher_plain",), reads=("teacher_plain/score_BxL",))
+  )
+  with pytest.raises(ValueError, match=r"method 'reads_nothing_written' reads teacher_plain/score_BxL.*teacher_plain"):
+    config_lib.validate(_config("reads_nothing_written"))
+
+
+def test_a_read_of_a_pass_the_method_does_not_run_or_an_unknown_pass_is_refused(monkeypatch):
+  monkeypatch.setitem(METHODS, "other_pass", Method(_zero, {}, ("teacher_plain",), reads=("gold_answer/valid_B",)))
+  with pytest.raises(ValueError, match=r"'other_pass' reads gold_answer/valid_B, but 'gold_answer' is not among"):
+    config_lib.validate(_config("other_pass"))
+  monkeypatch.setitem(METHODS, "no_such_pass", Method(_zero, {}, ("nope",)))
+  with pytest.raises(ValueError, match=r"'no_such_pass' runs pass\(es\) \['nope'\], which are not PASSES rows"):
+    config_lib.validate(_config("no_such_pass"))
+
+
+def test_a_pass_whose_input_pass_runs_later_is_refused(monkeypatch):
+  gear = METHODS["gear"]
+  monkeypatch.setitem(METHODS, "skill_first", dataclasses.replace(gear, passes=("teacher_skill", "hindsight_skill")))
+  with pytest.raises(ValueError, match=r"pass 'teacher_skill' reads hindsight_skill/skills, which no pass before it"):
+    check_reads("skill_first")
+
+
+def test_an_undeclared_read_is_refused_when_the_knobs_are_checked(monkeypatch):
+  gear = METHODS["gear"]
+  monkeypatch.setitem(METHODS, "gear_quiet", dataclasses.replace(gear, reads=("teacher_divergence/valid_B",)))
+  with pytest.raises(ValueError, match=r"'gear_quiet' reads teacher_divergence/divergence_BxL, which its METHODS row"):
+    config_lib.validate(_config("gear_quiet"))
+
+
+def test_pass_outputs_must_be_what_the_row_writes(monkeypatch):
+  monkeypatch.setitem(PASSES, "probe", Pass(lambda ctx, traj: {}, ("score_BxL", "valid_B", "reasons")))
+  good = {"score_BxL": np.zeros((2, 4)), "valid_B": np.ones(2, bool), "reasons": ["", ""]}
+  check_outputs("probe", good)
+  with pytest.raises(ValueError, match=r"pass 'probe'.*undeclared \['extra_B'\], missing \[\]"):
+    check_outputs("probe", dict(good, extra_B=np.zeros(2)))
+  with pytest.raises(ValueError, match=r"pass 'probe'.*undeclared \[\], missing \['score_BxL'\]"):
+    check_outputs("probe", {k: v for k, v in good.items() if k != "score_BxL"})
+  assert PASSES["probe"](None, None) == {}  # a row is called as its function
+
+
+def test_a_pass_row_must_declare_valid_B_and_reasons_and_reads_as_pass_slash_key():
+  with pytest.raises(ValueError, match=r"must declare \['reasons'\]"):
+    Pass(lambda ctx, traj: {}, ("valid_B",))
+  with pytest.raises(ValueError, match=r"a read must be 'pass_name/key', got 'skills'"):
+    Pass(lambda ctx, traj: {}, ("valid_B", "reasons"), reads=("skills",))
+
+
+def test_the_teacher_budgets_stay_reachable_from_the_config_module():
+  assert config_lib.teacher_budgets is passes_lib.teacher_budgets
+  assert config_lib.TEACHER_CONTEXT_SLACK == passes_lib.TEACHER_CONTEXT_SLACK
+
+
+def test_a_run_of_an_unregistered_method_without_a_config_file_is_said_so():
+  with pytest.raises(ValueError, match=r"method 'gone'.*records no config_file"):
+    report.register_rows({"credit": {"method": "gone"}, "env": {"name": "arithmetic"}, "config_file": ""})
+  with pytest.raises(ValueError, match=r"registered by its config file /nowhere/x.py, which could not be loaded"):
+    report.register_rows({"credit": {"method": "gone"}, "config_file": "/nowhere/x.py"})
+  report.register_rows({"credit": {"method": "grpo"}, "env": {"name": "arithmetic"}})  # registered: nothing to do
