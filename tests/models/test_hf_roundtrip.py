@@ -145,10 +145,18 @@ def test_gguf_convert_then_export_loads_in_transformers(tmp_path):
 
 
 def test_peak_memory_is_measured_above_baseline():
-  with hf_lib.PeakMemory() as memory:
-    block = np.ones(64 << 20, np.uint8)
-    del block
-  assert memory.peak_bytes is None or memory.peak_bytes >= 60 << 20
+  """A 64 MiB block shows in the region's peak. The peak is the whole process's: another thread of this worker that
+  frees memory right after the region starts (an XLA compile, a checkpoint writer) hides the block once in a while
+  (CI, 2026-12-04: peak 0), so the region is measured up to three times."""
+  peaks = []
+  for _ in range(3):
+    with hf_lib.PeakMemory() as memory:
+      block = np.ones(64 << 20, np.uint8)
+      del block
+    peaks.append(memory.peak_bytes)
+    if memory.peak_bytes is None or memory.peak_bytes >= 60 << 20:
+      break
+  assert peaks[-1] is None or peaks[-1] >= 60 << 20, peaks
 
 
 def test_untied_export_gives_transformers_the_same_logits(tmp_path):
