@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 
 from jaxcredit import sharding, trees
 from jaxcredit.envs import EnvSpec, make_env_spec
-from jaxcredit.models import load, load_tokenizer, resolve_source
+from jaxcredit.models import load_tokenizer, resolve_source
 from jaxcredit.models.decoder import param_logical_axes
 from jaxcredit.rollout import jsonl as jsonl_lib
 from jaxcredit.rollout.chat_format import ChatFormat
@@ -302,14 +302,7 @@ def load_model(config: ml_collections.ConfigDict, source: str | None, mesh) -> t
       )
     info.update(kind="workdir", base=base, step=int(step))
   path = resolve_source(base)
-  model, _ = load(
-    path,
-    cache_dir=base_cache,
-    dtype=config.model.compute_dtype or None,
-    param_dtype=config.model.param_dtype,
-    mesh=mesh,
-    config_overrides=run_lib.model_overrides_dict(config),
-  )
+  model = run_lib.load_policy(path, config, mesh, cache_dir=base_cache)
   try:
     model_vocab = load_tokenizer(path, cache_dir=base_cache).vocab_size
   except FileNotFoundError:  # a converted checkpoint saved without its tokenizer: only its embedding rows tell

@@ -89,6 +89,21 @@ def model_overrides(cfg, config: ml_collections.ConfigDict):
   return dataclasses.replace(cfg, **model_overrides_dict(config))
 
 
+def load_policy(source: str, config: ml_collections.ConfigDict, mesh, *, cache_dir: str | None = None):
+  """The policy model at `source` (a resolved path, `jaxcredit.models.resolve_source`) as `config.model` sets it up:
+  computing in `model.compute_dtype` with parameters stored in `model.param_dtype`, sharded onto `mesh`, with the
+  config's numerics (`model_overrides_dict`). Raises what `jaxcredit.models.load` raises."""
+  model, _ = load(
+    source,
+    cache_dir=cache_dir,
+    dtype=config.model.compute_dtype or None,
+    param_dtype=config.model.param_dtype,
+    mesh=mesh,
+    config_overrides=model_overrides_dict(config),
+  )
+  return model
+
+
 def check_processes(config) -> None:
   """With several processes: each samples whole prompt groups (credit needs a group's rollouts together, and a
   group never spans processes), and the mesh must split into equal per-process sampling meshes.
@@ -178,14 +193,7 @@ def build(config: ml_collections.ConfigDict, *, write_config: bool = True) -> Ru
   train_tasks = env.make_tasks("train", config.env.num_train_tasks, config.seed)  # bad sizes fail before the load
   eval_tasks = env.make_tasks("eval", config.eval.num_tasks, None)
   t0 = time.time()
-  model, _ = load(
-    source,
-    cache_dir=cache_dir,
-    dtype=config.model.compute_dtype or None,
-    param_dtype=config.model.param_dtype,
-    mesh=mesh,
-    config_overrides=model_overrides_dict(config),
-  )
+  model = load_policy(source, config, mesh, cache_dir=cache_dir)
   tok = load_tokenizer(source, cache_dir=cache_dir)
   print(f"[jaxcredit] model {config.model.source} loaded in {time.time() - t0:.1f}s")
   graphdef, params, rest = step_lib.split_model(model)
