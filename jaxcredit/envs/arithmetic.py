@@ -27,7 +27,7 @@ import re
 import threading
 from typing import Any, Iterator, Protocol, Sequence
 
-from jaxcredit.envs import spec, tool_calls
+from jaxcredit.envs import episode, spec, tool_calls
 from jaxcredit.envs.calculator import CalculatorError, evaluate, format_number
 
 DATASETS = ("basic_arithmetic", "chain_sum")
@@ -251,7 +251,7 @@ def gold_answer_text(task: ArithmeticTask) -> str:
 StepResult = spec.StepResult  # the observation is a tool message's content; None when done
 
 
-class ArithmeticEnv:
+class ArithmeticEnv(episode.ToolEpisode):
   """One rollout's environment: answers calculator calls until an answer or the end.
 
   Per assistant turn (`step`), text inside `<think>...</think>` is dropped (`tool_calls.parse_message`; an
@@ -278,43 +278,19 @@ class ArithmeticEnv:
     """
     if max_tool_calls < 0:
       raise ValueError(f"max_tool_calls must be >= 0, got {max_tool_calls}")
-    self.task = task
+    super().__init__(task, answer=None)
     self.max_tool_calls = int(max_tool_calls)
-    self.done = False
-    self.info: dict[str, Any] = {
-      "tool_calls": 0,
-      "tool_errors": 0,
-      "answered": False,
-      "budget_exhausted": False,
-      "turns": 0,
-      "finish": None,
-      "answer": None,
-    }
     self._reward: float | None = None
     self._math_verify: bool | None = None
 
   def step(self, assistant_text: str) -> StepResult:
-    """Consumes one assistant message.
-
-    Args:
-      assistant_text: the assistant turn as the model wrote it (`multiturn.action_text`: special tokens kept, the
-        stop token that ended the turn left out).
-
-    Returns:
-      A `StepResult`; its observation goes into `{"role": "tool", "content": observation}`.
-
-    Raises:
-      RuntimeError: if the episode is already done.
-    """
-    if self.done:
-      raise RuntimeError("step() called on a finished episode")
-    info = self.info
-    info["turns"] += 1
+    """Consumes one assistant message: runs its calculator call, or ends the episode on an answer, a call past the
+    budget or neither (see the class notes; arguments, result and errors as `episode.ToolEpisode.step`)."""
+    info = self.begin_step()
     # one read of the message (think blocks dropped once: stripping twice would misread a stray </think>)
     msg = tool_calls.parse_message(assistant_text, max_calls=1, max_call_chars=tool_calls.MAX_CALL_CHARS)
     if msg.error is not None:
-      info["tool_errors"] += 1
-      return StepResult(observation=tool_calls.render_tool_response(f"error: {msg.error}"), done=False, info=dict(info))
+      return self._think_error(msg.error)
     answer_at = msg.visible.find(tool_calls.ANSWER_OPEN)
     if msg.calls and (answer_at < 0 or msg.calls[0].start < answer_at):
       if info["tool_calls"] >= self.max_tool_calls:
@@ -329,17 +305,12 @@ class ArithmeticEnv:
       )
       if not outcome.ok:
         info["tool_errors"] += 1
-      return StepResult(observation=tool_calls.render_tool_response(outcome.content), done=False, info=dict(info))
+      return self._observe(tool_calls.render_tool_response(outcome.content))
     if msg.answer is not None:
       info["answered"] = True
       info["answer"] = msg.answer
       return self._finish("answer")
     return self._finish("no_answer")
-
-  def _finish(self, reason: str) -> StepResult:
-    self.done = True
-    self.info["finish"] = reason
-    return StepResult(observation=None, done=True, info=dict(self.info))
 
   def reward(self) -> float:
     """1.0 when the given answer verifies against the gold answer, else 0.0 (also before the end).
