@@ -331,12 +331,7 @@ def demonstration(
   task: SearchTask,
   rng: _RandomLike,
   index: SearchIndex,
-  *,
-  max_tool_calls: int = MAX_TOOL_CALLS,
-  top_k: int = TOP_K,
-  snippet_chars: int = SNIPPET_CHARS,
-  max_output_chars: int = MAX_OUTPUT_CHARS,
-  open_tool: bool = True,
+  **limits: Any,
 ) -> list[dict]:
   """A full chat that finds the evidence and answers, played through `SearchEnv` (observations exactly as rollouts
   see them), for the supervised warm start.
@@ -353,8 +348,9 @@ def demonstration(
     task: the question.
     rng: anything with `.random() -> float` in [0, 1) (`random.Random`, `numpy.random.Generator`).
     index: the corpus index.
-    max_tool_calls, top_k, snippet_chars, max_output_chars, open_tool: the environment's limits (with
-      open_tool=False a demonstration only searches: each hop's search result must show what the hop reveals).
+    limits: `SearchEnv`'s keyword arguments (max_tool_calls, top_k, snippet_chars, max_output_chars, open_tool; the
+      same defaults), the environment the chat is played through (with open_tool=False a demonstration only
+      searches: each hop's search result must show what the hop reveals).
 
   Returns:
     The messages [system, user, assistant, tool, ..., assistant].
@@ -364,16 +360,9 @@ def demonstration(
       `max_tool_calls`; a loaded question with no evidence listed or none found by its title or the question;
       without the open tool, a hop whose fact the search result does not show, or a loaded question).
   """
-  env = SearchEnv(
-    task,
-    index,
-    max_tool_calls=max_tool_calls,
-    top_k=top_k,
-    snippet_chars=snippet_chars,
-    max_output_chars=max_output_chars,
-    open_tool=open_tool,
-  )
-  messages = initial_messages(task, max_tool_calls, top_k, snippet_chars, max_output_chars, open_tool)
+  env = SearchEnv(task, index, **limits)
+  max_tool_calls, top_k, snippet_chars, open_tool = env.max_tool_calls, env.top_k, env.snippet_chars, env.open_tool
+  messages = initial_messages(task, **limits)
 
   def play(calls: list[tuple[str, dict]]) -> str:
     text = "\n".join(tool_calls.render_tool_call(name, args) for name, args in calls)
@@ -404,7 +393,7 @@ def demonstration(
           raise ValueError(
             f"task {task.query_id}: hop {i}'s search result does not show {hop.reveals!r} and there is no open "
             f"tool (open_tool=False): raise snippet_chars (now {snippet_chars}) and max_output_chars (now "
-            f"{max_output_chars}) to hold the whole document"
+            f"{env.max_output_chars}) to hold the whole document"
           )
         continue
       # an open is needed where the snippet hides the fact; otherwise it is spent while later needs still fit
