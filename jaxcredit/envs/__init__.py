@@ -10,6 +10,8 @@
 - `search`: search QA over a JSONL corpus with BM25 `search` and `open` tools (TRACE's BrowseComp-Plus setting).
 - `sources`: tasks from JSONL files, Hugging Face `datasets` folders and TFDS folders, as grain data sources.
 - `spec`: `EnvSpec` and `StepResult`, what the trainer reads from an environment.
+- `episode`: the `info` keys every environment keeps (`TRAINER_KEYS`, read by the trainer) and `ToolEpisode`, the
+  state and the opening and endings of `step` that the environments share.
 
 `ENVS` is the table of environments: `config.env.name` -> an `Env` row, whose `make_spec(node)` builds the
 `EnvSpec` from the environment's own config node `config.env.<name>` (its keys and defaults are the row's

@@ -25,9 +25,9 @@ import dataclasses
 import functools
 import re
 import threading
-from typing import Any, Iterator, Protocol, Sequence
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
-from jaxcredit.envs import spec, tool_calls
+from jaxcredit.envs import episode, spec, tool_calls
 from jaxcredit.envs.calculator import CalculatorError, evaluate, format_number
 
 DATASETS = ("basic_arithmetic", "chain_sum")
@@ -121,19 +121,52 @@ def make_tasks(
   if not 1 <= min_terms <= max_terms or not 1 <= min_digits <= max_digits:
     raise ValueError(f"invalid difficulty: terms {min_terms}..{max_terms}, digits {min_digits}..{max_digits}")
   difficulty = (min_terms, max_terms, min_digits, max_digits)
+
+  def draw(split, base_seed, num, exclude, strict):
+    return _generate(split, base_seed, num, tuple(datasets), difficulty, exclude, stats if strict else None, strict)
+
+  return split_tasks(split, num, seed, draw, lambda t: _normalize(t.expression))
+
+
+def split_tasks(
+  split: str,
+  num: int | None,
+  seed: int | None,
+  draw: Callable[[str, int, int, frozenset, bool], list],
+  key: Callable[[Any], str],
+  *,
+  eval_size: int = EVAL_SIZE,
+  eval_reserve: int = EVAL_RESERVE,
+  reserve_note: str = "",
+) -> list:
+  """The split rules of generated tasks (`make_tasks`, `math_tools.make_gym_tasks`).
+
+  Eval: the first `num` (default `eval_size`, at most `eval_reserve`) tasks drawn at `EVAL_SEED`. Train (seed
+  default 0): `num` tasks drawn at `seed * _TRAIN_SEED_STRIDE`, leaving out every task whose `key` is among the first
+  `eval_reserve` eval tasks.
+
+  Args:
+    split: "train" or "eval" (checked by the caller).
+    draw: (split, base seed, num, keys to exclude, strict) -> tasks (`draw_tasks`; strict=False: the eval reserve,
+      fewer when the stream runs dry).
+    reserve_note: written after the range in the error for an eval `num` out of range (e.g. " (eval_reserve)").
+
+  Raises:
+    ValueError: a seed for eval, eval `num` out of [0, eval_reserve], train `num` missing or < 0.
+  """
   if split == "eval":
     if seed is not None:
       raise ValueError("the eval split has a fixed seed; pass seed=None")
-    num = EVAL_SIZE if num is None else num
-    if not 0 <= num <= EVAL_RESERVE:
-      raise ValueError(f"eval num must be in [0, {EVAL_RESERVE}], got {num}")
-    return _generate("eval", EVAL_SEED, num, tuple(datasets), difficulty, frozenset(), stats)
+    num = eval_size if num is None else num
+    if not 0 <= num <= eval_reserve:
+      raise ValueError(f"eval num must be in [0, {eval_reserve}]{reserve_note}, got {num}")
+    return draw("eval", EVAL_SEED, num, frozenset(), True)
   if num is None or num < 0:
     raise ValueError(f"train num must be a non-negative int, got {num!r}")
   seed = 0 if seed is None else int(seed)
-  reserved = _generate("eval", EVAL_SEED, EVAL_RESERVE, tuple(datasets), difficulty, frozenset(), None, strict=False)
-  exclude = frozenset(_normalize(t.expression) for t in reserved)
-  return _generate("train", seed * _TRAIN_SEED_STRIDE, num, tuple(datasets), difficulty, exclude, stats)
+  reserved = draw("eval", EVAL_SEED, eval_reserve, frozenset(), False)
+  exclude = frozenset(key(t) for t in reserved)
+  return draw("train", seed * _TRAIN_SEED_STRIDE, num, exclude, True)
 
 
 def _normalize(expression: str) -> str:
@@ -149,63 +182,110 @@ def _generate(split, base_seed, num, datasets, difficulty, exclude, stats, stric
     "dropped_duplicate": 0,
     "dropped_eval_overlap": 0,
   }
-  tasks: list[ArithmeticTask] = []
+
+  def read(_, drawn):
+    name, idx, item = drawn
+    expr = item["metadata"]["expression"]
+    gold = item["answer"]
+    if not _GOLD_RE.fullmatch(gold):
+      return None, "dropped_not_integer"
+    try:
+      exact = evaluate(expr) == int(gold)
+    except CalculatorError:
+      exact = False
+    if not exact:
+      return None, "dropped_inexact"
+    meta = dict(item["metadata"], seed=base_seed)
+    task = ArithmeticTask(
+      task_id=f"{split}/{name}/{idx}",
+      question=item["question"],
+      answer=gold,
+      source=name,
+      expression=expr,
+      metadata=meta,
+    )
+    return task, "kept"
+
+  tasks = draw_tasks(
+    split,
+    [_items(d, base_seed, difficulty) for d in datasets],
+    num,
+    read,
+    lambda t: _normalize(t.expression),
+    exclude,
+    counts,
+    strict=strict,
+    max_misses=2000,  # consecutive items of one dataset without a new task: its problem space is used up
+    where=lambda _: f"datasets {list(datasets)} and difficulty {difficulty}",
+  )
+  counts["kept"] = len(tasks)
+  if stats is not None:
+    stats.update(counts)
+  return tasks
+
+
+def draw_tasks(
+  split: str,
+  streams: Sequence[Iterator],
+  num: int,
+  read: Callable[[int, Any], tuple[Any, str]],
+  key: Callable[[Any], str],
+  exclude: frozenset,
+  counts: dict[str, int],
+  *,
+  strict: bool,
+  max_misses: int,
+  where: Callable[[int], str],
+) -> list:
+  """The first `num` tasks kept from `streams`, taken in turn: each turn pulls from its stream until one is kept.
+
+  Args:
+    split: for the error message.
+    streams: endless iterators of drawn items.
+    read: (stream index, drawn item) -> (task, "kept"), or (None, the `counts` key of why it is dropped).
+    key: task -> what makes two tasks the same; a task whose key is in `exclude` ("dropped_eval_overlap") or was
+      kept already ("dropped_duplicate") is dropped.
+    counts: the drop counts, incremented in place.
+    strict: False: return the tasks kept so far (fewer than `num`) when the draw gives up.
+    max_misses: items of one stream in a row without a kept task after which it is used up.
+    where: stream index -> what the error says was drawn from.
+
+  Raises:
+    ValueError: with strict, when 50 * num + 1000 items in all, or `max_misses` of one stream in a row, keep fewer
+      than `num` tasks.
+  """
+  tasks: list = []
   seen: set[str] = set()
   max_items = 50 * num + 1000
-  max_misses = 2000  # consecutive items of one dataset without a new task: its problem space is used up
-  streams = [_items(d, base_seed, difficulty) for d in datasets]
   tried = 0
   turn = 0
   while len(tasks) < num:
-    stream = streams[turn % len(streams)]
+    i = turn % len(streams)
     turn += 1
     misses = 0
-    while True:  # pull from this dataset until one task is kept
+    while True:  # pull from this stream until one task is kept
       if tried >= max_items or misses >= max_misses:
         if not strict:
           return tasks
         raise ValueError(
-          f"only {len(tasks)} distinct {split} tasks found in {tried} items for datasets "
-          f"{list(datasets)} and difficulty {difficulty}; asked for {num}"
+          f"only {len(tasks)} distinct {split} tasks found in {tried} items for {where(i)}; asked for {num}"
         )
       tried += 1
       misses += 1
-      name, idx, item = next(stream)
-      expr = item["metadata"]["expression"]
-      gold = item["answer"]
-      if not _GOLD_RE.fullmatch(gold):
-        counts["dropped_not_integer"] += 1
+      task, reason = read(i, next(streams[i]))
+      if task is None:
+        counts[reason] += 1
         continue
-      try:
-        exact = evaluate(expr) == int(gold)
-      except CalculatorError:
-        exact = False
-      if not exact:
-        counts["dropped_inexact"] += 1
-        continue
-      key = _normalize(expr)
-      if key in exclude:
+      k = key(task)
+      if k in exclude:
         counts["dropped_eval_overlap"] += 1
         continue
-      if key in seen:
+      if k in seen:
         counts["dropped_duplicate"] += 1
         continue
-      seen.add(key)
-      meta = dict(item["metadata"], seed=base_seed)
-      tasks.append(
-        ArithmeticTask(
-          task_id=f"{split}/{name}/{idx}",
-          question=item["question"],
-          answer=gold,
-          source=name,
-          expression=expr,
-          metadata=meta,
-        )
-      )
+      seen.add(k)
+      tasks.append(task)
       break
-  counts["kept"] = len(tasks)
-  if stats is not None:
-    stats.update(counts)
   return tasks
 
 
@@ -251,7 +331,7 @@ def gold_answer_text(task: ArithmeticTask) -> str:
 StepResult = spec.StepResult  # the observation is a tool message's content; None when done
 
 
-class ArithmeticEnv:
+class ArithmeticEnv(episode.ToolEpisode):
   """One rollout's environment: answers calculator calls until an answer or the end.
 
   Per assistant turn (`step`), text inside `<think>...</think>` is dropped (`tool_calls.parse_message`; an
@@ -278,43 +358,19 @@ class ArithmeticEnv:
     """
     if max_tool_calls < 0:
       raise ValueError(f"max_tool_calls must be >= 0, got {max_tool_calls}")
-    self.task = task
+    super().__init__(task, answer=None)
     self.max_tool_calls = int(max_tool_calls)
-    self.done = False
-    self.info: dict[str, Any] = {
-      "tool_calls": 0,
-      "tool_errors": 0,
-      "answered": False,
-      "budget_exhausted": False,
-      "turns": 0,
-      "finish": None,
-      "answer": None,
-    }
     self._reward: float | None = None
     self._math_verify: bool | None = None
 
   def step(self, assistant_text: str) -> StepResult:
-    """Consumes one assistant message.
-
-    Args:
-      assistant_text: the assistant turn as the model wrote it (`multiturn.action_text`: special tokens kept, the
-        stop token that ended the turn left out).
-
-    Returns:
-      A `StepResult`; its observation goes into `{"role": "tool", "content": observation}`.
-
-    Raises:
-      RuntimeError: if the episode is already done.
-    """
-    if self.done:
-      raise RuntimeError("step() called on a finished episode")
-    info = self.info
-    info["turns"] += 1
+    """Consumes one assistant message: runs its calculator call, or ends the episode on an answer, a call past the
+    budget or neither (see the class notes; arguments, result and errors as `episode.ToolEpisode.step`)."""
+    info = self.begin_step()
     # one read of the message (think blocks dropped once: stripping twice would misread a stray </think>)
     msg = tool_calls.parse_message(assistant_text, max_calls=1, max_call_chars=tool_calls.MAX_CALL_CHARS)
     if msg.error is not None:
-      info["tool_errors"] += 1
-      return StepResult(observation=tool_calls.render_tool_response(f"error: {msg.error}"), done=False, info=dict(info))
+      return self._think_error(msg.error)
     answer_at = msg.visible.find(tool_calls.ANSWER_OPEN)
     if msg.calls and (answer_at < 0 or msg.calls[0].start < answer_at):
       if info["tool_calls"] >= self.max_tool_calls:
@@ -329,17 +385,12 @@ class ArithmeticEnv:
       )
       if not outcome.ok:
         info["tool_errors"] += 1
-      return StepResult(observation=tool_calls.render_tool_response(outcome.content), done=False, info=dict(info))
+      return self._observe(tool_calls.render_tool_response(outcome.content))
     if msg.answer is not None:
       info["answered"] = True
       info["answer"] = msg.answer
       return self._finish("answer")
     return self._finish("no_answer")
-
-  def _finish(self, reason: str) -> StepResult:
-    self.done = True
-    self.info["finish"] = reason
-    return StepResult(observation=None, done=True, info=dict(self.info))
 
   def reward(self) -> float:
     """1.0 when the given answer verifies against the gold answer, else 0.0 (also before the end).

@@ -47,7 +47,7 @@ import json
 import pathlib
 from typing import Any, Sequence
 
-from jaxcredit.envs import spec, tool_calls
+from jaxcredit.envs import episode, spec, tool_calls
 
 CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
 REWARDS = ("all_units", "unit_fraction")
@@ -457,7 +457,7 @@ def render_calls(calls: Sequence[tuple[str, dict]]) -> str:
 # The session.
 
 
-class BfclSession:
+class BfclSession(episode.ToolEpisode):
   """One rollout of a multi-turn task (`step` / `reward`, as `jaxcredit.rollout.multiturn.EnvLike`).
 
   Which functions run: the prompt lists the functions available at the current request (held-out ones appear at
@@ -471,6 +471,8 @@ class BfclSession:
   reached and verified), "budget_exhausted", "turns", "finish", "unit" (the current request), "unit_rewards",
   "official_valid" (BFCL's verdict once the session ended, else None).
   """
+
+  episode_kind = "session"
 
   def __init__(
     self,
@@ -491,7 +493,7 @@ class BfclSession:
       raise ValueError(f"config.env.bfcl_multi_turn.max_output_chars must be >= 1, got {max_output_chars}")
     if reward not in REWARDS:
       raise ValueError(f"config.env.bfcl_multi_turn.reward must be one of {REWARDS}, got {reward!r}")
-    self.task = task
+    super().__init__(task, unit=0, unit_rewards=[], official_valid=None)
     self.max_steps_per_unit = int(max_steps_per_unit)
     self.max_output_chars = int(max_output_chars)
     self.reward_kind = reward
@@ -508,18 +510,6 @@ class BfclSession:
     self.model_results: list[str] = []  # results of every dispatched call so far (BFCL's response list)
     self.unit_passed: list[bool] = []
     self.official: list[bool] = []
-    self.done = False
-    self.info: dict[str, Any] = {
-      "tool_calls": 0,
-      "tool_errors": 0,
-      "answered": False,
-      "budget_exhausted": False,
-      "turns": 0,
-      "finish": None,
-      "unit": 0,
-      "unit_rewards": [],
-      "official_valid": None,
-    }
 
   def callable_tools(self) -> dict[str, tool_calls.Tool]:
     """Every public method of the task's backends, with its doc's schema (see `BfclSession` on availability)."""
@@ -545,20 +535,15 @@ class BfclSession:
     Raises:
       RuntimeError: if the session is already done.
     """
-    if self.done:
-      raise RuntimeError("step() called on a finished session")
-    info = self.info
-    info["turns"] += 1
+    info = self.begin_step()
     msg = tool_calls.parse_message(assistant_text, max_calls=self.max_calls_per_message)
     # Every attempted call counts, malformed or not: were only well-formed calls counted, a broken call followed by
     # a refusal would pass an empty-ground-truth request, paying the policy to emit broken calls when unsure.
     self.calls_in_unit += len(msg.calls)
     if msg.error is not None:  # an unclosed think block: the message is no action (its visible calls do not run)
-      info["tool_errors"] += 1
+      result = self._think_error(msg.error)
       self.steps_in_unit += 1
-      if self.steps_in_unit >= self.max_steps_per_unit:
-        return self._end_unit()
-      return spec.StepResult(tool_calls.render_tool_response(f"error: {msg.error}"), False, dict(info), "tool")
+      return self._end_unit() if self.steps_in_unit >= self.max_steps_per_unit else result
     if not msg.calls:
       self.ended_by_model = True
       return self._end_unit()
@@ -579,7 +564,7 @@ class BfclSession:
     observation = "\n".join(tool_calls.render_tool_response(o.content) for o in outcomes)
     if self.steps_in_unit >= self.max_steps_per_unit:
       return self._end_unit()
-    return spec.StepResult(observation, False, dict(info), "tool")
+    return self._observe(observation)
 
   def _end_unit(self) -> spec.StepResult:
     passed, official = self._verify(self.unit)
@@ -592,12 +577,10 @@ class BfclSession:
     self.ended_by_model = False
     self.info["unit"] = self.unit
     if self.unit >= self.task.num_units:
-      self.done = True
       self.info["answered"] = True
-      self.info["finish"] = "answer"
       self.info["official_valid"] = all(self.official)
-      return spec.StepResult(None, True, dict(self.info))
-    return spec.StepResult(self.request_text(self.unit), False, dict(self.info), "user")
+      return self._finish("answer")
+    return self._observe(self.request_text(self.unit), "user")
 
   def _verify(self, unit: int) -> tuple[bool, bool]:
     """(training verdict, BFCL's official verdict) of request `unit`, running its ground truth."""

@@ -53,7 +53,7 @@ import sys
 import types
 from typing import Any, Sequence
 
-from jaxcredit.envs import spec, tool_calls
+from jaxcredit.envs import episode, spec, tool_calls
 from jaxcredit.envs.bfcl_multi_turn import EVAL_EVERY, is_eval, package_dir, read_jsonl  # noqa: F401 - re-exported
 
 CATEGORIES = ("simple", "multiple", "parallel", "parallel_multiple", "irrelevance")
@@ -448,7 +448,7 @@ def official_valid(task: BfclSingleTask, text: str) -> bool:
 # The environment.
 
 
-class BfclSingleEnv:
+class BfclSingleEnv(episode.ToolEpisode):
   """One rollout: one assistant message, scored by BFCL's AST checker (see the module notes).
 
   `info` keys: "tool_calls" (`<tool_call>` blocks in the visible text, malformed included), "tool_errors" (blocks
@@ -469,19 +469,8 @@ class BfclSingleEnv:
     """
     if max_calls < 1:
       raise ValueError(f"max_calls must be >= 1, got {max_calls}")
-    self.task = task
+    super().__init__(task, official_valid=None, error=None)
     self.max_calls = int(max_calls)
-    self.done = False
-    self.info: dict[str, Any] = {
-      "tool_calls": 0,
-      "tool_errors": 0,
-      "answered": False,
-      "budget_exhausted": False,
-      "turns": 0,
-      "finish": None,
-      "official_valid": None,
-      "error": None,
-    }
     self._reward = 0.0
 
   def step(self, assistant_text: str) -> spec.StepResult:
@@ -490,10 +479,7 @@ class BfclSingleEnv:
     Raises:
       RuntimeError: if the episode is already done.
     """
-    if self.done:
-      raise RuntimeError("step() called on a finished episode")
-    info = self.info
-    info["turns"] += 1
+    info = self.begin_step()
     parsed = tool_calls.parse_message(assistant_text, max_calls=self.max_calls)
     docs = {s["function"]["name"]: s["function"]["parameters"] for s in schemas(self.task)}
     malformed = [p for p in parsed.calls if p.call is None]
@@ -525,8 +511,7 @@ class BfclSingleEnv:
     info["error"] = error
     info["official_valid"] = official_valid(self.task, assistant_text)
     self._reward = 1.0 if error is None else 0.0
-    self.done = True
-    return spec.StepResult(observation=None, done=True, info=dict(info))
+    return self._finish(info["finish"])
 
   def reward(self) -> float:
     """1.0 when the message passed (see the module notes), else 0.0 (also before `step`)."""

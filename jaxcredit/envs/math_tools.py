@@ -231,21 +231,13 @@ def make_gym_tasks(
     if g not in generators:
       raise ValueError(f"generator_kwargs names {g!r}, which is not among the generators {list(generators)}")
   kwargs_json = {g: json.dumps({**GENERATORS[g].defaults, **kwargs.get(g, {})}, sort_keys=True) for g in generators}
-  if split == "eval":
-    if seed is not None:
-      raise ValueError("the eval split has a fixed seed; pass seed=None")
-    num = EVAL_SIZE if num is None else num
-    if not 0 <= num <= eval_reserve:
-      raise ValueError(f"eval num must be in [0, {eval_reserve}] (eval_reserve), got {num}")
-    return _generate("eval", arithmetic.EVAL_SEED, num, generators, kwargs_json, frozenset(), stats)
-  if num is None or num < 0:
-    raise ValueError(f"train num must be a non-negative int, got {num!r}")
-  seed = 0 if seed is None else int(seed)
-  reserved = _generate(
-    "eval", arithmetic.EVAL_SEED, eval_reserve, generators, kwargs_json, frozenset(), None, strict=False
+
+  def draw(split, base_seed, num, exclude, strict):
+    return _generate(split, base_seed, num, generators, kwargs_json, exclude, stats if strict else None, strict)
+
+  return arithmetic.split_tasks(
+    split, num, seed, draw, _key, eval_size=EVAL_SIZE, eval_reserve=eval_reserve, reserve_note=" (eval_reserve)"
   )
-  exclude = frozenset(_key(t) for t in reserved)
-  return _generate("train", seed * arithmetic._TRAIN_SEED_STRIDE, num, generators, kwargs_json, exclude, stats)
 
 
 def _key(task: MathTask) -> str:
@@ -270,45 +262,25 @@ def _generate(split, base_seed, num, generators, kwargs_json, exclude, stats, st
       )
     }
   )
-  tasks: list[MathTask] = []
-  seen: set[str] = set()
-  max_items = 50 * num + 1000
-  streams = [_items(g, base_seed, kwargs_json[g]) for g in generators]
-  tried = 0
-  turn = 0
-  while len(tasks) < num:
-    name = generators[turn % len(generators)]
-    stream = streams[turn % len(generators)]
-    turn += 1
-    misses = 0
-    while True:  # pull from this generator until one task is kept
-      if tried >= max_items or misses >= _MAX_MISSES:
-        if not strict:
-          return tasks
-        raise ValueError(
-          f"only {len(tasks)} distinct {split} tasks found in {tried} items for generators "
-          f"{list(generators)} (stuck on {name!r}); asked for {num}"
-        )
-      tried += 1
-      misses += 1
-      idx, item = next(stream)
-      if item is None:
-        counts["dropped_generator_error"] += 1
-        continue
-      task, reason = _task(split, name, idx, item, base_seed, kwargs_json[name])
-      if task is None:
-        counts[reason] += 1
-        continue
-      key = _key(task)
-      if key in exclude:
-        counts["dropped_eval_overlap"] += 1
-        continue
-      if key in seen:
-        counts["dropped_duplicate"] += 1
-        continue
-      seen.add(key)
-      tasks.append(task)
-      break
+
+  def read(i, drawn):
+    idx, item = drawn
+    if item is None:
+      return None, "dropped_generator_error"
+    return _task(split, generators[i], idx, item, base_seed, kwargs_json[generators[i]])
+
+  tasks = arithmetic.draw_tasks(
+    split,
+    [_items(g, base_seed, kwargs_json[g]) for g in generators],
+    num,
+    read,
+    _key,
+    exclude,
+    counts,
+    strict=strict,
+    max_misses=_MAX_MISSES,
+    where=lambda i: f"generators {list(generators)} (stuck on {generators[i]!r})",
+  )
   if stats is not None:
     stats.update(counts, kept=len(tasks))
   return tasks

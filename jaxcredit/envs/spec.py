@@ -62,7 +62,8 @@ class StepResult:
     observation: the next message's content, or None when the episode is done.
     done: whether the episode ended with this assistant message.
     info: the environment's running counters (a copy): "tool_calls", "tool_errors", "answered" (ended as the
-      task asks: an answer, or the last request of a session handled), "budget_exhausted".
+      task asks: an answer, or the last request of a session handled), "budget_exhausted" (the keys the trainer
+      reads, `jaxcredit.envs.episode.TRAINER_KEYS`; `episode.new_info` starts them), then the environment's own.
     role: who speaks next: "tool" (the results of this message's calls) or "user" (the next request of a
       multi-request session: it opens a new verified unit).
   """

@@ -10,52 +10,40 @@ import dataclasses
 
 from jaxcredit.models.config import ModelConfig
 
+_QWEN3 = dict(vocab_size=151936, head_dim=128, rope_theta=1e6, rms_norm_eps=1e-6, qk_norm=True, dtype="bfloat16")
+"""The fields every Qwen3 checkpoint's config.json sets alike (the dtype: its torch_dtype)."""
+
 PRESETS: dict[str, ModelConfig] = {
   "qwen3-0.6b": ModelConfig(
-    vocab_size=151936,
+    **_QWEN3,
     hidden_size=1024,
     intermediate_size=3072,
     num_layers=28,
     num_heads=16,
     num_kv_heads=8,
-    head_dim=128,
-    rope_theta=1e6,
-    rms_norm_eps=1e-6,
     tie_word_embeddings=True,
-    qk_norm=True,
-    dtype="bfloat16",
   ),
   "qwen3-4b": ModelConfig(
-    vocab_size=151936,
+    **_QWEN3,
     hidden_size=2560,
     intermediate_size=9728,
     num_layers=36,
     num_heads=32,
     num_kv_heads=8,
-    head_dim=128,
-    rope_theta=1e6,
-    rms_norm_eps=1e-6,
     tie_word_embeddings=True,
-    qk_norm=True,
-    dtype="bfloat16",
   ),
   "qwen3-30b-a3b": ModelConfig(
-    vocab_size=151936,
+    **_QWEN3,
     hidden_size=2048,
     intermediate_size=6144,
     num_layers=48,
     num_heads=32,
     num_kv_heads=4,
-    head_dim=128,
-    rope_theta=1e6,
-    rms_norm_eps=1e-6,
     tie_word_embeddings=False,
-    qk_norm=True,
     num_experts=128,
     num_experts_per_tok=8,
     moe_intermediate_size=768,
     norm_topk_prob=True,
-    dtype="bfloat16",
   ),
 }
 

@@ -51,37 +51,24 @@ class ChatFormat:
 
   @classmethod
   def from_tokenizer(cls, tok: ChatTokenizerLike, tool_role: str = "tool") -> "ChatFormat":
-    msgs = [
-      {"role": "system", "content": "s"},
-      {"role": "user", "content": _USER},
-      {"role": "assistant", "content": _ASSISTANT},
-      {"role": "tool", "content": _TOOL},
-    ]
-    if tool_role != "tool":
-      msgs[-1]["role"] = tool_role
-    text = tok.apply_chat_template(msgs, add_generation_prompt=True)
-    if _ASSISTANT not in text or _TOOL not in text:
-      raise ValueError(
-        "the chat template does not render assistant and tool message contents verbatim; "
-        "token-in/token-out rollouts need a template that does"
-      )
-    a_end = text.index(_ASSISTANT) + len(_ASSISTANT)
-    t_start = text.index(_TOOL)
-    user_msgs = msgs[:3] + [{"role": "user", "content": _USER2}]
-    u_text = tok.apply_chat_template(user_msgs, add_generation_prompt=True)
-    if _USER2 not in u_text or _ASSISTANT not in u_text:
-      raise ValueError(
-        "the chat template does not render a user message after an assistant message verbatim; "
-        "multi-request sessions need a template that does"
-      )
-    ua_end = u_text.index(_ASSISTANT) + len(_ASSISTANT)
-    u_start = u_text.index(_USER2)
+    after_assistant, after_tool = _around_message(
+      tok,
+      {"role": tool_role, "content": _TOOL},
+      "the chat template does not render assistant and tool message contents verbatim; "
+      "token-in/token-out rollouts need a template that does",
+    )
+    before_user, after_user = _around_message(
+      tok,
+      {"role": "user", "content": _USER2},
+      "the chat template does not render a user message after an assistant message verbatim; "
+      "multi-request sessions need a template that does",
+    )
     return cls(
-      after_assistant=text[a_end:t_start],
-      after_tool=text[t_start + len(_TOOL) :],
+      after_assistant=after_assistant,
+      after_tool=after_tool,
       eos_text=tok.decode([tok.eos_id]),
-      before_user=u_text[ua_end:u_start],
-      after_user=u_text[u_start + len(_USER2) :],
+      before_user=before_user,
+      after_user=after_user,
     )
 
   def _scaffold(self, role: str) -> tuple[str, str]:
@@ -113,3 +100,26 @@ class ChatFormat:
   def closing_text(self, policy_emitted_eos: bool) -> str:
     """Text that closes a final assistant message (used in demonstrations)."""
     return "" if policy_emitted_eos else self.eos_text
+
+
+def _around_message(tok: ChatTokenizerLike, message: dict, error: str) -> tuple[str, str]:
+  """(text from the end of an assistant message's content to the start of `message`'s content, text from the end of
+  that content through the next generation prompt), cut from the template's rendering of [system, user, assistant,
+  `message`].
+
+  Raises:
+    ValueError: `error`, when the assistant content or `message`'s content is not rendered verbatim.
+  """
+  msgs = [
+    {"role": "system", "content": "s"},
+    {"role": "user", "content": _USER},
+    {"role": "assistant", "content": _ASSISTANT},
+    message,
+  ]
+  text = tok.apply_chat_template(msgs, add_generation_prompt=True)
+  content = message["content"]
+  if _ASSISTANT not in text or content not in text:
+    raise ValueError(error)
+  a_end = text.index(_ASSISTANT) + len(_ASSISTANT)
+  start = text.index(content)
+  return text[a_end:start], text[start + len(content) :]

@@ -11,17 +11,19 @@ tokenized as plain text: only the template's scaffolding makes control tokens (`
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any, Callable, Protocol, Sequence
 
 import jax
 
+from jaxcredit.envs import episode
 from jaxcredit.plain_text import clean_text
 from jaxcredit.rollout.chat_format import ChatFormat, ChatTokenizerLike, encode_chat
 from jaxcredit.trajectory import RolloutBuilder
 
 
 class EnvLike(Protocol):
-  def step(self, assistant_text: str) -> Any: ...  # -> object with .observation, .done, .info
+  def step(self, assistant_text: str) -> Any: ...  # -> .observation, .done, .info (with episode.TRAINER_KEYS)
 
   def reward(self) -> float: ...
 
@@ -99,6 +101,10 @@ def run_rollouts(
 
   Returns:
     One `RolloutResult` per environment, in order.
+
+  Raises:
+    ValueError: an environment's step returned info without one of `jaxcredit.envs.episode.TRAINER_KEYS` (named,
+      with the environment's class), or envs and prompts differ in length.
   """
   if len(envs) != len(prompts):
     raise ValueError(f"envs ({len(envs)}) and prompts ({len(prompts)}) must have the same length")
@@ -135,9 +141,9 @@ def run_rollouts(
       text = action_text(tok, ids, sampling_params.stop_token_ids)  # tags the tokenizer marks special kept
       messages[i].append({"role": "assistant", "content": text})
       result = envs[i].step(text)
-      info = getattr(result, "info", {}) or {}
-      tool_calls[i] = int(info.get("tool_calls", tool_calls[i]))
-      tool_errors[i] = int(info.get("tool_errors", tool_errors[i]))
+      info = episode.trainer_info(result, envs[i])
+      tool_calls[i] = int(info[episode.TOOL_CALLS])
+      tool_errors[i] = int(info[episode.TOOL_ERRORS])
       if result.done:
         done[i] = True
         finish[i] = _finish_reason(info, reason)
@@ -167,10 +173,10 @@ def run_rollouts(
   ]
 
 
-def _finish_reason(info: dict, sampler_reason: str) -> str:
-  if info.get("answered"):
+def _finish_reason(info: Mapping[str, Any], sampler_reason: str) -> str:
+  if info[episode.ANSWERED]:
     return "answer"
-  if info.get("budget_exhausted"):
+  if info[episode.BUDGET_EXHAUSTED]:
     return "tool_budget"
   if sampler_reason == "length":
     return "length"

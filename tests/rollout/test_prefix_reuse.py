@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from jaxcredit.envs import episode
 from jaxcredit.envs.spec import StepResult
 from jaxcredit.models.decoder import Decoder
 from jaxcredit.rollout.chat_format import ChatFormat
@@ -43,7 +44,7 @@ class EchoEnv:
     return StepResult(
       observation=" ".join(["result"] * (2 + 3 * self.row + self.turn)) + f" {len(text)}",
       done=False,
-      info={"tool_calls": self.turn},
+      info=episode.new_info(tool_calls=self.turn),
       role=role,
     )
 

@@ -40,7 +40,7 @@ import string
 import unicodedata
 from typing import Any, Mapping, Protocol, Sequence
 
-from jaxcredit.envs import spec, tool_calls
+from jaxcredit.envs import episode, spec, tool_calls
 from jaxcredit.envs.search.browsecomp import load_corpus, load_queries
 from jaxcredit.envs.search.data import Hop, SearchTask, snippet
 from jaxcredit.envs.search.index import TOP_K, SearchIndex
@@ -151,7 +151,7 @@ def _tools(
   ]
 
 
-class SearchEnv:
+class SearchEnv(episode.ToolEpisode):
   """One rollout's environment: runs `search` and `open` calls until an answer or the end (see the module notes).
 
   `info` keys: "tool_calls" (calls run, malformed ones included), "tool_errors" (calls that gave an error, calls past
@@ -189,24 +189,12 @@ class SearchEnv:
         f"need max_tool_calls >= 0 and top_k, snippet_chars, max_output_chars >= 1; got "
         f"{max_tool_calls}, {top_k}, {snippet_chars}, {max_output_chars}"
       )
-    self.task = task
+    super().__init__(task, answer=None, searches=0, opens=0)
     self.index = index
     self.max_tool_calls = int(max_tool_calls)
     self.top_k = int(top_k)
     self.snippet_chars = int(snippet_chars)
     self.max_output_chars = int(max_output_chars)
-    self.done = False
-    self.info: dict[str, Any] = {
-      "tool_calls": 0,
-      "tool_errors": 0,
-      "answered": False,
-      "budget_exhausted": False,
-      "turns": 0,
-      "finish": None,
-      "answer": None,
-      "searches": 0,
-      "opens": 0,
-    }
     self.seen_docids: set[str] = set()  # docids shown in search results or opened
     self.searched_docids: set[str] = set()  # docids shown in search results (BrowseComp-Plus's retrieved docids)
     self.open_tool = bool(open_tool)
@@ -238,28 +226,13 @@ class SearchEnv:
     return f"docid: {doc.docid}\ntitle: {doc.title}\n\n{doc.text}"
 
   def step(self, assistant_text: str) -> StepResult:
-    """Consumes one assistant message.
-
-    Args:
-      assistant_text: the assistant turn as the model wrote it (`multiturn.action_text`: special tokens kept, the
-        stop token that ended the turn left out).
-
-    Returns:
-      A `StepResult`; its observation goes into `{"role": "tool", "content": observation}`.
-
-    Raises:
-      RuntimeError: if the episode is already done.
-    """
-    if self.done:
-      raise RuntimeError("step() called on a finished episode")
-    info = self.info
-    info["turns"] += 1
+    """Consumes one assistant message: runs its `search` / `open` calls within the budget, or ends the episode on an
+    answer, calls with no budget left or neither (see the module notes; arguments, result and errors as
+    `episode.ToolEpisode.step`)."""
+    info = self.begin_step()
     parsed = tool_calls.parse_message(assistant_text)
     if parsed.error is not None:
-      info["tool_errors"] += 1
-      return StepResult(
-        observation=tool_calls.render_tool_response(f"error: {parsed.error}"), done=False, info=dict(info)
-      )
+      return self._think_error(parsed.error)
     if parsed.calls:
       left = self.max_tool_calls - info["tool_calls"]
       if left <= 0:
@@ -274,18 +247,12 @@ class SearchEnv:
       contents = [o.content for o in outcomes] + [
         f"error: not run: the budget of {self.max_tool_calls} tool calls is used up; give your answer"
       ] * len(skipped)
-      obs = "\n".join(tool_calls.render_tool_response(c) for c in contents)
-      return StepResult(observation=obs, done=False, info=dict(info))
+      return self._observe("\n".join(tool_calls.render_tool_response(c) for c in contents))
     if parsed.answer is not None:
       info["answered"] = True
       info["answer"] = parsed.answer
       return self._finish("answer")
     return self._finish("no_answer")
-
-  def _finish(self, reason: str) -> StepResult:
-    self.done = True
-    self.info["finish"] = reason
-    return StepResult(observation=None, done=True, info=dict(self.info))
 
   def reward(self) -> float:
     """1.0 when the given answer matches the gold answer or an alias (`answer_matches`), else 0.0 (also before the
@@ -364,12 +331,7 @@ def demonstration(
   task: SearchTask,
   rng: _RandomLike,
   index: SearchIndex,
-  *,
-  max_tool_calls: int = MAX_TOOL_CALLS,
-  top_k: int = TOP_K,
-  snippet_chars: int = SNIPPET_CHARS,
-  max_output_chars: int = MAX_OUTPUT_CHARS,
-  open_tool: bool = True,
+  **limits: Any,
 ) -> list[dict]:
   """A full chat that finds the evidence and answers, played through `SearchEnv` (observations exactly as rollouts
   see them), for the supervised warm start.
@@ -386,8 +348,9 @@ def demonstration(
     task: the question.
     rng: anything with `.random() -> float` in [0, 1) (`random.Random`, `numpy.random.Generator`).
     index: the corpus index.
-    max_tool_calls, top_k, snippet_chars, max_output_chars, open_tool: the environment's limits (with
-      open_tool=False a demonstration only searches: each hop's search result must show what the hop reveals).
+    limits: `SearchEnv`'s keyword arguments (max_tool_calls, top_k, snippet_chars, max_output_chars, open_tool; the
+      same defaults), the environment the chat is played through (with open_tool=False a demonstration only
+      searches: each hop's search result must show what the hop reveals).
 
   Returns:
     The messages [system, user, assistant, tool, ..., assistant].
@@ -397,16 +360,9 @@ def demonstration(
       `max_tool_calls`; a loaded question with no evidence listed or none found by its title or the question;
       without the open tool, a hop whose fact the search result does not show, or a loaded question).
   """
-  env = SearchEnv(
-    task,
-    index,
-    max_tool_calls=max_tool_calls,
-    top_k=top_k,
-    snippet_chars=snippet_chars,
-    max_output_chars=max_output_chars,
-    open_tool=open_tool,
-  )
-  messages = initial_messages(task, max_tool_calls, top_k, snippet_chars, max_output_chars, open_tool)
+  env = SearchEnv(task, index, **limits)
+  max_tool_calls, top_k, snippet_chars, open_tool = env.max_tool_calls, env.top_k, env.snippet_chars, env.open_tool
+  messages = initial_messages(task, **limits)
 
   def play(calls: list[tuple[str, dict]]) -> str:
     text = "\n".join(tool_calls.render_tool_call(name, args) for name, args in calls)
@@ -437,7 +393,7 @@ def demonstration(
           raise ValueError(
             f"task {task.query_id}: hop {i}'s search result does not show {hop.reveals!r} and there is no open "
             f"tool (open_tool=False): raise snippet_chars (now {snippet_chars}) and max_output_chars (now "
-            f"{max_output_chars}) to hold the whole document"
+            f"{env.max_output_chars}) to hold the whole document"
           )
         continue
       # an open is needed where the snippet hides the fact; otherwise it is spent while later needs still fit
