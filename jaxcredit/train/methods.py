@@ -667,6 +667,10 @@ def check_reads(name: str) -> None:
       )
 
 
+class UndeclaredReadError(ValueError):
+  """A method read a pass output (or a pass) its METHODS row does not declare (`check_knobs`)."""
+
+
 class _ReadLog(dict):
   """A pass's fake outputs in `check_knobs`: a read of a key the method did not declare raises, naming it."""
 
@@ -677,7 +681,7 @@ class _ReadLog(dict):
   def __getitem__(self, key):
     read = f"{self.pass_name}/{key}"
     if read not in self.declared:
-      raise ValueError(
+      raise UndeclaredReadError(
         f"method {self.method!r} reads {read}, which its METHODS row does not declare in `reads` "
         f"{sorted(self.declared)}; declare every pass output its advantage function reads"
       )
@@ -696,7 +700,7 @@ class _PassLog(dict):
 
   def __getitem__(self, pass_name):
     if pass_name not in self:
-      raise ValueError(
+      raise UndeclaredReadError(
         f"method {self.method!r} reads the outputs of pass {pass_name!r}, which is not among the passes it runs "
         f"{tuple(self)}"
       )
@@ -771,9 +775,9 @@ def check_knobs(name: str, knobs: Mapping[str, Any]) -> None:
       credit.hsd_select_peers(
         traj.rewards_B, traj.sample_mask_B, jax.random.key(0), success_threshold=knobs["success_threshold"]
       )
+  except UndeclaredReadError:
+    raise
   except (ValueError, TypeError) as e:
-    if str(e).startswith(f"method {name!r} reads"):
-      raise
     raise ValueError(knob_error_message(name, knobs, str(e))) from None
 
 
