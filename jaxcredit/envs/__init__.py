@@ -4,6 +4,7 @@
 - `tool_calls`: the hermes/Qwen3 `<tool_call>` syntax (several per message, think blocks skipped), schema-checked
   dispatch, `<tool_response>` observations, `<answer>` tags.
 - `arithmetic`: reasoning-gym arithmetic tasks with a calculator (the quickstart).
+- `chain`: a number through 4-8 dependent calculator steps, one operation per call (the long-horizon testbed).
 - `math_tools`: math word problems from more reasoning-gym generators or from files, with the calculator.
 - `bfcl_multi_turn`: BFCL V3 multi-turn sessions, one verified unit per user request (CrEST's setting).
 - `bfcl_single`: BFCL single-turn function calling scored by BFCL's AST checker.
@@ -80,6 +81,12 @@ def _math_tools(c) -> EnvSpec:
   return math_tools.env_spec(c)
 
 
+def _chain(c) -> EnvSpec:
+  from jaxcredit.envs import chain
+
+  return chain.env_spec(c)
+
+
 def _search(c) -> EnvSpec:
   from jaxcredit.envs import search
 
@@ -118,6 +125,12 @@ ENVS: dict[str, Env] = {
     _bfcl_single,
     {"categories": "simple,multiple,parallel,parallel_multiple"},
     "BFCL single-turn function calling; reward: BFCL's AST checker",
+  ),
+  "chain": Env(
+    _chain,
+    _defaults("chain"),
+    "a number through 4-8 dependent calculator steps, one operation per call; reward: the final number (TRACE's "
+    "regime: failed rollouts hold right steps)",
   ),
   "math_tools": Env(
     _math_tools,

@@ -25,7 +25,7 @@ import dataclasses
 import functools
 import re
 import threading
-from typing import Any, Callable, Iterator, Protocol, Sequence
+from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 
 from jaxcredit.envs import episode, spec, tool_calls
 from jaxcredit.envs.calculator import CalculatorError, evaluate, format_number
@@ -348,10 +348,12 @@ class ArithmeticEnv(episode.ToolEpisode):
   "answer", "no_answer" or "tool_budget"), "answer" (the extracted answer text or None).
   """
 
-  def __init__(self, task: ArithmeticTask, max_tool_calls: int = 2):
+  def __init__(self, task: ArithmeticTask, max_tool_calls: int = 2, tools: Mapping[str, Callable] | None = None):
     """Args:
       task: the problem.
       max_tool_calls: how many tool calls the episode may run (>= 0).
+      tools: tool name -> function(arguments) -> output text (`tool_calls.run_tool_call`); None: `tool_calls.TOOLS`
+        (the calculator). The chain environment passes its one-operation calculator.
 
     Raises:
       ValueError: if `max_tool_calls` < 0.
@@ -360,6 +362,7 @@ class ArithmeticEnv(episode.ToolEpisode):
       raise ValueError(f"max_tool_calls must be >= 0, got {max_tool_calls}")
     super().__init__(task, answer=None)
     self.max_tool_calls = int(max_tool_calls)
+    self.tools = tools
     self._reward: float | None = None
     self._math_verify: bool | None = None
 
@@ -379,7 +382,7 @@ class ArithmeticEnv(episode.ToolEpisode):
       info["tool_calls"] += 1
       first = msg.calls[0]
       outcome = (
-        tool_calls.run_tool_call(first.call)
+        tool_calls.run_tool_call(first.call, self.tools)
         if first.call is not None
         else tool_calls.ToolOutcome(f"error: {first.error}", ok=False)
       )

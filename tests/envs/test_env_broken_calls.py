@@ -11,6 +11,7 @@ arithmetic and math_tools, covered through them.
 import pytest
 
 from jaxcredit.envs import arithmetic as ar
+from jaxcredit.envs import chain as ch
 from jaxcredit.envs import math_tools as mt
 from jaxcredit.envs import search as se
 
@@ -45,7 +46,12 @@ def _search():
   return se.SearchEnv(task, se.SearchIndex(docs)), "<answer>Velsa</answer>"
 
 
-ANSWER_ENVS = {"arithmetic": _arithmetic, "math_tools": _math_tools, "search": _search}
+def _chain():
+  task = ch.ChainTask("t", "Start with 2 and apply each step in order: +3.", "5", 2, (("+", 3),), (2, 5))
+  return ch.ChainEnv(task, max_tool_calls=2), "<answer>5</answer>"
+
+
+ANSWER_ENVS = {"arithmetic": _arithmetic, "chain": _chain, "math_tools": _math_tools, "search": _search}
 
 
 @pytest.mark.parametrize("broken", BROKEN)
