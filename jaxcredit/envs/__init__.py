@@ -9,6 +9,7 @@
 - `bfcl_multi_turn`: BFCL V3 multi-turn sessions, one verified unit per user request (CrEST's setting).
 - `bfcl_single`: BFCL single-turn function calling scored by BFCL's AST checker.
 - `search`: search QA over a JSONL corpus with BM25 `search` and `open` tools (TRACE's BrowseComp-Plus setting).
+- `session`: 3-4 dependent calculator requests in one chat, each verified on its own (the long-horizon testbed).
 - `sources`: tasks from JSONL files, Hugging Face `datasets` folders and TFDS folders, as grain data sources.
 - `spec`: `EnvSpec` and `StepResult`, what the trainer reads from an environment.
 - `episode`: the `info` keys every environment keeps (`TRAINER_KEYS`, read by the trainer) and `ToolEpisode`, the
@@ -87,6 +88,12 @@ def _chain(c) -> EnvSpec:
   return chain.env_spec(c)
 
 
+def _session(c) -> EnvSpec:
+  from jaxcredit.envs import session
+
+  return session.env_spec(c)
+
+
 def _search(c) -> EnvSpec:
   from jaxcredit.envs import search
 
@@ -137,6 +144,12 @@ ENVS: dict[str, Env] = {
     _defaults("math_tools"),
     "math word problems (reasoning-gym generators or JSONL / datasets / TFDS files) with a "
     "calculator; reward: the generator's checker or math-verify",
+  ),
+  "session": Env(
+    _session,
+    _defaults("session"),
+    "3-4 dependent calculator requests in one chat, each verified on its own; reward: 1 when every request is right "
+    "(CrEST's regime)",
   ),
   "search": Env(
     _search,

@@ -101,11 +101,11 @@ def one_operation(arguments: Mapping[str, Any]) -> str:
 TOOLS = {"calculator": one_operation}
 
 
-def _draw_task(rng: random.Random, split: str, idx: int, min_steps: int, max_steps: int, max_operand: int) -> ChainTask:
-  value = rng.randint(2, MAX_START)
-  values = [value]
-  steps = []
-  for _ in range(rng.randint(min_steps, max_steps)):
+def draw_steps(rng: random.Random, value: int, num_steps: int, max_operand: int) -> tuple[list, list[int]]:
+  """`num_steps` random steps from `value`: ([(op, operand)], [value after each step]), every value in
+  [1, MAX_VALUE] ("-" only from 3 up, "*" by MULTIPLIERS only where the product stays within the bound)."""
+  steps, values = [], []
+  for _ in range(num_steps):
     allowed = ["+"] if value + 2 <= MAX_VALUE else []
     if value >= 3:
       allowed.append("-")
@@ -118,12 +118,27 @@ def _draw_task(rng: random.Random, split: str, idx: int, min_steps: int, max_ste
       operand = rng.randint(2, min(max_operand, MAX_VALUE - value))
     else:
       operand = rng.randint(2, min(max_operand, value - 1))
-    value = _OPS[op](value, operand)
+    value = apply_step(value, op, operand)
     steps.append((op, operand))
     values.append(value)
-  listed = ", ".join(f"{op}{operand}" for op, operand in steps)
-  question = f"Start with {values[0]} and apply each step in order: {listed}."
-  return ChainTask(f"{split}/chain/{idx}", question, str(value), values[0], tuple(steps), tuple(values))
+  return steps, values
+
+
+def apply_step(value: int, op: str, operand: int) -> int:
+  """`value op operand` for op "+", "-" or "*"."""
+  return _OPS[op](value, operand)
+
+
+def list_steps(steps: Sequence[tuple[str, int]]) -> str:
+  """ "+8, *3, -12": the steps as a question lists them."""
+  return ", ".join(f"{op}{operand}" for op, operand in steps)
+
+
+def _draw_task(rng: random.Random, split: str, idx: int, min_steps: int, max_steps: int, max_operand: int) -> ChainTask:
+  start = rng.randint(2, MAX_START)
+  steps, values = draw_steps(rng, start, rng.randint(min_steps, max_steps), max_operand)
+  question = f"Start with {start} and apply each step in order: {list_steps(steps)}."
+  return ChainTask(f"{split}/chain/{idx}", question, str(values[-1]), start, tuple(steps), (start, *values))
 
 
 def make_tasks(
@@ -265,24 +280,34 @@ def demonstration(task: ChainTask, rng: _RandomLike, skip_prob: float = 0.0, sli
     if not 0.0 <= p <= 1.0:
       raise ValueError(f"config.env.chain.{name} must be in [0, 1], got {p}")
   env = ChainEnv(task, max_tool_calls=len(task.steps))
-  messages = initial_messages(task)
-  current = task.start
+  calls, answer = play_steps(env, task.start, task.steps, rng, skip_prob, slip_prob)
+  return initial_messages(task) + calls + [{"role": "assistant", "content": tool_calls.render_answer(str(answer))}]
+
+
+def play_steps(
+  env: Any, value: int, steps: Sequence[tuple[str, int]], rng: _RandomLike, skip_prob: float, slip_prob: float
+) -> tuple[list[dict], int]:
+  """A demonstrator's calls for `steps` from `value`, played through `env` (skips and slips as `demonstration`).
+
+  Returns:
+    ([assistant call, tool result] messages, the value the demonstrator ends with).
+  """
+  messages: list[dict] = []
+  current = value
   i = 0
-  while i < len(task.steps):
-    if skip_prob > 0 and i + 1 < len(task.steps) and rng.random() < skip_prob:
-      op, operand = task.steps[i]
-      current = _OPS[op](current, operand)
+  while i < len(steps):
+    if skip_prob > 0 and i + 1 < len(steps) and rng.random() < skip_prob:
+      current = apply_step(current, *steps[i])
       i += 1
     left = current
     if slip_prob > 0 and rng.random() < slip_prob:
       left = _slip(left, rng)
-    op, operand = task.steps[i]
+    op, operand = steps[i]
     call = tool_calls.render_tool_call("calculator", {"expression": f"{left}{op}{operand}"})
-    observation = env.step(call).observation
-    messages += [{"role": "assistant", "content": call}, {"role": "tool", "content": observation}]
-    current = _OPS[op](left, operand)
+    messages += [{"role": "assistant", "content": call}, {"role": "tool", "content": env.step(call).observation}]
+    current = apply_step(left, op, operand)
     i += 1
-  return messages + [{"role": "assistant", "content": tool_calls.render_answer(str(current))}]
+  return messages, current
 
 
 def _slip(value: int, rng: _RandomLike) -> int:

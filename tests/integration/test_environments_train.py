@@ -283,3 +283,21 @@ def test_viz_refuses_token_ids_outside_the_policy_vocabulary(tiny, tmp_path):
   with pytest.raises(ValueError, match=r"step_1\.jsonl, line 1: field 'token_ids\[4\]': id 60000 is outside the vocab"):
     report.view_samples(c.workdir, config=c, methods=["grpo"])
   assert not os.path.exists(os.path.join(c.workdir, "viewer"))
+
+
+@pytest.mark.parametrize("env_name,method", [("chain", "trace"), ("session", "crest")])
+def test_the_long_horizon_testbed_environments_train_a_step(env_name, method, tiny, tmp_path):
+  """The chain and session environments in `jaxcredit train` with the methods made for them: one RL step of the tiny
+  policy, the environment's metrics in the row; in a session the tiny policy's messages end requests, so later
+  requests arrive as user messages and CrEST's rollouts hold several units."""
+  c = tiny_run_config(method, tmp_path / "run", tiny, total_steps=1, env__name=env_name)
+  c.rollout.export_jsonl = env_name == "session"
+  trainer.train(c)
+  rows = metrics_rows(c.workdir, "rl")
+  assert len(rows) == 1 and np.isfinite(rows[0]["loss"]) and rows[0]["action_tokens"] > 0
+  key = {"chain": "env/chain_progress", "session": "env/session_unit_success"}[env_name]
+  assert key in rows[0], sorted(rows[0])
+  if env_name == "session":
+    exported = jsonl.read_jsonl(os.path.join(c.workdir, "rollouts", "step_1.jsonl"))
+    assert max(max(r["turn_ids"]) for r in exported) >= 1
+    assert max(len(r["unit_rewards"]) for r in exported) >= 2
