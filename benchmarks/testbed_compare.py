@@ -1,6 +1,11 @@
 """The CPU testbed: every dense-credit method against GRPO on a task where the warm start leaves headroom, with seeds.
 
-Two tasks (`--task`, the `TASKS` table). `arithmetic`: the quickstart's calculator environment, warm-started on
+Four tasks (`--task`, the `TASKS` table). `chain` and `session` (issue 34's long-horizon tasks, `envs/chain.py` and
+`envs/session.py`): a number carried through 4-8 dependent one-operation calculator calls with only the final number
+rewarded (TRACE's regime), and 3-4 dependent requests in one chat, each verified, rewarded only when all are right
+(CrEST's regime); their warm-start demonstrations skip steps in the head and copy numbers wrongly at set rates, so
+failed rollouts hold right steps. `RUNS` holds the papers' ablations beside the methods (TRACE K = 0 and raw-delta
+values, CrEST lam = 0 and rho = 0). `arithmetic`: the quickstart's calculator environment, warm-started on
 demonstrations of which half answer without the calculator (`config.env.arithmetic.direct_answer_prob`), so the
 headroom is a decision (call the tool) RL can learn; held-out evals are sampled. Learning is visible there in 20 RL
 steps (docs/benchmarks.md). `search` (the default, described next): its headroom is reading skill, which RL at this
@@ -94,7 +99,14 @@ RUNS = {
       "gold_reduce": "sum",
     },
   ),
+  # The papers' own ablations (issue 34): TRACE with no TD look-ahead (K = 0: the terminal fill alone) and with the
+  # raw probability gap as the state value; CrEST inter-turn only (lam = 0: plain per-unit GRPO) and without its
+  # surprisal gate (rho = 0).
+  "trace_k0": ("trace", {"td_horizon": 0}),
+  "trace_raw_delta": ("trace", {"value": "raw_delta"}),
   "crest": ("crest", {}),
+  "crest_lam0": ("crest", {"lam": 0.0}),
+  "crest_rho0": ("crest", {"rho": 0.0}),
   "hsd": ("hsd", {}),
   "gear": ("gear", {}),
   "toolopd": ("toolopd", {}),
@@ -106,6 +118,17 @@ RUNS = {
 # the calculator. The small policy cannot multiply two-digit numbers in its head, so where it copied that habit it
 # fails; the headroom is a decision (call the calculator) that RL can learn, where the search task's is reading skill.
 ARITHMETIC = {"max_tool_calls": 2, "direct_answer_prob": 0.5}
+
+# The chain task (`--task chain`, issue 34's long-horizon testbed): a number carried through 4-8 dependent calculator
+# steps, one operation per call (`envs/chain.py`). Warm-start demonstrations do a step in their head with probability
+# `--skip-prob` per step (right, but the small policy copying the habit guesses) and copy a result wrongly with
+# `--slip-prob`, so a failed rollout usually holds several right calls before the one that broke the chain: TRACE's
+# regime, where outcome credit blames the right steps with the wrong one.
+CHAIN = {"skip_prob": 0.25, "slip_prob": 0.03}
+
+# The session task (`--task session`): 3-4 dependent requests in one chat, each verified on its own, reward 1 only
+# when all are right (`envs/session.py`, CrEST's regime), with the chain's demonstration habits.
+SESSION = {"skip_prob": 0.25, "slip_prob": 0.03}
 
 CHAT_TEMPLATE = (
   "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + "
@@ -208,6 +231,28 @@ TASKS = {
     "copy_piece": lambda text: len(text) == 1 and text in "0123456789+-*/()",
     # Sampled evals: the warm start calls the calculator on about half its samples, a choice greedy decoding would
     # turn into all or nothing per question.
+    "eval_greedy": False,
+  },
+  "chain": {
+    "env": "chain",
+    "env_config": CHAIN,
+    "tokenizer_texts": task_texts,
+    "max_new_tokens": 40,
+    "max_len": 384,  # demonstrations run to 170 tokens (260 at most), the system prompt included
+    "vocab_size": 512,
+    "individual_digits": True,
+    "copy_piece": lambda text: len(text) == 1 and text in "0123456789+-*",
+    "eval_greedy": False,  # sampled, as arithmetic: a habit taken on some samples is visible in the success
+  },
+  "session": {
+    "env": "session",
+    "env_config": SESSION,
+    "tokenizer_texts": task_texts,
+    "max_new_tokens": 40,
+    "max_len": 512,  # demonstrations run to 290 tokens (360 at most) in the chain's vocabulary
+    "vocab_size": 512,
+    "individual_digits": True,
+    "copy_piece": lambda text: len(text) == 1 and text in "0123456789+-*",
     "eval_greedy": False,
   },
 }
@@ -763,13 +808,29 @@ def main(argv=None):
   ap.add_argument("--lr", type=float, default=5e-5, help="RL learning rate (AdamW)")
   ap.add_argument("--target-gain", type=float, default=0.1, help="target = warm-start success + this")
   ap.add_argument(
-    "--task", choices=tuple(TASKS), default="search", help="search: fictional-facts search; arithmetic: a calculator"
+    "--task",
+    choices=tuple(TASKS),
+    default="search",
+    help="search: fictional-facts search; arithmetic: a calculator; chain: 4-8 dependent calculator steps; "
+    "session: 3-4 dependent requests, each verified",
   )
   ap.add_argument(
     "--direct-answer-prob",
     type=float,
     default=ARITHMETIC["direct_answer_prob"],
     help="arithmetic: share of warm-start demonstrations that answer without the calculator",
+  )
+  ap.add_argument(
+    "--skip-prob",
+    type=float,
+    default=CHAIN["skip_prob"],
+    help="chain, session: chance per step that a demonstration skips it",
+  )
+  ap.add_argument(
+    "--slip-prob",
+    type=float,
+    default=CHAIN["slip_prob"],
+    help="chain, session: chance per call of a wrongly copied number",
   )
   ap.add_argument("--vocab-size", type=int, default=None, help="vocabulary entries (default: the task's)")
   ap.add_argument("--max-token-length", type=int, default=24, help="longest merged token, characters")
@@ -837,6 +898,8 @@ def main(argv=None):
   ENV["max_tool_calls"] = 2 * args.max_hops
   ENV["num_generated"] = args.train_questions
   ARITHMETIC["direct_answer_prob"] = args.direct_answer_prob
+  CHAIN.update(skip_prob=args.skip_prob, slip_prob=args.slip_prob)
+  SESSION.update(skip_prob=args.skip_prob, slip_prob=args.slip_prob)
   if args.vocab_size is None:
     args.vocab_size = TASKS[args.task]["vocab_size"]
   labels = [m.strip() for m in args.methods.split(",") if m.strip()]
