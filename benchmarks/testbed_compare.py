@@ -718,13 +718,25 @@ def summarize(args, start: float, workdirs: dict[str, list[str]], seconds: float
       "train_success_last": _mean_or_none(last),
       "train_curves": [{"steps": s, "success": v} for s, v, _ in train],
       "rl_seconds_mean": float(np.mean([t for _, _, t in train])),
+      # the held-out evals' environment metrics at the last step (e.g. env/chain_progress), mean over seeds
+      "final_env": _mean_dicts([final_env_metrics(w) for w in dirs]),
     }
+  # Steps to reach GRPO's final held-out success (mean over its seeds), per seed: does a dense method get there sooner
+  if "grpo" in methods:
+    grpo_final = methods["grpo"]["final_success_mean"]
+    for label, m in methods.items():
+      reach = [steps_to_target(c["steps"], c["success"], grpo_final) for c in m["curves"]]
+      hit = [r for r in reach if r is not None]
+      m["steps_to_grpo_final"] = reach
+      m["steps_to_grpo_final_mean"] = float(np.mean(hit)) if hit else None
+      m["reached_grpo_final"] = f"{len(hit)}/{len(reach)}"
   result = {
     "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg_1m": os.getloadavg()[0]},
     "settings": {k: v for k, v in vars(args).items() if k not in ("out", "progress")},
     "env": TASKS[args.task]["env_config"],
     "warm_start_success": start,
     "target": target,
+    "rollouts_per_step": args.prompts * args.group,
     "total_seconds": seconds,
     "methods": methods,
   }
@@ -732,6 +744,18 @@ def summarize(args, start: float, workdirs: dict[str, list[str]], seconds: float
     json.dump(result, f, indent=1)
   plot(result, os.path.join(args.out, "testbed.png"))
   return result
+
+
+def final_env_metrics(workdir: str) -> dict[str, float]:
+  """The `env/...` metrics of the run's last held-out eval ({} when it logged none)."""
+  rows = [json.loads(x) for x in open(os.path.join(workdir, "metrics.jsonl"))]
+  evals = sorted((r for r in rows if r["phase"] == "eval"), key=lambda r: r["step"])
+  return {k: float(v) for k, v in evals[-1].items() if k.startswith("env/")} if evals else {}
+
+
+def _mean_dicts(dicts: list[dict]) -> dict[str, float]:
+  keys = set.intersection(*(set(d) for d in dicts)) if dicts else set()
+  return {k: float(np.mean([d[k] for d in dicts])) for k in sorted(keys)}
 
 
 def _mean_or_none(values: list) -> float | None:
@@ -779,17 +803,19 @@ def plot(result: dict, path: str) -> None:
 def table(result: dict) -> str:
   lines = [
     "| method | final held-out success (mean ± std) | per seed | steps to target (mean over seeds that reached it) "
-    "| reached | training success, first -> last quarter | RL seconds a run |",
-    "|---|---:|---|---:|---:|---:|---:|",
+    "| reached | steps to GRPO's final | training success, first -> last quarter | RL seconds a run |",
+    "|---|---:|---|---:|---:|---:|---:|---:|",
   ]
   fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
   for label, m in result["methods"].items():
     reach = "-" if m["steps_to_target_mean"] is None else f"{m['steps_to_target_mean']:.1f}"
     per_seed = ", ".join(f"{v:.3f}" for v in m["final_success"])
     train = f"{fmt(m.get('train_success_first'))} -> {fmt(m.get('train_success_last'))}"
+    to_grpo = "-" if m.get("steps_to_grpo_final_mean") is None else f"{m['steps_to_grpo_final_mean']:.1f}"
+    to_grpo += f" ({m['reached_grpo_final']})" if "reached_grpo_final" in m else ""
     lines.append(
       f"| {label} | {m['final_success_mean']:.3f} ± {m['final_success_std']:.3f} | {per_seed} | {reach} | "
-      f"{m['reached_target']} | {train} | {m.get('rl_seconds_mean', 0.0):.0f} |"
+      f"{m['reached_target']} | {to_grpo} | {train} | {m.get('rl_seconds_mean', 0.0):.0f} |"
     )
   return "\n".join(lines)
 

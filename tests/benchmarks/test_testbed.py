@@ -141,8 +141,11 @@ def test_summary_means_spreads_and_steps_to_target(testbed, tmp_path):
   assert t["train_success_first"] == pytest.approx(0.075) and t["train_success_last"] == pytest.approx(0.725)
   assert t["rl_seconds_mean"] == pytest.approx(20.0) and t["train_curves"][1]["success"][-1] == 0.5
   assert g["train_success_first"] is None and g["rl_seconds_mean"] == 0.0
-  assert "| trace | 0.460 ± 0.040 | 0.500, 0.420 | 7.5 | 2/2 | 0.075 -> 0.725 | 20 |" in table
-  assert "| grpo | 0.320 ± 0.030 | 0.350, 0.290 | - | 0/2 | - -> - | 0 |" in table
+  # GRPO's final 0.32: trace seed 0 reaches it at step 5, seed 1 at step 10; grpo's own seed 0 at 10, seed 1 never
+  assert t["steps_to_grpo_final"] == [5, 10] and g["steps_to_grpo_final"] == [10, None]
+  assert "| trace | 0.460 ± 0.040 | 0.500, 0.420 | 7.5 | 2/2 | 7.5 (2/2) | 0.075 -> 0.725 | 20 |" in table
+  assert "| grpo | 0.320 ± 0.030 | 0.350, 0.290 | - | 0/2 | 10.0 (1/2) | - -> - | 0 |" in table
+  assert result["rollouts_per_step"] == 8 and g["final_env"] == {}
   assert np.isclose(saved["warm_start_success"], 0.3)
 
 
