@@ -2,7 +2,9 @@
 by a teacher (the policy) shown a step-wise credit reference that it wrote comparing a successful and a failed
 sibling of the same group; the policy itself never sees the reference (arXiv 2606.12634, known from its abstract:
 docs/credit.md, "SGCD", gives the readings taken). Groups without both outcomes leave the update
-(credit.sgcd.mixed_groups="skip", counted as sgcd_groups_skipped) or train as GRPO ("keep"). Knobs:
+(credit.sgcd.mixed_groups="skip", counted as sgcd_groups_skipped) or train as GRPO ("keep"); with
+--config.rollout.resample_tied_groups=N they are first replaced by groups with both outcomes from up to N fresh
+prompt batches (dynamic sampling, counted as resampled_groups). Knobs:
 config.credit.sgcd.*; a separate summariser and teacher: --config.teacher.source=path/to/checkpoint (same
 tokenizer).
 

@@ -106,6 +106,7 @@ RANGES: dict[str, Range] = {
   "rollout.prompts_per_step": _INT1,
   "rollout.group_size": _INT1,
   "rollout.max_staleness": _INT0,
+  "rollout.resample_tied_groups": _INT0,
   "rollout.vllm.port": Range(int, 0, 65535, meaning="0: a free one"),
   "rollout.vllm.kv_cache_gib": _INT1,
   "rollout.vllm.startup_timeout_s": Range(float, 0.0, low_open=True),
@@ -212,6 +213,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.rollout.prompts_per_step = 2  # P groups per RL step
   c.rollout.group_size = 4  # G rollouts per prompt
   c.rollout.export_jsonl = False  # write each step's rollouts, credited, to workdir/rollouts/step_N.jsonl
+  # Dynamic sampling (DAPO): rounds of fresh prompt batches whose groups with both outcomes replace the step's groups
+  # whose rollouts all got the same reward (0: off). train/rl_step.py resample_tied_groups.
+  c.rollout.resample_tied_groups = 0
   # Every N RL steps (0: never), the whole groups holding the step's first log_rollouts_count rollouts, with their
   # advantages, every pass output and the method's details (per token where they have one value per token), to
   # workdir/rollout_samples/step_N.jsonl; `jaxcredit viz` draws them.

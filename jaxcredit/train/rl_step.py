@@ -111,6 +111,8 @@ class StepRollouts:
   # rollout_gather_s: gathering every process's rollouts (0 with one process).
   timing: dict = dataclasses.field(default_factory=dict)
   policy_version: int | None = None  # the version of the weights that sampled them (Run.policy_version)
+  # rollout.resample_tied_groups: resample_rounds, resampled_groups, tied_groups_left ({} when off)
+  resample_stats: dict = dataclasses.field(default_factory=dict)
 
 
 def sample_step(run: Run, params, prompt_ids, key) -> StepRollouts:
@@ -161,11 +163,63 @@ def sample_step(run: Run, params, prompt_ids, key) -> StepRollouts:
   )
 
 
+def tied_groups(sampled: StepRollouts, group_size: int) -> list[int]:
+  """The groups (indices, in order) whose rollouts all got the same reward: no outcome contrast within them."""
+  rewards = np.asarray([r.reward for r in sampled.results], np.float64).reshape(-1, group_size)
+  return [k for k in range(len(rewards)) if np.all(rewards[k] == rewards[k, 0])]
+
+
+def resample_tied_groups(run: Run, params, data, key, sampled: StepRollouts) -> StepRollouts:
+  """Dynamic sampling: groups whose rollouts all got the same reward are replaced by groups with both outcomes,
+  sampled from the next batches of training prompts, for at most `config.rollout.resample_tied_groups` rounds.
+
+  Each round samples a whole batch (`rollout.prompts_per_step` prompts: the sampler's shapes and every process's
+  share stay as in a plain step) and takes its groups that are not tied, in order, for the tied groups, in order.
+  Groups still tied after the last round stay (a method may skip them: SGCD's `mixed_groups="skip"`). The step's
+  sampling time and sampler counts add up over the rounds; the environment metrics stay those of the first batch.
+  Collective, as `sample_step`; every process takes the same decisions (the rewards are gathered).
+
+  Source: DAPO's dynamic sampling ("over-sample and filter out prompts with the accuracy equal to 1 and 0"; Yu et
+  al., "DAPO: An Open-Source LLM Reinforcement Learning System at Scale", arXiv 2503.14476, Sec. 3.2); SGCD
+  (arXiv 2606.12634) asks for groups with both a successful and a failed sibling. Reading taken: a bounded number of
+  rounds rather than sampling until the batch is full, so a step's time stays bounded.
+
+  Returns:
+    `sampled` with tied groups replaced (tasks, results, unit_rewards, processes) and `resample_stats`:
+    resample_rounds (batches sampled beyond the first), resampled_groups (groups replaced), tied_groups_left.
+  """
+  c = run.config
+  g = c.rollout.group_size
+  rounds = int(c.rollout.resample_tied_groups)
+  tied = tied_groups(sampled, g)
+  replaced = done = 0
+  while tied and done < rounds:
+    extra = sample_step(run, params, [int(i) for i in next(data)], jax.random.fold_in(key, 1_000_003 + done))
+    done += 1
+    fresh = [k for k in range(len(extra.results) // g) if k not in set(tied_groups(extra, g))]
+    for dst, src in zip(tied, fresh):
+      rows, new = slice(dst * g, (dst + 1) * g), slice(src * g, (src + 1) * g)
+      sampled.tasks[rows] = extra.tasks[new]
+      sampled.results[rows] = extra.results[new]
+      sampled.processes[rows] = extra.processes[new]
+      if sampled.unit_rewards is not None:
+        sampled.unit_rewards[rows] = extra.unit_rewards[new]
+      replaced += 1
+    tied = tied[len(fresh) :]
+    sampled.seconds += extra.seconds
+    sampled.sampler_stats = {k: v + extra.sampler_stats.get(k, 0) for k, v in sampled.sampler_stats.items()}
+  sampled.resample_stats = {"resample_rounds": done, "resampled_groups": replaced, "tied_groups_left": len(tied)}
+  return sampled
+
+
 def run_rl_step(run: Run, params, opt_state, ref_params, data, update, ref_logp, rl_step: int):
-  """One RL step: rollouts (`sample_step`), then `learn_step`. Returns (params, opt_state, metrics row)."""
+  """One RL step: rollouts (`sample_step`; with `rollout.resample_tied_groups`, tied groups replaced by
+  `resample_tied_groups`), then `learn_step`. Returns (params, opt_state, metrics row)."""
   t0 = time.time()
   key = jax.random.fold_in(run.key, rl_step)
   sampled = sample_step(run, params, [int(i) for i in next(data)], key)
+  if run.config.rollout.resample_tied_groups > 0:
+    sampled = resample_tied_groups(run, params, data, key, sampled)
   return learn_step(run, params, opt_state, ref_params, sampled, update, ref_logp, rl_step, t0=t0)
 
 
@@ -293,6 +347,7 @@ def metrics_row(run: Run, sampled: StepRollouts, traj, out, m: dict, seconds: di
   row.update(engine_row)
   if sampled.policy_version is not None:  # how many updates behind the sampling weights were (rollout.max_staleness)
     row["policy_staleness"] = run.policy_version - 1 - sampled.policy_version
+  row.update(sampled.resample_stats)
   row.update(sampled.timing)  # prefill_tokens, decode_tokens, extends, rebuilds of this step's rollouts
   if traj.unit_mask_BxU.shape[1] > 1:
     row["units_mean"] = float(traj.unit_mask_BxU.sum(1).mean())

@@ -289,8 +289,10 @@ def test_viz_refuses_token_ids_outside_the_policy_vocabulary(tiny, tmp_path):
 def test_the_long_horizon_testbed_environments_train_a_step(env_name, method, tiny, tmp_path):
   """The chain and session environments in `jaxcredit train` with the methods made for them: one RL step of the tiny
   policy, the environment's metrics in the row; in a session the tiny policy's messages end requests, so later
-  requests arrive as user messages and CrEST's rollouts hold several units."""
+  requests arrive as user messages and CrEST's rollouts hold several units. The session run resamples tied groups
+  for one round (`rollout.resample_tied_groups`): the tiny policy never succeeds, so every group stays tied."""
   c = tiny_run_config(method, tmp_path / "run", tiny, total_steps=1, env__name=env_name)
+  c.rollout.resample_tied_groups = int(env_name == "session")
   c.rollout.export_jsonl = env_name == "session"
   trainer.train(c)
   rows = metrics_rows(c.workdir, "rl")
@@ -298,6 +300,11 @@ def test_the_long_horizon_testbed_environments_train_a_step(env_name, method, ti
   key = {"chain": "env/chain_progress", "session": "env/session_unit_success"}[env_name]
   assert key in rows[0], sorted(rows[0])
   if env_name == "session":
+    assert {k: rows[0][k] for k in ("resample_rounds", "resampled_groups", "tied_groups_left")} == {
+      "resample_rounds": 1,
+      "resampled_groups": 0,
+      "tied_groups_left": c.rollout.prompts_per_step,
+    }
     exported = jsonl.read_jsonl(os.path.join(c.workdir, "rollouts", "step_1.jsonl"))
     assert max(max(r["turn_ids"]) for r in exported) >= 1
     assert max(len(r["unit_rewards"]) for r in exported) >= 2
