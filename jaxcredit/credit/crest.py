@@ -19,9 +19,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxcredit.credit import _checks
-from jaxcredit.credit import _segments
-from jaxcredit.credit import outcome
+from jaxcredit.credit import _checks, _segments, outcome
 
 Array = jax.Array
 ArrayLike = jax.typing.ArrayLike
@@ -65,8 +63,7 @@ def crest_turn_advantages(
   (CrEST, arXiv 2608.13179), Eq. 3; docs/credit.md, "CrEST".
   """
   fn = "crest_turn_advantages"
-  scale = _checks.knob_choice(fn, "scale", scale, outcome.SCALES)
-  eps = _checks.knob_float(fn, "eps", eps, gt=0.0)
+  scale, eps = outcome.check_normalise_knobs(fn, scale, eps)
   shapes = _checks.Shapes(fn)
   rewards_GxU = shapes.float("turn_rewards", turn_rewards, "G,U")
   tmask_GxU = shapes.mask("turn_mask", turn_mask, "G,U")
@@ -82,6 +79,16 @@ def _check_token_knobs(fn: str, lam, clip_eps, tau, rho) -> tuple[float, float, 
   return lam, clip_eps, tau, rho
 
 
+def _check_token_arrays(shapes: _checks.Shapes, spec: str, turn_ids, action_mask, teacher_logp, policy_logp):
+  """The per-token arguments of crest_token_weights ("L") or crest_advantages ("G,L"), checked in this order."""
+  return (
+    shapes.index("turn_ids", turn_ids, spec),
+    shapes.mask("action_mask", action_mask, spec),
+    shapes.float("teacher_logp", teacher_logp, spec),
+    shapes.float("policy_logp", policy_logp, spec),
+  )
+
+
 def _unit_adv(adv_U: Array, ids_L: Array, action_L: Array) -> Array:
   """turn_to_token for CrEST (stop-gradient, batched through _segments): A_u(i) on unit tokens, else 0."""
   num_units = adv_U.shape[0]
@@ -92,19 +99,18 @@ def _unit_adv(adv_U: Array, ids_L: Array, action_L: Array) -> Array:
 
 
 def _token_factor(
-  adv_L: Array,
+  adv_U: Array,
   ids_L: Array,
   action_L: Array,
-  num_units: int,
   teacher_L: Array,
   policy_L: Array,
-  *,
-  lam: float,
-  clip_eps: float,
-  tau: float,
-  rho: float,
-) -> Array:
-  """crest_token_weights on checked arrays, given adv_L = _unit_adv(turn_adv, ...)."""
+  knobs: tuple[float, float, float, float],
+) -> tuple[Array, Array]:
+  """(A_u(i), φ_i) of one rollout on checked arrays: `_unit_adv`, then crest_token_weights' factor with
+  knobs = (lam, clip_eps, tau, rho) from `_check_token_knobs`."""
+  lam, clip_eps, tau, rho = knobs
+  num_units = adv_U.shape[0]
+  adv_L = _unit_adv(adv_U, ids_L, action_L)
   in_unit_L = action_L & (ids_L >= 0) & (ids_L < num_units)
   sign_L = jnp.sign(adv_L)
   # The surprisal statistics are over the rollout's action tokens (the paper's "response tokens") with a finite
@@ -126,7 +132,7 @@ def _token_factor(
   m_L = 1.0 + rho * (2.0 * e_L - 1.0)  #                                                     Eq. 8-9
   lam_L = jnp.clip(lam * gate_L * m_L, 0.0, lam)  #                                          Eq. 10
   phi_L = jnp.where(live_L, 1.0 + lam_L * (w_L - 1.0), 1.0)  #                               Eq. 4
-  return lax.stop_gradient(jnp.where(in_unit_L, phi_L, 0.0))
+  return adv_L, lax.stop_gradient(jnp.where(in_unit_L, phi_L, 0.0))
 
 
 def crest_token_weights(
@@ -191,26 +197,13 @@ def crest_token_weights(
   (CrEST, arXiv 2608.13179), Eq. 4-10, App. A (properties P1-P3); docs/credit.md, "CrEST".
   """
   fn = "crest_token_weights"
-  lam, clip_eps, tau, rho = _check_token_knobs(fn, lam, clip_eps, tau, rho)
+  knobs = _check_token_knobs(fn, lam, clip_eps, tau, rho)
   shapes = _checks.Shapes(fn)
   adv_U = shapes.float("turn_adv", turn_adv, "U")
-  ids_L = shapes.index("turn_ids", turn_ids, "L")
-  action_L = shapes.mask("action_mask", action_mask, "L")
-  teacher_L = shapes.float("teacher_logp", teacher_logp, "L")
-  policy_L = shapes.float("policy_logp", policy_logp, "L")
-  adv_L = _unit_adv(adv_U, ids_L, action_L)
-  return _token_factor(
-    adv_L,
-    ids_L,
-    action_L,
-    adv_U.shape[0],
-    teacher_L,
-    policy_L,
-    lam=lam,
-    clip_eps=clip_eps,
-    tau=tau,
-    rho=rho,
+  ids_L, action_L, teacher_L, policy_L = _check_token_arrays(
+    shapes, "L", turn_ids, action_mask, teacher_logp, policy_logp
   )
+  return _token_factor(adv_U, ids_L, action_L, teacher_L, policy_L, knobs)[1]
 
 
 def crest_advantages(
@@ -255,34 +248,20 @@ def crest_advantages(
   (CrEST, arXiv 2608.13179), Eq. 2-10; docs/credit.md, "CrEST".
   """
   fn = "crest_advantages"
-  scale = _checks.knob_choice(fn, "scale", scale, outcome.SCALES)
-  eps = _checks.knob_float(fn, "eps", eps, gt=0.0)
-  lam, clip_eps, tau, rho = _check_token_knobs(fn, lam, clip_eps, tau, rho)
+  scale, eps = outcome.check_normalise_knobs(fn, scale, eps)
+  knobs = _check_token_knobs(fn, lam, clip_eps, tau, rho)
   shapes = _checks.Shapes(fn)
   rewards_GxU = shapes.float("turn_rewards", turn_rewards, "G,U")
   tmask_GxU = shapes.mask("turn_mask", turn_mask, "G,U")
-  ids_GxL = shapes.index("turn_ids", turn_ids, "G,L")
-  action_GxL = shapes.mask("action_mask", action_mask, "G,L")
-  teacher_GxL = shapes.float("teacher_logp", teacher_logp, "G,L")
-  policy_GxL = shapes.float("policy_logp", policy_logp, "G,L")
+  ids_GxL, action_GxL, teacher_GxL, policy_GxL = _check_token_arrays(
+    shapes, "G,L", turn_ids, action_mask, teacher_logp, policy_logp
+  )
   smask_G = shapes.mask("sample_mask", sample_mask, "G")
 
   adv_GxU = outcome.group_normalise(rewards_GxU, tmask_GxU & smask_G[:, None], scale=scale, eps=eps)
 
   def one(adv_U, ids_L, action_L, teacher_L, policy_L):
-    adv_L = _unit_adv(adv_U, ids_L, action_L)
-    phi_L = _token_factor(
-      adv_L,
-      ids_L,
-      action_L,
-      adv_U.shape[0],
-      teacher_L,
-      policy_L,
-      lam=lam,
-      clip_eps=clip_eps,
-      tau=tau,
-      rho=rho,
-    )
+    adv_L, phi_L = _token_factor(adv_U, ids_L, action_L, teacher_L, policy_L, knobs)
     return adv_L * phi_L
 
   return jax.vmap(one)(adv_GxU, ids_GxL, action_GxL, teacher_GxL, policy_GxL)

@@ -11,8 +11,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxcredit.credit import _checks
-from jaxcredit.credit import outcome
+from jaxcredit.credit import _checks, outcome
 
 Array = jax.Array
 ArrayLike = jax.typing.ArrayLike
@@ -74,8 +73,7 @@ def gigpo_advantages(
   if gamma > 1.0:
     raise ValueError(f"{fn}: knob `gamma` must be in [0, 1], got {gamma}.")
   omega = _checks.knob_float(fn, "omega", omega, ge=0.0)
-  scale = _checks.knob_choice(fn, "scale", scale, outcome.SCALES)
-  eps = _checks.knob_float(fn, "eps", eps, gt=0.0)
+  scale, eps = outcome.check_normalise_knobs(fn, scale, eps)
   shapes = _checks.Shapes(fn)
   rewards_G = shapes.float("rewards", rewards, "G")
   ids_GxT = shapes.index("state_ids", state_ids, "G,T")

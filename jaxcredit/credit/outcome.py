@@ -53,6 +53,11 @@ def group_normalise(x_GxK: Array, valid_GxK: Array, *, scale: str, eps: float, d
   return jnp.where(valid_GxK & (n_K >= 2), dev_GxK, 0.0)
 
 
+def check_normalise_knobs(fn: str, scale: str, eps: float) -> tuple[str, float]:
+  """`group_normalise`'s knobs for the public function `fn`: scale one of SCALES, eps > 0 and finite."""
+  return _checks.knob_choice(fn, "scale", scale, SCALES), _checks.knob_float(fn, "eps", eps, gt=0.0)
+
+
 def grpo_advantages(
   rewards: ArrayLike, sample_mask: ArrayLike | None = None, *, scale: str = "group", eps: float = 1e-6
 ) -> Array:
@@ -86,8 +91,7 @@ def grpo_advantages(
   (Dr.GRPO); docs/credit.md, "GRPO, Dr.GRPO, RLOO".
   """
   fn = "grpo_advantages"
-  scale = _checks.knob_choice(fn, "scale", scale, SCALES)
-  eps = _checks.knob_float(fn, "eps", eps, gt=0.0)
+  scale, eps = check_normalise_knobs(fn, scale, eps)
   shapes = _checks.Shapes(fn)
   rewards_G = shapes.float("rewards", rewards, "G")
   mask_G = shapes.mask("sample_mask", sample_mask, "G")
