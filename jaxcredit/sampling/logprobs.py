@@ -115,6 +115,15 @@ def _check_temperature(temperature: float | jax.Array) -> None:
     raise ValueError(f"temperature must be > 0, got {temperature!r}")
 
 
+def _chunk_grid(seq_chunk, vocab_chunk, temperature, l: int, v: int) -> tuple[int, int, int, int]:
+  """(Lc, Vc, n_l, n_v): the checked chunk sizes of L positions and V vocabulary columns and the number of chunks
+  of each (the last one padded), after checking the temperature; the chunked heads' shared argument checks."""
+  lc = _chunk_size("seq_chunk", seq_chunk, DEFAULT_SEQ_CHUNK, l)
+  vc = _chunk_size("vocab_chunk", vocab_chunk, _default_vocab_chunk(v), v)
+  _check_temperature(temperature)
+  return lc, vc, -(-l // lc), -(-v // vc)
+
+
 def chunked_logprobs_and_entropies(
   h_BxLxD: jax.Array,
   head_DxV: jax.Array,
@@ -187,14 +196,10 @@ def chunked_logprobs_and_entropies(
   v = head_DxV.shape[1]
   if v == 0:
     raise ValueError(f"head_DxV must have at least one vocabulary column, got shape {head_DxV.shape}")
-  lc = _chunk_size("seq_chunk", seq_chunk, DEFAULT_SEQ_CHUNK, l)
-  vc = _chunk_size("vocab_chunk", vocab_chunk, _default_vocab_chunk(v), v)
-  _check_temperature(temperature)
+  lc, vc, n_l, n_v = _chunk_grid(seq_chunk, vocab_chunk, temperature, l, v)
   if l == 0 or b == 0:
     return jnp.zeros((b, l), jnp.float32), jnp.zeros((b, l), jnp.float32)
 
-  n_l = -(-l // lc)
-  n_v = -(-v // vc)
   temperature = jnp.asarray(temperature, jnp.float32)
 
   # Vocabulary chunks as [n_v, Vc, D]: a free reshape of the [V, D] layout (a tied table's own).
@@ -540,55 +545,33 @@ def packed_slot_logprobs(
 
 
 def sequence_logprobs(
-  model,
-  tokens_BxL: jax.Array,
-  token_mask_BxL: jax.Array,
-  temperature: float | jax.Array,
-  *,
-  seq_chunk: int | None = None,
-  vocab_chunk: int | None = None,
-  positions_BxL: jax.Array | None = None,
-  segment_ids_BxL: jax.Array | None = None,
-  prefix_limit_BxL: jax.Array | None = None,
+  model, tokens_BxL: jax.Array, token_mask_BxL: jax.Array, temperature: float | jax.Array, **options
 ) -> jax.Array:
-  """Per-token log-probs of `tokens_BxL` under `model`, one full forward pass without a cache.
+  """Per-token log-probs of `tokens_BxL` under `model`, one full forward pass without a cache: the log-probs of
+  `sequence_logprobs_and_entropies`, whose arguments it takes.
 
   logp[b, t] is the log-prob (nats) of token t given the tokens before it, under log softmax(logits /
   temperature), untruncated: the prediction made at position t-1 is stored at position t, aligned with the
   token it scores. It is 0 at t = 0, at each row's first real token and at padding (see `logprobs_from_logits`,
   which computes the same from full logits). Positions are cumsum(mask) - 1, so left-padded rows score as if
-  unpadded. The logits are computed chunk by chunk and never held whole, also under jax.grad (see
-  `sequence_logprobs_and_entropies`; the unused entropies cost a few elementwise ops per chunk).
+  unpadded. The logits are computed chunk by chunk and never held whole, also under jax.grad (the unused
+  entropies cost a few elementwise ops per chunk).
 
   Works eagerly or inside a transform (nnx.jit, or jax.jit over nnx.merge(graphdef, state)).
 
   Args:
-      model: a `jaxcredit.models.Decoder`.
-      tokens_BxL: int token ids.
-      token_mask_BxL: bool, True where the slot holds a real token.
-      temperature: positive scalar, the sampler's temperature.
-      seq_chunk: positions per chunk (default min(512, L)).
-      vocab_chunk: vocabulary columns per chunk (default: see `chunked_logprobs_and_entropies`).
-      positions_BxL, segment_ids_BxL, prefix_limit_BxL: optional RoPE positions and packed-row description
-          (see `sequence_logprobs_and_entropies`: a packed token is scored from its predictor slot).
+      model, tokens_BxL, token_mask_BxL, temperature: as `sequence_logprobs_and_entropies`.
+      **options: its keyword-only arguments: seq_chunk, vocab_chunk, and the packed-row description
+          positions_BxL, segment_ids_BxL, prefix_limit_BxL (a packed token is scored from its predictor slot).
 
   Returns:
       logp_BxL: float32 nats.
 
   Raises:
       ValueError: as `sequence_logprobs_and_entropies`.
+      TypeError: a keyword it does not take.
   """
-  return sequence_logprobs_and_entropies(
-    model,
-    tokens_BxL,
-    token_mask_BxL,
-    temperature,
-    seq_chunk=seq_chunk,
-    vocab_chunk=vocab_chunk,
-    positions_BxL=positions_BxL,
-    segment_ids_BxL=segment_ids_BxL,
-    prefix_limit_BxL=prefix_limit_BxL,
-  )[0]
+  return sequence_logprobs_and_entropies(model, tokens_BxL, token_mask_BxL, temperature, **options)[0]
 
 
 def chunked_reverse_kl(
@@ -683,14 +666,10 @@ def chunked_reverse_kl(
     raise ValueError(f"head_teacher_DxV {wt.shape} and head_student_DxV {ws.shape} must share the vocabulary size V")
   if v == 0:
     raise ValueError(f"the heads must have at least one vocabulary column, got shape {ws.shape}")
-  lc = _chunk_size("seq_chunk", seq_chunk, DEFAULT_SEQ_CHUNK, l)
-  vc = _chunk_size("vocab_chunk", vocab_chunk, _default_vocab_chunk(v), v)
-  _check_temperature(temperature)
+  lc, vc, n_l, n_v = _chunk_grid(seq_chunk, vocab_chunk, temperature, l, v)
   if l == 0 or b == 0:
     return jnp.zeros((b, l), jnp.float32)
 
-  n_l = -(-l // lc)
-  n_v = -(-v // vc)
   temperature = jnp.asarray(temperature, jnp.float32)
 
   def vocab_chunks(w_DxV):
