@@ -366,6 +366,33 @@ def _parse(command: str, args: list[str], build: Callable[[argparse.ArgumentPars
   return parser.parse_args(args)
 
 
+def _parse_or_exit(command: str, args: list[str], build: Callable[[argparse.ArgumentParser], None]):
+  """`_parse`, or the command's exit code: 0 after --help, 2 after a usage error printed on one line."""
+  try:
+    ns = _parse(command, args, build)
+  except _UsageError as e:
+    print(f"jaxcredit {command}: {e}", file=sys.stderr)
+    return 2
+  return 0 if ns is None else ns
+
+
+def _checkpoint_command(
+  command: str, args: list[str], build: Callable[[argparse.ArgumentParser], None], run: Callable[..., str]
+) -> int:
+  """convert and export: parse, `run(namespace)` (the work; returns the summary line), print the summary. A usage
+  error, ValueError or OSError (missing, unreadable or existing paths) is one line `error: ...`, exit 2."""
+  try:
+    ns = _parse(command, args, build)
+    if ns is None:
+      return 0
+    summary = run(ns)
+  except (_UsageError, ValueError, OSError) as e:
+    print(f"jaxcredit {command}: error: {_one_line(e)}", file=sys.stderr)
+    return 2
+  print(summary)
+  return 0
+
+
 def _one_line(e: BaseException) -> str:
   return " ".join(str(e).split())
 
@@ -392,23 +419,18 @@ def _convert(command: str, args: list[str]) -> int:
       help="store parameters in this dtype (bf16, f32, f16); default: the source's (float32 for GGUF)",
     )
 
-  try:
-    ns = _parse(command, args, build)
-    if ns is None:
-      return 0
+  def run(ns) -> str:
     from jaxcredit.models import hf, resolve_source
 
     convert = hf.convert_hf if ns.hf is not None else hf.convert_gguf
     stats = convert(resolve_source(ns.hf) if ns.hf is not None else ns.gguf, ns.out, dtype=ns.dtype, progress=True)
-  except (_UsageError, ValueError, OSError) as e:  # OSError: missing, unreadable or existing paths
-    print(f"jaxcredit {command}: error: {_one_line(e)}", file=sys.stderr)
-    return 2
-  print(
-    f"converted {stats['tensors']} tensors ({_mib(stats['bytes_read'])} read) into {stats['out']} in "
-    f"{stats['seconds']:.1f} s; peak memory above baseline {_mib(stats['peak_rss_above_baseline_bytes'])}, "
-    f"largest input shard {_mib(stats['largest_shard_bytes'])}"
-  )
-  return 0
+    return (
+      f"converted {stats['tensors']} tensors ({_mib(stats['bytes_read'])} read) into {stats['out']} in "
+      f"{stats['seconds']:.1f} s; peak memory above baseline {_mib(stats['peak_rss_above_baseline_bytes'])}, "
+      f"largest input shard {_mib(stats['largest_shard_bytes'])}"
+    )
+
+  return _checkpoint_command(command, args, build, run)
 
 
 def _export(command: str, args: list[str]) -> int:
@@ -431,10 +453,7 @@ def _export(command: str, args: list[str]) -> int:
       "server that rollout.engine=vllm syncs weights into (docs/engines.md)",
     )
 
-  try:
-    ns = _parse(command, args, build)
-    if ns is None:
-      return 0
+  def run(ns) -> str:
     from jaxcredit.models import hf
 
     stats = hf.export_hf(
@@ -444,14 +463,12 @@ def _export(command: str, args: list[str]) -> int:
       progress=True,
       untie_embeddings=ns.untie_embeddings,
     )
-  except (_UsageError, ValueError, OSError) as e:  # OSError: missing, unreadable or existing paths
-    print(f"jaxcredit {command}: error: {_one_line(e)}", file=sys.stderr)
-    return 2
-  print(
-    f"exported {stats['tensors']} tensors in {stats['files']} file(s), {_mib(stats['bytes_written'])}, "
-    f"into {stats['out']} in {stats['seconds']:.1f} s"
-  )
-  return 0
+    return (
+      f"exported {stats['tensors']} tensors in {stats['files']} file(s), {_mib(stats['bytes_written'])}, "
+      f"into {stats['out']} in {stats['seconds']:.1f} s"
+    )
+
+  return _checkpoint_command(command, args, build, run)
 
 
 def _own_flags(command: str, args: list[str], names: tuple[str, ...]) -> tuple[dict[str, str], list[str]] | int:
@@ -562,13 +579,9 @@ def _viz(command: str, args: list[str]) -> int:
       "--samples K`), credited with the workdir's config and latest checkpoint",
     )
 
-  try:
-    a = _parse(command, args, build)
-  except _UsageError as e:
-    print(f"jaxcredit {command}: {e}", file=sys.stderr)
-    return 2
-  if a is None:
-    return 0
+  a = _parse_or_exit(command, args, build)
+  if isinstance(a, int):
+    return a
   if not os.path.isdir(a.workdir):
     print(f"jaxcredit {command}: --workdir {a.workdir}: not a directory", file=sys.stderr)
     return 2
@@ -604,13 +617,9 @@ def _compare(command: str, args: list[str]) -> int:
     )
     p.add_argument("--out", default="compare", help="output folder (default: ./compare)")
 
-  try:
-    a = _parse(command, args, build)
-  except _UsageError as e:
-    print(f"jaxcredit {command}: {e}", file=sys.stderr)
-    return 2
-  if a is None:
-    return 0
+  a = _parse_or_exit(command, args, build)
+  if isinstance(a, int):
+    return a
   from jaxcredit.viz import compare_evals
 
   evals = [w for w in a.workdirs if compare_evals.is_eval_folder(w)]
