@@ -296,18 +296,7 @@ def plan_step(
     measured["compile_s"] = time.time() - t0
     _write_memo(memo_path, measured)
   report = _report(
-    cfg,
-    topology,
-    generation,
-    n,
-    is_tpu,
-    shape,
-    batch_size,
-    seq_len,
-    num_micro_batches,
-    step_time_s,
-    **{k: measured[k] for k in ("arguments", "outputs", "aliased", "temporaries", "flops", "compile_s", "refused")},
-    rl_parts=rl_parts,
+    cfg, topology, generation, n, is_tpu, shape, batch_size, seq_len, num_micro_batches, step_time_s, measured, rl_parts
   )
   report["compile_cached"] = bool(measured.get("cached", False))
   return report
@@ -389,26 +378,12 @@ def _write_memo(path: str | None, measured: Mapping[str, Any]) -> None:
 
 
 def _report(
-  cfg,
-  topology,
-  generation,
-  n,
-  is_tpu,
-  shape,
-  batch_size,
-  seq_len,
-  num_micro_batches,
-  step_time_s,
-  *,
-  arguments,
-  outputs,
-  aliased,
-  temporaries,
-  flops,
-  compile_s,
-  refused=None,
-  rl_parts=None,
+  cfg, topology, generation, n, is_tpu, shape, batch_size, seq_len, num_micro_batches, step_time_s, measured, rl_parts
 ) -> dict[str, Any]:
+  """plan_step's report from its arguments, the `measured` dict of `_compile_and_measure` (or `_read_memo`, with
+  compile_s) and the RL step's parts (None: not asked)."""
+  arguments, outputs, aliased, temporaries = (measured[k] for k in ("arguments", "outputs", "aliased", "temporaries"))
+  flops, compile_s, refused = measured["flops"], measured["compile_s"], measured["refused"]
   peak = arguments + outputs - aliased + temporaries if refused is None else temporaries
   tokens = batch_size * seq_len
   model_flops = 6 * cfg.num_params(active=True) * tokens
