@@ -232,32 +232,13 @@ class Decoder(nnx.Module):
     self.final_norm = nnx.Param(values["final_norm"])
     self.lm_head = nnx.Param(values["lm_head"]) if "lm_head" in values else None
 
-  def __call__(
-    self,
-    tokens_BxL: jax.Array,
-    *,
-    positions_BxL: jax.Array | None = None,
-    token_mask_BxL: jax.Array | None = None,
-    cache: KVCache | None = None,
-    segment_ids_BxL: jax.Array | None = None,
-    prefix_limit_BxL: jax.Array | None = None,
-    cache_window: int | None = None,
-    merge_write: bool = False,
-  ) -> tuple[jax.Array, KVCache | None]:
-    """Float32 logits_BxLxV for every token, and the updated cache (None without one).
+  def __call__(self, tokens_BxL: jax.Array, **options) -> tuple[jax.Array, KVCache | None]:
+    """Float32 logits_BxLxV for every token, and the updated cache (None without one): `hidden_states` with the
+    same keyword arguments, then the output head.
 
     See `hidden_states` for the arguments and errors.
     """
-    h_BxLxD, cache = self.hidden_states(
-      tokens_BxL,
-      positions_BxL=positions_BxL,
-      token_mask_BxL=token_mask_BxL,
-      cache=cache,
-      segment_ids_BxL=segment_ids_BxL,
-      prefix_limit_BxL=prefix_limit_BxL,
-      cache_window=cache_window,
-      merge_write=merge_write,
-    )
+    h_BxLxD, cache = self.hidden_states(tokens_BxL, **options)
     return self.logits(h_BxLxD), cache
 
   def hidden_states(
