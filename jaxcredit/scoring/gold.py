@@ -62,27 +62,18 @@ def score_gold_answers(
   Raises:
     ValueError: for an unknown `reduce`, or a gold answer with no tokens.
   """
-  if reduce not in ("sum", "mean"):
-    raise ValueError(f"config.credit.gold_reduce must be 'sum' or 'mean', got {reduce!r}")
-  b, t1 = traj.boundary_mask_BxT1.shape
-  if len(gold_ids) != b:
-    raise ValueError(f"gold_ids has {len(gold_ids)} entries for {b} rollouts")
-  rows, spans, where = [], [], []
-  for i in range(b):
-    gold = list(gold_ids[i])
-    if not gold:
-      raise ValueError(f"gold answer of rollout {i} has no tokens")
-    for t in range(t1):
+  _check_reduce(reduce)
+  golds = _gold_lists(traj, gold_ids)
+  rows, spans = [], []  # spans: (rollout, boundary, row, start, end) of each row's gold tokens
+  for i, gold in enumerate(golds):
+    for t in range(traj.boundary_mask_BxT1.shape[1]):
       if not traj.boundary_mask_BxT1[i, t]:
         continue
       prefix = traj.tokens_BxL[i, : traj.boundary_pos_BxT1[i, t]].tolist()
+      spans.append((i, t, len(rows), len(prefix), len(prefix) + len(gold)))
       rows.append(prefix + gold)
-      spans.append((len(prefix), len(prefix) + len(gold)))
-      where.append((i, t))
-  gold_logp = np.zeros((b, t1), np.float32)
-  mask = np.zeros((b, t1), bool)
   if not rows:
-    return gold_logp, mask
+    return _reduce_spans(None, [], traj.boundary_mask_BxT1.shape, reduce)
   n = pad_length(len(rows), rows_bucket)
   length = pad_length(max(len(r) for r in rows), length_bucket)
   tokens = np.full((n, length), pad_id, np.int32)
@@ -91,8 +82,34 @@ def score_gold_answers(
     tokens[k, : len(r)] = r
     tmask[k, : len(r)] = True
   logp = np.asarray(logp_fn(tokens, tmask), np.float32)
-  for k, ((i, t), (s, e)) in enumerate(zip(where, spans)):
-    v = logp[k, s:e]
+  return _reduce_spans(logp, spans, traj.boundary_mask_BxT1.shape, reduce)
+
+
+def _check_reduce(reduce: str) -> None:
+  if reduce not in ("sum", "mean"):
+    raise ValueError(f"config.credit.gold_reduce must be 'sum' or 'mean', got {reduce!r}")
+
+
+def _gold_lists(traj: Trajectory, gold_ids: Sequence[Sequence[int]]) -> list[list[int]]:
+  """Each rollout's gold answer as a list of ints. Raises ValueError for a gold_ids of another length than the
+  batch, or an empty gold answer (naming the rollout)."""
+  b = traj.boundary_mask_BxT1.shape[0]
+  if len(gold_ids) != b:
+    raise ValueError(f"gold_ids has {len(gold_ids)} entries for {b} rollouts")
+  golds = [[int(x) for x in g] for g in gold_ids]
+  for i, gold in enumerate(golds):
+    if not gold:
+      raise ValueError(f"gold answer of rollout {i} has no tokens")
+  return golds
+
+
+def _reduce_spans(logp, spans, shape: tuple[int, int], reduce: str) -> tuple[np.ndarray, np.ndarray]:
+  """(gold_logp_BxT1, mask_BxT1) of `shape`: for each span (b, t, row, start, end), the sum or mean of
+  logp[row, start:end], kept where finite; 0 and False elsewhere."""
+  gold_logp = np.zeros(shape, np.float32)
+  mask = np.zeros(shape, bool)
+  for i, t, k, start, end in spans:
+    v = logp[k, start:end]
     score = float(v.sum() if reduce == "sum" else v.mean())
     if np.isfinite(score):
       gold_logp[i, t] = score
@@ -155,14 +172,9 @@ def pack_gold_copies(
   Raises:
     ValueError: for a gold_ids of another length than the batch, or an empty gold answer.
   """
-  b, t1 = traj.boundary_mask_BxT1.shape
-  if len(gold_ids) != b:
-    raise ValueError(f"gold_ids has {len(gold_ids)} entries for {b} rollouts")
+  t1 = traj.boundary_mask_BxT1.shape[1]
   built = []  # (rollout, tokens, positions, segments, limits, slots, copies)
-  for i in range(b):
-    gold = [int(x) for x in gold_ids[i]]
-    if not gold:
-      raise ValueError(f"gold answer of rollout {i} has no tokens")
+  for i, gold in enumerate(_gold_lists(traj, gold_ids)):
     ts = [t for t in range(t1) if traj.boundary_mask_BxT1[i, t]]
     if not ts:
       continue
@@ -257,25 +269,17 @@ def score_gold_answers_packed(
     ValueError: for an unknown `reduce`, a gold_ids of another length than the batch, or a gold answer with no
       tokens.
   """
-  if reduce not in ("sum", "mean"):
-    raise ValueError(f"config.credit.gold_reduce must be 'sum' or 'mean', got {reduce!r}")
-  b, t1 = traj.boundary_mask_BxT1.shape
+  _check_reduce(reduce)
   batch = pack_gold_copies(traj, gold_ids, pad_id=pad_id, length_bucket=length_bucket, rows_bucket=rows_bucket)
-  gold_logp = np.zeros((b, t1), np.float32)
-  mask = np.zeros((b, t1), bool)
   if not batch.rows:
-    return gold_logp, mask
+    return _reduce_spans(None, [], traj.boundary_mask_BxT1.shape, reduce)
   logp = np.asarray(packed_logp_fn(*batch.arrays()), np.float32)
   if logp.shape != batch.slots_NxG.shape:
     raise ValueError(
       f"packed_logp_fn returned shape {logp.shape}, expected {batch.slots_NxG.shape} (one "
       f"log-prob per entry of slots_NxG)"
     )
-  for k, (i, copies) in enumerate(zip(batch.rows, batch.copies)):
-    for t, first, g in copies:
-      v = logp[k, first : first + g]
-      score = float(v.sum() if reduce == "sum" else v.mean())
-      if np.isfinite(score):
-        gold_logp[i, t] = score
-        mask[i, t] = True
-  return gold_logp, mask
+  spans = [
+    (i, t, k, first, first + g) for k, (i, copies) in enumerate(zip(batch.rows, batch.copies)) for t, first, g in copies
+  ]
+  return _reduce_spans(logp, spans, traj.boundary_mask_BxT1.shape, reduce)
