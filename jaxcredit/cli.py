@@ -133,13 +133,11 @@ def _load_config(command: str, args: list[str]):
     if wants_help:
       print(_command_help(command))
       return 0
-    print(f"jaxcredit {command}: --config is required\n\n{_command_help(command)}", file=sys.stderr)
-    return 2
+    return _fail(command, f"--config is required\n\n{_command_help(command)}")
 
   path = _config_path(args)
   if path is not None and not os.path.isfile(path) and not os.path.isfile(path.split(":")[0]):
-    print(f"jaxcredit {command}: config file not found: {path}", file=sys.stderr)
-    return 2
+    return _fail(command, f"config file not found: {path}")
 
   from absl import flags
 
@@ -155,11 +153,9 @@ def _load_config(command: str, args: list[str]):
     print(_bad_override(command, path, args, e), file=sys.stderr)
     return 2
   except OSError as e:  # raised by the parse in some versions, on first access in others
-    print(f"jaxcredit {command}: cannot load the config file: {e}", file=sys.stderr)
-    return 2
+    return _fail(command, f"cannot load the config file: {e}")
   if config is None:
-    print(f"jaxcredit {command}: --config is required\n\n{_command_help(command)}", file=sys.stderr)
-    return 2
+    return _fail(command, f"--config is required\n\n{_command_help(command)}")
   if wants_help:
     from jaxcredit.train import config_help
 
@@ -185,8 +181,7 @@ def _validate(command: str, config) -> int:
   try:
     config_lib.validate(config)
   except ValueError as e:
-    print(f"jaxcredit {command}: error: {_one_line(e)}", file=sys.stderr)
-    return 2
+    return _fail(command, f"error: {_one_line(e)}")
   return 0
 
 
@@ -202,8 +197,7 @@ def _credit(command: str, args: list[str]) -> int:
       continue
     if a == key:
       if i + 1 >= len(args):
-        print(f"jaxcredit {command}: {key} needs a path", file=sys.stderr)
-        return 2
+        return _fail(command, f"{key} needs a path")
       paths[key], i = args[i + 1], i + 2
     else:
       paths[key], i = a.split("=", 1)[1], i + 1
@@ -211,15 +205,12 @@ def _credit(command: str, args: list[str]) -> int:
     return _load_config(command, rest)
   for key in ("--in", "--out"):
     if not paths.get(key) or paths[key].startswith("--"):
-      print(f"jaxcredit {command}: {key} needs a path\n\n{_usage()}", file=sys.stderr)
-      return 2
+      return _fail(command, f"{key} needs a path\n\n{_usage()}")
   if not os.path.isfile(paths["--in"]):
     what = "is a directory, not a file" if os.path.isdir(paths["--in"]) else "not found"
-    print(f"jaxcredit {command}: --in {paths['--in']}: {what}", file=sys.stderr)
-    return 2
+    return _fail(command, f"--in {paths['--in']}: {what}")
   if os.path.isdir(paths["--out"]):
-    print(f"jaxcredit {command}: --out {paths['--out']} is a directory; give a file path", file=sys.stderr)
-    return 2
+    return _fail(command, f"--out {paths['--out']} is a directory; give a file path")
   config = _load_config(command, rest)
   if isinstance(config, int):
     return config
@@ -231,8 +222,7 @@ def _credit(command: str, args: list[str]) -> int:
   try:
     info = offline_credit.credit_file(config, paths["--in"], paths["--out"])
   except (ValueError, OSError) as e:
-    print(f"jaxcredit {command}: error: {e}", file=sys.stderr)
-    return 2
+    return _fail(command, f"error: {e}")
   print(
     f"[jaxcredit] {info['method']} advantages of {info['rollouts']} rollouts ({info['groups']} groups) -> "
     f"{paths['--out']}"
@@ -253,8 +243,7 @@ def _train(command: str, args: list[str]) -> int:
   if distributed:
     error = _convert_before_joining(config) or _initialize_distributed()
     if error:
-      print(f"jaxcredit {command}: error: {error}", file=sys.stderr)
-      return 2
+      return _fail(command, f"error: {error}")
     if _validate(command, config):
       return 2
   from jaxcredit.sampling.vllm_engine import EngineError
@@ -263,8 +252,7 @@ def _train(command: str, args: list[str]) -> int:
   try:
     trainer.train(config, sft_only=(command == "sft"))
   except (ValueError, NotImplementedError, FileNotFoundError, FloatingPointError, EngineError) as e:
-    print(f"jaxcredit {command}: error: {e}", file=sys.stderr)
-    return 1
+    return _fail(command, f"error: {e}", 1)
   except stopping.TrainingStopped as e:  # SIGTERM (preemption) or Ctrl-C during RL: the step was checkpointed
     print(f"jaxcredit {command}: {e}", file=sys.stderr)
     return 0 if e.signum == signal.SIGTERM else 130
@@ -371,8 +359,7 @@ def _parse_or_exit(command: str, args: list[str], build: Callable[[argparse.Argu
   try:
     ns = _parse(command, args, build)
   except _UsageError as e:
-    print(f"jaxcredit {command}: {e}", file=sys.stderr)
-    return 2
+    return _fail(command, str(e))
   return 0 if ns is None else ns
 
 
@@ -387,10 +374,15 @@ def _checkpoint_command(
       return 0
     summary = run(ns)
   except (_UsageError, ValueError, OSError) as e:
-    print(f"jaxcredit {command}: error: {_one_line(e)}", file=sys.stderr)
-    return 2
+    return _fail(command, f"error: {_one_line(e)}")
   print(summary)
   return 0
+
+
+def _fail(command: str, message: str, code: int = 2) -> int:
+  """Prints `jaxcredit COMMAND: message` on stderr and returns the exit code (2: the command refused)."""
+  print(f"jaxcredit {command}: {message}", file=sys.stderr)
+  return code
 
 
 def _one_line(e: BaseException) -> str:
@@ -482,8 +474,7 @@ def _own_flags(command: str, args: list[str], names: tuple[str, ...]) -> tuple[d
     if name in names:
       if not eq:
         if i + 1 >= len(args) or args[i + 1].startswith("--"):
-          print(f"jaxcredit {command}: {name} needs a value", file=sys.stderr)
-          return 2
+          return _fail(command, f"{name} needs a value")
         value, i = args[i + 1], i + 1
       own[name[2:]] = value
     else:
@@ -521,8 +512,7 @@ def _eval(command: str, args: list[str]) -> int:
   except ValueError:
     samples = 0
   if samples < 1:
-    print(f"jaxcredit {command}: --samples must be an integer >= 1, got {own['samples']!r}", file=sys.stderr)
-    return 2
+    return _fail(command, f"--samples must be an integer >= 1, got {own['samples']!r}")
   config = _load_config(command, rest)
   if isinstance(config, int):
     return config
@@ -531,19 +521,16 @@ def _eval(command: str, args: list[str]) -> int:
   model = own.get("model") or None
   out = own.get("out") or _default_eval_dir(config, model)
   if os.path.isfile(out):
-    print(f"jaxcredit {command}: --out {out} is a file; give a folder", file=sys.stderr)
-    return 2
+    return _fail(command, f"--out {out} is a file; give a folder")
   from jaxcredit.sampling.vllm_engine import EngineError
   from jaxcredit.train import evaluate
 
   try:
     info = evaluate.evaluate_model(config, model=model, out_dir=out, samples=samples)
   except (ValueError, OSError) as e:  # OSError: a missing model, an unreadable folder
-    print(f"jaxcredit {command}: error: {_one_line(e)}", file=sys.stderr)
-    return 2
+    return _fail(command, f"error: {_one_line(e)}")
   except EngineError as e:
-    print(f"jaxcredit {command}: error: {e}", file=sys.stderr)
-    return 1
+    return _fail(command, f"error: {e}", 1)
   except KeyboardInterrupt:
     print(f"\njaxcredit {command}: interrupted; the same command resumes from {out}/rollouts.jsonl", file=sys.stderr)
     return 130
@@ -583,19 +570,16 @@ def _viz(command: str, args: list[str]) -> int:
   if isinstance(a, int):
     return a
   if not os.path.isdir(a.workdir):
-    print(f"jaxcredit {command}: --workdir {a.workdir}: not a directory", file=sys.stderr)
-    return 2
+    return _fail(command, f"--workdir {a.workdir}: not a directory")
   methods = None if a.methods is None else list(dict.fromkeys(m.strip() for m in a.methods.split(",") if m.strip()))
   if methods is not None and not methods:
-    print(f"jaxcredit {command}: --methods names no method", file=sys.stderr)
-    return 2
+    return _fail(command, "--methods names no method")
   from jaxcredit.train import report
 
   try:
     info = report.view_samples(a.workdir, step=a.step, methods=methods, out_dir=a.out, rollouts=a.rollouts)
   except (ValueError, OSError) as e:
-    print(f"jaxcredit {command}: error: {_one_line(e)}", file=sys.stderr)
-    return 2
+    return _fail(command, f"error: {_one_line(e)}")
   where = f"step {info['step']}" if info["step"] is not None else a.rollouts
   print(
     f"[jaxcredit] credit viewer: {info['rollouts']} rollouts of {where}, methods "
@@ -635,8 +619,7 @@ def _compare(command: str, args: list[str]) -> int:
     try:
       info = compare_evals.compare_evals(evals, a.out)
     except (ValueError, OSError) as e:
-      print(f"jaxcredit {command}: error: {_one_line(e)}", file=sys.stderr)
-      return 2
+      return _fail(command, f"error: {_one_line(e)}")
     print(compare_evals.format_comparison(info))
     print(f"[jaxcredit] compare: {info['json']} (intervals: {info['interval']})")
     return 0
@@ -645,8 +628,7 @@ def _compare(command: str, args: list[str]) -> int:
   try:
     info = compare_runs(a.workdirs, a.out)
   except (ValueError, OSError) as e:
-    print(f"jaxcredit {command}: error: {_one_line(e)}", file=sys.stderr)
-    return 2
+    return _fail(command, f"error: {_one_line(e)}")
   for g in info["groups"]:
     final = g["final"].get("rl/success_rate")
     tail = f", success {final['mean']:.3f} at step {final['step']}" if final else ""
@@ -687,17 +669,12 @@ def _plan(command: str, args: list[str]) -> int:
   if "mesh" not in own or not own["mesh"]:
     own["mesh"] = config.plan.mesh
   if not own["topology"]:
-    print(
-      "jaxcredit plan: --topology is required (e.g. v5p:4x4x4), or config.plan.topology in the config",
-      file=sys.stderr,
-    )
-    return 2
+    return _fail(command, "--topology is required (e.g. v5p:4x4x4), or config.plan.topology in the config")
   try:
     _, chips = parse_topology(own["topology"])
     parse_mesh(own["mesh"])
   except ValueError as e:
-    print(f"jaxcredit plan: {e}", file=sys.stderr)
-    return 2
+    return _fail(command, str(e))
   os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
   os.environ.setdefault("JAX_PLATFORMS", "cpu")  # deviceless: the TPU is described by libtpu, not attached
   if libtpu_library_path() is None:
@@ -710,8 +687,7 @@ def _plan(command: str, args: list[str]) -> int:
     try:
       json_file = open(own["json"], "w")
     except OSError as e:
-      print(f"jaxcredit plan: cannot write --json {own['json']}: {_one_line(e)}", file=sys.stderr)
-      return 2
+      return _fail(command, f"cannot write --json {own['json']}: {_one_line(e)}")
   from jaxcredit.train import plan
 
   try:
