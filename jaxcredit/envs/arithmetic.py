@@ -380,12 +380,7 @@ class ArithmeticEnv(episode.ToolEpisode):
         info["budget_exhausted"] = True
         return self._finish("tool_budget")
       info["tool_calls"] += 1
-      first = msg.calls[0]
-      outcome = (
-        tool_calls.run_tool_call(first.call, self.tools)
-        if first.call is not None
-        else tool_calls.ToolOutcome(f"error: {first.error}", ok=False)
-      )
+      outcome = tool_calls.run_parsed_call(msg.calls[0], self.tools)
       if not outcome.ok:
         info["tool_errors"] += 1
       return self._observe(tool_calls.render_tool_response(outcome.content))

@@ -216,12 +216,7 @@ class SessionEnv(episode.ToolEpisode):
         return self._end_unit(None)
       info["tool_calls"] += 1
       self.calls_in_unit += 1
-      first = msg.calls[0]
-      outcome = (
-        tool_calls.run_tool_call(first.call, chain.TOOLS)
-        if first.call is not None
-        else tool_calls.ToolOutcome(f"error: {first.error}", ok=False)
-      )
+      outcome = tool_calls.run_parsed_call(msg.calls[0], chain.TOOLS)
       if not outcome.ok:
         info["tool_errors"] += 1
       elif outcome.content.isdigit():

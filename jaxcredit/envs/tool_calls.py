@@ -209,6 +209,17 @@ def run_tool_call(
   return ToolOutcome(truncate(out, max_output_chars), ok=True)
 
 
+def run_parsed_call(
+  parsed: ParsedToolCall,
+  tools: Mapping[str, Callable[[Mapping[str, Any]], str]] | None = None,
+  max_output_chars: int = MAX_OUTPUT_CHARS,
+) -> ToolOutcome:
+  """`run_tool_call` on a parsed call, or its parse error as an error outcome (`ok=False`, "error: ...")."""
+  if parsed.call is None:
+    return ToolOutcome(f"error: {parsed.error}", ok=False)
+  return run_tool_call(parsed.call, tools, max_output_chars)
+
+
 def execute_tool_call(
   text: str,
   tools: Mapping[str, Callable[[Mapping[str, Any]], str]] | None = None,
@@ -222,11 +233,7 @@ def execute_tool_call(
     any string input.
   """
   parsed = parse_tool_call(text)
-  if parsed is None:
-    return None
-  if parsed.call is None:
-    return ToolOutcome(f"error: {parsed.error}", ok=False)
-  return run_tool_call(parsed.call, tools, max_output_chars)
+  return None if parsed is None else run_parsed_call(parsed, tools, max_output_chars)
 
 
 def extract_answer(text: str) -> str | None:
