@@ -76,6 +76,8 @@ def warm_start(run: Run, params, stop: StopRequests | None = None) -> Any:
       demos,
       [0.0] * len(demos),
       list(range(len(demos))),
+      # a demonstration of a multi-request session spans several units; the warm start reads no reward of any
+      unit_rewards=[[0.0] * (d.unit + 1) for d in demos],
       max_turns=run.env.max_turns,
       pad_id=run.tok.pad_id,
       length_bucket=c.sft.length_bucket,

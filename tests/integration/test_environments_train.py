@@ -290,9 +290,11 @@ def test_the_long_horizon_testbed_environments_train_a_step(env_name, method, ti
   """The chain and session environments in `jaxcredit train` with the methods made for them: one RL step of the tiny
   policy, the environment's metrics in the row; in a session the tiny policy's messages end requests, so later
   requests arrive as user messages and CrEST's rollouts hold several units. The session run resamples tied groups
-  for one round (`rollout.resample_tied_groups`): the tiny policy never succeeds, so every group stays tied."""
+  for one round (`rollout.resample_tied_groups`): the tiny policy never succeeds, so every group stays tied; it is
+  warm-started for a step first, on demonstrations that span every request."""
   c = tiny_run_config(method, tmp_path / "run", tiny, total_steps=1, env__name=env_name)
   c.rollout.resample_tied_groups = int(env_name == "session")
+  c.sft.steps = int(env_name == "session")  # a session's demonstration spans several units (it once failed to pack)
   c.rollout.export_jsonl = env_name == "session"
   trainer.train(c)
   rows = metrics_rows(c.workdir, "rl")
