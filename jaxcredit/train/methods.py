@@ -604,7 +604,7 @@ METHODS: dict[str, Method] = {
     sgcd,
     dict(
       _OUTCOME,
-      alpha=1.0,
+      alpha=0.5,  # = 1 - w_min: 1 + alpha·(f/f̄ − 1) >= w_min for every f >= 0, so the floor never binds
       entropy_coef=1.0,
       w_min=0.5,
       w_max=2.0,

@@ -144,10 +144,10 @@ def test_sgcd_worked_example_by_hand():
   ent = np.asarray([0.0, 0.0, 0.0, 1.0, 0.0, 1.0], np.float32)
   action = np.asarray([False, True, True, True, False, True])
   adv = np.where(action, -0.5, 0.0).astype(np.float32)
-  w = np.asarray(credit.sgcd_token_weights(div, ent, action))  # the defaults: alpha 1, entropy_coef 1, [0.5, 2]
+  w = np.asarray(credit.sgcd_token_weights(div, ent, action, alpha=1.0))
   np.testing.assert_allclose(w, [1.0, 0.5, 8 / 11, 2.0, 1.0, 12 / 11], rtol=1e-6)
   np.testing.assert_allclose(adv * w, [0.0, -0.25, -4 / 11, -1.0, 0.0, -6 / 11], rtol=1e-6)
-  w = np.asarray(credit.sgcd_token_weights(div, ent, action, alpha=0.5))
+  w = np.asarray(credit.sgcd_token_weights(div, ent, action))  # the defaults: alpha 0.5, entropy_coef 1, [0.5, 2]
   np.testing.assert_allclose(w, [1.0, 1 / 2, 19 / 22, 35 / 22, 1.0, 23 / 22], rtol=1e-6)
 
 
