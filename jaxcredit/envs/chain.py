@@ -42,10 +42,12 @@ CONFIG_DEFAULTS: dict[str, Any] = {
   "extra_calls": 2,
   "skip_prob": 0.0,
   "slip_prob": 0.0,
+  "show_next_step": True,
 }
 """`config.env.chain`: steps per task (4-8), the largest operand of a "+" or "-" step, calls allowed beyond one per
-step (`max_tool_calls = max_steps + extra_calls`), and the warm-start demonstrations' habits (`demonstration`): the
-chance per step of doing it in the head, and of copying a result wrongly."""
+step (`max_tool_calls = max_steps + extra_calls`), the warm-start demonstrations' habits (`demonstration`: the
+chance per step of doing it in the head, and of copying a result wrongly), and whether a result names the next step
+(`ChainEnv`)."""
 
 SYSTEM_PROMPT = (
   "Apply the steps in order, one at a time. The calculator does one operation on two numbers per call; write:\n"
@@ -219,21 +221,35 @@ def privileged_info(task: ChainTask) -> str:
 class ChainEnv(arithmetic.ArithmeticEnv):
   """One rollout: `ArithmeticEnv`'s turns (a call per message, `<answer>` ends it, think blocks never act, at most
   `max_tool_calls` calls) with the one-operation calculator (`one_operation`); keeps the integer results of its calls
-  in `results` for `metrics`."""
+  in `results` for `metrics`.
 
-  def __init__(self, task: ChainTask, max_tool_calls: int):
-    super().__init__(task, max_tool_calls=max_tool_calls, tools=TOOLS)
+  With `show_next_step`, a result also names the step that follows the last one the calls reached ("28; next: *3",
+  or "28; no steps left"): the call "a op b" reaches step j, the first step at or after the current one whose
+  operator and operand are op and b (a call matching none leaves the pointer where it was). The policy then finds its
+  place from the last tool response rather than by counting along the question's list, which a 3M-parameter policy
+  did not learn in 1,200 warm-start steps (held-out success 0.000; docs/benchmarks.md).
+  """
+
+  def __init__(self, task: ChainTask, max_tool_calls: int, show_next_step: bool = True):
+    super().__init__(task, max_tool_calls=max_tool_calls, tools={"calculator": self._calculator})
+    self.show_next_step = bool(show_next_step)
     self.results: list[int] = []
+    self.next_step = 0  # the index of the first step no call has reached
 
-  def step(self, assistant_text: str) -> spec.StepResult:
-    """As `ArithmeticEnv.step`; a call's integer result is also appended to `results`."""
-    result = super().step(assistant_text)
-    if result.observation is not None:
-      content = result.observation.removeprefix(tool_calls.TOOL_RESPONSE_OPEN)
-      content = content.removesuffix(tool_calls.TOOL_RESPONSE_CLOSE)
-      if content.isdigit():
-        self.results.append(int(content))
-    return result
+  def _calculator(self, arguments: Mapping[str, Any]) -> str:
+    result = one_operation(arguments)
+    self.results.append(int(result))
+    m = _ONE_OPERATION_RE.fullmatch(arguments["expression"])
+    call = (m.group(2), int(m.group(3)))
+    self.next_step = next(
+      (j + 1 for j in range(self.next_step, len(self.task.steps)) if self.task.steps[j] == call), self.next_step
+    )
+    if not self.show_next_step:
+      return result
+    if self.next_step == len(self.task.steps):
+      return f"{result}; no steps left"
+    op, operand = self.task.steps[self.next_step]
+    return f"{result}; next: {op}{operand}"
 
   def progress(self) -> float:
     """How far along the chain the rollout's calls got: the largest j such that the task's value after step j is
@@ -258,7 +274,9 @@ class _RandomLike(Protocol):
   def random(self) -> float: ...
 
 
-def demonstration(task: ChainTask, rng: _RandomLike, skip_prob: float = 0.0, slip_prob: float = 0.0) -> list[dict]:
+def demonstration(
+  task: ChainTask, rng: _RandomLike, skip_prob: float = 0.0, slip_prob: float = 0.0, show_next_step: bool = True
+) -> list[dict]:
   """A chat for the supervised warm start: one calculator call per step, each result copied into the next call,
   then `<answer>`. Demonstrations of mixed quality: before each step but the last, with probability `skip_prob` the
   demonstrator does that step in its head (rightly) and calls the calculator on the next step with the value it
@@ -269,6 +287,7 @@ def demonstration(task: ChainTask, rng: _RandomLike, skip_prob: float = 0.0, sli
     task: a task from `make_tasks`.
     rng: anything with `.random() -> float` in [0, 1) (`random.Random`).
     skip_prob, slip_prob: probabilities in [0, 1]; at 0 `rng` is never drawn from.
+    show_next_step: the environment's tool results name the next step (`ChainEnv`).
 
   Returns:
     [system, user, (assistant call, tool result) per call, assistant answer].
@@ -279,7 +298,7 @@ def demonstration(task: ChainTask, rng: _RandomLike, skip_prob: float = 0.0, sli
   for name, p in (("skip_prob", skip_prob), ("slip_prob", slip_prob)):
     if not 0.0 <= p <= 1.0:
       raise ValueError(f"config.env.chain.{name} must be in [0, 1], got {p}")
-  env = ChainEnv(task, max_tool_calls=len(task.steps))
+  env = ChainEnv(task, max_tool_calls=len(task.steps), show_next_step=show_next_step)
   calls, answer = play_steps(env, task.start, task.steps, rng, skip_prob, slip_prob)
   return initial_messages(task) + calls + [{"role": "assistant", "content": tool_calls.render_answer(str(answer))}]
 
@@ -323,7 +342,7 @@ def env_spec(env_config=None) -> spec.EnvSpec:
   """The chain environment as an `EnvSpec` (the `ENVS["chain"]` row), from the `config.env.chain` node.
 
   Keys (`CONFIG_DEFAULTS`): min_steps, max_steps, max_operand (tasks); extra_calls (the call budget beyond one per
-  step); skip_prob, slip_prob (the warm start's demonstrations). A rollout has at most max_steps + extra_calls + 1
+  step); skip_prob, slip_prob (the warm start's demonstrations); show_next_step (tool results name the next step). A rollout has at most max_steps + extra_calls + 1
   assistant turns.
 
   Raises:
@@ -336,6 +355,7 @@ def env_spec(env_config=None) -> spec.EnvSpec:
 
   min_steps, max_steps, max_operand = int(get("min_steps")), int(get("max_steps")), int(get("max_operand"))
   extra_calls, skip_prob, slip_prob = int(get("extra_calls")), float(get("skip_prob")), float(get("slip_prob"))
+  show_next_step = bool(get("show_next_step"))
   _check_sizes(min_steps, max_steps, max_operand)
   if extra_calls < 0:
     raise ValueError(f"config.env.chain.extra_calls must be >= 0, got {extra_calls}")
@@ -347,12 +367,12 @@ def env_spec(env_config=None) -> spec.EnvSpec:
     make_tasks=lambda split, num, seed: make_tasks(
       split, num, seed, min_steps=min_steps, max_steps=max_steps, max_operand=max_operand
     ),
-    make_env=lambda task: ChainEnv(task, max_tool_calls=max_tool_calls),
+    make_env=lambda task: ChainEnv(task, max_tool_calls=max_tool_calls, show_next_step=show_next_step),
     initial_messages=initial_messages,
     stop_strings=(tool_calls.TOOL_CALL_CLOSE, tool_calls.ANSWER_CLOSE),
     max_turns=max_tool_calls + 1,
     is_success=lambda reward: reward > 0.5,
-    demonstration=lambda task, rng: demonstration(task, rng, skip_prob, slip_prob),
+    demonstration=lambda task, rng: demonstration(task, rng, skip_prob, slip_prob, show_next_step),
     gold_answer_text=lambda task: tool_calls.render_answer(task.answer),
     privileged_info=privileged_info,
     metrics=metrics,

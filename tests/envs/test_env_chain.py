@@ -79,14 +79,20 @@ def test_one_operation_refuses_anything_else_with_what_it_takes(expression):
 
 
 def test_a_faithful_rollout_pays_and_reaches_the_end(train_tasks):
-  """One call per step copying each result, then the answer: reward 1, progress 1, one call per step."""
+  """One call per step copying each result, then the answer: reward 1, progress 1, one call per step; each result
+  names the next step, the last says none is left; without show_next_step the result is the number alone."""
   task = train_tasks[0]
   env = chain.ChainEnv(task, max_tool_calls=len(task.steps) + 2)
   value = task.start
-  for op, operand in task.steps:
+  for i, (op, operand) in enumerate(task.steps):
     r = env.step(_call(f"{value}{op}{operand}"))
     value = _apply(value, op, operand)
-    assert not r.done and r.observation == tool_calls.render_tool_response(str(value))
+    cue = f"next: {chain.list_steps(task.steps[i + 1 : i + 2])}" if i + 1 < len(task.steps) else "no steps left"
+    assert not r.done and r.observation == tool_calls.render_tool_response(f"{value}; {cue}")
+  plain = chain.ChainEnv(task, max_tool_calls=2, show_next_step=False)
+  op, operand = task.steps[0]
+  r = plain.step(_call(f"{task.start}{op}{operand}"))
+  assert r.observation == tool_calls.render_tool_response(str(task.values[1]))
   r = env.step(tool_calls.render_answer(task.answer))
   assert r.done and r.info["answered"] and env.reward() == 1.0
   assert env.progress() == 1.0
@@ -111,6 +117,20 @@ def test_a_broken_chain_fails_with_the_steps_before_the_break_counted(train_task
   budget.step(_call(f"{task.start}{task.steps[0][0]}{task.steps[0][1]}"))
   r = budget.step(_call("1+1"))
   assert r.done and r.info["budget_exhausted"] and budget.reward() == 0.0
+
+
+def test_the_next_step_follows_the_calls_not_their_count(train_tasks):
+  """The pointer moves to the step after the one a call's operator and operand match (skipping ahead over a step
+  done in the head); a call that matches no step leaves it; a wrong left number still reaches its step."""
+  task = next(t for t in train_tasks if len(t.steps) >= 4 and len(set(t.steps)) == len(t.steps))
+  env = chain.ChainEnv(task, max_tool_calls=10)
+  (_, _), (op1, n1), (op2, n2), (op3, n3) = task.steps[:4]
+  env.step(_call(f"{task.values[1]}{op1}{n1}"))  # step 0 done in the head, the call on step 1
+  assert env.next_step == 2
+  r = env.step(_call("1+999"))  # no step
+  assert env.next_step == 2 and r.observation.endswith(f"; next: {op2}{n2}</tool_response>")
+  env.step(_call(f"{task.values[2] + 1}{op2}{n2}"))  # a wrong left number: the step is still reached
+  assert env.next_step == 3
 
 
 def test_demonstrations_replay_and_take_their_habits_at_their_rates(train_tasks):
