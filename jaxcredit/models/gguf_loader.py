@@ -9,6 +9,8 @@ Layout notes:
 - llama.cpp's converter permutes the rows of a Llama model's attn_q / attn_k so that its own RoPE can rotate
   interleaved pairs; `unpermute_rope_rows` undoes that to get back the Hugging Face (rotate_half) layout. Qwen3
   files are not permuted (llama.cpp runs Qwen3 with the "neox" RoPE, which is the Hugging Face one).
+- The architectures read, their tensor names, whether their q/k rows are permuted and whether they carry
+  `rope_freqs.weight` are the `gguf` field of their row of `jaxcredit.models.families.FAMILIES` (`GGUFSpec`).
 """
 
 from __future__ import annotations
@@ -19,9 +21,8 @@ from typing import Any
 import numpy as np
 
 from jaxcredit.models.config import ModelConfig
-
-# Architectures whose decoder this module maps, and whether their q/k rows are stored permuted.
-_ARCHITECTURES = {"llama": True, "qwen3": False}
+from jaxcredit.models.families import FamilySpec, gguf_families
+from jaxcredit.models.tensor_map import param_slots
 
 
 def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -145,7 +146,7 @@ def config_from_metadata(
   llama.cpp applies both).
 
   Raises:
-    ValueError: for an architecture other than llama / qwen3, a missing required key (named), an `<arch>.*` key
+    ValueError: for an architecture no row of `FAMILIES` reads (llama, qwen3), a missing required key (named), an `<arch>.*` key
       the loader does not understand (named: it could change the model, e.g. a sliding window or experts), a
       per-layer array where one number is needed (named), a size that is not a positive integer or a
       freq_base / layer_norm_rms_epsilon that is not a positive finite number (named), a RoPE scaling other than linear, a partial rotary
@@ -153,8 +154,7 @@ def config_from_metadata(
       [head_dim/2] or with values that are not positive and finite.
   """
   arch = meta.get("general.architecture")
-  if arch not in _ARCHITECTURES:
-    raise ValueError(f"unsupported GGUF general.architecture {arch!r}; supported: {sorted(_ARCHITECTURES)}")
+  family = _family(arch)
   unknown = sorted(k for k in meta if k.startswith(f"{arch}.") and k[len(arch) + 1 :] not in _KNOWN_ARCH_KEYS)
   if unknown:
     raise ValueError(
@@ -221,10 +221,22 @@ def config_from_metadata(
     rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
     rms_norm_eps=float(need("attention.layer_norm_rms_epsilon")),
     tie_word_embeddings=not has_output,
-    qk_norm=arch == "qwen3",
+    qk_norm=family.qk_norm,
     rope_scaling=rope_scaling,
     dtype=dtype,
   )
+
+
+def _family(arch) -> FamilySpec:
+  """The row of `FAMILIES` whose `gguf.arch` is arch.
+
+  Raises:
+    ValueError: for an architecture no row reads (listing those that are).
+  """
+  families = gguf_families()
+  if not isinstance(arch, str) or arch not in families:
+    raise ValueError(f"unsupported GGUF general.architecture {arch!r}; supported: {sorted(families)}")
+  return families[arch]
 
 
 def open_gguf(path):
@@ -266,19 +278,19 @@ def load_gguf(path) -> tuple[ModelConfig, dict[str, Any]]:
   reader = open_gguf(path)
   tensors = {t.name: t for t in reader.tensors}
   arch = _field(reader, "general.architecture")
-  if arch not in _ARCHITECTURES:
-    raise ValueError(f"unsupported GGUF general.architecture {arch!r}; supported: {sorted(_ARCHITECTURES)}")
+  gguf = _family(arch).gguf
   meta = {
     key: _field(reader, key) for key in reader.fields if key.startswith(f"{arch}.") or key in ("general.architecture",)
   }
   if f"{arch}.vocab_size" not in meta:
     meta["tokenizer.ggml.tokens"] = _field(reader, "tokenizer.ggml.tokens")
-  # llama.cpp reads rope_freqs.weight for llama (Llama 3.x's llama3 scaling); qwen3 has no such tensor, and
-  # llama.cpp refuses a file with tensors it does not read, so it is refused below like any other extra tensor.
+  # llama.cpp reads rope_freqs.weight for llama (Llama 3.x's llama3 scaling; `GGUFSpec.rope_freqs`); qwen3 has no
+  # such tensor, and llama.cpp refuses a file with tensors it does not read, so it is refused below like any other
+  # extra tensor.
   rope_freqs = None
-  if arch == "llama" and "rope_freqs.weight" in tensors:
+  if gguf.rope_freqs and "rope_freqs.weight" in tensors:
     rope_freqs = dequantize(tensors["rope_freqs.weight"].data, tensors["rope_freqs.weight"].tensor_type)
-  cfg = config_from_metadata(meta, has_output="output.weight" in tensors, rope_freqs=rope_freqs)
+  cfg = config_from_metadata(meta, has_output=gguf.tensors["lm_head"] in tensors, rope_freqs=rope_freqs)
   used = {"rope_freqs.weight"} if rope_freqs is not None else set()
   n, d, f, v = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
   h, k, dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -293,47 +305,40 @@ def load_gguf(path) -> tuple[ModelConfig, dict[str, Any]]:
       raise ValueError(f"GGUF tensor {name!r} has shape {tuple(array.shape)}, expected {shape}")
     return np.asarray(array, np.float32)
 
-  permuted = _ARCHITECTURES[arch]
-  layer_shapes = {
-    "attn_norm": (d,),
-    "wq": (d, h, dh),
-    "wk": (d, k, dh),
-    "wv": (d, k, dh),
-    "wo": (h, dh, d),
-    "mlp_norm": (d,),
-    "w_gate": (d, f),
-    "w_up": (d, f),
-    "w_down": (f, d),
+  # GGUF tensors are in the Hugging Face layout ([out, in]) under the family's GGUF names: the HF map's slots
+  # (`param_slots`) place them, after the q/k rows of a permuted family are put back in the HF order.
+  heads = {"layers/wq": h, "layers/wk": k}
+  slice_shapes = {
+    "embedding": (v, d),
+    "layers/attn_norm": (d,),
+    "layers/wq": (d, h, dh),
+    "layers/wk": (d, k, dh),
+    "layers/wv": (d, k, dh),
+    "layers/wo": (h, dh, d),
+    "layers/q_norm": (dh,),
+    "layers/k_norm": (dh,),
+    "layers/mlp_norm": (d,),
+    "layers/w_gate": (d, f),
+    "layers/w_up": (d, f),
+    "layers/w_down": (f, d),
+    "final_norm": (d,),
+    "lm_head": (d, v),
   }
-  if cfg.qk_norm:
-    layer_shapes.update(q_norm=(dh,), k_norm=(dh,))
-  layers = {name: np.empty((n, *shape), np.float32) for name, shape in layer_shapes.items()}
-  for i in range(n):
-    blk = f"blk.{i}."
-    wq = read(blk + "attn_q.weight", (h * dh, d))
-    wk = read(blk + "attn_k.weight", (k * dh, d))
-    if permuted:
-      wq, wk = unpermute_rope_rows(wq, h), unpermute_rope_rows(wk, k)
-    layers["wq"][i] = wq.T.reshape(d, h, dh)
-    layers["wk"][i] = wk.T.reshape(d, k, dh)
-    layers["wv"][i] = read(blk + "attn_v.weight", (k * dh, d)).T.reshape(d, k, dh)
-    layers["wo"][i] = read(blk + "attn_output.weight", (d, h * dh)).T.reshape(h, dh, d)
-    layers["attn_norm"][i] = read(blk + "attn_norm.weight", (d,))
-    layers["mlp_norm"][i] = read(blk + "ffn_norm.weight", (d,))
-    layers["w_gate"][i] = read(blk + "ffn_gate.weight", (f, d)).T
-    layers["w_up"][i] = read(blk + "ffn_up.weight", (f, d)).T
-    layers["w_down"][i] = read(blk + "ffn_down.weight", (d, f)).T
-    if cfg.qk_norm:
-      layers["q_norm"][i] = read(blk + "attn_q_norm.weight", (dh,))
-      layers["k_norm"][i] = read(blk + "attn_k_norm.weight", (dh,))
-
-  params: dict[str, Any] = {
-    "embedding": read("token_embd.weight", (v, d)),
-    "layers": layers,
-    "final_norm": read("output_norm.weight", (d,)),
-  }
-  if not cfg.tie_word_embeddings:
-    params["lm_head"] = np.ascontiguousarray(read("output.weight", (v, d)).T)
+  top: dict[str, np.ndarray] = {}
+  layers: dict[str, np.ndarray] = {}
+  for slot in param_slots(cfg, gguf.tensors):
+    array = read(slot.hf_name, slot.hf_shape)
+    if gguf.permuted_qk and slot.param in heads:
+      array = unpermute_rope_rows(array, heads[slot.param])
+    ours = slot.to_ours(array, slice_shapes[slot.param])
+    if slot.index:
+      name = slot.param.removeprefix("layers/")
+      if name not in layers:
+        layers[name] = np.empty((n, *ours.shape), np.float32)
+      layers[name][slot.index] = ours
+    else:
+      top[slot.param] = np.ascontiguousarray(ours)
+  params: dict[str, Any] = {"embedding": top.pop("embedding"), "layers": layers, **top}
   # A tensor nobody read could change the model (biases, per-layer rope factors, experts, extra layers):
   # refuse it by name rather than run without it.
   unread = sorted(set(tensors) - used)

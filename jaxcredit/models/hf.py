@@ -37,10 +37,11 @@ import numpy as np
 
 from jaxcredit import trees
 from jaxcredit.models.config import ModelConfig
+from jaxcredit.models.families import FAMILIES, family_of_config
 from jaxcredit.models.hf_config import config_from_hf, hf_config_from_model_config
 from jaxcredit.models.param_store import ParamsWriter, PeakMemory, open_params
 from jaxcredit.models.safetensors_io import TensorInfo, read_inventory, read_tensor, write_safetensors
-from jaxcredit.models.tensor_map import _PARAM_DTYPES, Slot, hf_slots, plan_conversion
+from jaxcredit.models.tensor_map import _PARAM_DTYPES, Slot, param_slots, plan_conversion
 
 # Names this module held before issue 33 split it, still importable from here (`X as X`: an intended re-export).
 from jaxcredit.models.hf_config import _HF_MOE_SIZES as _HF_MOE_SIZES
@@ -60,6 +61,7 @@ from jaxcredit.models.safetensors_io import read_safetensors_header as read_safe
 from jaxcredit.models.tensor_map import _SKIPPED as _SKIPPED
 from jaxcredit.models.tensor_map import _first as _first
 from jaxcredit.models.tensor_map import _fused_expert_slots as _fused_expert_slots
+from jaxcredit.models.tensor_map import hf_slots as hf_slots
 
 DTYPE_ALIASES = {
   "f32": "float32",
@@ -166,8 +168,9 @@ def inspect_hf(
     raise ValueError(f"{config_path} must hold a JSON object, got {type(hf).__name__}")
   cfg = config_from_hf(hf, where=str(config_path))
   inventory, layout = read_inventory(folder)
-  plan = plan_conversion(cfg, inventory, where=str(folder))
-  dtype = canonical_dtype(dtype) or _PARAM_DTYPES[inventory["model.embed_tokens.weight"].dtype]
+  plan = plan_conversion(cfg, inventory, where=str(folder), model_type=hf["model_type"])
+  embedding = FAMILIES[hf["model_type"]].hf_tensors["embedding"]
+  dtype = canonical_dtype(dtype) or _PARAM_DTYPES[inventory[embedding].dtype]
   return hf, dataclasses.replace(cfg, dtype=dtype), inventory, layout, plan
 
 
@@ -369,12 +372,6 @@ def export_hf(
         f"{checkpoint}: stored parameter {param!r} has shape {tuple(stores[param].shape)}, "
         f"model_config.json implies {shape}"
       )
-  slots = {s.hf_name: s for s in hf_slots(cfg)}
-  untie = untie_embeddings and cfg.tie_word_embeddings
-  if untie:
-    slots["lm_head.weight"] = Slot("lm_head.weight", (cfg.vocab_size, cfg.hidden_size), "embedding", (), False)
-  dtypes = {name: stores[s.param].dtype.numpy_dtype for name, s in slots.items()}
-  nbytes = {name: math.prod(s.hf_shape) * dtypes[name].itemsize for name, s in slots.items()}
   hf_dir = checkpoint / _HF_DIR
   stored_layout = json.loads((hf_dir / "shards.json").read_text()) if (hf_dir / "shards.json").is_file() else None
   if (hf_dir / "config.json").is_file():
@@ -385,6 +382,14 @@ def export_hf(
       hf.pop("torch_dtype", None)
   else:
     hf = hf_config_from_model_config(cfg)
+  # The source's family names the tensors (a row that shares the features of an earlier one keeps its own names).
+  names = FAMILIES[family_of_config(cfg, hf["model_type"])].hf_tensors
+  slots = {s.hf_name: s for s in param_slots(cfg, names)}
+  untie = untie_embeddings and cfg.tie_word_embeddings
+  if untie:
+    slots[names["lm_head"]] = Slot(names["lm_head"], (cfg.vocab_size, cfg.hidden_size), "embedding", (), False)
+  dtypes = {name: stores[s.param].dtype.numpy_dtype for name, s in slots.items()}
+  nbytes = {name: math.prod(s.hf_shape) * dtypes[name].itemsize for name, s in slots.items()}
   if untie:
     hf["tie_word_embeddings"] = False
     stored_layout = None  # the source's shards do not hold lm_head.weight
@@ -462,9 +467,10 @@ def save_hf_weights(
       raise ValueError(
         f"save_hf_weights: parameter {param!r} has shape {tuple(np.shape(params[param]))}, expected {shape}"
       )
-  slots = {s.hf_name: s for s in hf_slots(cfg)}
+  names = FAMILIES[family_of_config(cfg)].hf_tensors
+  slots = {s.hf_name: s for s in param_slots(cfg, names)}
   if untie and cfg.tie_word_embeddings:
-    slots["lm_head.weight"] = Slot("lm_head.weight", (cfg.vocab_size, cfg.hidden_size), "embedding", (), False)
+    slots[names["lm_head"]] = Slot(names["lm_head"], (cfg.vocab_size, cfg.hidden_size), "embedding", (), False)
   dtypes = {name: np.asarray(params[s.param]).dtype for name, s in slots.items()}
   nbytes = {name: math.prod(s.hf_shape) * dtypes[name].itemsize for name, s in slots.items()}
   shards = _shard_plan(list(slots.values()), nbytes, None, max_shard_size)

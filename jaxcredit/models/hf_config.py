@@ -12,8 +12,11 @@ from typing import Any, Mapping
 import numpy as np
 
 from jaxcredit.models.config import ModelConfig
+from jaxcredit.models.families import FAMILIES, NOT_SUPPORTED_WHY, family_of_config
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen3", "qwen3_moe")
+# The model_types of `FAMILIES` when this module was imported (`config_from_hf` reads the table itself, so a row
+# added later is supported too).
+SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
 
 
 _HF_SIZES = (
@@ -52,11 +55,12 @@ def config_from_hf(hf: Mapping[str, Any], *, dtype: str = "float32", where: str 
   if not isinstance(hf, Mapping):
     raise ValueError(f"{where} must hold a JSON object, got {type(hf).__name__}")
   model_type = hf.get("model_type")
-  if model_type not in SUPPORTED_MODEL_TYPES:
-    why = " (qwen2 has q/k/v biases, which this decoder has not)" if model_type == "qwen2" else ""
-    raise ValueError(
-      f"{where}: model_type {model_type!r} is not supported{why}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+  family = FAMILIES.get(model_type) if isinstance(model_type, str) else None
+  if family is None:
+    why = (
+      f" ({NOT_SUPPORTED_WHY[model_type]})" if isinstance(model_type, str) and model_type in NOT_SUPPORTED_WHY else ""
     )
+    raise ValueError(f"{where}: model_type {model_type!r} is not supported{why}; supported: {', '.join(FAMILIES)}")
 
   def need(key):
     if hf.get(key) is None:
@@ -69,7 +73,7 @@ def config_from_hf(hf: Mapping[str, Any], *, dtype: str = "float32", where: str 
 
   # Sizes are checked here under their config.json names: `x or default` below must never turn a 0 into the
   # default, and int("8") or int(2.5) must not pass (or fail) without naming the field.
-  for key in _HF_SIZES + (_HF_MOE_SIZES if model_type == "qwen3_moe" else ()):
+  for key in _HF_SIZES + (_HF_MOE_SIZES if family.moe else ()):
     value = hf.get(key)
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
       raise ValueError(f"{where}: {key} must be a positive int, got {value!r}")
@@ -104,18 +108,10 @@ def config_from_hf(hf: Mapping[str, Any], *, dtype: str = "float32", where: str 
     rope = {}
 
   experts = hf.get("num_experts", hf.get("num_local_experts")) or 0
-  if model_type == "qwen3_moe":
-    refuse(
-      hf.get("mlp_only_layers"),
-      f"mlp_only_layers {hf.get('mlp_only_layers')} (dense layers among "
-      f"MoE layers: the layers are scanned over one stacked parameter set)",
-    )
-    step = hf.get("decoder_sparse_step", 1)
-    refuse(
-      step not in (None, 1),
-      f"decoder_sparse_step {step} (dense layers among MoE layers: the layers "
-      f"are scanned over one stacked parameter set)",
-    )
+  for refusal in family.refusals:
+    value = hf.get(refusal.field, refusal.default)
+    refuse(not refusal.ok(value), refusal.what.format(value=value))
+  if family.moe:
     need("moe_intermediate_size"), need("num_experts_per_tok")
     if not experts:
       raise ValueError(f"{where}: required field 'num_experts' (or 'num_local_experts') is missing")
@@ -135,7 +131,7 @@ def config_from_hf(hf: Mapping[str, Any], *, dtype: str = "float32", where: str 
       rope_theta=theta,
       rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
       tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-      qk_norm=model_type in ("qwen3", "qwen3_moe"),
+      qk_norm=family.qk_norm,
       num_experts=int(experts),
       num_experts_per_tok=int(hf.get("num_experts_per_tok") or 0) if experts else 0,
       moe_intermediate_size=int(hf.get("moe_intermediate_size") or 0) if experts else 0,
@@ -149,13 +145,14 @@ def config_from_hf(hf: Mapping[str, Any], *, dtype: str = "float32", where: str 
 
 def hf_config_from_model_config(cfg: ModelConfig) -> dict[str, Any]:
   """A transformers (v5 spelling) config.json for cfg, for checkpoints that have no source config.json (GGUF):
-  model_type qwen3_moe when cfg has experts, qwen3 when it has qk-norm, llama otherwise.
+  the model_type and architecture of cfg's row of `FAMILIES` (`family_of_config`: qwen3_moe when cfg has experts,
+  qwen3 when it has qk-norm, llama otherwise).
 
   rope_scaling of rope_type "freq_factors" (a GGUF's `rope_freqs.weight`) is written as the llama3 scaling that
   gives the same frequencies (`llama3_from_freq_factors`): what llama.cpp's converter made the tensor from.
 
   Raises:
-    ValueError: for freq_factors that no llama3 scaling reproduces: transformers and vLLM have no spelling for
+    ValueError: for a cfg whose features no row of `FAMILIES` has (`family_of_config`), or for freq_factors that no llama3 scaling reproduces: transformers and vLLM have no spelling for
       them, and exported as is the served model would rotate every position differently.
   """
   rope_scaling = dict(cfg.rope_scaling)
@@ -168,10 +165,9 @@ def hf_config_from_model_config(cfg: ModelConfig) -> dict[str, Any]:
         "folder or served by vLLM"
       )
     rope_scaling = llama3
-  model_type = "qwen3_moe" if cfg.is_moe else "qwen3" if cfg.qk_norm else "llama"
-  arch = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
+  model_type = family_of_config(cfg)
   out: dict[str, Any] = {
-    "architectures": [arch[model_type]],
+    "architectures": [FAMILIES[model_type].hf_architecture],
     "model_type": model_type,
     "vocab_size": cfg.vocab_size,
     "hidden_size": cfg.hidden_size,

@@ -1,6 +1,7 @@
 """The tensor map between a Hugging Face checkpoint (Llama, Qwen3, Qwen3-MoE) and our parameters: one `Slot` per
 HF tensor part and the parameter slice it fills, and `plan_conversion`, which checks a checkpoint's tensors against
-its config before anything is written.
+its config before anything is written. The tensor names are the family's (`FamilySpec.hf_tensors` of
+`jaxcredit.models.families.FAMILIES`); the layout below is the decoder's, the same for every family.
 
 Shape letters: N layers, D model width, H query heads, K kv heads, Dh head width, F MLP width, E experts,
 Fm expert MLP width, V vocabulary.
@@ -34,6 +35,7 @@ from typing import Mapping
 import numpy as np
 
 from jaxcredit.models.config import ModelConfig
+from jaxcredit.models.families import FAMILIES, family_of_config
 from jaxcredit.models.safetensors_io import TensorInfo, read_tensor
 
 # Parameter dtypes a converted checkpoint may hold (ModelConfig.dtype names), by safetensors code.
@@ -70,58 +72,71 @@ class Slot:
     return ours.reshape(self.hf_shape)
 
 
-def hf_slots(cfg: ModelConfig) -> list[Slot]:
-  """Every HF tensor of cfg's checkpoint (per-expert MoE layout) with the parameter slice it maps to, in
-  transformers' order: embedding, layer by layer, final norm, lm_head (when untied)."""
+def param_slots(cfg: ModelConfig, names: Mapping[str, str]) -> list[Slot]:
+  """Every tensor of cfg's checkpoint in the Hugging Face layout (per-expert MoE layout) with the parameter slice it
+  maps to, named by `names` (parameter path -> tensor name template, `{i}` the layer, `{e}` the expert: a
+  `FamilySpec.hf_tensors` or `GGUFSpec.tensors`), in transformers' order: embedding, layer by layer, final norm,
+  lm_head (when untied)."""
   d, v, f = cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size
   h, k, dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-  slots = [Slot("model.embed_tokens.weight", (v, d), "embedding", (), False)]
+
+  def slot(param, index, hf_shape, transpose):
+    i, e = (*index, None, None)[:2]
+    return Slot(names[param].format(i=i, e=e), hf_shape, param, index, transpose)
+
+  slots = [slot("embedding", (), (v, d), False)]
   for i in range(cfg.num_layers):
-    p = f"model.layers.{i}."
     slots += [
-      Slot(p + "input_layernorm.weight", (d,), "layers/attn_norm", (i,), False),
-      Slot(p + "self_attn.q_proj.weight", (h * dh, d), "layers/wq", (i,), True),
-      Slot(p + "self_attn.k_proj.weight", (k * dh, d), "layers/wk", (i,), True),
-      Slot(p + "self_attn.v_proj.weight", (k * dh, d), "layers/wv", (i,), True),
-      Slot(p + "self_attn.o_proj.weight", (d, h * dh), "layers/wo", (i,), True),
+      slot("layers/attn_norm", (i,), (d,), False),
+      slot("layers/wq", (i,), (h * dh, d), True),
+      slot("layers/wk", (i,), (k * dh, d), True),
+      slot("layers/wv", (i,), (k * dh, d), True),
+      slot("layers/wo", (i,), (d, h * dh), True),
     ]
     if cfg.qk_norm:
-      slots += [
-        Slot(p + "self_attn.q_norm.weight", (dh,), "layers/q_norm", (i,), False),
-        Slot(p + "self_attn.k_norm.weight", (dh,), "layers/k_norm", (i,), False),
-      ]
-    slots.append(Slot(p + "post_attention_layernorm.weight", (d,), "layers/mlp_norm", (i,), False))
+      slots += [slot("layers/q_norm", (i,), (dh,), False), slot("layers/k_norm", (i,), (dh,), False)]
+    slots.append(slot("layers/mlp_norm", (i,), (d,), False))
     if cfg.is_moe:
       fm = cfg.moe_intermediate_size
-      slots.append(Slot(p + "mlp.gate.weight", (cfg.num_experts, d), "layers/router", (i,), True))
+      slots.append(slot("layers/router", (i,), (cfg.num_experts, d), True))
       for e in range(cfg.num_experts):
-        q = f"{p}mlp.experts.{e}."
         slots += [
-          Slot(q + "gate_proj.weight", (fm, d), "layers/we_gate", (i, e), True),
-          Slot(q + "up_proj.weight", (fm, d), "layers/we_up", (i, e), True),
-          Slot(q + "down_proj.weight", (d, fm), "layers/we_down", (i, e), True),
+          slot("layers/we_gate", (i, e), (fm, d), True),
+          slot("layers/we_up", (i, e), (fm, d), True),
+          slot("layers/we_down", (i, e), (d, fm), True),
         ]
     else:
       slots += [
-        Slot(p + "mlp.gate_proj.weight", (f, d), "layers/w_gate", (i,), True),
-        Slot(p + "mlp.up_proj.weight", (f, d), "layers/w_up", (i,), True),
-        Slot(p + "mlp.down_proj.weight", (d, f), "layers/w_down", (i,), True),
+        slot("layers/w_gate", (i,), (f, d), True),
+        slot("layers/w_up", (i,), (f, d), True),
+        slot("layers/w_down", (i,), (d, f), True),
       ]
-  slots.append(Slot("model.norm.weight", (d,), "final_norm", (), False))
+  slots.append(slot("final_norm", (), (d,), False))
   if not cfg.tie_word_embeddings:
-    slots.append(Slot("lm_head.weight", (v, d), "lm_head", (), True))
+    slots.append(slot("lm_head", (), (v, d), True))
   return slots
 
 
-def _fused_expert_slots(cfg: ModelConfig, i: int) -> list[Slot]:
-  """Layer i's experts in transformers v5's fused layout: gate_up_proj [E, 2Fm, D] (gate rows first),
-  down_proj [E, D, Fm]."""
+def hf_slots(cfg: ModelConfig, model_type: str | None = None) -> list[Slot]:
+  """Every HF tensor of cfg's checkpoint (per-expert MoE layout) with the parameter slice it maps to, named by the
+  `hf_tensors` of the row of `FAMILIES` for cfg (`family_of_config`: model_type's, else the first with cfg's
+  features), in transformers' order: embedding, layer by layer, final norm, lm_head (when untied).
+
+  Raises:
+    ValueError: as `family_of_config`.
+  """
+  return param_slots(cfg, FAMILIES[family_of_config(cfg, model_type)].hf_tensors)
+
+
+def _fused_expert_slots(cfg: ModelConfig, i: int, model_type: str | None = None) -> list[Slot]:
+  """Layer i's experts in transformers v5's fused layout (the row's `hf_fused_experts`): gate_up_proj [E, 2Fm, D]
+  (gate rows first), down_proj [E, D, Fm]."""
   e, d, fm = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
-  p = f"model.layers.{i}.mlp.experts."
+  gate_up, down = (name.format(i=i) for name in FAMILIES[family_of_config(cfg, model_type)].hf_fused_experts)
   return [
-    Slot(p + "gate_up_proj", (e, 2 * fm, d), "layers/we_gate", (i,), True, (0, fm)),
-    Slot(p + "gate_up_proj", (e, 2 * fm, d), "layers/we_up", (i,), True, (fm, 2 * fm)),
-    Slot(p + "down_proj", (e, d, fm), "layers/we_down", (i,), True),
+    Slot(gate_up, (e, 2 * fm, d), "layers/we_gate", (i,), True, (0, fm)),
+    Slot(gate_up, (e, 2 * fm, d), "layers/we_up", (i,), True, (fm, 2 * fm)),
+    Slot(down, (e, d, fm), "layers/we_down", (i,), True),
   ]
 
 
@@ -131,21 +146,26 @@ def _first(names: list[str], limit: int = 5) -> str:
 
 
 def plan_conversion(
-  cfg: ModelConfig, inventory: Mapping[str, TensorInfo], where: str = "checkpoint"
+  cfg: ModelConfig, inventory: Mapping[str, TensorInfo], where: str = "checkpoint", model_type: str | None = None
 ) -> dict[str, list[Slot]]:
-  """Checks the checkpoint's tensors against cfg and maps each HF tensor name to the slots it fills.
+  """Checks the checkpoint's tensors against cfg and maps each HF tensor name to the slots it fills, under the
+  tensor names of model_type's row of `FAMILIES` (the config.json's; default: the first row with cfg's features).
 
   Raises:
     ValueError: one line naming `where` and the tensor(s): a missing tensor (with the shape the config
       implies), a tensor of another shape (actual and expected), tensors the config does not describe, a
-      dtype other than F32/BF16/F16, or one parameter's tensors stored in different dtypes.
+      dtype other than F32/BF16/F16, or one parameter's tensors stored in different dtypes; as
+      `family_of_config`.
   """
-  slots = hf_slots(cfg)
-  if cfg.is_moe:
-    fused = {i for i in range(cfg.num_layers) if f"model.layers.{i}.mlp.experts.gate_up_proj" in inventory}
-    per_expert = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.\d+\.")
-    slots = [s for s in slots if not ((m := per_expert.match(s.hf_name)) and int(m.group(1)) in fused)]
-    slots += [s for i in sorted(fused) for s in _fused_expert_slots(cfg, i)]
+  model_type = family_of_config(cfg, model_type)
+  family = FAMILIES[model_type]
+  slots = hf_slots(cfg, model_type)
+  if family.hf_fused_experts is not None:
+    gate_up = family.hf_fused_experts[0]
+    fused = {i for i in range(cfg.num_layers) if gate_up.format(i=i) in inventory}
+    experts = ("layers/we_gate", "layers/we_up", "layers/we_down")
+    slots = [s for s in slots if not (s.param in experts and s.index[0] in fused)]
+    slots += [s for i in sorted(fused) for s in _fused_expert_slots(cfg, i, model_type)]
   plan: dict[str, list[Slot]] = collections.defaultdict(list)
   for slot in slots:
     plan[slot.hf_name].append(slot)
@@ -163,8 +183,9 @@ def plan_conversion(
         f"{inventory[name].shape}, the config implies {slot.hf_shape}"
       )
   skipped = set()
-  if cfg.tie_word_embeddings and "lm_head.weight" in inventory:
-    head, embed = inventory["lm_head.weight"], inventory.get("model.embed_tokens.weight")
+  head_name, embed_name = family.hf_tensors["lm_head"], family.hf_tensors["embedding"]
+  if cfg.tie_word_embeddings and head_name in inventory:
+    head, embed = inventory[head_name], inventory.get(embed_name)
     if (
       embed is None
       or head.shape != embed.shape
@@ -173,10 +194,10 @@ def plan_conversion(
     ):
       raise ValueError(
         f"{where}: config.json ties the embeddings (tie_word_embeddings=true) but tensor "
-        f"'lm_head.weight' differs from 'model.embed_tokens.weight' (transformers keeps such a "
+        f"{head_name!r} differs from {embed_name!r} (transformers keeps such a "
         f"head untied); set tie_word_embeddings to false in config.json"
       )
-    skipped.add("lm_head.weight")  # a stored copy of the tied embedding
+    skipped.add(head_name)  # a stored copy of the tied embedding
   unexpected = [n for n in inventory if n not in plan and n not in skipped and not _SKIPPED.fullmatch(n)]
   if unexpected:
     raise ValueError(

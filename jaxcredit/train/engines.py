@@ -1,10 +1,11 @@
 """Rollout engines: who samples a run's rollouts (`config.rollout.engine`).
 
-A row of `ENGINES` builds the object the trainer samples with (the `Sampler` interface: `generate`,
-`update_model(model, version=, max_staleness=)`, `release_weights`, `stats`, `version`, `close`) and says whether
-its log-probs come from another implementation than the trainer's. For such an engine the trainer recomputes its
-own log-probs of the sampled tokens before the update, reports the gap, and weights each token by the truncated
-importance ratio (docs/engines.md). Adding an engine is a function and a row.
+A row of `ENGINES` builds the object the trainer samples with (a `jaxcredit.sampling.engine.RolloutEngine`:
+`generate`, `update_model(model, version=, max_staleness=)`, `release_weights`, `close`, `stats`, `version`; and
+`session()` where it keeps a rollout's KV cache between turns) and says whether its log-probs come from another
+implementation than the trainer's. For such an engine the trainer recomputes its own log-probs of the sampled tokens
+before the update, reports the gap, and weights each token by the truncated importance ratio (docs/engines.md).
+Adding an engine is a function and a row; `build_engine` builds a row's engine and refuses one that lacks a member.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from flax import nnx
 
 from jaxcredit import multihost, trees
 from jaxcredit.sampling import Sampler
+from jaxcredit.sampling.engine import ENGINE_MEMBERS, RolloutEngine, missing_engine_members
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,11 +32,11 @@ class Engine:
   """One rollout engine.
 
   Attributes:
-    build: (config, model, tok) -> the sampler; `model` is the policy (nnx module) as loaded.
+    build: (config, model, tok) -> a `RolloutEngine`; `model` is the policy (nnx module) as loaded.
     external: its log-probs are another implementation's: the trainer recomputes its own and corrects.
   """
 
-  build: Callable[[ml_collections.ConfigDict, Any, Any], Any]
+  build: Callable[[ml_collections.ConfigDict, Any, Any], RolloutEngine]
   external: bool
 
 
@@ -133,3 +135,24 @@ ENGINES: dict[str, Engine] = {
   "jax": Engine(make_jax_sampler, external=False),
   "vllm": Engine(make_vllm_engine, external=True),
 }
+
+
+def build_engine(config: ml_collections.ConfigDict, model, tok) -> RolloutEngine:
+  """The rollout engine of `config.rollout.engine`: its `ENGINES` row's `build(config, model, tok)`, checked.
+
+  Raises:
+    ValueError: the built object lacks a member of `RolloutEngine` (naming the row, the object's type and the
+      missing members); an engine it built is closed first. What the row's `build` raises passes through.
+  """
+  name = config.rollout.engine
+  engine = ENGINES[name].build(config, model, tok)
+  missing = missing_engine_members(engine)
+  if missing:
+    close = getattr(engine, "close", None)
+    if callable(close):
+      close()
+    raise ValueError(
+      f"rollout engine {name!r}: ENGINES[{name!r}].build returned a {type(engine).__name__} without "
+      f"{', '.join(missing)} (jaxcredit.sampling.engine.RolloutEngine: {', '.join(ENGINE_MEMBERS)})"
+    )
+  return engine

@@ -48,7 +48,7 @@ from jaxcredit.train import export
 from jaxcredit.train import heldout as heldout_lib
 from jaxcredit.train import run as run_lib
 from jaxcredit.train import step as step_lib
-from jaxcredit.train.engines import ENGINES
+from jaxcredit.train.engines import build_engine
 
 Z95 = 1.959963984540054
 """The standard normal quantile of 0.975: a two-sided 95% interval."""
@@ -338,7 +338,7 @@ def build(config: ml_collections.ConfigDict, model: str | None, *, out_dir: str)
   loaded, tok, info = load_model(config, model, mesh)
   if config.rollout.engine == "vllm" and not config.rollout.vllm.dir:
     config.rollout.vllm.dir = os.path.join(out_dir, "vllm")
-  sampler = ENGINES[config.rollout.engine].build(config, loaded, tok)
+  sampler = build_engine(config, loaded, tok)
   sampler.update_model(loaded, version=0)
   return EvalRun(config, env, tok, ChatFormat.from_tokenizer(tok), sampler, list(tasks), info)
 

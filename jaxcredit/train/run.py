@@ -29,7 +29,7 @@ from jaxcredit.train import config as config_lib
 from jaxcredit.train import metrics as metrics_lib
 from jaxcredit.train import passes as passes_lib
 from jaxcredit.train import step as step_lib
-from jaxcredit.train.engines import ENGINES, make_jax_sampler
+from jaxcredit.train.engines import build_engine, make_jax_sampler
 from jaxcredit.train.methods import METHODS
 
 
@@ -208,7 +208,7 @@ def build(config: ml_collections.ConfigDict, *, write_config: bool = True) -> Ru
   teacher = load_teacher(config, mesh, tok, model.cfg)
   # Last, so that nothing fails after a rollout server is launched. Sampler: traced at its first generate, inside
   # train's use_rules block.
-  sampler = ENGINES[config.rollout.engine].build(config, model, tok)
+  sampler = build_engine(config, model, tok)
   if write_config:
     if multihost.is_primary():
       ckpt_lib.check_or_write_config(config.workdir, config.to_dict())

@@ -15,7 +15,8 @@ MAX_LINES = 900
 
 # The jaxcredit.models modules that each module split out of hf.py and decoder.py may import (at module level or
 # inside a function). The direction is config <- rope, attention, kv_cache, moe, logical_axes <- decoder and
-# config <- safetensors_io <- tensor_map, hf_config, param_store <- hf.
+# config, logical_axes <- families <- tensor_map, hf_config and config <- safetensors_io <- tensor_map, param_store
+# <- hf.
 ALLOWED_IMPORTS = {
   "logical_axes": set(),
   "rope": {"config"},
@@ -24,8 +25,9 @@ ALLOWED_IMPORTS = {
   "moe": {"config"},
   "decoder": {"config", "chunked_attention", "splash", "logical_axes", "rope", "attention", "kv_cache", "moe"},
   "safetensors_io": set(),
-  "hf_config": {"config", "rope"},
-  "tensor_map": {"config", "safetensors_io"},
+  "families": {"config", "logical_axes"},
+  "hf_config": {"config", "rope", "families"},
+  "tensor_map": {"config", "safetensors_io", "families"},
   "param_store": set(),
   "hf": {
     "config",
@@ -36,6 +38,7 @@ ALLOWED_IMPORTS = {
     "hf_config",
     "tensor_map",
     "param_store",
+    "families",
   },
 }
 
