@@ -38,7 +38,7 @@ def moe_mlp(cfg: ModelConfig, h_BxLxD: jax.Array, p: Mapping[str, jax.Array]) ->
   token and the outputs are combined with the sparse router weights (E/k times the FLOPs; exact the same sum).
   """
   b, l, d = h_BxLxD.shape
-  e, k = cfg.num_experts, cfg.num_experts_per_tok
+  e = cfg.num_experts
   mesh = jax.sharding.get_abstract_mesh()
   if cfg.moe_impl == "ragged" and not mesh.empty and mesh.size > 1:
     return _moe_sharded(cfg, h_BxLxD, p, mesh)  # routes inside the shard_map

@@ -11,7 +11,6 @@ specs the sharding table gives the activations: a Pallas call cannot be partitio
 
 from __future__ import annotations
 
-import functools
 
 import jax
 import jax.numpy as jnp

@@ -8,7 +8,7 @@ by rendering a conversation whose contents are sentinels and cutting the text be
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Protocol, Sequence
 
 from jaxcredit.plain_text import encode_chat, encode_with_plain_spans  # noqa: F401 - encode_chat re-exported
 

@@ -44,7 +44,6 @@ D hidden width, V vocabulary.
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
