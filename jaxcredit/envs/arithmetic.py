@@ -37,10 +37,10 @@ EVAL_SEED = 987_654_321  # reasoning-gym seed of the eval split (fixed)
 _TRAIN_SEED_STRIDE = 10_000_019  # reasoning-gym seed of train seed s is s * stride (see module notes)
 MAX_ANSWER_CHARS = 64  # longer answers score 0 without calling math-verify
 
-SYSTEM_PROMPT = (
-  "Solve the arithmetic problem. To use the calculator, write:\n"
-  + tool_calls.render_tool_call("calculator", {"expression": "2*(3+4)"})
-  + "\nIts result comes back in <tool_response>. Give the final number as <answer>14</answer>."
+SYSTEM_PROMPT = tool_calls.calculator_prompt(
+  "Solve the arithmetic problem. To use the calculator, write:",
+  "2*(3+4)",
+  "Give the final number as <answer>14</answer>.",
 )
 
 _GOLD_RE = re.compile(r"-?\d+")

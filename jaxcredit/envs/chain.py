@@ -49,10 +49,10 @@ step (`max_tool_calls = max_steps + extra_calls`), the warm-start demonstrations
 chance per step of doing it in the head, and of copying a result wrongly), and whether a result names the next step
 (`ChainEnv`)."""
 
-SYSTEM_PROMPT = (
-  "Apply the steps in order, one at a time. The calculator does one operation on two numbers per call; write:\n"
-  + tool_calls.render_tool_call("calculator", {"expression": "17+8"})
-  + "\nIts result comes back in <tool_response>. Give the final number as <answer>25</answer>."
+SYSTEM_PROMPT = tool_calls.calculator_prompt(
+  "Apply the steps in order, one at a time. The calculator does one operation on two numbers per call; write:",
+  "17+8",
+  "Give the final number as <answer>25</answer>.",
 )
 
 _ONE_OPERATION_RE = re.compile(r"\s*(\d{1,7})\s*([-+*])\s*(\d{1,7})\s*")

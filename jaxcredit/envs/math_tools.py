@@ -103,10 +103,10 @@ EVAL_HOLDOUT = 64  # file sources: records held out for the eval split (`eval_ho
 STREAM_SIZE = 1_000_000  # reasoning-gym dataset size: the most items one generator stream can give
 _MAX_MISSES = 2000  # consecutive items of one generator without a new task: its problem space is used up
 
-SYSTEM_PROMPT = (
-  "Solve the math problem. To use the calculator (numbers, + - * / and parentheses), write:\n"
-  + tool_calls.render_tool_call("calculator", {"expression": "2*(3+4)"})
-  + "\nIts result comes back in <tool_response>. Give the final answer as a plain number, e.g. <answer>14</answer>."
+SYSTEM_PROMPT = tool_calls.calculator_prompt(
+  "Solve the math problem. To use the calculator (numbers, + - * / and parentheses), write:",
+  "2*(3+4)",
+  "Give the final answer as a plain number, e.g. <answer>14</answer>.",
 )
 
 

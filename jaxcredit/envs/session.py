@@ -42,11 +42,11 @@ of a "+" or "-" step, calls allowed per request beyond one per step, the outcome
 every request passed, CrEST's GRPO baseline; "unit_fraction": the share that passed), and the demonstrations'
 habits (as `chain.demonstration`)."""
 
-SYSTEM_PROMPT = (
+SYSTEM_PROMPT = tool_calls.calculator_prompt(
   "The user gives requests one at a time; apply each step in order. The calculator does one operation on two "
-  "numbers per call; write:\n"
-  + tool_calls.render_tool_call("calculator", {"expression": "17+8"})
-  + "\nIts result comes back in <tool_response>. Answer each request with its number as <answer>25</answer>."
+  "numbers per call; write:",
+  "17+8",
+  "Answer each request with its number as <answer>25</answer>.",
 )
 
 

@@ -131,6 +131,15 @@ def render_tool_response(content: str) -> str:
   return TOOL_RESPONSE_OPEN + content + TOOL_RESPONSE_CLOSE
 
 
+def calculator_prompt(how_to_call: str, example: str, how_to_answer: str) -> str:
+  """A calculator environment's system prompt: `how_to_call` (ending in "write:"), an example call on the expression
+  `example` on its own line, then "Its result comes back in <tool_response>. " and `how_to_answer`."""
+  return (
+    f"{how_to_call}\n{render_tool_call('calculator', {'expression': example})}\n"
+    f"Its result comes back in {TOOL_RESPONSE_OPEN}. {how_to_answer}"
+  )
+
+
 def render_answer(value: str) -> str:
   """`<answer>{value}</answer>`."""
   return ANSWER_OPEN + value + ANSWER_CLOSE
