@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import os
+import random
 import re
 import types
 
@@ -80,6 +81,38 @@ def test_arithmetic_runs_sample_their_evals_and_take_the_tasks_settings(testbed,
   assert c.env.name == "arithmetic" and c.env.arithmetic.direct_answer_prob == testbed.ARITHMETIC["direct_answer_prob"]
   assert c.eval.greedy is False and c.env.num_train_tasks == 500 and c.sampling.max_len == 256
   assert testbed.base(dict_to_ns(args, task="search"), str(tmp_path / "s"), "policy", seed=1).eval.greedy is True
+
+
+@pytest.mark.parametrize("task", ["chain", "session"])
+def test_long_horizon_tasks_take_their_habits_and_fit_their_lengths(testbed, tmp_path, task):
+  """base() for --task chain / session: the environment with the testbed's skip and slip rates, sampled evals; a
+  demonstration in the task's own vocabulary (digits one by one) fits its max_len with room for the rollout."""
+  args = types.SimpleNamespace(
+    out=str(tmp_path),
+    task=task,
+    train_questions=500,
+    prompts=4,
+    group=8,
+    lr=1e-4,
+    eval_tasks=64,
+    eval_every=5,
+    progress=False,
+  )
+  c = testbed.base(args, str(tmp_path / "w"), "policy", seed=0)
+  rates = testbed.TASKS[task]["env_config"]
+  assert c.env.name == task and c.env[task].skip_prob == rates["skip_prob"] > 0 and c.eval.greedy is False
+  spec = testbed.env_spec(task)
+  texts = testbed.task_texts(spec, 100)
+  tok = testbed.build_tokenizer(texts, vocab_size=512, max_token_length=24, individual_digits=True)
+  from jaxcredit.rollout.chat_format import ChatFormat
+  from jaxcredit.rollout.multiturn import build_demonstration
+
+  fmt = ChatFormat.from_tokenizer(tok)
+  rng = random.Random(0)
+  lengths = [
+    len(build_demonstration(tok, fmt, spec.demonstration(t, rng)).tokens) for t in spec.make_tasks("train", 50, 0)
+  ]
+  assert max(lengths) < 0.8 * c.sampling.max_len, (max(lengths), c.sampling.max_len)
 
 
 def dict_to_ns(ns, **changes):
