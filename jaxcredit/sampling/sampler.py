@@ -446,10 +446,18 @@ class Sampler:
     """A KV cache kept across `generate` calls (see `SamplerSession`)."""
     return SamplerSession(self)
 
-  def generate(self, prompts: list[list[int]], params: SamplingParams, key: jax.Array, **options) -> SampleOutput:
-    """Samples a continuation of every prompt: `SamplerSession.generate` on a fresh cache, with its arguments
-    (the keyword `decode_text`; `ids` would only name the rows of a cache that is dropped after the call)."""
-    return self.session().generate(prompts, params, key, **options)
+  def generate(
+    self,
+    prompts: list[list[int]],
+    params: SamplingParams,
+    key: jax.Array,
+    *,
+    decode_text: Callable[[list[int]], str] | None = None,
+  ) -> SampleOutput:
+    """Samples a continuation of every prompt: `SamplerSession.generate` on a fresh cache (its arguments, returns
+    and errors; `ids` would only name the rows of a cache that is dropped after the call). The signature is the
+    `RolloutEngine` protocol's (jaxcredit/sampling/engine.py)."""
+    return self.session().generate(prompts, params, key, decode_text=decode_text)
 
   def _check(self, prompts, params: SamplingParams, decode_text) -> None:
     if getattr(self, "_released", False):
