@@ -56,7 +56,7 @@ warm start from that copying policy, then the comparisons.
       --sft-lr 1e-3 --sft-eval-every 300 --methods grpo,trace,trace_k0 --seeds 0,1,2 --steps 20 --eval-every 5 \
       --prompts 4 --group 8 --lr 1e-4 --target-gain 0.1
   python benchmarks/testbed_compare.py --task session --out runs/se1 --policy runs/ch1/policy_copy \
-      --sft-steps 1200 --sft-lr 1e-3 --sft-eval-every 300 --methods grpo,crest,crest_lam0 --seeds 0,1,2 --steps 20 \
+      --sft-steps 1200 --sft-lr 1e-3 --sft-eval-every 300 --methods grpo,crest,crest_lam0,sgcd --seeds 0,1,2 --steps 20 \
       --eval-every 5 --prompts 4 --group 8 --lr 1e-4 --target-gain 0.1
 """
 
