@@ -295,9 +295,7 @@ def demonstration(
   Raises:
     ValueError: a probability outside [0, 1] (naming `config.env.chain.<key>`).
   """
-  for name, p in (("skip_prob", skip_prob), ("slip_prob", slip_prob)):
-    if not 0.0 <= p <= 1.0:
-      raise ValueError(f"config.env.chain.{name} must be in [0, 1], got {p}")
+  check_habits("chain", skip_prob, slip_prob)
   env = ChainEnv(task, max_tool_calls=len(task.steps), show_next_step=show_next_step)
   calls, answer = play_steps(env, task.start, task.steps, rng, skip_prob, slip_prob)
   return initial_messages(task) + calls + [{"role": "assistant", "content": tool_calls.render_answer(str(answer))}]
@@ -327,6 +325,13 @@ def play_steps(
     current = apply_step(left, op, operand)
     i += 1
   return messages, current
+
+
+def check_habits(env: str, skip_prob: float, slip_prob: float) -> None:
+  """Refuses a demonstration habit outside [0, 1], naming `config.env.<env>.skip_prob` or `slip_prob`."""
+  for name, p in (("skip_prob", skip_prob), ("slip_prob", slip_prob)):
+    if not 0.0 <= p <= 1.0:
+      raise ValueError(f"config.env.{env}.{name} must be in [0, 1], got {p}")
 
 
 def _slip(value: int, rng: _RandomLike) -> int:
@@ -359,9 +364,7 @@ def env_spec(env_config=None) -> spec.EnvSpec:
   _check_sizes(min_steps, max_steps, max_operand)
   if extra_calls < 0:
     raise ValueError(f"config.env.chain.extra_calls must be >= 0, got {extra_calls}")
-  for name, p in (("skip_prob", skip_prob), ("slip_prob", slip_prob)):
-    if not 0.0 <= p <= 1.0:
-      raise ValueError(f"config.env.chain.{name} must be in [0, 1], got {p}")
+  check_habits("chain", skip_prob, slip_prob)
   max_tool_calls = max_steps + extra_calls
   return spec.EnvSpec(
     make_tasks=lambda split, num, seed: make_tasks(

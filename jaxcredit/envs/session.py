@@ -277,9 +277,7 @@ def demonstration(task: SessionTask, rng: Any, skip_prob: float = 0.0, slip_prob
   Raises:
     ValueError: a probability outside [0, 1] (naming `config.env.session.<key>`).
   """
-  for name, p in (("skip_prob", skip_prob), ("slip_prob", slip_prob)):
-    if not 0.0 <= p <= 1.0:
-      raise ValueError(f"config.env.session.{name} must be in [0, 1], got {p}")
+  chain.check_habits("session", skip_prob, slip_prob)
   env = SessionEnv(task, extra_calls=0)
   messages = initial_messages(task)
   current = task.start
@@ -314,9 +312,7 @@ def env_spec(env_config=None) -> spec.EnvSpec:
     raise ValueError(f"config.env.session.extra_calls must be >= 0, got {extra_calls}")
   if reward not in REWARDS:
     raise ValueError(f"config.env.session.reward must be one of {REWARDS}, got {reward!r}")
-  for name, p in (("skip_prob", skip_prob), ("slip_prob", slip_prob)):
-    if not 0.0 <= p <= 1.0:
-      raise ValueError(f"config.env.session.{name} must be in [0, 1], got {p}")
+  chain.check_habits("session", skip_prob, slip_prob)
   max_turns = sizes["max_requests"] * (sizes["max_steps_per_request"] + extra_calls + 1)
   return spec.EnvSpec(
     make_tasks=lambda split, num, seed: make_tasks(split, num, seed, **sizes),

@@ -196,7 +196,8 @@ def resample_tied_groups(run: Run, params, data, key, sampled: StepRollouts) -> 
   while tied and done < rounds:
     extra = sample_step(run, params, [int(i) for i in next(data)], jax.random.fold_in(key, 1_000_003 + done))
     done += 1
-    fresh = [k for k in range(len(extra.results) // g) if k not in set(tied_groups(extra, g))]
+    still_tied = set(tied_groups(extra, g))
+    fresh = [k for k in range(len(extra.results) // g) if k not in still_tied]
     for dst, src in zip(tied, fresh):
       rows, new = slice(dst * g, (dst + 1) * g), slice(src * g, (src + 1) * g)
       sampled.tasks[rows] = extra.tasks[new]
