@@ -50,8 +50,8 @@ The long-horizon tasks as measured (docs/benchmarks.md, "The long-horizon testbe
 policy and digit-copying curriculum (its warm start without `show_next_step` stayed at 0.000), then each task's
 warm start from that copying policy, then the comparisons.
 
-  python benchmarks/testbed_compare.py --task chain --out runs/ch1 --stage warm --copy-steps 400 \
-      --copy-small-fraction 0 --sft-steps 1200 --sft-lr 1e-3 --sft-eval-every 300
+  python benchmarks/testbed_compare.py --task chain --out runs/ch1 --stage policy --copy-steps 400 \
+      --copy-small-fraction 0
   python benchmarks/testbed_compare.py --task chain --out runs/ch2 --policy runs/ch1/policy_copy --sft-steps 1200 \
       --sft-lr 1e-3 --sft-eval-every 300 --methods grpo,trace,trace_k0 --seeds 0,1,2 --steps 20 --eval-every 5 \
       --prompts 4 --group 8 --lr 1e-4 --target-gain 0.1
@@ -835,7 +835,12 @@ def table(result: dict) -> str:
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--out", default="runs/testbed")
-  ap.add_argument("--stage", choices=("warm", "all"), default="all")
+  ap.add_argument(
+    "--stage",
+    choices=("policy", "warm", "all"),
+    default="all",
+    help="policy: stop after the initial policy and its curricula; warm: after the warm start; all: the comparison",
+  )
   ap.add_argument("--methods", default=",".join(RUNS), help=f"labels from {list(RUNS)}")
   ap.add_argument("--seeds", default="0,1,2")
   ap.add_argument("--steps", type=int, default=30, help="RL steps per run")
@@ -958,6 +963,9 @@ def main(argv=None):
     )
   if args.read_steps:
     policy = reading_curriculum(policy, os.path.join(args.out, "policy_read"), args.read_steps, args.read_lr)
+  if args.stage == "policy":
+    print(f"[testbed] policy: {policy} ({time.time() - t0:.0f} s)")
+    return
   model, start = warm_start(args, policy)
   print(f"[testbed] warm start: held-out success {start:.3f} ({time.time() - t0:.0f} s)")
   with open(os.path.join(args.out, "warm.json"), "w") as f:
