@@ -107,6 +107,7 @@ RANGES: dict[str, Range] = {
   "rollout.group_size": _INT1,
   "rollout.max_staleness": _INT0,
   "rollout.resample_tied_groups": _INT0,
+  "rollout.async_depth": _INT0,
   "rollout.vllm.port": Range(int, 0, 65535, meaning="0: a free one"),
   "rollout.vllm.kv_cache_gib": _INT1,
   "rollout.vllm.startup_timeout_s": Range(float, 0.0, low_open=True),
@@ -216,6 +217,9 @@ def base_config() -> ml_collections.ConfigDict:
   # Dynamic sampling (DAPO): rounds of fresh prompt batches whose groups with both outcomes replace the step's groups
   # whose rollouts all got the same reward (0: off). train/rl_step.py resample_tied_groups.
   c.rollout.resample_tied_groups = 0
+  # Rollouts sampled ahead on a thread while the learner learns (train/async_rollouts.py, docs/engines.md): 0 = the
+  # synchronous loop; k >= 1 = a step's rollouts come from weights at most k updates older than the step's.
+  c.rollout.async_depth = 0
   # Every N RL steps (0: never), the whole groups holding the step's first log_rollouts_count rollouts, with their
   # advantages, every pass output and the method's details (per token where they have one value per token), to
   # workdir/rollout_samples/step_N.jsonl; `jaxcredit viz` draws them.
@@ -491,6 +495,12 @@ def validate(c: ml_collections.ConfigDict) -> None:
     raise ValueError(
       f"config.teacher.context_wrapper must hold '{{context}}' exactly once (or be '' to insert "
       f"nothing), got {wrapper!r}"
+    )
+  if c.rollout.async_depth > 0 and c.rollout.resample_tied_groups > 0:
+    raise ValueError(
+      f"config.rollout.async_depth={c.rollout.async_depth} with config.rollout.resample_tied_groups="
+      f"{c.rollout.resample_tied_groups}: resampling tied groups needs the step's rewards before the next batch is "
+      "drawn, which the rollout thread samples ahead; set one of them to 0"
     )
   batch = c.rollout.prompts_per_step * c.rollout.group_size
   mini = c.train.mini_batch_size

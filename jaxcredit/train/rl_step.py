@@ -56,6 +56,7 @@ def run_passes(run: Run, traj, results, tasks, params, ref_params, key) -> dict:
   if run.teacher is not None:
     models["checkpoint"] = run.teacher
   source = config_lib.teacher_source(c)
+  held = []
   ctx = passes_lib.PassContext(
     config=c,
     knobs=c.credit[c.credit.method],
@@ -67,15 +68,19 @@ def run_passes(run: Run, traj, results, tasks, params, ref_params, key) -> dict:
     models=models,
     teacher=source if source in ("policy", "reference") else "checkpoint",
     fns=run.pass_fns,
-    sampler_for=sampler_binder(run),
+    sampler_for=sampler_binder(run, held),
   )
   row = {}
-  for name in method.passes:
-    t0 = time.time()
-    outputs = passes_lib.PASSES[name](ctx, traj)
-    passes_lib.check_outputs(name, outputs)
-    traj.passes[name] = outputs
-    row.update(passes_lib.pass_metrics(name, traj.passes[name], time.time() - t0))
+  try:
+    for name in method.passes:
+      t0 = time.time()
+      outputs = passes_lib.PASSES[name](ctx, traj)
+      passes_lib.check_outputs(name, outputs)
+      traj.passes[name] = outputs
+      row.update(passes_lib.pass_metrics(name, traj.passes[name], time.time() - t0))
+  finally:
+    for lock in held:  # a pass that sampled with the policy's sampler held it until now
+      lock.release()
   return row
 
 
@@ -115,10 +120,32 @@ class StepRollouts:
   resample_stats: dict = dataclasses.field(default_factory=dict)
 
 
-def sample_step(run: Run, params, prompt_ids, key) -> StepRollouts:
-  """Samples one RL step's rollouts: `group_size` per prompt of `prompt_ids` (the step's global batch of training
-  task indices). With several processes each samples its contiguous share of the groups on its own devices (its
-  key folded with its process index), then all rollouts are gathered onto every process. Collective."""
+@dataclasses.dataclass
+class LocalRollouts:
+  """This process's share of one step's rollouts (`sample_local`), before `gather_rollouts` makes them a
+  `StepRollouts` on every process."""
+
+  prompt_ids: list  # the step's global batch of training task indices
+  results: list  # RolloutResult per rollout of this process's share
+  unit_rewards: list | None
+  env_metrics: dict
+  sampler_stats: dict
+  seconds: float  # binding the weights and sampling
+  sync_s: float  # binding the weights (sampler_sync_s)
+  policy_version: int | None  # the version of the weights that sampled them
+
+
+def sample_local(run: Run, model, prompt_ids, key, *, version: int | None) -> LocalRollouts:
+  """Samples this process's contiguous share of the step's prompt groups (`group_size` rollouts each) with `model`
+  bound to the policy's sampler, holding `run.sampler_lock` (the rollout thread of `rollout.async_depth` and the
+  evals share the sampler). Not collective: with several processes each process's key is folded with its index.
+
+  Args:
+    model: the policy as the sampler reads it (`run.sampling_model`).
+    prompt_ids: the step's global batch of training task indices.
+    key: the step's key.
+    version: the policy version of `model` (`Run.policy_version` when it was taken).
+  """
   c = run.config
   g = c.rollout.group_size
   t0 = time.time()
@@ -127,21 +154,37 @@ def sample_step(run: Run, params, prompt_ids, key) -> StepRollouts:
   ]
   if jax.process_count() > 1:
     key = jax.random.fold_in(jax.random.fold_in(key, 2), jax.process_index())
-  stats_before = dict(run.sampler.stats)
-  run.sampler.update_model(
-    sampling_model(run, params), version=run.policy_version, max_staleness=c.rollout.max_staleness
-  )
-  sync_s = time.time() - t0
-  results = sample_rollouts(run, [run.train_tasks[i] for i in mine for _ in range(g)], key)
-  sampler_stats = {f"sampler_{k}": int(v - stats_before.get(k, 0)) for k, v in run.sampler.stats.items()}
+  with run.sampler_lock:
+    stats_before = dict(run.sampler.stats)
+    run.sampler.update_model(model, version=version, max_staleness=c.rollout.max_staleness)
+    sync_s = time.time() - t0
+    results = sample_rollouts(run, [run.train_tasks[i] for i in mine for _ in range(g)], key)
+    sampler_stats = {f"sampler_{k}": int(v - stats_before.get(k, 0)) for k, v in run.sampler.stats.items()}
+    sampled_version = run.sampler.version
   unit_rewards = [list(run.env.unit_rewards(r.env)) for r in results] if run.env.unit_rewards is not None else None
-  env_metrics = rollout_env_metrics(run, results)
-  seconds = time.time() - t0
+  return LocalRollouts(
+    prompt_ids=list(prompt_ids),
+    results=results,
+    unit_rewards=unit_rewards,
+    env_metrics=rollout_env_metrics(run, results),
+    sampler_stats=sampler_stats,
+    seconds=time.time() - t0,
+    sync_s=sync_s,
+    policy_version=sampled_version,
+  )
+
+
+def gather_rollouts(run: Run, local: LocalRollouts) -> StepRollouts:
+  """Every process's `LocalRollouts` of one step gathered onto every process, as one `StepRollouts` (rollouts in
+  the order of the step's prompt groups). Collective with several processes; with one, a change of type."""
+  g = run.config.rollout.group_size
+  results, unit_rewards, env_metrics = local.results, local.unit_rewards, local.env_metrics
+  sampler_stats, seconds = local.sampler_stats, local.seconds
   processes = [jax.process_index()] * len(results)
   t_gather = time.time()
   if jax.process_count() > 1:
-    local = [dataclasses.replace(r, env=None) for r in results]
-    shares = multihost.allgather_objects((local, unit_rewards, env_metrics, sampler_stats, seconds))
+    mine = [dataclasses.replace(r, env=None) for r in results]
+    shares = multihost.allgather_objects((mine, unit_rewards, env_metrics, sampler_stats, seconds))
     me = jax.process_index()
     results = sum((results if k == me else share[0] for k, share in enumerate(shares)), [])
     unit_rewards = None if unit_rewards is None else sum((share[1] for share in shares), [])
@@ -149,9 +192,9 @@ def sample_step(run: Run, params, prompt_ids, key) -> StepRollouts:
     sampler_stats = {k: sum(share[3][k] for share in shares) for k in sampler_stats}
     seconds = max(share[4] for share in shares)
     processes = [k for k, share in enumerate(shares) for _ in share[0]]
-  timing = {"sampler_sync_s": sync_s, "rollout_gather_s": time.time() - t_gather}
+  timing = {"sampler_sync_s": local.sync_s, "rollout_gather_s": time.time() - t_gather}
   return StepRollouts(
-    tasks=[run.train_tasks[int(i)] for i in prompt_ids for _ in range(g)],
+    tasks=[run.train_tasks[int(i)] for i in local.prompt_ids for _ in range(g)],
     results=results,
     unit_rewards=unit_rewards,
     processes=processes,
@@ -159,8 +202,22 @@ def sample_step(run: Run, params, prompt_ids, key) -> StepRollouts:
     sampler_stats=sampler_stats,
     seconds=seconds,
     timing=timing,
-    policy_version=run.sampler.version,
+    policy_version=local.policy_version,
   )
+
+
+def sample_step(run: Run, params, prompt_ids, key) -> StepRollouts:
+  """Samples one RL step's rollouts with `params`: `group_size` per prompt of `prompt_ids` (the step's global batch
+  of training task indices). With several processes each samples its contiguous share of the groups on its own
+  devices (its key folded with its process index), then all rollouts are gathered onto every process
+  (`sample_local`, then `gather_rollouts`). Collective."""
+  t0 = time.time()
+  model = sampling_model(run, params)
+  build_s = time.time() - t0
+  local = sample_local(run, model, prompt_ids, key, version=run.policy_version)
+  local.seconds += build_s
+  local.sync_s += build_s
+  return gather_rollouts(run, local)
 
 
 def tied_groups(sampled: StepRollouts, group_size: int) -> list[int]:
@@ -244,8 +301,12 @@ def learn_step(
     traj.sample_mask_B = traj.sample_mask_B & np.asarray(out.keep_B, bool)
   t_score = time.time() - t1
   t2 = time.time()
-  batch, engine_row = loss_batch(run, params, ref_params, traj, out, ref_logp)
-  for sampler in (run.sampler, run.teacher_sampler):  # their weights are bound again before their next use
+  stale = sampled.policy_version is not None and sampled.policy_version < run.policy_version
+  batch, engine_row = loss_batch(run, params, ref_params, traj, out, ref_logp, off_policy=stale)
+  # Their weights are bound again before their next use; the rollout thread of rollout.async_depth samples from
+  # its own copy meanwhile, so the policy's sampler keeps it.
+  own = run.sampler if c.rollout.async_depth == 0 else None
+  for sampler in (own, run.teacher_sampler):
     if sampler is not None:
       sampler.release_weights()
   params, opt_state, m = ppo_updates(
@@ -285,10 +346,12 @@ def pack_rollouts(run: Run, sampled: StepRollouts):
   )
 
 
-def loss_batch(run: Run, params, ref_params, traj, out, ref_logp) -> tuple[dict, dict]:
+def loss_batch(run: Run, params, ref_params, traj, out, ref_logp, *, off_policy: bool = False) -> tuple[dict, dict]:
   """The update's batch (`update_batch`): the method's arrays (`MethodOutput.batch_arrays`), the reference's
-  log-probs when the KL term is on, and for an external engine the trainer's own behaviour log-probs and the
-  truncated importance weights (`engine_correction`). Returns (batch, the engine-correction metrics or {}).
+  log-probs when the KL term is on, and, for rollouts from an external engine or sampled with older weights than
+  `params` (`off_policy`: `rollout.async_depth`, or an engine's `rollout.max_staleness`), the trainer's own
+  behaviour log-probs under `params` and the truncated importance weights (`engine_correction`). Returns (batch,
+  the engine-correction metrics or {}).
 
   Raises:
     ValueError: the method's arrays miss a key a loss term reads (`step.check_batch_keys`), naming the method.
@@ -299,7 +362,7 @@ def loss_batch(run: Run, params, ref_params, traj, out, ref_logp) -> tuple[dict,
     extra["ref_logp_BxL"] = multihost.to_host(ref_logp(ref_params, traj.tokens_BxL, traj.token_mask_BxL))
   step_lib.check_batch_keys(extra, loss_config_of(c), who=f"method {c.credit.method!r}")
   behavior_logp, engine_row = traj.behavior_logp_BxL, {}
-  if ENGINES[c.rollout.engine].external:
+  if ENGINES[c.rollout.engine].external or off_policy:
     behavior_logp, extra["behavior_weight_BxL"], engine_row = engine_correction(run, params, traj)
   return update_batch(traj, extra, behavior_logp), engine_row
 

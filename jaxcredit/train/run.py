@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import threading
 import time
 from typing import Any
 
@@ -64,6 +65,9 @@ class Run:
   # a rollout engine's weights are compared against (config.rollout.max_staleness), in rollout exports.
   policy_version: int = 0
   policy_logp: Any = None  # jitted (params, tokens, mask) -> log-probs, built when an external engine samples
+  # Held while the policy's sampler is bound and sampling: the rollout thread of rollout.async_depth, the evals and
+  # a pass that samples with the policy (a hindsight skill) share one sampler.
+  sampler_lock: Any = dataclasses.field(default_factory=threading.RLock)
 
   def close(self) -> None:
     """Stops what the run started outside this process (a launched rollout server)."""
@@ -277,14 +281,22 @@ def reference_copy(run: Run, params):
   return jax.tree_util.tree_map(jnp.copy, compute_params(run.model_cfg, params))
 
 
-def sampler_binder(run: Run):
+def sampler_binder(run: Run, held: list | None = None):
   """Binds the policy's sampler to a model of the policy's graph, or builds (once) a sampler for a teacher
   checkpoint. The next rollouts rebind the policy's sampler to the policy (`rollouts`). With several processes
-  binding is collective, and each process samples on its own copy of the model."""
+  binding is collective, and each process samples on its own copy of the model.
+
+  Binding the policy's sampler takes `run.sampler_lock` (the rollout thread of `rollout.async_depth` samples with
+  it) and appends the lock to `held`: the caller releases it when it is done with the sampler (`run_passes` does,
+  after the passes)."""
 
   def bind(model: passes_lib.Model):
     if model.graphdef is run.graphdef:
-      run.sampler.update_model(sampling_model(run, model.params, model.graphdef, model.rest))
+      policy_model = sampling_model(run, model.params, model.graphdef, model.rest)  # collective: outside the lock
+      if held is not None and not held:
+        run.sampler_lock.acquire()
+        held.append(run.sampler_lock)
+      run.sampler.update_model(policy_model)
       return run.sampler
     if run.local_mesh is None:
       merged = nnx.merge(model.graphdef, model.params, model.rest)

@@ -12,6 +12,7 @@ The trainer names no environment and no method: `ENVS` (jaxcredit.envs), `METHOD
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import jax
@@ -21,9 +22,10 @@ import numpy as np
 from jaxcredit import sharding
 from jaxcredit.train import metrics as metrics_lib
 from jaxcredit.train import step as step_lib
+from jaxcredit.train.async_rollouts import RolloutPipeline
 from jaxcredit.train.export import write_viewer
 from jaxcredit.train.heldout import evaluate, periodic_eval
-from jaxcredit.train.rl_step import run_rl_step
+from jaxcredit.train.rl_step import learn_step, run_rl_step
 from jaxcredit.train.run import Run, build, data_iterator, progress_bar, reference_copy
 from jaxcredit.train.stopping import StopRequests, TrainingStopped
 from jaxcredit.train.update import loss_config_of
@@ -47,7 +49,7 @@ def _fresh_start(run: Run, optimizer, opt_sh, data, stop: StopRequests | None = 
   run.ckpt.remove_reference()
   run.ckpt.save_reference(ref_params)
   opt_state = jax.jit(optimizer.init, out_shardings=opt_sh)(params)
-  _save(run, 0, params, opt_state, data)
+  _save(run, 0, params, opt_state, data.get_state())
   run.ckpt.remove_warm_start()
   return params, opt_state, ref_params
 
@@ -172,33 +174,60 @@ def _warm_start_and_rl(run: Run, sft_only: bool, stop: StopRequests) -> tuple[An
     num_micro=c.train.num_micro_batches,
   )
   ref_logp = step_lib.make_logp_fn(run.graphdef, run.rest, c.sampling.temperature) if c.loss.kl_coef > 0 else None
+  return _rl_steps(run, params, opt_state, ref_params, data, update, ref_logp, rl_step, stop)
+
+
+def _rl_steps(run: Run, params, opt_state, ref_params, data, update, ref_logp, rl_step: int, stop: StopRequests):
+  """RL steps `rl_step` + 1 .. total_steps: each step's rollouts (sampled in turn, or ahead on a thread with
+  `rollout.async_depth`; train/async_rollouts.py), `learn_step`, the checkpoint, a stop, the periodic eval. Returns
+  (params, the last RL step); raises TrainingStopped after a checkpointed stop."""
+  c = run.config
   bar = progress_bar(c, total=c.total_steps, initial=rl_step, desc="RL")
-  for rl_step in range(rl_step + 1, c.total_steps + 1):
-    params, opt_state, row = run_rl_step(run, params, opt_state, ref_params, data, update, ref_logp, rl_step)
-    if not (np.isfinite(row["loss"]) and np.isfinite(row["grad_norm"])):
-      raise FloatingPointError(
-        f"RL step {rl_step}: loss {row['loss']}, grad norm {row['grad_norm']}; stopping before this state is "
-        f"checkpointed (latest good checkpoint: step {run.ckpt.latest_step()} in {run.ckpt.directory})"
-      )
-    bar.update(1)
-    bar.set_postfix(reward=f"{row['reward_mean']:.2f}", loss=f"{row['loss']:.3f}", tools=f"{row['tool_calls']:.1f}")
-    signum = stop.agreed()
-    if rl_step % c.checkpoint_every == 0 or rl_step == c.total_steps or signum is not None:
-      _save(run, rl_step, params, opt_state, data)
-    if signum is not None:
-      bar.close()
-      run.writer.close()
-      raise TrainingStopped(signum, rl_step, run.ckpt.directory)
-    periodic_eval(run, params, rl_step)
+  pipeline = None
+  if c.rollout.async_depth > 0 and rl_step < c.total_steps:
+    pipeline = RolloutPipeline(
+      run, data, params, first_step=rl_step + 1, last_step=c.total_steps, depth=c.rollout.async_depth
+    )
+  try:
+    for rl_step in range(rl_step + 1, c.total_steps + 1):
+      if pipeline is None:
+        params, opt_state, row = run_rl_step(run, params, opt_state, ref_params, data, update, ref_logp, rl_step)
+      else:
+        t0 = time.time()
+        sampled = pipeline.take(rl_step)
+        params, opt_state, row = learn_step(
+          run, params, opt_state, ref_params, sampled, update, ref_logp, rl_step, t0=t0
+        )
+      if not (np.isfinite(row["loss"]) and np.isfinite(row["grad_norm"])):
+        raise FloatingPointError(
+          f"RL step {rl_step}: loss {row['loss']}, grad norm {row['grad_norm']}; stopping before this state is "
+          f"checkpointed (latest good checkpoint: step {run.ckpt.latest_step()} in {run.ckpt.directory})"
+        )
+      if pipeline is not None:
+        pipeline.publish(params)  # the sampler's next weights; the step after the ones in flight is scheduled
+      bar.update(1)
+      bar.set_postfix(reward=f"{row['reward_mean']:.2f}", loss=f"{row['loss']:.3f}", tools=f"{row['tool_calls']:.1f}")
+      signum = stop.agreed()
+      if rl_step % c.checkpoint_every == 0 or rl_step == c.total_steps or signum is not None:
+        _save(run, rl_step, params, opt_state, data.get_state() if pipeline is None else pipeline.data_state(rl_step))
+      if signum is not None:
+        bar.close()
+        run.writer.close()
+        raise TrainingStopped(signum, rl_step, run.ckpt.directory)
+      periodic_eval(run, params, rl_step)
+  finally:
+    if pipeline is not None:  # rollouts sampled ahead are dropped (sampled again on resume: same prompts and keys)
+      pipeline.close()
   bar.close()
   return params, rl_step
 
 
-def _save(run: Run, rl_step: int, params, opt_state, data) -> None:
-  """The RL checkpoint of step `rl_step`: parameters, optimizer state, the prompt order and the policy version."""
+def _save(run: Run, rl_step: int, params, opt_state, data_state: dict) -> None:
+  """The RL checkpoint of step `rl_step`: parameters, optimizer state, the prompt iterator's state after the step's
+  prompts and the policy version."""
   meta = {
     "rl_step": rl_step,
-    "data_state": data.get_state(),
+    "data_state": data_state,
     "phase": "rl",
     "seed": run.config.seed,
     "policy_version": run.policy_version,

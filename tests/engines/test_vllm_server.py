@@ -197,6 +197,28 @@ def test_two_rl_steps_of_the_quickstart_with_vllm_rollouts(tmp_path, smollm2):
   assert before.mean() > 0.01, before.mean()
 
 
+def test_vllm_rollouts_sampled_one_step_ahead_with_async_depth(tmp_path):
+  """`rollout.async_depth=1`: the server samples step N + 1 while step N learns; its weights are synced when the
+  thread needs a newer version, at most one update behind, and the update corrects for the staleness."""
+  workdir = tmp_path / "run"
+  p = subprocess.run(
+    _command(workdir, 3, "--config.rollout.async_depth=1"), cwd=ROOT, capture_output=True, text=True, timeout=1800
+  )
+  assert p.returncode == 0, p.stderr[-4000:]
+  assert wait_gone(_server_pid(p.stdout), 5) == []
+  rows = _rl_rows(workdir)
+  assert [r["step"] for r in rows] == [1, 2, 3]
+  assert [r["policy_staleness"] for r in rows] == [0, 1, 1]
+  versions = []
+  for step in (1, 2, 3):
+    records = [json.loads(line) for line in (workdir / "rollouts" / f"step_{step}.jsonl").read_text().splitlines()]
+    versions.append({r["metadata"]["policy_version"] for r in records})
+  assert versions == [{2}, {2}, {3}]  # after the 2 warm-start updates; step 3 with step 1's update
+  assert [r["sampler_syncs"] for r in rows] == [1, 0, 1]
+  for r in rows:  # the gap to the trainer's log-probs: the engine's rounding, plus one update on the stale steps
+    assert 0.0 < r["engine_is_weight_mean"] <= 2.0 and r["engine_logp_gap_max"] < 5.0
+
+
 @pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGKILL, -signal.SIGKILL)])
 def test_no_server_is_left_after_ctrl_c_or_a_killed_trainer(tmp_path, signum, code):
   workdir = tmp_path / "run"

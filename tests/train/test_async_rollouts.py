@@ -8,13 +8,16 @@ losses, gradient norms, rewards and token counts step by step.
 import hashlib
 import json
 import os
+import signal
+import threading
 
 import numpy as np
 import pytest
 
 from jaxcredit.train import trainer
-from jaxcredit.train.config import base_config
+from jaxcredit.train.config import base_config, check_ranges, validate
 from jaxcredit.train.methods import METHODS, Method, MethodOutput
+from jaxcredit.train.stopping import TrainingStopped
 
 GOLDEN = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "async_depth0_run.json")
 RECORDED = ("loss", "grad_norm", "reward_mean", "action_tokens", "tokens", "adv_std")
@@ -90,3 +93,74 @@ def test_async_depth_0_reproduces_the_recorded_synchronous_run(tmp_path, tiny):
     for k in RECORDED:
       np.testing.assert_allclose(g[k], w[k], rtol=1e-4, atol=1e-6, err_msg=f"RL step {step}: {k}")
     assert g["tokens_sha256"] == w["tokens_sha256"], f"RL step {step}: other rollouts than the recorded run's"
+
+
+def _exported(workdir, step) -> list[dict]:
+  with open(os.path.join(str(workdir), "rollouts", f"step_{step}.jsonl")) as f:
+    return [json.loads(line) for line in f]
+
+
+def _no_rollout_thread_left() -> bool:
+  return not any(t.name == "jaxcredit-rollouts" and t.is_alive() for t in threading.enumerate())
+
+
+def test_async_depth_1_samples_one_step_ahead_within_the_staleness_bound(tmp_path, tiny):
+  c = _config(tmp_path / "async", tiny, total_steps=4, rollout__async_depth=1)
+  trainer.train(c)
+  rows = _rl_rows(c.workdir)
+  assert [r["step"] for r in rows] == [1, 2, 3, 4]
+  # Step 1 from the weights it starts from; step 2 sampled while step 1 learnt (the same weights, one update old);
+  # step 3 with step 1's update while step 2 learnt; and so on: never more than async_depth = 1 behind.
+  assert [r["policy_staleness"] for r in rows] == [0, 1, 1, 1]
+  versions = [_exported(c.workdir, s)[0]["metadata"]["policy_version"] for s in (1, 2, 3, 4)]
+  assert versions == [0, 0, 1, 2], versions  # the sampled versions advance
+  # The stale steps carry the off-policy correction (the trainer's own log-probs, truncated IS weights) and its
+  # metrics; the first step is on-policy and has none.
+  assert "engine_is_weight_mean" not in rows[0]
+  assert all(0.0 < r["engine_is_weight_mean"] <= c.loss.engine_is_cap for r in rows[1:])
+  assert all(r["engine_logp_gap_max"] > 0 for r in rows[1:]), "an update should move the sampled tokens' log-probs"
+  assert all(r["learner_wait_s"] >= 0 and r["sampler_idle_s"] >= 0 for r in rows)
+  assert _no_rollout_thread_left()
+
+
+def test_a_stop_mid_run_checkpoints_drops_the_rollouts_in_flight_and_resumes_on_the_same_prompts(
+  tmp_path, tiny, monkeypatch
+):
+  straight = _config(tmp_path / "straight", tiny, total_steps=4, rollout__async_depth=1)
+  trainer.train(straight)
+
+  learn = trainer.learn_step
+
+  def learn_then_stop(run, params, *a, **kw):
+    out = learn(run, params, *a, **kw)
+    if a[-1] == 2:  # rl_step: SIGTERM arrives while step 2 learns (step 3's rollouts are in flight)
+      os.kill(os.getpid(), signal.SIGTERM)
+    return out
+
+  monkeypatch.setattr(trainer, "learn_step", learn_then_stop)
+  c = _config(tmp_path / "stopped", tiny, total_steps=4, rollout__async_depth=1)
+  with pytest.raises(TrainingStopped):
+    trainer.train(c)
+  assert _no_rollout_thread_left()
+  assert [r["step"] for r in _rl_rows(c.workdir)] == [1, 2]
+  assert sorted(os.listdir(os.path.join(c.workdir, "checkpoints")))[-1] == "2"
+  monkeypatch.setattr(trainer, "learn_step", learn)
+  trainer.train(c)  # resumes at step 3: step 3's and 4's prompts and keys drawn again from the checkpoint
+  assert [r["step"] for r in _rl_rows(c.workdir)] == [1, 2, 3, 4]
+  for step in (1, 2, 3, 4):
+    want = [r["messages"][:2] for r in _exported(straight.workdir, step)]
+    assert [r["messages"][:2] for r in _exported(c.workdir, step)] == want, f"step {step}'s prompts differ"
+  # Before the stop, the same rollouts as the run that was not stopped (same weights, prompts and keys).
+  for step in (1, 2):
+    assert _rollout_digest(c.workdir, step) == _rollout_digest(straight.workdir, step)
+
+
+def test_async_depth_refuses_resampling_tied_groups():
+  c = base_config()
+  c.rollout.async_depth = 1
+  c.rollout.resample_tied_groups = 2
+  with pytest.raises(ValueError, match=r"config.rollout.async_depth=1 with config.rollout.resample_tied_groups=2"):
+    validate(c)
+  c.rollout.async_depth = -1
+  with pytest.raises(ValueError, match="config.rollout.async_depth"):
+    check_ranges(c)

@@ -1,6 +1,7 @@
 """Held-out evals decode greedily by default; `eval.greedy=False` samples at the rollouts' settings, one fixed key per
 batch."""
 
+import threading
 import types
 
 import jax
@@ -24,6 +25,7 @@ def _fake_run(greedy: bool, num_tasks: int, batch_size: int):
     eval_tasks=np.arange(num_tasks),
     sampler=types.SimpleNamespace(update_model=lambda model, version: None),
     policy_version=0,
+    sampler_lock=threading.RLock(),
     tok=types.SimpleNamespace(eos_id=2, stop_ids=(2,)),
     env=types.SimpleNamespace(is_success=lambda reward: reward > 0.5, metrics=None, stop_strings=("</answer>",)),
     writer=types.SimpleNamespace(write=lambda phase, step, m: rows.append((phase, step, m))),
