@@ -146,6 +146,7 @@ def rl_step_memory(
   cache_len: int,
   teacher_cfg: ModelConfig | None = None,
   teacher_rules=None,
+  async_depth: int = 0,
 ) -> dict[str, int]:
   """Per-device bytes of what an RL step keeps on the chips besides the update's own arguments and temporaries.
 
@@ -155,11 +156,14 @@ def rl_step_memory(
     rollouts: rollouts sampled per step (prompts_per_step x group_size): the KV cache's batch.
     cache_len: the sampler's cache slots per rollout (max_len + prompt_bucket + chunk_size).
     teacher_cfg: a teacher checkpoint's model, when the method loads one; its own table `teacher_rules`.
+    async_depth: `rollout.async_depth`; above 0 the sampler always holds its own copy (the update donates the
+      policy's buffers while the rollout thread samples) and, with the KV cache, keeps it through the update.
 
   Returns:
-    policy_bytes (master weights), optimizer_bytes (AdamW moments and count), sampler_weights_bytes (the
-    sampler's compute-dtype copy; 0 when the parameters are stored in it on one host; on several hosts each host's
-    own copy, sharded over its chips only: `config.mesh` divided by the host count, as the trainer samples),
+    async_depth, and per device: policy_bytes (master weights), optimizer_bytes (AdamW moments and count),
+    sampler_weights_bytes (the sampler's compute-dtype copy; 0 when the parameters are stored in it on one host
+    and the loop is synchronous; on several hosts each host's own copy, sharded over its chips only: `config.mesh`
+    divided by the host count, as the trainer samples),
     reference_bytes (the frozen reference, compute dtype; the trainer always keeps one), teacher_bytes,
     kv_cache_bytes (keys and values of every layer for the host's share of the rollouts, sharded over the batch
     axes and the kv heads over tensor where they divide), each per device; and hosts (processes: the mesh's
@@ -199,9 +203,10 @@ def rl_step_memory(
   if hosts > 1:
     sampler_weights = _shard_bytes(_abstract_params(cfg, sample_mesh, compute))
   else:
-    sampler_weights = 0 if cfg.jnp_param_dtype == compute else _shard_bytes(reference)
+    sampler_weights = 0 if cfg.jnp_param_dtype == compute and not async_depth else _shard_bytes(reference)
   return {
     "hosts": hosts,
+    "async_depth": int(async_depth),
     "policy_bytes": _shard_bytes(masters),
     "optimizer_bytes": _shard_bytes(opt_state),
     "sampler_weights_bytes": sampler_weights,
@@ -433,12 +438,16 @@ def _report(
   report["step_time_with_attention_at_mfu_1.0_s"] = (model_flops + attn) / peak_flops
   if rl_parts is not None:
     # During the update: its own peak (the policy and optimizer state are its arguments) plus what stays resident
-    # beside it (the sampler's copy is released before the update). During sampling: everything resident, the
+    # beside it (the sampler's copy is released before the update; with rollout.async_depth the rollout thread
+    # samples the next step meanwhile, so its copy and KV cache stay). During sampling: everything resident, the
     # sampler's copy and the KV cache of the rollouts.
     beside = rl_parts["reference_bytes"] + rl_parts["teacher_bytes"]
     resident = rl_parts["policy_bytes"] + rl_parts["optimizer_bytes"] + beside
+    sampling = rl_parts["sampler_weights_bytes"] + rl_parts["kv_cache_bytes"]
     update_phase = (peak if refused is None else temporaries + resident - beside) + beside
-    sampling_phase = resident + rl_parts["sampler_weights_bytes"] + rl_parts["kv_cache_bytes"]
+    if rl_parts.get("async_depth", 0) > 0:
+      update_phase += sampling
+    sampling_phase = resident + sampling
     rl_peak = max(update_phase, sampling_phase)
     report["rl_step"] = {
       **rl_parts,
@@ -510,7 +519,9 @@ def format_report(r: Mapping[str, Any]) -> str:
       + (f" (each of {q['hosts']} hosts' own copy)" if q.get("hosts", 1) > 1 else "")
       + f", reference {_gib(q['reference_bytes'])}, "
       f"teacher {_gib(q['teacher_bytes'])}, KV cache {_gib(q['kv_cache_bytes'])}",
-      f"  RL step peak {_gib(q['peak_bytes'])} (update {_gib(q['update_phase_bytes'])}, sampling "
+      f"  RL step peak {_gib(q['peak_bytes'])} (update {_gib(q['update_phase_bytes'])}"
+      + (", the rollout thread sampling beside it" if q.get("async_depth") else "")
+      + f", sampling "
       f"{_gib(q['sampling_phase_bytes'])}) of {_gib(r['hbm_bytes'])}: {'FITS' if q['fits'] else 'DOES NOT FIT'}",
     ]
   compiled = (
@@ -615,6 +626,7 @@ def _run_plan(config, topology: str, mesh_spec: str) -> dict[str, Any]:
     "cache_len": seq_len + int(config.sampling.prompt_bucket) + int(config.sampling.chunk_size),
     "teacher_cfg": teacher_cfg,
     "teacher_rules": sharding.resolve_rules(dict(config.teacher.sharding_rules)),
+    "async_depth": int(config.rollout.async_depth),
   }
   report = plan_step(
     cfg,

@@ -263,3 +263,18 @@ def test_attention_flops_are_counted_apart():
   # total), so an MFU without them understates the work by more than half.
   ratio = attn / (6 * cfg.num_params(active=True) * 32 * 32768)
   assert 1.1 < ratio < 1.3, ratio
+
+
+def test_with_rollouts_sampled_ahead_the_sampler_keeps_its_own_copy_and_cache_through_the_update():
+  """One host, parameters stored in the compute dtype: the synchronous sampler reads the policy's own arrays (no
+  copy); with `rollout.async_depth` it holds a copy (the update donates the policy's buffers), and the copy and
+  the KV cache stay resident while the update runs."""
+  from jaxcredit import sharding
+
+  cfg = tiny_decoder_config(dtype="float32")
+  mesh = sharding.make_mesh({"fsdp": 1}, jax.devices()[:1])
+  sync = plan.rl_step_memory(cfg, mesh, rollouts=4, cache_len=64)
+  ahead = plan.rl_step_memory(cfg, mesh, rollouts=4, cache_len=64, async_depth=1)
+  assert sync["sampler_weights_bytes"] == 0 and sync["async_depth"] == 0
+  assert ahead["sampler_weights_bytes"] == ahead["reference_bytes"] > 0
+  assert ahead["kv_cache_bytes"] == sync["kv_cache_bytes"] > 0
