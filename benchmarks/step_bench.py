@@ -8,7 +8,10 @@ Measured alternately in one process (median of `--repeats` rounds each):
   - transformers: `AutoModelForCausalLM` on the exported weights, train mode, log-softmax of the logits gathered at
     the next tokens, mean, `backward()`;
   - the floor: 6 · N · tokens FLOPs at the best 2048^3 float32 matmul rate measured here (XLA's and torch's);
-  - where the jitted step's time goes: `--profile` adds the top XLA:CPU ops of one traced step (`jax.profiler`).
+  - where the jitted step's time goes: `--profile` adds the top XLA:CPU ops of one traced step (`jax.profiler`);
+  - `--parts` adds, alternating in the same rounds, the gradient of the mean next-token log-prob with full [B, L, V]
+    logits and a log-softmax (the head torch runs), the same through the chunked head (`sequence_logprobs`), and
+    the trunk alone (the mean square of the final hidden states: no output head), so the head's share shows.
 
 Writes benchmarks/results/step_bench.json.
 """
@@ -52,12 +55,48 @@ def matmul_rates():
   return {"xla_GFLOPs": flops / xla / 1e9, "torch_GFLOPs": flops / tt / 1e9}
 
 
+def _parts(graphdef, params, rest, tokens) -> dict:
+  """Jitted gradients (compiled here) of the mean next-token log-prob through full logits (`ce_full_logits`) and
+  through the chunked head (`ce_chunked_head`), and of the trunk alone (`trunk_only`)."""
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+
+  from jaxcredit.sampling.logprobs import sequence_logprobs
+
+  ids = jnp.asarray(tokens)
+  mask = jnp.ones(ids.shape, bool)
+
+  def hidden(p):
+    model = nnx.merge(graphdef, p, rest)
+    return model, model.hidden_states(ids, token_mask_BxL=mask)[0]
+
+  def ce_full(p):
+    model, h = hidden(p)
+    logp = jax.nn.log_softmax((h @ model.output_head_DxV()).astype(jnp.float32)[:, :-1], -1)
+    return -jnp.take_along_axis(logp, ids[:, 1:, None], -1).mean()
+
+  def ce_chunked(p):
+    return -sequence_logprobs(nnx.merge(graphdef, p, rest), ids, mask, 1.0).mean()
+
+  def trunk(p):
+    return jnp.mean(hidden(p)[1] ** 2)
+
+  out = {}
+  for name, loss in (("ce_full_logits", ce_full), ("ce_chunked_head", ce_chunked), ("trunk_only", trunk)):
+    fn = jax.jit(jax.grad(loss))
+    jax.block_until_ready(fn(params))
+    out[name] = lambda fn=fn: jax.block_until_ready(fn(params))
+  return out
+
+
 def main():
   ap = argparse.ArgumentParser()
   ap.add_argument("--batch", type=int, default=4)
   ap.add_argument("--length", type=int, default=256)
   ap.add_argument("--repeats", type=int, default=3)
   ap.add_argument("--profile", action="store_true")
+  ap.add_argument("--parts", action="store_true", help="also time full-logits CE, chunked CE and the trunk alone")
   ap.add_argument("--out", default="benchmarks/results/step_bench.json")
   args = ap.parse_args()
 
@@ -115,10 +154,13 @@ def main():
     hf.zero_grad(set_to_none=True)
 
   torch_step()
-  runs = {"jaxcredit": [], "transformers": []}
+  steps = {"jaxcredit": lambda: jax.block_until_ready(grad(params, batch)), "transformers": torch_step}
+  if args.parts:
+    steps.update(_parts(graphdef, params, rest, tokens))
+  runs = {name: [] for name in steps}
   for _ in range(args.repeats):
-    runs["jaxcredit"] += _timed(lambda: jax.block_until_ready(grad(params, batch)), 1)
-    runs["transformers"] += _timed(torch_step, 1)
+    for name, fn in steps.items():
+      runs[name] += _timed(fn, 1)
   flops = 6 * num_params * b * length
   best = max(results["machine"]["xla_GFLOPs"], results["machine"]["torch_GFLOPs"])
   results["fwd_bwd"] = {
@@ -136,6 +178,9 @@ def main():
     f"({r['transformers_s'] / r['jaxcredit_s']:.2f}x), floor {r['floor_s']:.2f} s at {best:.0f} GFLOP/s "
     f"(XLA {results['machine']['xla_GFLOPs']:.0f}, torch {results['machine']['torch_GFLOPs']:.0f})"
   )
+  for name in ("ce_full_logits", "ce_chunked_head", "trunk_only"):
+    if f"{name}_s" in r:
+      print(f"  {name}: {r[f'{name}_s']:.2f} s")
 
   if args.profile:
     trace_dir = tempfile.mkdtemp(prefix="step_bench_trace_")
