@@ -1,4 +1,4 @@
-"""TPU chips and mesh specs as text: the chip table, and the parsers of `--topology v5p:4x4x4` and
+"""TPU chips and mesh specs as text: the chip table (and NVIDIA GPUs' peak FLOP/s, for MFU), and the parsers of `--topology v5p:4x4x4` and
 `--mesh fsdp=16,tensor=4`. A leaf module (it needs only `jaxcredit.sharding`'s mesh axis names), read by the config's
 validation, the trainer's throughput metrics and `jaxcredit plan`."""
 
@@ -30,11 +30,29 @@ DEVICE_KINDS = {
 }
 
 
+# NVIDIA GPUs: a name in jax's device_kind ("NVIDIA H100 80GB HBM3", "NVIDIA L4") -> peak dense bf16 FLOP/s, without
+# sparsity (NVIDIA's H100/H200, A100, L40S and L4 datasheets). Matched as a whole word, in this order ("H100 PCIe"
+# before "H100"; "L4" is not "L40S").
+GPU_PEAK_FLOPS = (
+  ("H100 PCIe", 756e12),
+  ("H100", 989e12),
+  ("H200", 989e12),
+  ("A100", 312e12),
+  ("L40S", 362e12),
+  ("L4", 121e12),
+)
+
+
 def peak_flops_per_chip(device_kind: str) -> float | None:
-  """Dense bf16 peak FLOP/s of one chip of this jax `device_kind` ("TPU v5p", "TPU v5 lite", ...), or None for a
-  kind not in the table (CPUs, GPUs): then no MFU is reported."""
+  """Dense bf16 peak FLOP/s of one chip of this jax `device_kind` ("TPU v5p", "TPU v5 lite", "NVIDIA H100 80GB
+  HBM3", ...), or None for a kind in neither table (CPUs, other GPUs): then no MFU is reported."""
   generation = DEVICE_KINDS.get(device_kind)
-  return None if generation is None else CHIPS[generation]["peak_flops"]
+  if generation is not None:
+    return CHIPS[generation]["peak_flops"]
+  for name, peak in GPU_PEAK_FLOPS:
+    if re.search(rf"(?<![\w-]){re.escape(name)}(?![\w])", device_kind):
+      return peak
+  return None
 
 
 def parse_topology(topology: str) -> tuple[str, int]:

@@ -57,3 +57,21 @@ def test_the_curves_draw_the_step_split(tmp_path):
   assert image.shape[0] > 100 and image.shape[1] > 100
   panels = metrics_lib.curve_panels(rows)
   assert "step_s split" in panels and "tokens_per_s_per_chip" in panels and "mfu" not in panels
+
+
+@pytest.mark.parametrize(
+  "kind, peak",
+  [
+    ("NVIDIA H100 80GB HBM3", 989e12),
+    ("NVIDIA H100 PCIe", 756e12),
+    ("NVIDIA H200", 989e12),
+    ("NVIDIA A100-SXM4-80GB", 312e12),
+    ("NVIDIA L40S", 362e12),
+    ("NVIDIA L4", 121e12),
+    ("NVIDIA GeForce RTX 4090", None),
+    ("cpu", None),
+  ],
+)
+def test_nvidia_gpus_have_their_dense_bf16_peak(kind, peak):
+  """A GPU's MFU is taken at its dense bf16 peak (no sparsity); an unknown kind reports no MFU."""
+  assert plan.peak_flops_per_chip(kind) == peak
