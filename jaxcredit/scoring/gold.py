@@ -23,6 +23,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from jaxcredit.packed_rows import PackedRow, lay_out_rows
 from jaxcredit.trajectory import Trajectory, pad_length
 
 LogpFn = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (tokens_NxL, mask_NxL) -> logp_NxL
@@ -173,52 +174,34 @@ def pack_gold_copies(
     ValueError: for a gold_ids of another length than the batch, or an empty gold answer.
   """
   t1 = traj.boundary_mask_BxT1.shape[1]
-  built = []  # (rollout, tokens, positions, segments, limits, slots, copies)
+  rows, sources, copies = [], [], []  # the PackedRow of each rollout with a valid boundary, its index, its copies
   for i, gold in enumerate(_gold_lists(traj, gold_ids)):
     ts = [t for t in range(t1) if traj.boundary_mask_BxT1[i, t]]
     if not ts:
       continue
     bounds = [int(traj.boundary_pos_BxT1[i, t]) for t in ts]
-    prefix_len = max(bounds)
-    tokens = [int(x) for x in traj.tokens_BxL[i, :prefix_len]]
-    positions = list(range(prefix_len))
-    segments = [0] * prefix_len
-    limits = [0] * prefix_len
-    slots, copies = [], []
-    g = len(gold)
-    for k, (t, pos) in enumerate(zip(ts, bounds), start=1):
-      start = len(tokens)
-      copies.append((t, len(slots), g))
-      slots.extend(range(start, start + g))
-      tokens.extend(gold)
-      positions.extend(range(pos, pos + g))
-      segments.extend([k] * g)
-      limits.extend([pos] * g)
-    built.append((i, tokens, positions, segments, limits, slots, copies))
-  n = pad_length(len(built), rows_bucket)
-  length = pad_length(max((len(r[1]) for r in built), default=1), length_bucket)
-  width = pad_length(max((len(r[5]) for r in built), default=1), length_bucket)
-  out = PackedGoldBatch(
-    tokens_NxL=np.full((n, length), pad_id, np.int32),
-    token_mask_NxL=np.zeros((n, length), bool),
-    positions_NxL=np.zeros((n, length), np.int32),
-    segment_ids_NxL=np.zeros((n, length), np.int32),
-    prefix_limit_NxL=np.zeros((n, length), np.int32),
-    slots_NxG=np.zeros((n, width), np.int32),
-    slot_mask_NxG=np.zeros((n, width), bool),
-    rows=[r[0] for r in built],
-    copies=[r[6] for r in built],
+    row, mine, g = PackedRow(traj.tokens_BxL[i, : max(bounds)]), [], len(gold)
+    for t, pos in zip(ts, bounds):  # the copy after s_t: at positions pos.., attending to the prefix [0, pos)
+      first = row.append(gold, pos, pos)
+      mine.append((t, row.num_slots, g))
+      row.score(np.arange(first, first + g))
+    rows.append(row)
+    sources.append(i)
+    copies.append(mine)
+  laid = lay_out_rows(
+    rows, pad_id=pad_id, length_bucket=length_bucket, rows_multiple=rows_bucket, slot_bucket=length_bucket
   )
-  for k, (_, tokens, positions, segments, limits, slots, _) in enumerate(built):
-    m = len(tokens)
-    out.tokens_NxL[k, :m] = tokens
-    out.token_mask_NxL[k, :m] = True
-    out.positions_NxL[k, :m] = positions
-    out.segment_ids_NxL[k, :m] = segments
-    out.prefix_limit_NxL[k, :m] = limits
-    out.slots_NxG[k, : len(slots)] = slots
-    out.slot_mask_NxG[k, : len(slots)] = True
-  return out
+  return PackedGoldBatch(
+    tokens_NxL=laid.tokens_NxL,
+    token_mask_NxL=laid.token_mask_NxL,
+    positions_NxL=laid.positions_NxL,
+    segment_ids_NxL=laid.segment_ids_NxL,
+    prefix_limit_NxL=laid.prefix_limit_NxL,
+    slots_NxG=laid.slots_NxK,
+    slot_mask_NxG=laid.slot_mask_NxK,
+    rows=sources,
+    copies=copies,
+  )
 
 
 def score_gold_answers_packed(

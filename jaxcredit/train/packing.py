@@ -10,7 +10,8 @@ per row, the group's longest common prefix once (segment 0) followed by each rol
 action slots of each row with `jaxcredit.sampling.logprobs.packed_slot_logprobs`. Every scored token keeps exactly
 its context, so log-probs, losses and gradients equal the unpacked ones up to float summation order
 (tests/train/test_packing.py); on the quickstart the update runs on 35-40% of the slots
-(docs/benchmarks.md, "Packing the update").
+(docs/benchmarks.md, "Packing the update"). The rows are built and laid out by `jaxcredit.packed_rows`, the layout
+TRACE's gold scoring shares.
 
 Layout of a packed batch (B is then the packed rows, L the row length, K the scored slots per row):
   tokens_BxL, token_mask_BxL, positions_BxL, segment_ids_BxL, prefix_limit_BxL: the rows;
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from jaxcredit.packed_rows import PackedRow, lay_out_rows
 from jaxcredit.trajectory import pad_length
 
 ROW_KEYS = ("tokens_BxL", "token_mask_BxL")
@@ -120,46 +122,43 @@ def pack_update_batch(
       used += extra
     rows.append((p, members[0], row))
 
-  def used(r):
-    return r[0] + sum(int(lengths[i]) - r[0] for i in r[2])
-
-  row_len = pad_length(max((used(r) for r in rows), default=1), length_bucket)
-  num_rows = pad_length(max(len(rows), 1), rows_multiple)
-  num_slots = pad_length(max((int(scored[r[2]].sum()) for r in rows), default=1), slot_bucket)
-
+  packed, scored_slots = [], []  # per row: the PackedRow, and (rollout, its scored positions) per segment
+  for p, source, members in rows:
+    row, segments = PackedRow(tokens[source, :p]), []
+    for i in members:
+      at = row.append(tokens[i, p : lengths[i]], p, p)
+      t = np.flatnonzero(scored[i])
+      row.score(np.where(t < p, t, at + t - p))
+      segments.append((i, t))
+    packed.append(row)
+    scored_slots.append(segments)
+  laid = lay_out_rows(
+    packed,
+    token_dtype=tokens.dtype,
+    length_bucket=length_bucket,
+    rows_multiple=rows_multiple,
+    slot_bucket=slot_bucket,
+  )
+  num_rows, num_slots = laid.slots_NxK.shape
   out = {
-    "tokens_BxL": np.zeros((num_rows, row_len), tokens.dtype),
-    "token_mask_BxL": np.zeros((num_rows, row_len), bool),
-    "positions_BxL": np.zeros((num_rows, row_len), np.int32),
-    "segment_ids_BxL": np.zeros((num_rows, row_len), np.int32),
-    "prefix_limit_BxL": np.zeros((num_rows, row_len), np.int32),
-    "slots_BxK": np.zeros((num_rows, num_slots), np.int32),
+    "tokens_BxL": laid.tokens_NxL,
+    "token_mask_BxL": laid.token_mask_NxL,
+    "positions_BxL": laid.positions_NxL,
+    "segment_ids_BxL": laid.segment_ids_NxL,
+    "prefix_limit_BxL": laid.prefix_limit_NxL,
+    "slots_BxK": laid.slots_NxK,
     "rollout_ids_BxL": np.zeros((num_rows, num_slots), np.int32),
     "rollouts_B": np.zeros((num_rows,), np.float32),
   }
   for k in token_keys:
     out[k] = np.zeros((num_rows, num_slots), np.asarray(batch[k]).dtype)
   out["rollouts_B"][0] = b
-  for r, (p, source, members) in enumerate(rows):
-    out["tokens_BxL"][r, :p] = tokens[source, :p]
-    out["token_mask_BxL"][r, :p] = True
-    out["positions_BxL"][r, :p] = np.arange(p)
-    at, k = p, 0
-    for seg, i in enumerate(members, start=1):
-      n = int(lengths[i])
-      span = slice(at, at + n - p)
-      out["tokens_BxL"][r, span] = tokens[i, p:n]
-      out["token_mask_BxL"][r, span] = True
-      out["positions_BxL"][r, span] = np.arange(p, n)
-      out["segment_ids_BxL"][r, span] = seg
-      out["prefix_limit_BxL"][r, span] = p
-      t = np.flatnonzero(scored[i])
-      slots = np.where(t < p, t, at + t - p)
-      out["slots_BxK"][r, k : k + len(t)] = slots
-      out["rollout_ids_BxL"][r, k : k + len(t)] = seg - 1
+  for r, segments in enumerate(scored_slots):
+    k = 0
+    for seg, (i, t) in enumerate(segments):
+      out["rollout_ids_BxL"][r, k : k + len(t)] = seg
       for key in token_keys:
         out[key][r, k : k + len(t)] = np.asarray(batch[key])[i, t]
-      at += n - p
       k += len(t)
   return out
 
