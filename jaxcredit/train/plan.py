@@ -1,7 +1,9 @@
 """Will this training step fit? Compile it ahead of time for a TPU topology, on a machine without a TPU.
 
 `plan_step` builds the policy-gradient update (the one `jaxcredit train` runs: decoder forward + chunked log-probs,
-PPO-clip loss, AdamW, micro-batches) on abstract arrays – no weights are materialised – with the parameters,
+PPO-clip and the method's own loss terms with the arrays they read, the packed rows of `train.pack_rollouts` where
+the trainer would pack, the importance weights of an external engine or `rollout.async_depth`, AdamW,
+micro-batches; `jaxcredit plan --config` takes them from the config) on abstract arrays – no weights are materialised – with the parameters,
 optimizer state and batch sharded by `jaxcredit.sharding`'s table over a mesh of the topology's devices, then
 `jax.jit(...).lower(...).compile()`s it. libtpu compiles for TPU devices described by `jax.experimental.topologies.get_topology_desc`; the compiled executable reports the per-device
 memory (arguments, outputs, temporaries) and the FLOPs XLA counted. libtpu is found as JAX finds it: the file
@@ -84,13 +86,31 @@ last_topology_error = ""  # why the last `topology_devices` call fell back to CP
 
 
 def abstract_step(
-  cfg: ModelConfig, mesh, *, batch_size: int, seq_len: int, num_micro_batches: int = 1, learning_rate: float = 1e-6
+  cfg: ModelConfig,
+  mesh,
+  *,
+  batch_size: int,
+  seq_len: int,
+  num_micro_batches: int = 1,
+  learning_rate: float = 1e-6,
+  loss_cfg: step_lib.PolicyLossConfig | None = None,
+  packed_slots: int = 0,
+  behavior_weights: bool = False,
 ):
-  """The jitted update and the abstract (sharded ShapeDtypeStruct) arguments to lower it with.
+  """The jitted update and the abstract (sharded ShapeDtypeStruct) arguments to lower it with: the batch the trainer
+  builds for this loss (`update.update_batch`, then `packing.pack_update_batch` when `packed_slots` > 0).
+
+  Args:
+    loss_cfg: the loss `train.update.loss_config_of(config)` builds (its active terms decide the batch's arrays:
+      `ref_logp_BxL` for the KL term, the distillation weights and targets, ...); default: PPO-clip alone.
+    packed_slots: K > 0: the packed layout (`jaxcredit.train.packing`): batch_size rows of seq_len slots, the
+      per-token arrays at K scored slots per row; 0: one right-padded rollout per row.
+    behavior_weights: the truncated importance weights of an external engine or `rollout.async_depth`.
 
   Returns:
     (update: step.MeshJit, (params, opt_state, batch) abstract).
   """
+  loss_cfg = step_lib.PolicyLossConfig() if loss_cfg is None else loss_cfg
   abstract_model = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
   graphdef, params, rest = step_lib.split_model(abstract_model)
   p_sh = sharding.param_shardings(params, mesh, param_logical_axes(cfg))
@@ -101,20 +121,34 @@ def abstract_step(
     lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), jax.eval_shape(optimizer.init, params), opt_sh
   )
   b_sh = sharding.batch_sharding(mesh, 2)
+  per_token = (batch_size, packed_slots or seq_len)
+
+  def arr(shape, dtype, sh=b_sh):
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=sh)
+
   batch = {
-    "tokens_BxL": jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32, sharding=b_sh),
-    "token_mask_BxL": jax.ShapeDtypeStruct((batch_size, seq_len), jnp.bool_, sharding=b_sh),
-    "action_mask_BxL": jax.ShapeDtypeStruct((batch_size, seq_len), jnp.bool_, sharding=b_sh),
-    "behavior_logp_BxL": jax.ShapeDtypeStruct((batch_size, seq_len), jnp.float32, sharding=b_sh),
-    "adv_BxL": jax.ShapeDtypeStruct((batch_size, seq_len), jnp.float32, sharding=b_sh),
-    "ref_logp_BxL": jax.ShapeDtypeStruct((batch_size, seq_len), jnp.float32, sharding=b_sh),
+    "tokens_BxL": arr((batch_size, seq_len), jnp.int32),
+    "token_mask_BxL": arr((batch_size, seq_len), jnp.bool_),
+    "action_mask_BxL": arr(per_token, jnp.bool_),
+    "behavior_logp_BxL": arr(per_token, jnp.float32),
   }
+  for term in step_lib.loss_terms(loss_cfg):
+    for key in step_lib.LOSS_TERMS[term].batch_keys:
+      batch[key] = arr(per_token, jnp.float32)
+  if behavior_weights:
+    batch["behavior_weight_BxL"] = arr(per_token, jnp.float32)
+  if packed_slots:
+    for key in ("positions_BxL", "segment_ids_BxL", "prefix_limit_BxL"):
+      batch[key] = arr((batch_size, seq_len), jnp.int32)
+    batch["slots_BxK"] = arr(per_token, jnp.int32)
+    batch["rollout_ids_BxL"] = arr(per_token, jnp.int32)
+    batch["rollouts_B"] = arr((batch_size,), jnp.float32, sharding.batch_sharding(mesh, 1))
   update = step_lib.make_update_fn(
     step_lib.pg_token_loss,
     graphdef,
     rest,
     optimizer,
-    step_lib.PolicyLossConfig(),
+    loss_cfg,
     mesh,
     p_sh,
     opt_sh,
@@ -235,6 +269,9 @@ def plan_step(
   devices=None,
   rl: Mapping[str, Any] | None = None,
   memo_dir: str | None = None,
+  loss_cfg: step_lib.PolicyLossConfig | None = None,
+  packed_slots: int = 0,
+  behavior_weights: bool = False,
 ) -> dict[str, Any]:
   """Compiles the training step for `topology` and reports memory, FLOPs and the MFU a step time implies.
 
@@ -253,6 +290,8 @@ def plan_step(
       program, the devices and the jax version: a program compiled before (another method's config with the same
       model, mesh and batch; a rerun with another step_time_s) is not compiled again, and the report says
       `compile_cached`. None: always compile. (JAX's own persistent cache cannot serve deviceless TPU compiles.)
+    loss_cfg, packed_slots, behavior_weights: the update's loss terms and batch layout (`abstract_step`); default
+      PPO-clip alone on unpacked rows.
 
   Returns:
     A dict: topology, chips, is_tpu (False: simulated CPU mesh, an estimate), mesh, per-device memory bytes
@@ -292,7 +331,16 @@ def plan_step(
     )
   rl_parts = rl_step_memory(cfg, m, **rl) if rl is not None else None
   t0 = time.time()
-  update, args = abstract_step(cfg, m, batch_size=batch_size, seq_len=seq_len, num_micro_batches=num_micro_batches)
+  update, args = abstract_step(
+    cfg,
+    m,
+    batch_size=batch_size,
+    seq_len=seq_len,
+    num_micro_batches=num_micro_batches,
+    loss_cfg=loss_cfg,
+    packed_slots=packed_slots,
+    behavior_weights=behavior_weights,
+  )
   lowered = update.lower(*args)
   memo_path = _memo_path(memo_dir, lowered, devices[:n]) if memo_dir else None
   measured = _read_memo(memo_path)
@@ -304,6 +352,8 @@ def plan_step(
     cfg, topology, generation, n, is_tpu, shape, batch_size, seq_len, num_micro_batches, step_time_s, measured, rl_parts
   )
   report["compile_cached"] = bool(measured.get("cached", False))
+  report["loss_terms"] = list(step_lib.loss_terms(step_lib.PolicyLossConfig() if loss_cfg is None else loss_cfg))
+  report["packed_slots"] = int(packed_slots)
   return report
 
 
@@ -481,6 +531,12 @@ def format_report(r: Mapping[str, Any]) -> str:
     f"attention={r['model']['attention_impl']}" + (f", moe={r['model']['moe_impl']}" if r['model']['moe_impl'] else ""),
     f"  batch: {r['batch_size']} x {r['seq_len']} tokens = {r['tokens']:,} tokens/step, "
     f"{r['num_micro_batches']} micro-batch(es)",
+    f"  loss: {' + '.join(r.get('loss_terms', ['policy']))}"
+    + (
+      f"; packed rows, the output head on {r['packed_slots']} scored slots per row"
+      if r.get("packed_slots")
+      else "; one rollout per row"
+    ),
   ]
   if "compiler_refused" in r:
     lines += [
@@ -628,6 +684,15 @@ def _run_plan(config, topology: str, mesh_spec: str) -> dict[str, Any]:
     "teacher_rules": sharding.resolve_rules(dict(config.teacher.sharding_rules)),
     "async_depth": int(config.rollout.async_depth),
   }
+  from jaxcredit.train.engines import ENGINES
+  from jaxcredit.train.update import loss_config_of
+  from jaxcredit.trajectory import pad_length
+
+  # The update as the trainer runs it: the method's loss terms and, where `train.pack_rollouts` packs rollouts of
+  # this length, the packed layout with every slot of a row scored (an upper bound on K).
+  packs = bool(config.train.pack_rollouts) and pad_length(seq_len, int(config.train.length_bucket)) <= int(
+    config.train.pack_max_row_len
+  )
   report = plan_step(
     cfg,
     topology=topology,
@@ -636,6 +701,9 @@ def _run_plan(config, topology: str, mesh_spec: str) -> dict[str, Any]:
     seq_len=seq_len,
     num_micro_batches=micro,
     step_time_s=float(config.plan.step_time_s) or None,
+    loss_cfg=loss_config_of(config),
+    packed_slots=pad_length(seq_len, int(config.train.slot_bucket)) if packs else 0,
+    behavior_weights=ENGINES[config.rollout.engine].external or config.rollout.async_depth > 0,
     rl=rl,
     memo_dir=os.path.join(str(config.compilation_cache_dir), "plans") if config.compilation_cache_dir else None,
   )

@@ -278,3 +278,26 @@ def test_with_rollouts_sampled_ahead_the_sampler_keeps_its_own_copy_and_cache_th
   assert sync["sampler_weights_bytes"] == 0 and sync["async_depth"] == 0
   assert ahead["sampler_weights_bytes"] == ahead["reference_bytes"] > 0
   assert ahead["kv_cache_bytes"] == sync["kv_cache_bytes"] > 0
+
+
+def test_the_planned_update_is_the_methods_loss_on_packed_rows():
+  """`jaxcredit plan` lowers the update the trainer runs: the method's loss terms read their arrays, and with
+  packing the per-token arrays sit at K scored slots per row beside the row layout."""
+  from jaxcredit import sharding
+  from jaxcredit.train import step as step_lib
+
+  cfg = tiny_decoder_config(dtype="float32")
+  mesh = sharding.make_mesh({"fsdp": 1}, jax.devices()[:1])
+  loss_cfg = step_lib.PolicyLossConfig(terms=("policy", "distill"), distill_coef=0.5, kl_coef=0.1, max_len=64)
+  update, (params, opt_state, batch) = plan.abstract_step(
+    cfg, mesh, batch_size=2, seq_len=64, loss_cfg=loss_cfg, packed_slots=32, behavior_weights=True
+  )
+  shapes = {k: v.shape for k, v in batch.items()}
+  assert shapes["tokens_BxL"] == shapes["positions_BxL"] == shapes["prefix_limit_BxL"] == (2, 64)
+  for key in ("adv_BxL", "ref_logp_BxL", "distill_weight_BxL", "distill_target_BxL", "behavior_weight_BxL"):
+    assert shapes[key] == (2, 32), key  # the policy, KL and distillation terms' arrays, at the scored slots
+  assert shapes["slots_BxK"] == shapes["rollout_ids_BxL"] == (2, 32) and shapes["rollouts_B"] == (2,)
+  text = update.lower(params, opt_state, batch).as_text()
+  assert len(text) > 1000
+  _, (_, _, plain) = plan.abstract_step(cfg, mesh, batch_size=2, seq_len=64)
+  assert set(plain) == {"tokens_BxL", "token_mask_BxL", "action_mask_BxL", "behavior_logp_BxL", "adv_BxL"}
