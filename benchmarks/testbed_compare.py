@@ -119,6 +119,7 @@ RUNS = {
   "crest": ("crest", {}),
   "crest_lam0": ("crest", {"lam": 0.0}),
   "crest_rho0": ("crest", {"rho": 0.0}),
+  "crest_nodir": ("crest", {"direction_gate": False}),  # without Eq. 7's direction gate (our ablation)
   "hsd": ("hsd", {}),
   "gear": ("gear", {}),
   "toolopd": ("toolopd", {}),

@@ -71,12 +71,13 @@ def crest_turn_advantages(
   return outcome.group_normalise(rewards_GxU, tmask_GxU & smask_G[:, None], scale=scale, eps=eps)
 
 
-def _check_token_knobs(fn: str, lam, clip_eps, tau, rho) -> tuple[float, float, float, float]:
+def _check_token_knobs(fn: str, lam, clip_eps, tau, rho, direction_gate) -> tuple[float, float, float, float, bool]:
   lam = _checks.knob_float(fn, "lam", lam, ge=0.0)
   clip_eps = _checks.knob_float(fn, "clip_eps", clip_eps, ge=0.0, lt=1.0)
   tau = _checks.knob_float(fn, "tau", tau, gt=0.0)
   rho = _checks.knob_float(fn, "rho", rho, ge=0.0, le=1.0)
-  return lam, clip_eps, tau, rho
+  direction_gate = _checks.knob_bool(fn, "direction_gate", direction_gate)
+  return lam, clip_eps, tau, rho, direction_gate
 
 
 def _check_token_arrays(shapes: _checks.Shapes, spec: str, turn_ids, action_mask, teacher_logp, policy_logp):
@@ -104,11 +105,11 @@ def _token_factor(
   action_L: Array,
   teacher_L: Array,
   policy_L: Array,
-  knobs: tuple[float, float, float, float],
+  knobs: tuple[float, float, float, float, bool],
 ) -> tuple[Array, Array]:
   """(A_u(i), φ_i) of one rollout on checked arrays: `_unit_adv`, then crest_token_weights' factor with
-  knobs = (lam, clip_eps, tau, rho) from `_check_token_knobs`."""
-  lam, clip_eps, tau, rho = knobs
+  knobs = (lam, clip_eps, tau, rho, direction_gate) from `_check_token_knobs`."""
+  lam, clip_eps, tau, rho, direction_gate = knobs
   num_units = adv_U.shape[0]
   adv_L = _unit_adv(adv_U, ids_L, action_L)
   in_unit_L = action_L & (ids_L >= 0) & (ids_L < num_units)
@@ -123,7 +124,7 @@ def _token_factor(
   policy_L = jnp.where(live_L, policy_L, 0.0)
   signed_L = sign_L * ((teacher_L - policy_L) / tau)  # sign(A_u) · Δ_i                      Eq. 5
   w_L = jnp.clip(jnp.exp(signed_L), 1.0 - clip_eps, 1.0 + clip_eps)  #                       Eq. 6
-  gate_L = live_L & (signed_L > 0.0)  #                                                      Eq. 7
+  gate_L = live_L & (signed_L > 0.0) if direction_gate else live_L  #                       Eq. 7
   # (s − mean) / (std + 1e-6), population std, by the outcome baselines' scale-invariant statistic: equal
   # surprisals give exactly 0 (a rounded mean gave z ≈ −0.5 at s = 5.9 in 12 tokens), and surprisals above 1e19
   # nats no longer square to inf (z = 0 everywhere). 0 with fewer than 2 such tokens, as before.
@@ -146,6 +147,7 @@ def crest_token_weights(
   clip_eps: float = 0.28,
   tau: float = 2.0,
   rho: float = 0.5,
+  direction_gate: bool = True,
 ) -> Array:
   """CrEST's verifier-bounded token factor φ for one rollout: the self-teacher amplifies, never redirects.
 
@@ -183,6 +185,9 @@ def crest_token_weights(
     clip_eps: in [0, 1), the trust band of w around 1.
     tau: > 0, the log-ratio temperature, nats.
     rho: in [0, 1], the entropy gate's strength (0: m = 1).
+    direction_gate: True (the paper): Eq. 7 as written. False: g_i = 1 on every live token, the ablation
+      without the direction gate (ours: the teacher then also shrinks the tokens it disagrees on, to
+      φ_i >= 1 − lam · clip_eps > 0, so P1 still holds but P3 does not).
 
   Returns:
     φ: [L] float32 in [1, 1 + lam · clip_eps] on unit tokens; exactly 0.0 off the action tokens and on tokens whose
@@ -197,7 +202,7 @@ def crest_token_weights(
   (CrEST, arXiv 2608.13179), Eq. 4-10, App. A (properties P1-P3); docs/credit.md, "CrEST".
   """
   fn = "crest_token_weights"
-  knobs = _check_token_knobs(fn, lam, clip_eps, tau, rho)
+  knobs = _check_token_knobs(fn, lam, clip_eps, tau, rho, direction_gate)
   shapes = _checks.Shapes(fn)
   adv_U = shapes.float("turn_adv", turn_adv, "U")
   ids_L, action_L, teacher_L, policy_L = _check_token_arrays(
@@ -221,6 +226,7 @@ def crest_advantages(
   clip_eps: float = 0.28,
   tau: float = 2.0,
   rho: float = 0.5,
+  direction_gate: bool = True,
 ) -> Array:
   """CrEST token advantages for one group: the verified unit advantage times the bounded self-teacher factor.
 
@@ -235,7 +241,7 @@ def crest_advantages(
     action_mask: [G, L] bool.
     teacher_logp, policy_logp: [G, L] float, nats (see crest_token_weights).
     sample_mask: [G] bool or None (all True).
-    scale, eps: as crest_turn_advantages. lam, clip_eps, tau, rho: as crest_token_weights.
+    scale, eps: as crest_turn_advantages. lam, clip_eps, tau, rho, direction_gate: as crest_token_weights.
 
   Returns:
     [G, L] float32 token advantages; exactly 0.0 off action tokens, on invalid units and invalid samples.
@@ -249,7 +255,7 @@ def crest_advantages(
   """
   fn = "crest_advantages"
   scale, eps = outcome.check_normalise_knobs(fn, scale, eps)
-  knobs = _check_token_knobs(fn, lam, clip_eps, tau, rho)
+  knobs = _check_token_knobs(fn, lam, clip_eps, tau, rho, direction_gate)
   shapes = _checks.Shapes(fn)
   rewards_GxU = shapes.float("turn_rewards", turn_rewards, "G,U")
   tmask_GxU = shapes.mask("turn_mask", turn_mask, "G,U")

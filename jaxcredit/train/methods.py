@@ -318,7 +318,7 @@ def crest(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
   policy_logp = np.asarray(traj.behavior_logp_BxL, np.float32)
   w = per_rollout(
     credit.crest_token_weights,
-    _pick(k, "lam", "clip_eps", "tau", "rho"),
+    _pick(k, "lam", "clip_eps", "tau", "rho", "direction_gate"),
     unit_adv,
     traj.unit_ids_BxL,
     traj.action_mask_BxL,
@@ -332,7 +332,7 @@ def crest(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
   finite = np.isfinite(teacher_logp) & np.isfinite(policy_logp)
   with np.errstate(invalid="ignore"):
     signed = np.sign(unit_tok) * ((teacher_logp - policy_logp) / np.float32(k["tau"]))
-  gate = act & finite & (signed > 0)
+  gate = act & finite & ((signed > 0) if k["direction_gate"] else True)
   return MethodOutput(
     adv.astype(np.float32),
     metrics={
@@ -566,7 +566,7 @@ METHODS: dict[str, Method] = {
   # unit sees the whole session's ground truth). docs/credit.md, "CrEST".
   "crest": Method(
     crest,
-    dict(_OUTCOME, lam=0.3, clip_eps=0.28, tau=2.0, rho=0.5, teacher_context="per_unit"),
+    dict(_OUTCOME, lam=0.3, clip_eps=0.28, tau=2.0, rho=0.5, direction_gate=True, teacher_context="per_unit"),
     ("teacher_privileged",),
     teacher="reference",
     reads=_reads("teacher_privileged", "logp_BxL", "valid_B"),

@@ -202,6 +202,24 @@ def test_spec_example_amplifies_only_agreed_tokens_by_lam_clip_eps():
   np.testing.assert_allclose(ref.crest_weights(**args), case["expect"], rtol=0, atol=1e-12)
 
 
+def test_without_the_direction_gate_the_teacher_also_shrinks_but_never_flips():
+  """direction_gate=False (the ablation without Eq. 7): on the shared case, the tokens the teacher endorses less than
+  the policy get φ = 1 + lam · (w − 1) < 1 with w = max(exp(sign(A) · Δ), 1 − clip_eps); the endorsed ones are
+  amplified as with the gate; φ stays above 1 − lam · clip_eps > 0, so no token's sign flips."""
+  case = shared_cases.case("crest-amplify-only")
+  args = {k: np.asarray(v) for k, v in case["args"].items()}
+  gated = np.asarray(credit.crest_token_weights(**args))
+  free = np.asarray(credit.crest_token_weights(**args, direction_gate=False))
+  lam, clip_eps = args.get("lam", 0.3), args.get("clip_eps", 0.28)
+  amplified = gated > 1.0
+  np.testing.assert_array_equal(free[amplified], gated[amplified])
+  live = (args["action_mask"] & (args["turn_ids"] >= 0)) & ~amplified
+  assert live.any() and (free[live] < 1.0).any(), free
+  assert (free[args["action_mask"]] >= 1.0 - lam * clip_eps - 1e-6).all()
+  with pytest.raises(ValueError, match="^crest_token_weights: knob `direction_gate`"):
+    credit.crest_token_weights(**args, direction_gate="no")
+
+
 @given(groups(), st.sampled_from(KNOBS))
 def test_advantages_match_reference(group, knobs):
   scale = SCALE_OF[knobs]
