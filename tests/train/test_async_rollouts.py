@@ -1,8 +1,8 @@
 """`rollout.async_depth`: the rollouts of the next steps sampled on a thread while the learner learns (issue 37).
 
 The synchronous loop (`async_depth=0`, the default) is checked against a run recorded before the pipeline existed
-(tests/data/async_depth0_run.json, written by this file with JAXCREDIT_RECORD_GOLDEN=1 at commit 7b4a233): the same
-losses, gradient norms, rewards and token counts step by step.
+(tests/data/async_depth0_run.json, written by this file with JAXCREDIT_RECORD_GOLDEN=1 on the code of commit 7b4a233):
+the same losses, gradient norms, rewards, token counts, rollouts and checkpoint records step by step.
 """
 
 import hashlib
@@ -45,6 +45,7 @@ def _config(workdir, tiny, **settings):
   c.tensorboard = False
   c.total_steps = 3
   c.checkpoint_every = 1
+  c.max_checkpoints_to_keep = 10
   c.env.num_train_tasks = 16
   c.sampling.max_new_tokens = 6
   c.sampling.max_len = 1024  # the tiny byte-level vocabulary makes prompts long
@@ -71,6 +72,12 @@ def _rl_rows(workdir):
     return [r for r in map(json.loads, f) if r["phase"] == "rl"]
 
 
+def _checkpoint_meta(workdir, step) -> dict:
+  """The JSON the RL checkpoint of `step` stores beside the arrays (prompt order, policy version)."""
+  with open(os.path.join(str(workdir), "checkpoints", str(step), "meta", "metadata")) as f:
+    return json.load(f)
+
+
 def _rollout_digest(workdir, step) -> str:
   """sha256 of the step's exported rollouts' token ids, in order."""
   with open(os.path.join(str(workdir), "rollouts", f"step_{step}.jsonl")) as f:
@@ -82,7 +89,14 @@ def test_async_depth_0_reproduces_the_recorded_synchronous_run(tmp_path, tiny):
   c = _config(tmp_path / "sync", tiny)
   trainer.train(c)
   rows = _rl_rows(c.workdir)
-  got = [{**{k: r[k] for k in RECORDED}, "tokens_sha256": _rollout_digest(c.workdir, r["step"])} for r in rows]
+  got = [
+    {
+      **{k: r[k] for k in RECORDED},
+      "tokens_sha256": _rollout_digest(c.workdir, r["step"]),
+      "checkpoint_meta": _checkpoint_meta(c.workdir, r["step"]),
+    }
+    for r in rows
+  ]
   if os.environ.get("JAXCREDIT_RECORD_GOLDEN"):
     with open(GOLDEN, "w") as f:
       json.dump({"steps": got}, f, indent=1)
@@ -93,6 +107,7 @@ def test_async_depth_0_reproduces_the_recorded_synchronous_run(tmp_path, tiny):
     for k in RECORDED:
       np.testing.assert_allclose(g[k], w[k], rtol=1e-4, atol=1e-6, err_msg=f"RL step {step}: {k}")
     assert g["tokens_sha256"] == w["tokens_sha256"], f"RL step {step}: other rollouts than the recorded run's"
+    assert g["checkpoint_meta"] == w["checkpoint_meta"], f"RL step {step}: the checkpoint's prompt order or version"
 
 
 def _exported(workdir, step) -> list[dict]:
