@@ -467,7 +467,7 @@ def sgcd(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
   unmixed = len(set(groups[~mixed].tolist()))
   skip = k["mixed_groups"] == "skip"
   act = traj.action_mask_BxL & valid[:, None]
-  bounds = np.isclose(w, k["w_min"]) | np.isclose(w, k["w_max"])
+  at_min, at_max = np.isclose(w, k["w_min"]), np.isclose(w, k["w_max"])
   return MethodOutput(
     (_on_actions(seq, traj) * w).astype(np.float32),
     seq[:, None] * traj.turn_mask_BxT,
@@ -477,7 +477,10 @@ def sgcd(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
       "sgcd_groups_skipped": unmixed if skip else 0,
       "sgcd_divergence_mean": _action_mean(np.nan_to_num(div), act),
       "sgcd_weight_std": float(w[act].std()) if act.any() else 0.0,
-      "sgcd_weight_clipped_frac": _action_mean(bounds.astype(np.float32), act),
+      # Tokens whose weight sits at a bound: w_min is also reached without clipping (f = 0 with alpha = 1 - w_min).
+      "sgcd_weight_clipped_frac": _action_mean((at_min | at_max).astype(np.float32), act),
+      "sgcd_weight_at_min_frac": _action_mean(at_min.astype(np.float32), act),
+      "sgcd_weight_at_max_frac": _action_mean(at_max.astype(np.float32), act),
       "sgcd_summary_tokens": float(np.mean(np.asarray(summaries["summary_tokens_B"])[mixed])) if mixed.any() else 0.0,
     },
     details={

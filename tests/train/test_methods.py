@@ -217,6 +217,8 @@ def test_sgcd_reweights_grpo_within_bounds_and_skips_groups_without_both_outcome
   np.testing.assert_array_equal(out.keep_B, [True, True, False, False])
   assert out.metrics["sgcd_groups_skipped"] == 1 and out.metrics["sgcd_mixed_groups"] == 1
   assert out.metrics["sgcd_weight_clipped_frac"] == pytest.approx(1.0 / 2)  # rollout 0's 5 tokens of the 10 scored
+  assert out.metrics["sgcd_weight_at_min_frac"] == pytest.approx(4.0 / 10)  # its four halved tokens
+  assert out.metrics["sgcd_weight_at_max_frac"] == pytest.approx(1.0 / 10)  # its doubled one
   assert out.metrics["sgcd_summary_tokens"] == 5.0
   w = out.details["credit_weight_BxL"]
   np.testing.assert_allclose(w[0][traj.action_mask_BxL[0]], [2.0, 0.5, 0.5, 0.5, 0.5])
