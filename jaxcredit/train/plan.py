@@ -120,29 +120,16 @@ def abstract_step(
   opt_state = jax.tree.map(
     lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), jax.eval_shape(optimizer.init, params), opt_sh
   )
-  b_sh = sharding.batch_sharding(mesh, 2)
-  per_token = (batch_size, packed_slots or seq_len)
-
-  def arr(shape, dtype, sh=b_sh):
-    return jax.ShapeDtypeStruct(shape, dtype, sharding=sh)
-
-  batch = {
-    "tokens_BxL": arr((batch_size, seq_len), jnp.int32),
-    "token_mask_BxL": arr((batch_size, seq_len), jnp.bool_),
-    "action_mask_BxL": arr(per_token, jnp.bool_),
-    "behavior_logp_BxL": arr(per_token, jnp.float32),
+  extents = {
+    "row": ((batch_size, seq_len), sharding.batch_sharding(mesh, 2)),
+    "scored": ((batch_size, packed_slots or seq_len), sharding.batch_sharding(mesh, 2)),
+    "rows": ((batch_size,), sharding.batch_sharding(mesh, 1)),
   }
-  for term in step_lib.loss_terms(loss_cfg):
-    for key in step_lib.LOSS_TERMS[term].batch_keys:
-      batch[key] = arr(per_token, jnp.float32)
-  if behavior_weights:
-    batch["behavior_weight_BxL"] = arr(per_token, jnp.float32)
-  if packed_slots:
-    for key in ("positions_BxL", "segment_ids_BxL", "prefix_limit_BxL"):
-      batch[key] = arr((batch_size, seq_len), jnp.int32)
-    batch["slots_BxK"] = arr(per_token, jnp.int32)
-    batch["rollout_ids_BxL"] = arr(per_token, jnp.int32)
-    batch["rollouts_B"] = arr((batch_size,), jnp.float32, sharding.batch_sharding(mesh, 1))
+  layout = step_lib.update_batch_layout(loss_cfg, packed=packed_slots > 0, behavior_weights=behavior_weights)
+  batch = {
+    key: jax.ShapeDtypeStruct(extents[extent][0], jnp.dtype(dtype), sharding=extents[extent][1])
+    for key, (extent, dtype) in layout.items()
+  }
   update = step_lib.make_update_fn(
     step_lib.pg_token_loss,
     graphdef,

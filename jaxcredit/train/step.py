@@ -194,6 +194,40 @@ def loss_terms(cfg: PolicyLossConfig) -> tuple[str, ...]:
   return terms
 
 
+# The update batch, one table: each array's extent ("row": [B, L] token slots of a row; "scored": [B, L] unpacked or
+# [B, K] scored slots when packed; "rows": [B]) and dtype. `update_batch_layout` picks the arrays a loss reads;
+# `update.update_batch` and `packing.pack_update_batch` build them, `plan.abstract_step` lowers the update on them.
+BATCH_ARRAYS: dict[str, tuple[str, str]] = {
+  "tokens_BxL": ("row", "int32"),
+  "token_mask_BxL": ("row", "bool"),
+  "action_mask_BxL": ("scored", "bool"),
+  "behavior_logp_BxL": ("scored", "float32"),
+  "behavior_weight_BxL": ("scored", "float32"),  # another engine's or a stale sampler's (rollout.async_depth)
+}
+PACKED_ARRAYS: dict[str, tuple[str, str]] = {
+  "positions_BxL": ("row", "int32"),
+  "segment_ids_BxL": ("row", "int32"),
+  "prefix_limit_BxL": ("row", "int32"),
+  "slots_BxK": ("scored", "int32"),
+  "rollout_ids_BxL": ("scored", "int32"),
+  "rollouts_B": ("rows", "float32"),
+}
+
+
+def update_batch_layout(cfg: PolicyLossConfig, *, packed: bool, behavior_weights: bool) -> dict[str, tuple[str, str]]:
+  """{array name: (extent, dtype)} of the update batch for the loss `cfg`: the token arrays, each active loss term's
+  own arrays (`LossTerm.batch_keys`, float32 at the scored slots), the importance weights of another engine or of
+  stale rollouts when `behavior_weights`, and the packed layout's arrays when `packed` (`jaxcredit.train.packing`).
+  Extents: "row" [B, L], "scored" [B, L] or [B, K] packed, "rows" [B]."""
+  layout = {k: v for k, v in BATCH_ARRAYS.items() if k != "behavior_weight_BxL" or behavior_weights}
+  for term in loss_terms(cfg):
+    for key in LOSS_TERMS[term].batch_keys:
+      layout[key] = ("scored", "float32")
+  if packed:
+    layout.update(PACKED_ARRAYS)
+  return layout
+
+
 def check_batch_keys(arrays: dict, cfg: PolicyLossConfig, *, who: str) -> None:
   """Refuses, naming the term and the key, a batch that lacks an array an active loss term reads.
 

@@ -96,7 +96,8 @@ def make_packer(run: Run) -> Callable[[dict], dict] | None:
 
 def update_batch(traj, extra: dict, behavior_logp_BxL=None) -> dict:
   """The update's batch: the trajectory's token arrays and group ids plus what the loss terms read
-  (`LossTerm.batch_keys`). `behavior_logp_BxL` replaces the sampler's log-probs (`engine_correction`)."""
+  (`LossTerm.batch_keys`); its arrays are those of `step.update_batch_layout` (unpacked), the table `jaxcredit plan`
+  lowers the update on. `behavior_logp_BxL` replaces the sampler's log-probs (`engine_correction`)."""
   return {
     "group_ids_B": traj.group_ids_B,
     "tokens_BxL": traj.tokens_BxL,

@@ -176,3 +176,21 @@ def test_a_batch_with_a_rollout_longer_than_the_row_cap_stays_unpacked():
   assert "slots_BxK" in packed and packed["tokens_BxL"].shape[1] <= max(longest, 1) * 3
   with pytest.raises(ValueError, match="max_row_len"):
     pack_if_short(batch, max_row_len=0)
+
+
+def test_the_packed_batch_holds_exactly_the_arrays_of_the_one_layout_table():
+  """`step.update_batch_layout` is the batch `jaxcredit plan` lowers the update on: the packer's output has exactly
+  its arrays (for the loss with the KL and distillation terms), each of its extent and dtype."""
+  batch = rollout_batch()
+  cfg = step_lib.PolicyLossConfig(terms=("policy", "distill"), distill_coef=0.1, kl_coef=0.1)
+  layout = step_lib.update_batch_layout(cfg, packed=True, behavior_weights=False)
+  packed = pack_update_batch(batch, length_bucket=8, slot_bucket=8)
+  assert set(packed) == set(layout)
+  rows, length = packed["tokens_BxL"].shape
+  k = packed["slots_BxK"].shape[1]
+  extent = {"row": (rows, length), "scored": (rows, k), "rows": (rows,)}
+  for key, (where, dtype) in layout.items():
+    assert packed[key].shape == extent[where], key
+    assert packed[key].dtype == np.dtype(dtype), key
+  unpacked = step_lib.update_batch_layout(cfg, packed=False, behavior_weights=False)
+  assert set(batch) - {"group_ids_B"} == set(unpacked)
