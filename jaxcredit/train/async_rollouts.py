@@ -42,12 +42,10 @@ import threading
 import time
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 
-from jaxcredit.models.decoder import compute_params
 from jaxcredit.train import rl_step
-from jaxcredit.train.run import Run, sampling_model
+from jaxcredit.train.run import Run, reference_copy, sampling_model
 
 
 def sampler_copy(run: Run, params):
@@ -56,8 +54,7 @@ def sampler_copy(run: Run, params):
   devices (collective)."""
   if run.local_mesh is not None:
     return sampling_model(run, params)
-  own = jax.tree.map(jnp.copy, compute_params(run.model_cfg, params))
-  return nnx.merge(run.graphdef, own, run.rest)
+  return nnx.merge(run.graphdef, reference_copy(run, params), run.rest)
 
 
 @dataclasses.dataclass
@@ -98,7 +95,6 @@ class RolloutPipeline:
     self._stopping = False
     self._model, self._version = None, None
     self.sampler_idle_s = 0.0  # time the thread waited for weights or work (sampler idle)
-    self.sampler_busy_s = 0.0
     self._scheduled = first_step - 1
     self.publish(params)
     self._thread = threading.Thread(target=self._work, name="jaxcredit-rollouts", daemon=True)
@@ -187,7 +183,6 @@ class RolloutPipeline:
         job = self._jobs.popleft()
         model, version = self._model, self._version
       self.sampler_idle_s += time.time() - t_idle
-      t_busy = time.time()
       try:
         local = rl_step.sample_local(self.run, model, job.prompt_ids, job.key, version=version)
       except BaseException as e:  # handed to the learner, which raises it from `take`
@@ -195,7 +190,6 @@ class RolloutPipeline:
           self._error = e
           self._cond.notify_all()
         return
-      self.sampler_busy_s += time.time() - t_busy
       with self._cond:
         self._results[job.step] = local
         self._cond.notify_all()
