@@ -91,7 +91,7 @@ class RolloutPipeline:
     self._jobs: collections.deque[_Job] = collections.deque()
     self._results: dict[int, rl_step.LocalRollouts] = {}
     self._data_states: dict[int, dict] = {}
-    self._error: BaseException | None = None
+    self._error: tuple[int, BaseException] | None = None  # (the step being sampled, what it raised)
     self._stopping = False
     self._model, self._version = None, None
     self.sampler_idle_s = 0.0  # time the thread waited for weights or work (sampler idle)
@@ -134,14 +134,17 @@ class RolloutPipeline:
     """Step `step`'s rollouts, gathered over processes (collective), once the thread has sampled them.
 
     Raises:
-      RuntimeError: the rollout thread failed (its exception chained), or the pipeline was closed.
+      the rollout thread's own exception when it failed before sampling this step (with a note naming the step it
+      was sampling), so the CLI reports it as it would a synchronous one; RuntimeError: the pipeline was closed.
     """
     t0 = time.time()
     with self._cond:
       while step not in self._results and self._error is None and not self._stopping:
         self._cond.wait()
-      if self._error is not None:
-        raise RuntimeError(f"the rollout thread failed while sampling ahead of RL step {step}") from self._error
+      if step not in self._results and self._error is not None:  # steps sampled before the failure are learnt first
+        failed, error = self._error
+        error.add_note(f"(raised on the rollout thread while sampling RL step {failed})")
+        raise error
       if step not in self._results:
         raise RuntimeError(f"the rollout pipeline was closed before RL step {step}'s rollouts")
       local = self._results.pop(step)
@@ -161,8 +164,12 @@ class RolloutPipeline:
       self._stopping = True
       self._jobs.clear()
       self._cond.notify_all()
-    if self._thread.is_alive() and threading.current_thread() is not self._thread:
-      self._thread.join()
+    # A second Ctrl-C must not end the process while the thread is inside XLA (it aborts): wait for it regardless.
+    while self._thread.is_alive() and threading.current_thread() is not self._thread:
+      try:
+        self._thread.join()
+      except KeyboardInterrupt:
+        print("[jaxcredit] waiting for the rollout thread to finish the rollouts it is sampling", flush=True)
     self._results.clear()
     self._model = None
 
@@ -187,7 +194,7 @@ class RolloutPipeline:
         local = rl_step.sample_local(self.run, model, job.prompt_ids, job.key, version=version)
       except BaseException as e:  # handed to the learner, which raises it from `take`
         with self._cond:
-          self._error = e
+          self._error = (job.step, e)
           self._cond.notify_all()
         return
       with self._cond:

@@ -14,6 +14,7 @@ import threading
 import numpy as np
 import pytest
 
+from jaxcredit.train import rl_step as rl_step_lib
 from jaxcredit.train import trainer
 from jaxcredit.train.config import base_config, check_ranges, validate
 from jaxcredit.train.methods import METHODS, Method, MethodOutput
@@ -179,3 +180,27 @@ def test_async_depth_refuses_resampling_tied_groups():
   c.rollout.async_depth = -1
   with pytest.raises(ValueError, match="config.rollout.async_depth"):
     check_ranges(c)
+
+
+def test_a_failure_on_the_rollout_thread_is_raised_as_itself_after_the_steps_sampled_before_it(
+  tmp_path, tiny, monkeypatch
+):
+  """Sampling step 2 fails on the thread: step 1, sampled before it, is still learnt and checkpointed, and the
+  learner raises the thread's own exception (so the CLI reports it in one line), noting the step."""
+  sample = rl_step_lib.sample_local
+  calls = []
+
+  def failing(run, model, prompt_ids, key, *, version):
+    calls.append(1)
+    if len(calls) == 2:
+      raise ValueError("the environment server went away")
+    return sample(run, model, prompt_ids, key, version=version)
+
+  monkeypatch.setattr(rl_step_lib, "sample_local", failing)
+  c = _config(tmp_path / "fails", tiny, total_steps=3, rollout__async_depth=1)
+  with pytest.raises(ValueError, match="the environment server went away") as info:
+    trainer.train(c)
+  assert "(raised on the rollout thread while sampling RL step 2)" in info.value.__notes__
+  assert [r["step"] for r in _rl_rows(c.workdir)] == [1]
+  assert "1" in os.listdir(os.path.join(c.workdir, "checkpoints"))
+  assert _no_rollout_thread_left()
