@@ -17,6 +17,8 @@ from typing import Any, Iterator
 import ml_collections
 
 _SETS_KEY = re.compile(r"^\s*c\.([A-Za-z_][\w.]*)\s*=[^#]*#\s*(.+?)\s*$")
+_SETS_KEY_BARE = re.compile(r"^\s*c\.([A-Za-z_][\w.]*)\s*=[^#]*$")
+_COMMENT_LINE = re.compile(r"^\s*#\s?(.*?)\s*$")
 _BASE_CONFIG = os.path.join(os.path.dirname(__file__), "config.py")
 _MAX_VALUE_CHARS = 60
 _MAX_ALIGN = 52
@@ -47,7 +49,8 @@ def config_keys(config: ml_collections.ConfigDict) -> list[str]:
 
 
 def key_descriptions(*paths: str) -> dict[str, str]:
-  """dotted key -> the comment on the line that sets it, read from Python config files (later files win).
+  """dotted key -> the comment on the line that sets it, else the first sentence of the comment lines just above it,
+  read from Python config files (later files win).
 
   Files that cannot be read are skipped: the help still lists every key and value."""
   out: dict[str, str] = {}
@@ -57,11 +60,28 @@ def key_descriptions(*paths: str) -> dict[str, str]:
         lines = f.readlines()
     except OSError:
       continue
+    block: list[str] = []  # the comment lines just above the current line
     for line in lines:
       m = _SETS_KEY.match(line)
       if m:
         out[m.group(1)] = m.group(2)
+      elif (bare := _SETS_KEY_BARE.match(line)) and block:
+        out[bare.group(1)] = _first_sentence(" ".join(block))
+      comment = _COMMENT_LINE.match(line)
+      block = block + [comment.group(1)] if comment else []
   return out
+
+
+def _first_sentence(text: str) -> str:
+  """The comment block's first sentence (up to a '. ' outside parentheses), at most 160 characters."""
+  depth, end = 0, len(text)
+  for i, ch in enumerate(text):
+    depth += (ch == "(") - (ch == ")")
+    if depth == 0 and ch == "." and (i + 1 == len(text) or text[i + 1] == " "):
+      end = i
+      break
+  sentence = text[:end]
+  return sentence if len(sentence) <= 160 else sentence[:157] + "..."
 
 
 def knob_descriptions() -> dict[tuple[str, str], str]:

@@ -184,3 +184,26 @@ def test_ctrl_c_stops_with_one_line_naming_the_last_checkpoint(tmp_path, monkeyp
     f"jaxcredit train: interrupted; the last checkpoint is RL step 4 in {tmp_path}/w/checkpoints "
     f"(step 0: the warm start); the same command resumes from it"
   ), err
+
+
+def test_a_key_commented_on_the_lines_above_it_is_described_by_their_first_sentence(tmp_path):
+  from jaxcredit.train.config_help import key_descriptions
+
+  path = tmp_path / "exp.py"
+  path.write_text(
+    "def get_config():\n"
+    "  # Rollouts sampled ahead (0: off; see docs. here). More detail\n"
+    "  # on the next line.\n"
+    "  c.rollout.async_depth = 0\n"
+    "  c.rollout.group_size = 4  # G rollouts per prompt\n"
+    "  # a comment that a blank line separates from the next key\n"
+    "\n"
+    "  c.testbed_only_key = 0\n"
+    "  # a block above a key with its own comment\n"
+    "  c.lr = 1e-3  # the learning rate\n"
+  )
+  described = key_descriptions(str(path))
+  assert described["rollout.async_depth"] == "Rollouts sampled ahead (0: off; see docs. here)"
+  assert described["rollout.group_size"] == "G rollouts per prompt"
+  assert described["lr"] == "the learning rate"
+  assert "testbed_only_key" not in described
