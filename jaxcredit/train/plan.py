@@ -341,6 +341,7 @@ def plan_step(
   report["compile_cached"] = bool(measured.get("cached", False))
   report["loss_terms"] = list(step_lib.loss_terms(step_lib.PolicyLossConfig() if loss_cfg is None else loss_cfg))
   report["packed_slots"] = int(packed_slots)
+  report["behavior_weights"] = bool(behavior_weights)
   return report
 
 
@@ -523,6 +524,11 @@ def format_report(r: Mapping[str, Any]) -> str:
       f"; packed rows, the output head on {r['packed_slots']} scored slots per row"
       if r.get("packed_slots")
       else "; one rollout per row"
+    )
+    + (
+      "; policy term weighted by truncated importance weights (engine or async rollouts)"
+      if r.get("behavior_weights")
+      else ""
     ),
   ]
   if "compiler_refused" in r:

@@ -201,6 +201,7 @@ def test_plan_without_libtpu_simulates_the_chips_on_cpu_and_says_so():
   """The fallback: the same step compiled for a mesh of CPU devices, reported as an estimate."""
   out = run_on_devices("plan_estimate.py")
   assert "ESTIMATE" in out and "simulated mesh of CPU devices" in out
+  assert "loss: policy; one rollout per row; policy term weighted by truncated importance weights" in out
 
 
 @needs_libtpu
