@@ -808,6 +808,10 @@ def plot(result: dict, path: str) -> None:
   ax_train.set_ylabel("training rollouts' success (sampled)")
   ax_train.set_title("training rollouts: mean over seeds, trailing mean over steps/4")
   ax_train.legend(fontsize=8)
+  per_step = s["prompts"] * s["group"]
+  for a in (ax, ax_train):  # the same curves against rollouts sampled (every step samples prompts x group)
+    top = a.secondary_xaxis("top", functions=(lambda x: x * per_step, lambda r: r / per_step))
+    top.set_xlabel("rollouts sampled")
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
