@@ -84,6 +84,7 @@ def run_overview(
     phases.append(
       f"RL steps {rl_start + 1}-{c.total_steps} ({left} x {rollouts} rollouts, {c.credit.method}"
       + (f", {updates} updates each" if updates > 1 else "")
+      + (f", rollouts sampled up to {c.rollout.async_depth} step(s) ahead" if c.rollout.async_depth else "")
       + (f", an eval every {c.eval.every}" if c.eval.every and c.eval.every < c.total_steps else "")
       + ")"
       if left

@@ -51,3 +51,12 @@ def test_periodic_evals_are_listed():
     "[jaxcredit] runs/x, fresh run: eval (8 held-out tasks) -> warm start (10 steps of 4 demonstrations, an eval "
     "every 5) -> eval (8) -> RL steps 1-6 (6 x 8 rollouts, trace, an eval every 2) -> eval (8)"
   )
+
+
+def test_rollouts_sampled_ahead_are_listed():
+  c = config()
+  c.sft.steps, c.rollout.async_depth = 0, 2
+  assert run_overview(c, resume_step=None, num_eval_tasks=8) == (
+    "[jaxcredit] runs/x, fresh run: RL steps 1-6 (6 x 8 rollouts, trace, rollouts sampled up to 2 step(s) ahead) "
+    "-> eval (8)"
+  )
