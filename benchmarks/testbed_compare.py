@@ -46,18 +46,21 @@ start from it, then the comparison.
   python benchmarks/testbed_compare.py --task arithmetic --out runs/ar3 --policy runs/ar2/warm/warm_start_model \
       --sft-steps 1000 --sft-lr 1e-3 --sft-eval-every 250 --steps 20 --eval-every 4 --prompts 4 --group 8 \
       --lr 1e-4 --target-gain 0.3
-The long-horizon tasks as measured (docs/benchmarks.md, "The long-horizon testbed"): the chain task's vocabulary,
-policy and digit-copying curriculum (its warm start without `show_next_step` stayed at 0.000), then each task's
-warm start from that copying policy, then the comparisons.
+The long-horizon tasks as measured (docs/benchmarks.md, "The long-horizon testbed"; rerun from a fresh clone): the
+chain task's vocabulary, policy and digit-copying curriculum (9 min), then each task's warm start from that copying
+policy (about 25 min) and every method's runs (about 7 minutes a run on 2 cores with the two tasks side by side: 2.8 h
+for the chain's first 24 runs, 3.4 h for the session's first 27). Drop methods from `--methods` for a shorter
+comparison.
 
   python benchmarks/testbed_compare.py --task chain --out runs/ch1 --stage policy --copy-steps 400 \
       --copy-small-fraction 0
   python benchmarks/testbed_compare.py --task chain --out runs/ch2 --policy runs/ch1/policy_copy --sft-steps 1200 \
-      --sft-lr 1e-3 --sft-eval-every 300 --methods grpo,trace,trace_k0 --seeds 0,1,2 --steps 20 --eval-every 5 \
-      --prompts 4 --group 8 --lr 1e-4 --target-gain 0.1
+      --sft-lr 1e-3 --sft-eval-every 300 --seeds 0,1,2 --steps 20 --eval-every 5 --prompts 4 --group 8 --lr 1e-4 \
+      --target-gain 0.1 --methods grpo,trace,trace_k0,trace_raw_delta,gigpo,hsd,gear,toolopd,crest
   python benchmarks/testbed_compare.py --task session --out runs/se1 --policy runs/ch1/policy_copy \
-      --sft-steps 1200 --sft-lr 1e-3 --sft-eval-every 300 --methods grpo,crest,crest_lam0,sgcd --seeds 0,1,2 --steps 20 \
-      --eval-every 5 --prompts 4 --group 8 --lr 1e-4 --target-gain 0.1
+      --sft-steps 1200 --sft-lr 1e-3 --sft-eval-every 300 --seeds 0,1,2 --steps 20 --eval-every 5 --prompts 4 \
+      --group 8 --lr 1e-4 --target-gain 0.1 \
+      --methods grpo,crest,crest_lam0,crest_rho0,crest_nodir,sgcd,gigpo,hsd,gear,toolopd,trace
 """
 
 from __future__ import annotations
