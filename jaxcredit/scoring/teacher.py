@@ -52,6 +52,7 @@ import numpy as np
 from flax import nnx
 
 from jaxcredit import multihost
+from jaxcredit.packed_rows import PackedRow, lay_out_rows
 from jaxcredit.sampling.logprobs import chunked_logprobs_and_entropies, chunked_reverse_kl
 from jaxcredit.plain_text import encode_chat, encode_plain
 from jaxcredit.trajectory import Trajectory, pad_length
@@ -573,18 +574,26 @@ def finish_teacher_pass(outputs: Mapping[str, Any], batch: TeacherBatch) -> Teac
 
 def action_slots(action_mask_BxL: np.ndarray, bucket: int = SLOT_BUCKET) -> np.ndarray | None:
   """slots_BxK: each row's action positions p >= 1 in order, then padding 0; K is the longest row's count rounded up
-  to `bucket` (bounds the compiled shapes). None when K would not be smaller than L (score every position)."""
+  to `bucket` (bounds the compiled shapes). None when K would not be smaller than L (score every position).
+
+  The rows are laid out by the one packed-row builder (`jaxcredit.packed_rows`, as the update and the gold scoring
+  are): each rollout is a row of its own L slots with no appended segment, its action positions scored. Position 0
+  is never scored: no token predicts it.
+  """
   mask = np.asarray(action_mask_BxL, bool).copy()
-  mask[:, 0] = False
+  if mask.ndim != 2:
+    raise ValueError(f"action_slots: action_mask_BxL must be [B, L], got shape {mask.shape}")
+  mask[:, 0:1] = False
   b, l = mask.shape
-  k = pad_length(int(mask.sum(1).max(initial=0)), bucket)
-  if k >= l:
+  if b == 0 or l == 0:
     return None
-  slots = np.zeros((b, k), np.int32)
-  for i in range(b):
-    p = np.flatnonzero(mask[i])
-    slots[i, : len(p)] = p
-  return slots
+  rows = []
+  for scored_L in mask:
+    row = PackedRow(np.zeros(l, np.int32))
+    row.score(np.flatnonzero(scored_L))
+    rows.append(row)
+  laid = lay_out_rows(rows, length_bucket=l, slot_bucket=bucket)
+  return None if laid.slots_NxK.shape[1] >= l else laid.slots_NxK
 
 
 def make_teacher_pass_fn(

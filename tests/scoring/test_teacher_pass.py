@@ -489,3 +489,20 @@ def test_inserted_context_blocks_map_piecewise_and_match_plain_forward(tiny):
   assert np.abs(ref_logp[0, shifted] - ref_logp[0, shifted - len(block)]).max() > 1e-3
   with pytest.raises(ValueError, match="insertion positions"):
     tp.build_teacher_batch(traj, tp.rollout_prompt_ids(traj), max_len=512, pad_id=tok.pad_id, insertions=[[(pl, [1])]])
+
+
+@pytest.mark.parametrize("bucket", [1, 4])
+def test_action_slots_are_each_rows_action_positions_from_the_shared_layout(bucket):
+  rng = np.random.default_rng(7)
+  mask = rng.random((5, 24)) < 0.3
+  mask[2] = False  # a row with no action token
+  mask[3, 0] = True  # position 0 has no predictor: never a slot
+  slots = tp.action_slots(mask, bucket)
+  counts = [int(m[1:].sum()) for m in mask]
+  assert slots is not None and slots.shape == (5, pad_length(max(counts), bucket)) and slots.dtype == np.int32
+  for i, m in enumerate(mask):
+    np.testing.assert_array_equal(slots[i, : counts[i]], np.flatnonzero(m[1:]) + 1)
+    assert (slots[i, counts[i] :] == 0).all()
+  assert tp.action_slots(np.ones((2, 8), bool), 8) is None  # K would be L: score every position instead
+  with pytest.raises(ValueError, match="action_mask_BxL must be"):
+    tp.action_slots(np.ones(8, bool))
