@@ -487,6 +487,12 @@ def validate(c: ml_collections.ConfigDict) -> None:
         f"config.credit.{c.credit.method}.{knob} is missing: {c.credit.method} declares the "
         f"{term!r} loss term, whose weight it sets"
       )
+    weight = c.credit[c.credit.method][knob] if knob else 0.0
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not (math.isfinite(weight) and weight >= 0):
+      raise ValueError(
+        f"config.credit.{c.credit.method}.{knob} = {weight!r}: the {term!r} loss term's weight must be a finite "
+        f"number >= 0 (a negative weight flips the term)"
+      )
   teacher_budgets(c)  # teacher.max_context_tokens, teacher.max_len: ints >= 0 (0: derived), refused by name
   if os.path.exists(c.workdir) and not os.path.isdir(c.workdir):
     raise ValueError(f"config.workdir={c.workdir!r} is a file, not a directory")

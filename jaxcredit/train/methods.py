@@ -51,6 +51,9 @@ class MethodOutput:
     keep_B: bool, the rollouts the update trains on, or None: all of them. A method that filters groups (SGCD's
       dynamic sampling drops groups without both outcomes) sets False on the rollouts it drops; the trainer takes
       them out of the loss and its token counts, as it does rollouts without action tokens.
+    loss_arrays: float32 [B, L] per-token arrays that a loss term added as a row reads, by its batch key
+      (`LossTerm.batch_keys`, e.g. {"anchor_weight_BxL": ...}); they join the update batch as the distillation
+      arrays do (packed with the rest, read at the scored slots).
   """
 
   adv_BxL: np.ndarray
@@ -60,12 +63,27 @@ class MethodOutput:
   metrics: dict = dataclasses.field(default_factory=dict)
   details: dict = dataclasses.field(default_factory=dict)
   keep_B: np.ndarray | None = None
+  loss_arrays: dict = dataclasses.field(default_factory=dict)
 
   def batch_arrays(self) -> dict[str, np.ndarray]:
-    """The arrays the loss terms read, by batch key (`jaxcredit.train.step.LOSS_TERMS[...].batch_keys`)."""
+    """The arrays the loss terms read, by batch key (`jaxcredit.train.step.LOSS_TERMS[...].batch_keys`).
+
+    Raises:
+      ValueError: a `loss_arrays` entry whose key is one of the built-in arrays or not `*_BxL`, or whose shape is
+        not the advantages' [B, L].
+    """
     out = {"adv_BxL": self.adv_BxL}
     if self.distill_weight_BxL is not None:
       out.update(distill_weight_BxL=self.distill_weight_BxL, distill_target_BxL=self.distill_target_BxL)
+    for key, value in self.loss_arrays.items():
+      if key in out or key in ("distill_weight_BxL", "distill_target_BxL") or not key.endswith("_BxL"):
+        raise ValueError(f"MethodOutput.loss_arrays: {key!r} must be a new per-token key ending in _BxL")
+      if np.shape(value) != np.shape(self.adv_BxL):
+        raise ValueError(
+          f"MethodOutput.loss_arrays[{key!r}] has shape {np.shape(value)}, expected the advantages' "
+          f"{np.shape(self.adv_BxL)}"
+        )
+      out[key] = value
     return out
 
 

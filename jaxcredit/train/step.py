@@ -11,6 +11,7 @@ Shape letters: B sequences, L tokens, M micro-batches.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Callable
 
 import jax
@@ -38,6 +39,9 @@ class PolicyLossConfig:
   temperature: float = 1.0
   terms: tuple[str, ...] = ("policy",)  # LOSS_TERMS names; "kl" joins when kl_coef > 0
   distill_coef: float = 0.0
+  # The weights of loss terms that tables add (a `LossTerm.knob` that names no field here), as (knob, weight) pairs
+  # set from the method's knobs (`jaxcredit.train.update.loss_config_of`); `weight(knob)` reads either kind.
+  knob_weights: tuple[tuple[str, float], ...] = ()
   # L_max of the seq-mean-token-sum-norm aggregation (Dr.GRPO's constant; the trainer passes sampling.max_len).
   # None: the padded length of an unpacked batch (which varies with the length bucket); packed batches need it.
   max_len: int | None = None
@@ -56,6 +60,30 @@ class PolicyLossConfig:
     unknown = [t for t in self.terms if t not in LOSS_TERMS]
     if unknown:
       raise ValueError(f"unknown loss terms {unknown}; known: {sorted(LOSS_TERMS)}")
+    fields = {f.name for f in dataclasses.fields(self)}
+    for pair in self.knob_weights:
+      if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str)):
+        raise ValueError(f"PolicyLossConfig.knob_weights holds (knob name, weight) pairs, got {pair!r}")
+      if pair[0] in fields:
+        raise ValueError(f"PolicyLossConfig.knob_weights: {pair[0]!r} is a field of its own; set it there")
+      if isinstance(pair[1], bool) or not isinstance(pair[1], (int, float)) or not math.isfinite(pair[1]):
+        raise ValueError(
+          f"PolicyLossConfig.knob_weights: the weight of {pair[0]!r} must be a finite number, got {pair[1]!r}"
+        )
+
+  def weight(self, knob: str) -> float:
+    """A loss term's weight by the name of its knob (`LossTerm.knob`): the field of that name, else the entry of
+    `knob_weights`.
+
+    Raises:
+      KeyError: naming the knob when neither holds it (a method that declares the term must have the knob).
+    """
+    if knob in {f.name for f in dataclasses.fields(self)}:
+      return float(getattr(self, knob))
+    weights = dict(self.knob_weights)
+    if knob not in weights:
+      raise KeyError(f"no loss weight {knob!r}: neither a PolicyLossConfig field nor in knob_weights {sorted(weights)}")
+    return float(weights[knob])
 
 
 OPTIMIZERS = {
@@ -163,13 +191,25 @@ def nll_term(logp_BxL, mb: dict, cfg: PolicyLossConfig):
 
 @dataclasses.dataclass(frozen=True)
 class LossTerm:
-  """One row of `LOSS_TERMS`: the per-token function, its coefficient and its aggregation, read from the config."""
+  """One row of `LOSS_TERMS`: the per-token function, its coefficient and its aggregation, read from the config.
+
+  `coef` None: the weight is the method's knob `knob` (`PolicyLossConfig.weight(knob)`), so a term added from a
+  config file gets its own weight knob without a new `PolicyLossConfig` field (docs/extending.md).
+  """
 
   fn: Callable
-  coef: Callable[[PolicyLossConfig], float]
+  coef: Callable[[PolicyLossConfig], float] | None
   aggregation: Callable[[PolicyLossConfig], str]
   batch_keys: tuple[str, ...] = ()
-  knob: str | None = None  # a method that declares the term sets its weight with this knob (a PolicyLossConfig field)
+  knob: str | None = None  # a method that declares the term sets its weight with this knob (one of its knobs)
+
+  def __post_init__(self):
+    if self.coef is None and not self.knob:
+      raise ValueError("LossTerm: coef=None reads the weight from a knob; name it with knob=")
+
+  def weight(self, cfg: PolicyLossConfig) -> float:
+    """The term's coefficient under `cfg`."""
+    return cfg.weight(self.knob) if self.coef is None else self.coef(cfg)
 
 
 LOSS_TERMS: dict[str, LossTerm] = {
@@ -305,7 +345,7 @@ def loss_and_grads(
   for name in loss_terms(cfg):
     t = LOSS_TERMS[name]
     _, den = loss_lib.aggregate(jnp.zeros(mask.shape, jnp.float32), mask, t.aggregation(cfg), max_len=max_len, **seqs)
-    dens[name] = (t.coef(cfg), t.aggregation(cfg), jnp.maximum(den, 1e-12))
+    dens[name] = (t.weight(cfg), t.aggregation(cfg), jnp.maximum(den, 1e-12))
   n_tok = jnp.maximum(jnp.sum(mask.astype(jnp.float32)), 1.0)
 
   def mb_fn(p, mb):

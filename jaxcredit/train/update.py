@@ -5,6 +5,7 @@ of mini-batch updates (`ppo_updates`)."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 from typing import Callable
 
@@ -166,6 +167,8 @@ def loss_config_of(c: ml_collections.ConfigDict) -> step_lib.PolicyLossConfig:
     for t in method.loss_terms
     if step_lib.LOSS_TERMS[t].knob
   }
+  fields = {f.name for f in dataclasses.fields(step_lib.PolicyLossConfig)}
+  own = tuple(sorted((k, v) for k, v in weights.items() if k not in fields))  # knobs of terms that tables added
   return step_lib.PolicyLossConfig(
     eps_low=c.loss.eps_low,
     eps_high=c.loss.eps_high,
@@ -175,5 +178,6 @@ def loss_config_of(c: ml_collections.ConfigDict) -> step_lib.PolicyLossConfig:
     temperature=c.sampling.temperature,
     terms=("policy",) + method.loss_terms,
     max_len=c.sampling.max_len,
-    **weights,
+    knob_weights=own,
+    **{k: v for k, v in weights.items() if k in fields},
   )

@@ -1,5 +1,6 @@
-"""One config file that adds a pass (a `PASSES` row), a loss term (a `LOSS_TERMS` row) and a method that reads the
-new pass's output and has a string knob (a `METHODS` row): `jaxcredit train --config that_file.py` trains it a step,
+"""One config file that adds a pass (a `PASSES` row), a loss term (a `LOSS_TERMS` row, weighted by a knob of the
+method and reading a per-token array the method returns) and a method that reads the new pass's output and has a
+string knob (a `METHODS` row): `jaxcredit train --config that_file.py` trains it a step,
 and `jaxcredit viz` on the run, with the rows no longer registered, loads the file again (config.json's
 `config_file`) and writes the method's page."""
 
@@ -17,7 +18,6 @@ from jaxcredit.train.step import LOSS_TERMS
 from tests.fixtures.tiny_run import metrics_rows, tiny_run_overrides
 
 CONFIG_FILE = '''
-import jax.numpy as jnp
 import numpy as np
 
 from jaxcredit.train.config import base_config
@@ -38,8 +38,8 @@ def action_share(ctx, traj):
 
 
 def anchor(logp_BxL, mb, cfg):
-  """Pulls up the log-prob of the tokens with a positive advantage."""
-  return -jnp.where(mb["adv_BxL"] > 0, logp_BxL, 0.0), {}
+  """A likelihood anchor: pulls up the log-prob of each action token by the method's own per-token weight."""
+  return -mb["anchor_weight_BxL"] * logp_BxL, {}
 
 
 def shared_reward(traj, knobs):
@@ -47,7 +47,12 @@ def shared_reward(traj, knobs):
   out = traj.passes["action_share"]
   spread = out["share_BxL"] if knobs["spread"] == "share" else traj.action_mask_BxL.astype(np.float32)
   adv = np.where(np.asarray(out["valid_B"])[:, None], seq[:, None] * spread, 0.0).astype(np.float32)
-  return MethodOutput(adv, metrics={"share_spread": knobs["spread"] == "share"}, details={"share_BxL": spread})
+  return MethodOutput(
+    adv,
+    metrics={"share_spread": knobs["spread"] == "share"},
+    details={"share_BxL": spread},
+    loss_arrays={"anchor_weight_BxL": traj.action_mask_BxL.astype(np.float32)},
+  )
 
 
 def check_spread(knobs, config):
@@ -56,10 +61,10 @@ def check_spread(knobs, config):
 
 
 PASSES["action_share"] = Pass(action_share, writes=("share_BxL", "valid_B", "reasons"))
-LOSS_TERMS["anchor"] = LossTerm(anchor, lambda c: 0.1, lambda c: "token-mean", ("adv_BxL",))
+LOSS_TERMS["anchor"] = LossTerm(anchor, None, lambda c: "token-mean", ("anchor_weight_BxL",), knob="anchor_coef")
 METHODS["shared_reward"] = Method(
   shared_reward,
-  knobs={"baseline": 0.5, "spread": "even"},
+  knobs={"baseline": 0.5, "spread": "even", "anchor_coef": 0.1},  # anchor_coef: the anchor term's weight
   passes=("action_share",),
   loss_terms=("anchor",),
   teacher=None,
@@ -112,6 +117,9 @@ def test_a_config_file_adds_a_pass_a_loss_term_and_a_method_that_viz_opens(tiny,
   (row,) = metrics_rows(w, "rl")
   assert row["method"] == "shared_reward" and row["share_spread"] is True
   assert row["pass/action_share/dropped"] == 0 and "loss_anchor" in row
+  # the anchor term weighs in with its knob's 0.1 (no PolicyLossConfig field of that name)
+  assert row["loss_anchor"] > 0.0
+  assert row["loss"] == pytest.approx(row["loss_policy"] + 0.1 * row["loss_anchor"], rel=1e-5, abs=1e-7)
   with open(os.path.join(w, "config.json")) as f:
     assert json.load(f)["config_file"] == str(path)
 

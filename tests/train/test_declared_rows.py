@@ -95,3 +95,48 @@ def test_a_run_of_an_unregistered_method_without_a_config_file_is_said_so():
   with pytest.raises(ValueError, match=r"registered by its config file /nowhere/x.py, which could not be loaded"):
     report.register_rows({"credit": {"method": "gone"}, "config_file": "/nowhere/x.py"})
   report.register_rows({"credit": {"method": "grpo"}, "env": {"name": "arithmetic"}})  # registered: nothing to do
+
+
+def test_a_loss_term_added_as_a_row_takes_its_weight_from_the_methods_knob(monkeypatch):
+  """A `LOSS_TERMS` row with coef=None and knob="anchor_coef": the method's knob sets its weight, with no
+  `PolicyLossConfig` field of that name (it travels in `knob_weights`); a negative or missing weight is refused."""
+  from jaxcredit.train import update
+  from jaxcredit.train.step import LOSS_TERMS, LossTerm, PolicyLossConfig
+
+  term = LossTerm(lambda logp, mb, cfg: (-logp, {}), None, lambda c: "token-mean", ("adv_BxL",), knob="anchor_coef")
+  monkeypatch.setitem(LOSS_TERMS, "anchor", term)
+  monkeypatch.setitem(METHODS, "anchored", Method(_zero, {"anchor_coef": 0.25}, (), loss_terms=("anchor",)))
+  c = _config("anchored")
+  c.credit.anchored.anchor_coef = 0.4
+  config_lib.validate(c)
+  cfg = update.loss_config_of(c)
+  assert cfg.terms == ("policy", "anchor") and cfg.knob_weights == (("anchor_coef", 0.4),)
+  assert term.weight(cfg) == 0.4 and cfg.weight("distill_coef") == 0.0  # a field is read as itself
+  c.credit.anchored.anchor_coef = -0.1
+  with pytest.raises(ValueError, match=r"config.credit.anchored.anchor_coef = -0.1: the 'anchor' loss term's weight"):
+    config_lib.validate(c)
+  del c.credit.anchored["anchor_coef"]
+  with pytest.raises(ValueError, match=r"config.credit.anchored.anchor_coef is missing"):
+    config_lib.validate(c)
+  with pytest.raises(KeyError, match="no loss weight 'anchor_coef'"):
+    term.weight(PolicyLossConfig())
+  with pytest.raises(ValueError, match="'distill_coef' is a field of its own"):
+    PolicyLossConfig(knob_weights=(("distill_coef", 1.0),))
+  with pytest.raises(ValueError, match="must be a finite number"):
+    PolicyLossConfig(knob_weights=(("anchor_coef", float("nan")),))
+  with pytest.raises(ValueError, match="coef=None reads the weight from a knob"):
+    LossTerm(lambda logp, mb, cfg: (logp, {}), None, lambda c: "token-mean")
+
+
+def test_a_methods_loss_arrays_join_the_batch_and_bad_ones_are_refused_by_name():
+  adv = np.zeros((2, 5), np.float32)
+  weight = np.ones((2, 5), np.float32)
+  assert set(MethodOutput(adv, loss_arrays={"anchor_weight_BxL": weight}).batch_arrays()) == {
+    "adv_BxL",
+    "anchor_weight_BxL",
+  }
+  with pytest.raises(ValueError, match=r"loss_arrays\['anchor_weight_BxL'\] has shape \(2, 4\), expected"):
+    MethodOutput(adv, loss_arrays={"anchor_weight_BxL": weight[:, :4]}).batch_arrays()
+  for key in ("adv_BxL", "distill_weight_BxL", "anchor_weight"):
+    with pytest.raises(ValueError, match=f"{key!r} must be a new per-token key"):
+      MethodOutput(adv, loss_arrays={key: weight}).batch_arrays()
