@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from jaxcredit.packed_rows import PackedRow, lay_out_rows
-from jaxcredit.trajectory import Trajectory, pad_length
+from jaxcredit.trajectory import Trajectory
 
 LogpFn = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (tokens_NxL, mask_NxL) -> logp_NxL
 # (tokens_NxL, token_mask_NxL, positions_NxL, segment_ids_NxL, prefix_limit_NxL, slots_NxG) -> logp_NxG
@@ -75,14 +75,14 @@ def score_gold_answers(
       rows.append(prefix + gold)
   if not rows:
     return _reduce_spans(None, [], traj.boundary_mask_BxT1.shape, reduce)
-  n = pad_length(len(rows), rows_bucket)
-  length = pad_length(max(len(r) for r in rows), length_bucket)
-  tokens = np.full((n, length), pad_id, np.int32)
-  tmask = np.zeros((n, length), bool)
-  for k, r in enumerate(rows):
-    tokens[k, : len(r)] = r
-    tmask[k, : len(r)] = True
-  logp = np.asarray(logp_fn(tokens, tmask), np.float32)
+  # One row per (rollout, boundary), each a `PackedRow` with no appended segment, laid out as the packed paths are.
+  laid = lay_out_rows(
+    [PackedRow(np.asarray(r, np.int32)) for r in rows],
+    pad_id=pad_id,
+    length_bucket=length_bucket,
+    rows_multiple=rows_bucket,
+  )
+  logp = np.asarray(logp_fn(laid.tokens_NxL, laid.token_mask_NxL), np.float32)
   return _reduce_spans(logp, spans, traj.boundary_mask_BxT1.shape, reduce)
 
 
