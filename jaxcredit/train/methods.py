@@ -768,7 +768,8 @@ def check_knobs(name: str, knobs: Mapping[str, Any]) -> None:
     ValueError: "config.credit.<name>.<knob> = <value>: must be ..." where the credit function's message names one
       of `knobs` (`<fn>: knob `<knob>` must be ..., got ...`; the knobs carry the functions' argument names), else
       "config.credit.<name>: " + its message; "method <name> reads <pass>/<key>, which its METHODS row does not
-      declare" for an undeclared read.
+      declare" for an undeclared read; a `MethodOutput.loss_arrays` entry of a wrong key or shape, or a loss term of
+      the method (`Method.loss_terms`) whose `batch_keys` the output does not hold, naming the method, term and key.
   """
   from jaxcredit.trajectory import RolloutBuilder, pack
 
@@ -791,7 +792,8 @@ def check_knobs(name: str, knobs: Mapping[str, Any]) -> None:
   try:
     # Jitted, as in training: run eagerly, every primitive compiled on its own made this 15 s for the ten methods in
     # a fresh process (CrEST alone 4.6 s, on every command that validates), against 3 s jitted.
-    method.advantages(traj, knobs)
+    out = method.advantages(traj, knobs)
+    arrays = out.batch_arrays()  # refuses loss_arrays of a wrong key or shape, by name
     if "success_threshold" in knobs:  # read by the peer pass (HSD), not by the advantage function
       credit.hsd_select_peers(
         traj.rewards_B, traj.sample_mask_B, jax.random.key(0), success_threshold=knobs["success_threshold"]
@@ -800,6 +802,15 @@ def check_knobs(name: str, knobs: Mapping[str, Any]) -> None:
     raise
   except (ValueError, TypeError) as e:
     raise ValueError(knob_error_message(name, knobs, str(e))) from None
+  from jaxcredit.train.step import LOSS_TERMS  # the loss terms' table (imports the model layers: only here)
+
+  for term in method.loss_terms:
+    missing = [k for k in LOSS_TERMS[term].batch_keys if arrays.get(k) is None] if term in LOSS_TERMS else []
+    if missing:
+      raise ValueError(
+        f"method {name!r}: loss term {term!r} reads {missing}, which its advantage function does not return "
+        f"(MethodOutput.loss_arrays, or the distillation arrays)"
+      )
 
 
 _KNOB_ERROR = re.compile(r"^(?P<fn>\w+): knob `(?P<knob>\w+)` (?P<rule>.*?)(?:, got [^,]*?)?\.?$", re.DOTALL)

@@ -140,3 +140,23 @@ def test_a_methods_loss_arrays_join_the_batch_and_bad_ones_are_refused_by_name()
   for key in ("adv_BxL", "distill_weight_BxL", "anchor_weight"):
     with pytest.raises(ValueError, match=f"{key!r} must be a new per-token key"):
       MethodOutput(adv, loss_arrays={key: weight}).batch_arrays()
+
+
+def test_a_loss_terms_missing_or_misshapen_array_is_refused_when_the_run_is_configured(monkeypatch):
+  """Before any model is loaded: `check_knobs` runs the method on its 2-rollout trajectory and checks its output
+  against its loss terms' `batch_keys`."""
+  from jaxcredit.train.step import LOSS_TERMS, LossTerm
+
+  term = LossTerm(lambda logp, mb, cfg: (-logp, {}), None, lambda c: "token-mean", ("w_BxL",), knob="w_coef")
+  monkeypatch.setitem(LOSS_TERMS, "weighted", term)
+
+  def short(traj, knobs):
+    adv = np.zeros(traj.tokens_BxL.shape, np.float32)
+    return MethodOutput(adv, loss_arrays={"w_BxL": adv[:, :-1]})
+
+  monkeypatch.setitem(METHODS, "misshapen", Method(short, {"w_coef": 1.0}, (), loss_terms=("weighted",)))
+  with pytest.raises(ValueError, match=r"config.credit.misshapen: MethodOutput.loss_arrays\['w_BxL'\] has shape"):
+    config_lib.validate(_config("misshapen"))
+  monkeypatch.setitem(METHODS, "forgetful", Method(_zero, {"w_coef": 1.0}, (), loss_terms=("weighted",)))
+  with pytest.raises(ValueError, match=r"method 'forgetful': loss term 'weighted' reads \['w_BxL'\], which its"):
+    config_lib.validate(_config("forgetful"))
