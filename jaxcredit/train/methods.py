@@ -69,14 +69,17 @@ class MethodOutput:
     """The arrays the loss terms read, by batch key (`jaxcredit.train.step.LOSS_TERMS[...].batch_keys`).
 
     Raises:
-      ValueError: a `loss_arrays` entry whose key is one of the built-in arrays or not `*_BxL`, or whose shape is
-        not the advantages' [B, L].
+      ValueError: a `loss_arrays` entry whose key is one of the update batch's own arrays (tokens, masks,
+        advantages, distillation, reference and behaviour log-probs, the packed layout) or not `*_BxL`, or whose
+        shape is not the advantages' [B, L].
     """
+    from jaxcredit.train.step import reserved_batch_keys  # the update batch's own arrays (imports the model layers)
+
     out = {"adv_BxL": self.adv_BxL}
     if self.distill_weight_BxL is not None:
       out.update(distill_weight_BxL=self.distill_weight_BxL, distill_target_BxL=self.distill_target_BxL)
     for key, value in self.loss_arrays.items():
-      if key in out or key in ("distill_weight_BxL", "distill_target_BxL") or not key.endswith("_BxL"):
+      if key in reserved_batch_keys() or not key.endswith("_BxL"):
         raise ValueError(f"MethodOutput.loss_arrays: {key!r} must be a new per-token key ending in _BxL")
       if np.shape(value) != np.shape(self.adv_BxL):
         raise ValueError(

@@ -254,6 +254,17 @@ PACKED_ARRAYS: dict[str, tuple[str, str]] = {
 }
 
 
+def reserved_batch_keys() -> frozenset[str]:
+  """The update batch's arrays that the trainer or a built-in loss term fills (`BATCH_ARRAYS`, `PACKED_ARRAYS`, the
+  built-in terms' `batch_keys`): a method's `MethodOutput.loss_arrays` may not replace them."""
+  builtin = ("policy", "kl", "distill", "nll")
+  return (
+    frozenset(BATCH_ARRAYS)
+    | frozenset(PACKED_ARRAYS)
+    | {k for t in builtin if t in LOSS_TERMS for k in LOSS_TERMS[t].batch_keys}
+  )
+
+
 def update_batch_layout(cfg: PolicyLossConfig, *, packed: bool, behavior_weights: bool) -> dict[str, tuple[str, str]]:
   """{array name: (extent, dtype)} of the update batch for the loss `cfg`: the token arrays, each active loss term's
   own arrays (`LossTerm.batch_keys`, float32 at the scored slots), the importance weights of another engine or of

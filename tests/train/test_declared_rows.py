@@ -137,7 +137,7 @@ def test_a_methods_loss_arrays_join_the_batch_and_bad_ones_are_refused_by_name()
   }
   with pytest.raises(ValueError, match=r"loss_arrays\['anchor_weight_BxL'\] has shape \(2, 4\), expected"):
     MethodOutput(adv, loss_arrays={"anchor_weight_BxL": weight[:, :4]}).batch_arrays()
-  for key in ("adv_BxL", "distill_weight_BxL", "anchor_weight"):
+  for key in ("adv_BxL", "distill_weight_BxL", "tokens_BxL", "ref_logp_BxL", "anchor_weight"):
     with pytest.raises(ValueError, match=f"{key!r} must be a new per-token key"):
       MethodOutput(adv, loss_arrays={key: weight}).batch_arrays()
 
