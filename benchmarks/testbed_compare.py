@@ -31,7 +31,11 @@ arithmetic). Writes, under `--out`:
   testbed.png       held-out success against RL step, one line per method (mean over seeds, band min..max)
   compare/          `jaxcredit compare` over all runs (every logged metric, HTML index)
 
-Every stage resumes: a finished stage is skipped, an interrupted run resumes from its checkpoint.
+Every stage resumes: a finished stage is skipped, an interrupted run resumes from its checkpoint. Each run records
+its wall time (`testbed_run.json`, `run_seconds` in the summary); `total_seconds` is the last invocation's time.
+`--merge FILE` joins the methods of an earlier testbed.json into the summary, so a comparison can grow across
+sessions: refused unless the settings, the environment and the warm start's success are equal and every seed both
+ran has the same held-out curve (rerun one seed of a method the file holds to show that the runs repeat).
 
   python benchmarks/testbed_compare.py --out runs/testbed                       # the comparison (not yet timed)
   python benchmarks/testbed_compare.py --out runs/testbed --stage warm          # vocabulary, policy and warm start
@@ -668,8 +672,20 @@ def run_one(args, label: str, seed: int, model: str) -> str:
   apply_overrides(c, args.set)
   t0 = time.time()
   trainer.train(c)
-  print(f"[testbed] {label} seed {seed}: {time.time() - t0:.0f} s")
+  seconds = time.time() - t0
+  with open(os.path.join(workdir, RUN_SECONDS_FILE), "w") as f:  # this run's wall time, evals and compiles included
+    json.dump({"seconds": seconds, "load_avg_1m": os.getloadavg()[0]}, f)
+  print(f"[testbed] {label} seed {seed}: {seconds:.0f} s")
   return workdir
+
+
+RUN_SECONDS_FILE = "testbed_run.json"
+
+
+def run_seconds(workdir: str) -> float | None:
+  """The wall seconds of the run in `workdir` as `run_one` recorded them (None for a run made before it did)."""
+  path = os.path.join(workdir, RUN_SECONDS_FILE)
+  return float(json.load(open(path))["seconds"]) if os.path.isfile(path) else None
 
 
 def _finished(workdir: str, steps: int) -> bool:
@@ -705,7 +721,12 @@ def steps_to_target(steps: list[int], values: list[float], target: float) -> int
   return next((s for s, v in zip(steps, values) if s > 0 and v >= target), None)
 
 
-def summarize(args, start: float, workdirs: dict[str, list[str]], seconds: float) -> dict:
+def summarize(
+  args, start: float, workdirs: dict[str, list[str]], seconds: float, earlier: tuple[str, dict] | None = None
+) -> dict:
+  """Every method's curves, finals and steps to target from its runs' folders, written to `--out`/testbed.json (and
+  testbed.png). `seconds` is this invocation's time (`total_seconds`); each run's own wall time is `run_seconds`.
+  `earlier` = (path, an earlier testbed.json): its methods join this summary (see `merge_earlier`)."""
   target = start + args.target_gain
   methods = {}
   for label, dirs in workdirs.items():
@@ -734,9 +755,14 @@ def summarize(args, start: float, workdirs: dict[str, list[str]], seconds: float
       "train_success_last": _mean_or_none(last),
       "train_curves": [{"steps": s, "success": v} for s, v, _ in train],
       "rl_seconds_mean": float(np.mean([t for _, _, t in train])),
+      "run_seconds": [run_seconds(w) for w in dirs],
       # the held-out evals' environment metrics at the last step (e.g. env/chain_progress), mean over seeds
       "final_env": _mean_dicts([final_env_metrics(w) for w in dirs]),
     }
+  settings = {k: v for k, v in vars(args).items() if k not in ("out", "progress")}
+  merged = {}
+  if earlier is not None:
+    methods, merged = merge_earlier(methods, settings, start, TASKS[args.task]["env_config"], *earlier)
   # Steps to reach GRPO's final held-out success (mean over its seeds), per seed: does a dense method get there sooner
   if "grpo" in methods:
     grpo_final = methods["grpo"]["final_success_mean"]
@@ -748,7 +774,7 @@ def summarize(args, start: float, workdirs: dict[str, list[str]], seconds: float
       m["reached_grpo_final"] = f"{len(hit)}/{len(reach)}"
   result = {
     "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg_1m": os.getloadavg()[0]},
-    "settings": {k: v for k, v in vars(args).items() if k not in ("out", "progress")},
+    "settings": settings,
     "env": TASKS[args.task]["env_config"],
     "warm_start_success": start,
     "target": target,
@@ -756,10 +782,80 @@ def summarize(args, start: float, workdirs: dict[str, list[str]], seconds: float
     "total_seconds": seconds,
     "methods": methods,
   }
+  if merged:
+    result["merged_from"] = merged
   with open(os.path.join(args.out, "testbed.json"), "w") as f:
     json.dump(result, f, indent=1)
   plot(result, os.path.join(args.out, "testbed.png"))
   return result
+
+
+# Settings that may differ between the invocations whose results `merge_earlier` joins: which runs each made, where
+# its files are, and the switch itself. Everything else (task, habits, vocabulary, warm start, RL settings, --set)
+# must be equal.
+_MERGE_FREE_SETTINGS = ("stage", "methods", "seeds", "policy", "merge")
+
+
+def check_mergeable(settings: dict, start: float, env: dict, path: str, earlier: dict) -> None:
+  """Refuses (ValueError naming what differs) an earlier testbed.json that is not this comparison: other settings
+  (all but `_MERGE_FREE_SETTINGS`), environment or warm-start success. Checked before any RL run, and again with the
+  runs' curves by `merge_earlier`."""
+  theirs = earlier.get("settings", {})
+  for key in sorted(set(settings) | set(theirs)):
+    if key not in _MERGE_FREE_SETTINGS and settings.get(key) != theirs.get(key):
+      raise ValueError(f"--merge {path}: setting {key!r} is {theirs.get(key)!r} there and {settings.get(key)!r} here")
+  if earlier.get("env") != env:
+    raise ValueError(f"--merge {path}: its environment {earlier.get('env')} differs from this one's {env}")
+  if earlier.get("warm_start_success") != start:
+    raise ValueError(
+      f"--merge {path}: its warm start's held-out success {earlier.get('warm_start_success')} differs from this "
+      f"one's {start}: not the same warm start (another machine or other code), so its runs do not compare"
+    )
+
+
+def merge_earlier(
+  methods: dict, settings: dict, start: float, env: dict, path: str, earlier: dict
+) -> tuple[dict, dict[str, str]]:
+  """`methods` (this invocation's summaries by label) joined with those of an earlier testbed.json of the same
+  comparison, e.g. the results file of a run made before on this machine from the same commands.
+
+  The two are joined only when they are the same experiment down to the bit: equal settings (all but
+  `_MERGE_FREE_SETTINGS`), environment and warm-start success, and for every method both hold, every seed both ran
+  with equal held-out curves (a method run again from the same warm start on the same machine repeats bit for bit;
+  another machine's XLA kernels do not, docs/benchmarks.md "Reproducibility"). A method of the earlier file that
+  this invocation did not run, or ran on fewer seeds, is taken from it whole; one this invocation ran on every seed
+  the earlier file has is its own.
+
+  Returns:
+    (the joined summaries, earlier methods first; {label: path} for the methods taken from the earlier file).
+
+  Raises:
+    ValueError: naming the setting, the warm start or the method and seed where the two differ.
+  """
+  check_mergeable(settings, start, env, path, earlier)
+  theirs = earlier["settings"]
+  their_seeds = list(theirs.get("seeds", []))
+  our_seeds = list(settings["seeds"])
+  joined, merged = {}, {}
+  for label in list(earlier["methods"]) + [m for m in methods if m not in earlier["methods"]]:
+    if label not in methods:
+      joined[label], merged[label] = earlier["methods"][label], path
+      continue
+    if label not in earlier["methods"]:
+      joined[label] = methods[label]
+      continue
+    ours, old = methods[label], earlier["methods"][label]
+    for i, seed in enumerate(our_seeds):
+      if seed in their_seeds and ours["curves"][i] != old["curves"][their_seeds.index(seed)]:
+        raise ValueError(
+          f"--merge {path}: {label} seed {seed} ended another way here ({ours['curves'][i]['success']}) than there "
+          f"({old['curves'][their_seeds.index(seed)]['success']}): the runs do not repeat, so they cannot be joined"
+        )
+    if set(their_seeds) <= set(our_seeds):
+      joined[label] = ours
+    else:
+      joined[label], merged[label] = old, path
+  return joined, merged
 
 
 def final_env_metrics(workdir: str) -> dict[str, float]:
@@ -851,6 +947,13 @@ def main(argv=None):
   )
   ap.add_argument("--methods", default=",".join(RUNS), help=f"labels from {list(RUNS)}")
   ap.add_argument("--seeds", default="0,1,2")
+  ap.add_argument(
+    "--merge",
+    default=None,
+    metavar="TESTBED_JSON",
+    help="join the methods of an earlier testbed.json of the same comparison (e.g. benchmarks/results/"
+    "testbed_chain.json) into this summary; refused unless settings, warm start and shared seeds' curves are equal",
+  )
   ap.add_argument("--steps", type=int, default=30, help="RL steps per run")
   ap.add_argument("--eval-every", type=int, default=5)
   ap.add_argument("--eval-tasks", type=int, default=64)
@@ -945,6 +1048,14 @@ def main(argv=None):
   if args.policy and not os.path.isfile(os.path.join(args.policy, "model_config.json")):
     ap.error(f"--policy {args.policy!r}: no model_config.json there (a folder `jaxcredit sft` or `convert` writes)")
   args.seeds = [int(s) for s in args.seeds.split(",")]
+  earlier = None
+  if args.merge:
+    try:
+      earlier = (args.merge, json.load(open(args.merge)))
+    except (OSError, ValueError) as e:
+      ap.error(f"--merge {args.merge!r}: cannot read it as a testbed.json ({e})")
+    if not isinstance(earlier[1].get("methods"), dict):
+      ap.error(f"--merge {args.merge!r}: no 'methods' table (not a testbed.json)")
   ENV["max_hops"] = args.max_hops
   ENV["max_tool_calls"] = 2 * args.max_hops
   ENV["num_generated"] = args.train_questions
@@ -976,12 +1087,21 @@ def main(argv=None):
     return
   model, start = warm_start(args, policy)
   print(f"[testbed] warm start: held-out success {start:.3f} ({time.time() - t0:.0f} s)")
+  if earlier is not None:  # refuse before hours of runs, not after
+    try:
+      settings = {k: v for k, v in vars(args).items() if k not in ("out", "progress")}
+      check_mergeable(settings, start, TASKS[args.task]["env_config"], *earlier)
+    except ValueError as e:
+      ap.error(str(e))
   with open(os.path.join(args.out, "warm.json"), "w") as f:
     json.dump(warm_summary(os.path.join(args.out, "warm")), f, indent=1)
   if args.stage == "warm":
     return
   workdirs = {label: [run_one(args, label, seed, model) for seed in args.seeds] for label in labels}
-  result = summarize(args, start, workdirs, time.time() - t0)
+  try:
+    result = summarize(args, start, workdirs, time.time() - t0, earlier=earlier)
+  except ValueError as e:
+    ap.error(str(e))
   from jaxcredit.viz.compare import compare_runs
 
   compare_runs([w for dirs in workdirs.values() for w in dirs], os.path.join(args.out, "compare"))

@@ -182,6 +182,51 @@ def test_summary_means_spreads_and_steps_to_target(testbed, tmp_path):
   assert np.isclose(saved["warm_start_success"], 0.3)
 
 
+def test_merge_joins_an_earlier_results_file_only_when_the_runs_repeat(testbed, tmp_path):
+  def args(out, seeds, lr=1e-4):
+    return types.SimpleNamespace(
+      out=str(out), target_gain=0.1, seeds=seeds, prompts=2, group=4, steps=10, progress=False, task="search", lr=lr
+    )
+
+  (tmp_path / "a").mkdir()
+  (tmp_path / "b").mkdir()
+  g0 = _run(tmp_path / "a" / "g0", [(5, 0.30), (10, 0.40)])
+  earlier = testbed.summarize(
+    args(tmp_path / "a", [0, 1]),
+    0.3,
+    {
+      "grpo": [g0, _run(tmp_path / "a" / "g1", [(5, 0.20), (10, 0.30)])],
+      "trace": [
+        _run(tmp_path / "a" / "t0", [(5, 0.50), (10, 0.60)]),
+        _run(tmp_path / "a" / "t1", [(5, 0.3), (10, 0.3)]),
+      ],
+    },
+    seconds=1.0,
+  )
+  with open(os.path.join(g0, testbed.RUN_SECONDS_FILE), "w") as f:
+    json.dump({"seconds": 123.0}, f)
+  # This invocation: GRPO seed 0 again (the same curve: the runs repeat) and a method the earlier file lacks.
+  here = {"grpo": [g0], "gear": [_run(tmp_path / "b" / "e0", [(5, 0.36), (10, 0.36)])]}
+  result = testbed.summarize(args(tmp_path / "b", [0]), 0.3, here, seconds=2.0, earlier=("old.json", earlier))
+  assert list(result["methods"]) == ["grpo", "trace", "gear"]
+  assert result["merged_from"] == {"grpo": "old.json", "trace": "old.json"}
+  # GRPO comes whole from the earlier file (it ran more seeds there): its final 0.35 is the bar for every method
+  assert result["methods"]["grpo"]["final_success"] == [0.4, 0.3]
+  assert result["methods"]["gear"]["steps_to_grpo_final"] == [5]
+  assert result["methods"]["trace"]["steps_to_grpo_final"] == [5, None]
+  assert json.load(open(tmp_path / "b" / "testbed.json"))["merged_from"]["trace"] == "old.json"
+  mine = testbed.summarize(args(tmp_path / "b", [0]), 0.3, {"grpo": [g0]}, seconds=2.0)
+  assert mine["methods"]["grpo"]["run_seconds"] == [123.0] and earlier["methods"]["trace"]["run_seconds"] == [None] * 2
+
+  other = {"grpo": [_run(tmp_path / "b" / "g0", [(5, 0.30), (10, 0.45)])]}
+  with pytest.raises(ValueError, match=r"grpo seed 0 ended another way here \(\[0.3, 0.3, 0.45\]\)"):
+    testbed.summarize(args(tmp_path / "b", [0]), 0.3, other, seconds=2.0, earlier=("old.json", earlier))
+  with pytest.raises(ValueError, match="setting 'lr' is 0.0001 there and 0.001 here"):
+    testbed.summarize(args(tmp_path / "b", [0], lr=1e-3), 0.3, here, seconds=2.0, earlier=("old.json", earlier))
+  with pytest.raises(ValueError, match="warm start's held-out success 0.3 differs from this one's 0.25"):
+    testbed.summarize(args(tmp_path / "b", [0]), 0.25, here, seconds=2.0, earlier=("old.json", earlier))
+
+
 def test_warm_summary_reads_losses_and_every_warm_start_eval(testbed, tmp_path):
   rows = [{"phase": "sft", "step": i + 1, "loss": 5.0 - 0.1 * i, "step_s": 0.5 + (i == 3)} for i in range(40)]
   rows.append(
