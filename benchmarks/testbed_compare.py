@@ -685,7 +685,10 @@ RUN_SECONDS_FILE = "testbed_run.json"
 def run_seconds(workdir: str) -> float | None:
   """The wall seconds of the run in `workdir` as `run_one` recorded them (None for a run made before it did)."""
   path = os.path.join(workdir, RUN_SECONDS_FILE)
-  return float(json.load(open(path))["seconds"]) if os.path.isfile(path) else None
+  if not os.path.isfile(path):
+    return None
+  with open(path) as f:
+    return float(json.load(f)["seconds"])
 
 
 def _finished(workdir: str, steps: int) -> bool:
@@ -1051,7 +1054,8 @@ def main(argv=None):
   earlier = None
   if args.merge:
     try:
-      earlier = (args.merge, json.load(open(args.merge)))
+      with open(args.merge) as f:
+        earlier = (args.merge, json.load(f))
     except (OSError, ValueError) as e:
       ap.error(f"--merge {args.merge!r}: cannot read it as a testbed.json ({e})")
     if not isinstance(earlier[1].get("methods"), dict):

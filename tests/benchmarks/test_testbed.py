@@ -214,7 +214,8 @@ def test_merge_joins_an_earlier_results_file_only_when_the_runs_repeat(testbed, 
   assert result["methods"]["grpo"]["final_success"] == [0.4, 0.3]
   assert result["methods"]["gear"]["steps_to_grpo_final"] == [5]
   assert result["methods"]["trace"]["steps_to_grpo_final"] == [5, None]
-  assert json.load(open(tmp_path / "b" / "testbed.json"))["merged_from"]["trace"] == "old.json"
+  with open(tmp_path / "b" / "testbed.json") as f:
+    assert json.load(f)["merged_from"]["trace"] == "old.json"
   mine = testbed.summarize(args(tmp_path / "b", [0]), 0.3, {"grpo": [g0]}, seconds=2.0)
   assert mine["methods"]["grpo"]["run_seconds"] == [123.0] and earlier["methods"]["trace"]["run_seconds"] == [None] * 2
 
