@@ -11,7 +11,8 @@ Measured alternately in one process (median of `--repeats` rounds each):
   - where the jitted step's time goes: `--profile` adds the top XLA:CPU ops of one traced step (`jax.profiler`);
   - `--parts` adds, alternating in the same rounds, the gradient of the mean next-token log-prob with full [B, L, V]
     logits and a log-softmax (the head torch runs), the same through the chunked head (`sequence_logprobs`), and
-    the trunk alone (the mean square of the final hidden states: no output head), so the head's share shows.
+    the trunk alone (the mean square of the final hidden states: no output head), so the head's share shows, and
+    the same trunk-only gradient in torch (`transformers_trunk_only`), so the trunks compare without their heads.
 
 Writes benchmarks/results/step_bench.json.
 """
@@ -153,10 +154,16 @@ def main():
     (-logp.mean()).backward()
     hf.zero_grad(set_to_none=True)
 
+  def torch_trunk():  # the trunk alone, as `trunk_only`: no output head
+    (hf.model(ids).last_hidden_state ** 2).mean().backward()
+    hf.zero_grad(set_to_none=True)
+
   torch_step()
   steps = {"jaxcredit": lambda: jax.block_until_ready(grad(params, batch)), "transformers": torch_step}
   if args.parts:
     steps.update(_parts(graphdef, params, rest, tokens))
+    torch_trunk()
+    steps["transformers_trunk_only"] = torch_trunk
   runs = {name: [] for name in steps}
   for _ in range(args.repeats):
     for name, fn in steps.items():
@@ -178,7 +185,7 @@ def main():
     f"({r['transformers_s'] / r['jaxcredit_s']:.2f}x), floor {r['floor_s']:.2f} s at {best:.0f} GFLOP/s "
     f"(XLA {results['machine']['xla_GFLOPs']:.0f}, torch {results['machine']['torch_GFLOPs']:.0f})"
   )
-  for name in ("ce_full_logits", "ce_chunked_head", "trunk_only"):
+  for name in ("ce_full_logits", "ce_chunked_head", "trunk_only", "transformers_trunk_only"):
     if f"{name}_s" in r:
       print(f"  {name}: {r[f'{name}_s']:.2f} s")
 
