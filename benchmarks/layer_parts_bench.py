@@ -64,6 +64,7 @@ def main():
   from jaxcredit.models import decoder as dec
   from jaxcredit.models.attention import attention
   from jaxcredit.models.config import ModelConfig
+  from jaxcredit.models.hf_config import hf_config_from_model_config
 
   cfg = ModelConfig(
     vocab_size=64,
@@ -77,17 +78,7 @@ def main():
     rope_theta=10000.0,
     tie_word_embeddings=True,
   )
-  tcfg = LlamaConfig(
-    vocab_size=64,
-    hidden_size=D,
-    intermediate_size=F,
-    num_hidden_layers=args.layers,
-    num_attention_heads=H,
-    num_key_value_heads=K,
-    head_dim=DH,
-    rms_norm_eps=1e-5,
-    attn_implementation="sdpa",
-  )
+  tcfg = LlamaConfig(**hf_config_from_model_config(cfg), attn_implementation="sdpa")  # the same shapes for torch
   keys = jax.random.split(jax.random.key(0), 12)
   normal = lambda i, shape, scale=1.0: scale * jax.random.normal(keys[i], shape)  # noqa: E731
   as_torch = lambda a, grad=False: torch.from_numpy(np.array(a)).requires_grad_(grad)  # noqa: E731
