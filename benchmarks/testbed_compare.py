@@ -65,6 +65,15 @@ comparison.
       --sft-steps 1200 --sft-lr 1e-3 --sft-eval-every 300 --seeds 0,1,2 --steps 20 --eval-every 5 --prompts 4 \
       --group 8 --lr 1e-4 --target-gain 0.1 \
       --methods grpo,crest,crest_lam0,crest_rho0,crest_nodir,sgcd,gigpo,hsd,gear,toolopd,trace
+
+Growing a committed table instead of rerunning it: after the first two chain commands, show that this machine repeats
+the committed runs (GRPO seed 0 again; refused unless its curve equals the file's), then run the methods the file
+lacks and join them to it, and copy the joined testbed.json over the file:
+
+  python benchmarks/testbed_compare.py --task chain --out runs/ch2 ...the same settings... --methods grpo --seeds 0 \
+      --merge benchmarks/results/testbed_chain.json
+  python benchmarks/testbed_compare.py --task chain --out runs/ch2 ...the same settings... --seeds 0,1,2 \
+      --methods crest,gigpo,hsd,gear,trace_raw_delta,toolopd --merge benchmarks/results/testbed_chain.json
 """
 
 from __future__ import annotations
