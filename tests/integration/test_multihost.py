@@ -79,7 +79,12 @@ def _wait(procs):
     except subprocess.TimeoutExpired:
       for q in procs:
         q.kill()
-      raise
+      # Where each process was when it stopped answering: the last lines of every process's output.
+      tails = [(q.communicate()[0] or "")[-3000:] for q in procs]
+      raise AssertionError(
+        "a process did not finish in 900 s; the output of each:\n"
+        + "\n".join(f"--- process {k}:\n{tail}" for k, tail in enumerate(tails))
+      ) from None
     outs.append((p.returncode, out))
   return outs
 
