@@ -64,6 +64,7 @@ def _start(overrides, workdir, num_processes=2, devices=4):
       JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
       JAX_NUM_PROCESSES=str(num_processes),
       JAX_PROCESS_ID=str(i),
+      PYTHONFAULTHANDLER="1",
     )
     cmd = [sys.executable, "-m", "jaxcredit.cli", "train", "--config", "configs/quickstart.py"]
     cmd += [*overrides, f"--config.workdir={workdir}"]
@@ -77,10 +78,18 @@ def _wait(procs):
     try:
       out, _ = p.communicate(timeout=900)
     except subprocess.TimeoutExpired:
+      # Where each process was when it stopped answering: SIGABRT makes Python's faulthandler (PYTHONFAULTHANDLER,
+      # set by _start) print every thread's stack before the process dies; then the last lines of each output.
       for q in procs:
-        q.kill()
-      # Where each process was when it stopped answering: the last lines of every process's output.
-      tails = [(q.communicate()[0] or "")[-3000:] for q in procs]
+        if q.poll() is None:
+          q.send_signal(signal.SIGABRT)
+      tails = []
+      for q in procs:
+        try:
+          tails.append((q.communicate(timeout=60)[0] or "")[-6000:])
+        except subprocess.TimeoutExpired:
+          q.kill()
+          tails.append((q.communicate()[0] or "")[-6000:])
       raise AssertionError(
         "a process did not finish in 900 s; the output of each:\n"
         + "\n".join(f"--- process {k}:\n{tail}" for k, tail in enumerate(tails))
