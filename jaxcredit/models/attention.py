@@ -33,29 +33,20 @@ def attention(q_BxLxHxDh: jax.Array, k_BxSxKxDh: jax.Array, v_BxSxKxDh: jax.Arra
   """
   b, l, h, dh = q_BxLxHxDh.shape
   k = k_BxSxKxDh.shape[2]
-  g = h // k
   if l == 1:
     return _single_query_attention(q_BxLxHxDh, k_BxSxKxDh, v_BxSxKxDh, mask_BxLxS)
-  # Head-major operands, so that both products are plain batched matrix products over (B, K) whose [G·L, S] score
-  # and probability blocks never need a transpose: only the small q, k, v and output are transposed. Written as
-  # "blkgd,bskd->bkgls" / "bkgls,bskd->blkgd", XLA:CPU transposed the [B, K, G, L, S] probabilities in the forward and
-  # backward passes (SmolLM2's attention at [4, 256]: 31 ms forward+backward that way, 16 ms this way;
-  # docs/benchmarks.md, "The training forward+backward").
-  q_BxKxGLxDh = q_BxLxHxDh.reshape(b, l, k, g, dh).transpose(0, 2, 3, 1, 4).reshape(b, k, g * l, dh)
-  k_BxKxSxDh = k_BxSxKxDh.transpose(0, 2, 1, 3)
-  v_BxKxSxDh = v_BxSxKxDh.transpose(0, 2, 1, 3)
-  scores_BxKxGLxS = jnp.einsum("bkmd,bksd->bkms", q_BxKxGLxDh, k_BxKxSxDh, preferred_element_type=jnp.float32)
-  scores_BxKxGxLxS = scores_BxKxGLxS.reshape(b, k, g, l, -1) * (dh**-0.5)
-  scores_BxKxGxLxS = jnp.where(mask_BxLxS[:, None, None, :, :], scores_BxKxGxLxS, _MASKED_SCORE)
-  probs_BxKxGLxS = jax.nn.softmax(scores_BxKxGxLxS, axis=-1).reshape(b, k, g * l, -1)
-  out_BxKxGLxDh = jnp.einsum(
-    "bkms,bksd->bkmd", probs_BxKxGLxS.astype(v_BxSxKxDh.dtype), v_BxKxSxDh, preferred_element_type=jnp.float32
+  q_BxLxKxGxDh = q_BxLxHxDh.reshape(b, l, k, h // k, dh)
+  scores_BxKxGxLxS = jnp.einsum("blkgd,bskd->bkgls", q_BxLxKxGxDh, k_BxSxKxDh, preferred_element_type=jnp.float32) * (
+    dh**-0.5
   )
-  out_BxLxHxDh = out_BxKxGLxDh.reshape(b, k, g, l, dh).transpose(0, 3, 1, 2, 4).reshape(b, l, h, dh)
-  # A query with no allowed key has uniform probabilities over its -1e30 scores: its output (and gradient) is zeroed
-  # here, on [B, L, H, Dh], rather than by a second select over the [B, K, G, L, S] probabilities.
-  has_key_BxLx1x1 = jnp.any(mask_BxLxS, axis=-1)[:, :, None, None]
-  return jnp.where(has_key_BxLx1x1, out_BxLxHxDh, 0.0).astype(q_BxLxHxDh.dtype)
+  allowed_Bx1x1xLxS = mask_BxLxS[:, None, None, :, :]
+  scores_BxKxGxLxS = jnp.where(allowed_Bx1x1xLxS, scores_BxKxGxLxS, _MASKED_SCORE)
+  probs_BxKxGxLxS = jax.nn.softmax(scores_BxKxGxLxS, axis=-1)
+  probs_BxKxGxLxS = jnp.where(allowed_Bx1x1xLxS, probs_BxKxGxLxS, 0.0)
+  out_BxLxKxGxDh = jnp.einsum(
+    "bkgls,bskd->blkgd", probs_BxKxGxLxS.astype(v_BxSxKxDh.dtype), v_BxSxKxDh, preferred_element_type=jnp.float32
+  )
+  return out_BxLxKxGxDh.reshape(b, l, h, dh).astype(q_BxLxHxDh.dtype)
 
 
 def two_part_attention(
