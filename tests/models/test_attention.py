@@ -86,3 +86,25 @@ def test_decoder_with_chunked_attention_equals_full():
     outs[impl] = nnx.jit(lambda m, t, k: m(t, token_mask_BxL=k)[0])(model, tokens, mask)
   diff = jnp.where(mask[..., None], outs["full"] - outs["chunked"], 0.0)
   assert float(jnp.max(jnp.abs(diff))) <= 1e-5
+
+
+def test_full_attention_equals_a_per_head_reference_and_zeroes_queries_without_keys():
+  # The full path's head-major products against a plain per-head loop (query head h reads kv head h // G), with a
+  # left-padded row whose pad queries see no key: their output is 0 and every gradient stays finite.
+  b, l, h, k, dh = 2, 12, 6, 2, 8
+  q, key, v, mask, w = _inputs(b, l, h, k, dh, seed=3)
+  allowed = np.tril(np.ones((l, l), bool))[None] & np.asarray(mask)[:, None, :]
+  ref = np.zeros((b, l, h, dh))
+  for bi in range(b):
+    for hi in range(h):
+      s = np.asarray(q)[bi, :, hi] @ np.asarray(key)[bi, :, hi // (h // k)].T / np.sqrt(dh)
+      for qi in range(l):
+        if allowed[bi, qi].any():
+          e = np.exp(s[qi] - s[qi][allowed[bi, qi]].max()) * allowed[bi, qi]
+          ref[bi, qi, hi] = (e / e.sum()) @ np.asarray(v)[bi, :, hi // (h // k)]
+  out = jax.jit(attention)(q, key, v, jnp.asarray(allowed))
+  np.testing.assert_allclose(np.asarray(out), ref, atol=1e-5)
+  assert not allowed[0, 0].any() and float(jnp.max(jnp.abs(out[0, 0]))) == 0.0  # a pad query: zero output
+  grads = jax.grad(lambda *a: jnp.sum(attention(*a, jnp.asarray(allowed)) * w), argnums=(0, 1, 2))(q, key, v)
+  assert all(bool(jnp.all(jnp.isfinite(g))) for g in grads)
+  assert float(jnp.max(jnp.abs(grads[0][0, 0]))) == 0.0  # no gradient through a query that sees nothing
