@@ -25,13 +25,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
 import time
 
 import numpy as np
+from machine import machine_info, record_load_after
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -112,7 +112,7 @@ def main(argv=None):
     ap.error("--steps must be >= 2 (the first RL step compiles and is left out)")
   extra = [f"--config.{kv}" for kv in args.set]
   results = {
-    "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg_before": os.getloadavg()},
+    "machine": machine_info(),
     "settings": {"steps": args.steps, "set": args.set, "config": "configs/quickstart.py"},
     "engines": {},
   }
@@ -133,7 +133,7 @@ def main(argv=None):
       f"rollouts {s['rollout_s']:.1f} / {a['rollout_s']:.1f} s; learner waits {s['learner_wait_s']:.1f} -> "
       f"{a['learner_wait_s']:.1f} s (overlap {a['overlap']:.2f}); sampler idle {a['sampler_idle_s']:.1f} s"
     )
-  results["machine"]["load_avg_after"] = os.getloadavg()
+  record_load_after(results["machine"])
   os.makedirs(os.path.dirname(args.out), exist_ok=True)
   with open(args.out, "w") as f:
     json.dump(results, f, indent=1)

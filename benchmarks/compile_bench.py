@@ -12,9 +12,10 @@ Writes benchmarks/results/compile_bench.json.
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
+
+from machine import machine_info, record_load_after
 
 CHILD = r"""
 import json, sys, time
@@ -60,6 +61,7 @@ def main():
   ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "compile_bench.json"))
   args = ap.parse_args()
   env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_ENABLE_COMPILATION_CACHE="false")
+  machine = machine_info()
   rows = []
   for remat in (False, True):
     for layers in args.layers:
@@ -94,9 +96,7 @@ def main():
       {
         "rows": rows,
         "ratio_deep_over_shallow": ratios,
-        "machine": platform.platform(),
-        "cpus": os.cpu_count(),
-        "load_avg": os.getloadavg(),
+        "machine": record_load_after(machine),
       },
       f,
       indent=1,

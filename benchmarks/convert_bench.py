@@ -16,12 +16,13 @@ in a temporary folder, then runs each step in a fresh Python process so that its
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from machine import machine_info, record_load_after
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -110,7 +111,7 @@ def main():
   ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "convert.json"))
   args = ap.parse_args()
 
-  load_start = os.getloadavg()
+  machine = machine_info()
   with tempfile.TemporaryDirectory(prefix="convert_bench-") as tmp:
     tmp = Path(tmp)
     t = time.perf_counter()
@@ -127,13 +128,7 @@ def main():
   mib = 2**20
   peak = convert["peak_rss_above_baseline_bytes"]
   results = {
-    "machine": {
-      "cpus": os.cpu_count(),
-      "platform": platform.platform(),
-      "python": platform.python_version(),
-      "load_avg_before": load_start[0],
-      "load_avg_after": os.getloadavg()[0],
-    },
+    "machine": record_load_after(machine),
     "checkpoint": {
       "model": "Qwen3 (random, float32, untied)",
       "layers": args.layers,

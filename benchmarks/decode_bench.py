@@ -19,7 +19,6 @@ Writes benchmarks/results/decode_bench.json.
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -28,6 +27,7 @@ import time
 import urllib.request
 
 import numpy as np
+from machine import machine_info, record_load_after
 
 BATCH, PROMPT, SHORT, LONG = 8, 64, 8, 72
 
@@ -242,15 +242,7 @@ def main():
   from jaxcredit.models import converted_cache_dir, load_model, smollm2_gguf_path
   from jaxcredit.models.hf import export_hf
 
-  load_before = os.getloadavg()
-  results = {
-    "machine": {
-      "cpus": os.cpu_count(),
-      "platform": platform.platform(),
-      "jax": jax.__version__,
-      "load_avg_before": load_before,
-    }
-  }
+  results = {"machine": machine_info()}
   results["machine"].update(bandwidth())
   model, cfg = load_model(smollm2_gguf_path())
   param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(model))
@@ -285,7 +277,7 @@ def main():
       f"4 turns x {BATCH} rollouts, {mode}: {r['seconds']:.1f} s, {r['prefill_tokens']} tokens prefilled "
       f"({r['context_tokens']} context tokens)"
     )
-  results["machine"]["load_avg_after"] = os.getloadavg()
+  record_load_after(results["machine"])
   os.makedirs(os.path.dirname(args.out), exist_ok=True)
   with open(args.out, "w") as f:
     json.dump(results, f, indent=2)

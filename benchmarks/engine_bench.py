@@ -16,9 +16,9 @@ import argparse
 import importlib.util
 import json
 import os
-import platform
 import statistics
 import tempfile
+from machine import machine_info, record_load_after
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -49,7 +49,7 @@ def main():
   from jaxcredit.train import rl_step as rl_step_lib
   from jaxcredit.train import run as run_lib
 
-  load_before = os.getloadavg()[0]
+  machine = machine_info()
   root = tempfile.mkdtemp(prefix="engine_bench-")
   runs = {e: run_lib.build(_config(os.path.join(root, e), e, args.vllm_python)) for e in ("jax", "vllm")}
   data = run_lib.data_iterator(len(runs["jax"].train_tasks), runs["jax"].config.rollout.prompts_per_step, seed=0)
@@ -86,7 +86,7 @@ def main():
     "steps_per_round": args.steps,
     "engines": {e: summary(rows) for e, rows in rounds.items()},
     "vllm_sync_seconds": runs["vllm"].sampler.sync_seconds,
-    "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_before": load_before},
+    "machine": record_load_after(machine),
   }
   os.makedirs(os.path.dirname(args.out), exist_ok=True)
   with open(args.out, "w") as f:

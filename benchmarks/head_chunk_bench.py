@@ -15,11 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 
 import numpy as np
+from machine import machine_info, record_load_after
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -70,7 +70,7 @@ def main(argv=None):
 
     return jax.jit(jax.grad(loss, argnums=(0, 1)))
 
-  load = os.getloadavg()[0]
+  machine = machine_info()
   fns = [grad_fn(*c) for c in chunks]
   for f in fns:
     jax.block_until_ready(f(h, head))
@@ -92,7 +92,7 @@ def main(argv=None):
     for (s, vc), t in zip(chunks, seconds)
   ]
   result = {
-    "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_average_before": load},
+    "machine": record_load_after(machine),
     "shape": {"B": b, "L": l, "D": d, "V": v},
     "products_gflop": gflop,
     "repeats": args.repeats,

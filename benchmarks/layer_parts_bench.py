@@ -19,10 +19,10 @@ Writes benchmarks/results/layer_parts_bench.json (milliseconds).
 import argparse
 import json
 import os
-import platform
 import time
 
 import numpy as np
+from machine import machine_info, record_load_after
 
 B, L, D, F, H, K, DH = 4, 256, 576, 1536, 9, 3, 64
 
@@ -83,14 +83,7 @@ def main():
   normal = lambda i, shape, scale=1.0: scale * jax.random.normal(keys[i], shape)  # noqa: E731
   as_torch = lambda a, grad=False: torch.from_numpy(np.array(a)).requires_grad_(grad)  # noqa: E731
   results = {
-    "machine": {
-      "cpus": os.cpu_count(),
-      "platform": platform.platform(),
-      "jax": jax.__version__,
-      "torch": torch.__version__,
-      "torch_threads": torch.get_num_threads(),
-      "load_avg_before": os.getloadavg(),
-    },
+    "machine": machine_info(),
     "shapes": {"batch": B, "length": L, "hidden": D, "mlp": F, "heads": H, "kv_heads": K, "head_dim": DH},
     "ms": {},
   }
@@ -198,7 +191,7 @@ def main():
     f"trunk, {args.layers} layers: scanned {ms['jaxcredit_scanned']:.0f} ms (compile {compile_scanned:.1f} s), "
     f"unrolled {ms['jaxcredit_unrolled']:.0f} ms (compile {compile_unrolled:.1f} s), torch {ms['torch']:.0f} ms"
   )
-  results["machine"]["load_avg_after"] = os.getloadavg()
+  record_load_after(results["machine"])
   os.makedirs(os.path.dirname(args.out), exist_ok=True)
   with open(args.out, "w") as f:
     json.dump(results, f, indent=1)

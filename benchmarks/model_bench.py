@@ -7,12 +7,12 @@ ms/step, the two numbers that size the quickstart. Writes benchmarks/results/mod
 import argparse
 import json
 import os
-import platform
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from machine import machine_info, record_load_after
 
 
 def _median_time(fn, repeats):
@@ -57,17 +57,13 @@ def main():
   grad = jax.jit(
     lambda p, bt: step_lib.loss_and_grads(step_lib.pg_token_loss, graphdef, p, rest, bt, step_lib.PolicyLossConfig())[1]
   )
+  machine = machine_info()
   t0 = time.perf_counter()
   jax.block_until_ready(grad(params, batch))
   compile_s = time.perf_counter() - t0
   step_s = _median_time(lambda: grad(params, batch), args.repeats)
   results = {
-    "machine": {
-      "cpus": os.cpu_count(),
-      "platform": platform.platform(),
-      "jax": jax.__version__,
-      "load_avg_at_start": os.getloadavg()[0],
-    },
+    "machine": record_load_after(machine),
     "fwd_bwd": {
       "batch": b,
       "length": length,

@@ -18,11 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 
 import numpy as np
+from machine import machine_info, record_load_after
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -133,12 +133,13 @@ def main(argv=None):
   if args.repeats < 1:
     raise SystemExit(f"--repeats must be >= 1, got {args.repeats}")
   row_lens = [int(x) for x in args.row_lens.split(",") if x]
-  load = os.getloadavg()[0]
+  machine = machine_info()
   result = {
-    "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_average_before": load},
+    "machine": machine,
     "repeats": args.repeats,
     "workloads": {name: run_workload(name, row_lens, args.repeats) for name in names},
   }
+  record_load_after(machine)
   os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
   with open(args.out, "w") as f:
     json.dump(result, f, indent=1)

@@ -23,7 +23,6 @@ Writes benchmarks/results/qwen3_step_bench.json.
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -31,6 +30,7 @@ import tempfile
 import time
 
 import numpy as np
+from machine import machine_info, record_load_after
 
 # The Tunix side, run by --tunix-python with the checkpoint folder, batch and length as arguments. It answers each
 # line "run" on stdin with one JSON line {"seconds", "loss"}.
@@ -147,6 +147,7 @@ def main():
     ready = json.loads(line) if line.strip() else {}
     if not ready.get("ready"):
       raise RuntimeError(f"the Tunix worker did not start: {ready}")
+    machine = machine_info(tunix_jax=ready.get("jax"))
     runs = {"jaxcredit": [], "tunix": []}
     losses = {}
     for _ in range(args.repeats):
@@ -166,13 +167,7 @@ def main():
 
   med = {k: float(np.median(v)) for k, v in runs.items()}
   results = {
-    "machine": {
-      "cpus": os.cpu_count(),
-      "platform": platform.platform(),
-      "jax": jax.__version__,
-      "tunix_jax": ready.get("jax"),
-      "load_avg_after": os.getloadavg(),
-    },
+    "machine": record_load_after(machine),
     "checkpoint": {
       "layers": args.layers,
       "params": int(num_params),

@@ -14,11 +14,11 @@ Also checks that both give the same scores. Writes benchmarks/results/scoring_be
 import argparse
 import json
 import os
-import platform
 import time
 
 import jax
 import numpy as np
+from machine import machine_info, record_load_after
 
 
 class AotFn:
@@ -89,7 +89,7 @@ def main():
   from jaxcredit.scoring.gold import score_gold_answers, score_gold_answers_packed
   from jaxcredit.train import step as step_lib
 
-  load_start = os.getloadavg()[0]
+  machine = machine_info(backend=jax.default_backend())
   model, cfg = load_model(smollm2_gguf_path())
   graphdef, params, rest = step_lib.split_model(model)
   separate_fn = AotFn(step_lib.make_logp_fn(graphdef, rest, 1.0), params)
@@ -97,13 +97,7 @@ def main():
   pad_id = 2
   rng = np.random.default_rng(0)
   results = {
-    "machine": {
-      "cpus": os.cpu_count(),
-      "platform": platform.platform(),
-      "jax": jax.__version__,
-      "backend": jax.default_backend(),
-      "load_avg_at_start": load_start,
-    },
+    "machine": machine,
     "settings": {k: v for k, v in vars(args).items() if k != "out"},
     "cases": [],
   }
@@ -149,7 +143,7 @@ def main():
       f"max |diff| {max_diff:.1e}",
       flush=True,
     )
-  results["machine"]["load_avg_at_end"] = os.getloadavg()[0]
+  record_load_after(results["machine"])
   os.makedirs(os.path.dirname(args.out), exist_ok=True)
   with open(args.out, "w") as f:
     json.dump(results, f, indent=2)

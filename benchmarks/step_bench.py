@@ -23,12 +23,12 @@ import glob
 import gzip
 import json
 import os
-import platform
 import shutil
 import tempfile
 import time
 
 import numpy as np
+from machine import machine_info, record_load_after
 
 
 def _timed(fn, repeats):
@@ -110,14 +110,7 @@ def main():
   from jaxcredit.train import step as step_lib
 
   results = {
-    "machine": {
-      "cpus": os.cpu_count(),
-      "platform": platform.platform(),
-      "jax": jax.__version__,
-      "torch": torch.__version__,
-      "torch_threads": torch.get_num_threads(),
-      "load_avg_before": os.getloadavg(),
-    }
+    "machine": machine_info(),
   }
   results["machine"].update(matmul_rates())
   b, length = args.batch, args.length
@@ -204,7 +197,7 @@ def main():
     for k, v in by_kind.most_common(8):
       print(f"  {100 * v / total:5.1f}%  {k}")
     shutil.rmtree(trace_dir, ignore_errors=True)
-  results["machine"]["load_avg_after"] = os.getloadavg()
+  record_load_after(results["machine"])
   os.makedirs(os.path.dirname(args.out), exist_ok=True)
   with open(args.out, "w") as f:
     json.dump(results, f, indent=2)

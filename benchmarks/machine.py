@@ -1,0 +1,35 @@
+"""The machine a benchmark ran on, recorded the same way in every benchmark's results JSON.
+
+Every benchmark's JSON has a `machine` entry made by `machine_info()` when its measurements start and completed by
+`record_load_after()` when they end: the load averages on both sides say whether other work shared the cores (this
+project's numbers come from a 2-core machine that also runs tests), so two results are compared only where both
+were quiet.
+"""
+
+import os
+import platform
+import sys
+
+
+def machine_info(**extra):
+  """The machine now: a dict for a results JSON's `machine` entry.
+
+  Keys: `cpus` (os.cpu_count()), `platform`, `python`, `jax` and `torch` (their versions, only for the modules the
+  benchmark has imported), `torch_threads` (with torch), `load_avg_before` (the 1, 5 and 15 minute load averages, in
+  runnable processes), then `extra` (a benchmark's own facts: matmul rates, bandwidth, ...).
+  """
+  info = {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
+  for name in ("jax", "torch"):
+    if name in sys.modules:
+      info[name] = sys.modules[name].__version__
+  if "torch" in sys.modules:
+    info["torch_threads"] = sys.modules["torch"].get_num_threads()
+  info["load_avg_before"] = list(os.getloadavg())
+  info.update(extra)
+  return info
+
+
+def record_load_after(info):
+  """Adds `load_avg_after` (the 1, 5 and 15 minute load averages now) to a `machine_info()` dict; returns it."""
+  info["load_avg_after"] = list(os.getloadavg())
+  return info
