@@ -1,6 +1,7 @@
 """The training forward+backward of SmolLM2-135M-Instruct (float32) against transformers + torch eager, same weights.
 
   python benchmarks/step_bench.py [--batch 4] [--length 256] [--repeats 3]
+  python benchmarks/step_bench.py --remat-policies none,dots_no_batch,dots --repeats 5 --out benchmarks/results/step_bench_remat.json
 
 Measured alternately in one process (median of `--repeats` rounds each):
   - jaxcredit: the jitted gradient of the policy-gradient loss (`train.step.loss_and_grads` with PPO-clip on token
@@ -19,6 +20,7 @@ Writes benchmarks/results/step_bench.json.
 
 import argparse
 import collections
+import dataclasses
 import glob
 import gzip
 import json
@@ -98,6 +100,13 @@ def main():
   ap.add_argument("--repeats", type=int, default=3)
   ap.add_argument("--profile", action="store_true")
   ap.add_argument("--parts", action="store_true", help="also time full-logits CE, chunked CE and the trunk alone")
+  ap.add_argument(
+    "--remat-policies",
+    default="none",
+    help="comma list of the policy-gradient steps to time: none (ModelConfig.remat=False, the default) or a "
+    "ModelConfig.remat_policy with remat=True (nothing, dots, dots_no_batch); the first is `jaxcredit`, the others "
+    "`jaxcredit_remat_<policy>`",
+  )
   ap.add_argument("--out", default="benchmarks/results/step_bench.json")
   args = ap.parse_args()
 
@@ -127,12 +136,27 @@ def main():
     "adv_BxL": np.ones((b, length), np.float32),
     "ref_logp_BxL": np.zeros((b, length), np.float32),
   }
-  grad = jax.jit(
-    lambda p, bt: step_lib.loss_and_grads(step_lib.pg_token_loss, graphdef, p, rest, bt, step_lib.PolicyLossConfig())[1]
-  )
-  t = time.perf_counter()
-  jax.block_until_ready(grad(params, batch))
-  results["jaxcredit_first_call_s"] = time.perf_counter() - t
+
+  def policy_gradient(policy):
+    """The jitted gradient of the policy-gradient loss with the model's layers rematerialised as `policy` says."""
+    remat = {"remat": policy != "none", "remat_policy": "nothing" if policy == "none" else policy}
+    model.cfg = dataclasses.replace(cfg, **remat)  # a static field: the graph definition carries it
+    g = step_lib.split_model(model)[0]
+    model.cfg = cfg
+    return jax.jit(
+      lambda p, bt: step_lib.loss_and_grads(step_lib.pg_token_loss, g, p, rest, bt, step_lib.PolicyLossConfig())[1]
+    )
+
+  policies = [p.strip() for p in args.remat_policies.split(",") if p.strip()]
+  grads = {}
+  for k, policy in enumerate(policies):
+    name = "jaxcredit" if k == 0 else f"jaxcredit_remat_{policy}"
+    grads[name] = policy_gradient(policy)
+    t = time.perf_counter()
+    jax.block_until_ready(grads[name](params, batch))
+    results[f"{name}_first_call_s"] = time.perf_counter() - t
+  results["remat_policies"] = policies
+  grad = grads["jaxcredit"]
 
   hf_dir = tempfile.mkdtemp(prefix="step_bench_hf_")
   shutil.rmtree(hf_dir)
@@ -152,7 +176,8 @@ def main():
     hf.zero_grad(set_to_none=True)
 
   torch_step()
-  steps = {"jaxcredit": lambda: jax.block_until_ready(grad(params, batch)), "transformers": torch_step}
+  steps = {name: lambda g=g: jax.block_until_ready(g(params, batch)) for name, g in grads.items()}
+  steps["transformers"] = torch_step
   if args.parts:
     steps.update(_parts(graphdef, params, rest, tokens))
     torch_trunk()
@@ -178,7 +203,7 @@ def main():
     f"({r['transformers_s'] / r['jaxcredit_s']:.2f}x), floor {r['floor_s']:.2f} s at {best:.0f} GFLOP/s "
     f"(XLA {results['machine']['xla_GFLOPs']:.0f}, torch {results['machine']['torch_GFLOPs']:.0f})"
   )
-  for name in ("ce_full_logits", "ce_chunked_head", "trunk_only", "transformers_trunk_only"):
+  for name in [*list(grads)[1:], "ce_full_logits", "ce_chunked_head", "trunk_only", "transformers_trunk_only"]:
     if f"{name}_s" in r:
       print(f"  {name}: {r[f'{name}_s']:.2f} s")
 

@@ -228,7 +228,7 @@ def save_converted(
 
 
 # ModelConfig fields that change how the model computes but not its parameters: `load` may override them.
-RUNTIME_FIELDS = ("attention_impl", "attention_chunk", "moe_impl", "remat", "dtype", "param_dtype")
+RUNTIME_FIELDS = ("attention_impl", "attention_chunk", "moe_impl", "remat", "remat_policy", "dtype", "param_dtype")
 
 
 def _runtime_config(
@@ -273,7 +273,7 @@ def load_converted(
       with dtype "bfloat16" is mixed precision: float32 master weights, bfloat16 matmuls.
     mesh: a `jax.sharding.Mesh`; None puts every parameter on the first device.
     config_overrides: other ModelConfig fields to change that leave the parameters as they are
-      (attention_impl, attention_chunk, moe_impl, remat).
+      (attention_impl, attention_chunk, moe_impl, remat, remat_policy).
 
   Raises:
     FileNotFoundError: when the folder lacks model_config.json or params/.
@@ -343,7 +343,7 @@ def load(
     mesh: restore into these shards (see `load_converted`); None: the first device.
     cache_dir: root of the conversion cache (default ~/.cache/jaxcredit/converted).
     config_overrides: ModelConfig fields that leave the parameters as they are (attention_impl,
-      attention_chunk, moe_impl, remat).
+      attention_chunk, moe_impl, remat, remat_policy).
 
   Returns:
     (model, cfg): an nnx `Decoder` and its `ModelConfig`.

@@ -195,6 +195,22 @@ def _qkv(
   return (apply_rope(q_BxLxHxDh, cos_BxLxDh, sin_BxLxDh), apply_rope(k_BxLxKxDh, cos_BxLxDh, sin_BxLxDh), v_BxLxKxDh)
 
 
+# ModelConfig.remat_policy -> what a rematerialised layer saves for its backward pass (None: only its inputs).
+_REMAT_POLICIES = {
+  "nothing": None,
+  "dots": jax.checkpoint_policies.dots_saveable,
+  "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def _rematerialised(cfg: ModelConfig, body):
+  """The scanned layer function as the backward pass sees it: itself (every residual saved), or with
+  cfg.remat, wrapped in jax.checkpoint with cfg.remat_policy."""
+  if not cfg.remat:
+    return body
+  return jax.checkpoint(body, prevent_cse=False, policy=_REMAT_POLICIES[cfg.remat_policy])
+
+
 def _finish(cfg: ModelConfig, x_BxLxD: jax.Array, p: Mapping[str, jax.Array], attn_BxLxHxDh: jax.Array) -> jax.Array:
   """The rest of the block: x += attn · wo; x += MLP(RMSNorm(x)) with a SwiGLU or a mixture of SwiGLU experts."""
   b, l, h, dh = attn_BxLxHxDh.shape
@@ -403,8 +419,7 @@ class Decoder(nnx.Module):
         attn_BxLxHxDh = constrain(attn_BxLxHxDh, ("activation_batch", "activation_length", "activation_heads", None))
         return _finish(cfg, x_BxLxD, p, attn_BxLxHxDh), None
 
-      if cfg.remat:
-        body = jax.checkpoint(body, prevent_cse=False)
+      body = _rematerialised(cfg, body)
       x_BxLxD, _ = jax.lax.scan(body, x_BxLxD, params)
     else:
       # Each layer reads its cache slice (a scanned input, never written back whole), attends to it and to
@@ -441,8 +456,7 @@ class Decoder(nnx.Module):
           )
         return _finish(cfg, x_BxLxD, p, attn_BxLxHxDh), (k_new, v_new)
 
-      if cfg.remat:
-        body = jax.checkpoint(body, prevent_cse=False)
+      body = _rematerialised(cfg, body)
       x_BxLxD, (k_NxBxLxKxDh, v_NxBxLxKxDh) = jax.lax.scan(
         body, x_BxLxD, (params, cache.k_NxBxSxKxDh, cache.v_NxBxSxKxDh)
       )

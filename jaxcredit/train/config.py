@@ -14,6 +14,7 @@ import ml_collections
 
 from jaxcredit import sharding
 from jaxcredit.envs import ENVS
+from jaxcredit.models.config import REMAT_POLICIES
 from jaxcredit.train.loss import AGGREGATIONS, KL_ESTIMATORS
 from jaxcredit.train.methods import METHODS, check_knobs, check_reads
 
@@ -178,6 +179,8 @@ def base_config() -> ml_collections.ConfigDict:
   # bfloat16 compute_dtype that is mixed precision) or "" (= compute_dtype: pure bfloat16 training by name).
   c.model.param_dtype = "float32"
   c.model.remat = False  # rematerialise each layer in the backward pass
+  # With remat, what a layer keeps for the backward pass: nothing | dots | dots_no_batch (see ModelConfig)
+  c.model.remat_policy = "nothing"
   c.model.attention_impl = "auto"  # auto | full | chunked | splash (see ModelConfig)
   c.model.attention_chunk = 512  # block size of the chunked attention, tokens
   c.model.moe_impl = "ragged"  # ragged | dense (MoE models only)
@@ -437,6 +440,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
     "model.param_dtype": (c.model.param_dtype, ("", "float32", "bfloat16", "float16")),
     "model.attention_impl": (c.model.attention_impl, ("auto", "full", "chunked", "splash")),
     "model.moe_impl": (c.model.moe_impl, ("ragged", "dense")),
+    "model.remat_policy": (c.model.remat_policy, REMAT_POLICIES),
   }
   for key, (v, allowed) in choices_model.items():
     if v not in allowed:

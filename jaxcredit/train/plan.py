@@ -442,6 +442,7 @@ def _report(
       "active_params": cfg.num_params(active=True),
       "num_layers": cfg.num_layers,
       "remat": cfg.remat,
+      "remat_policy": cfg.remat_policy if cfg.remat else None,
       "dtype": cfg.dtype,
       "param_dtype": cfg.param_dtype or cfg.dtype,
       "attention_impl": cfg.attention_impl,
@@ -505,6 +506,11 @@ def _count(n: float) -> str:
   return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
 
 
+def _policy(model: Mapping[str, Any]) -> str:
+  """ " (dots)" after remat=True in the report when a report records its remat policy (older ones do not)."""
+  return f" ({model['remat_policy']})" if model.get("remat_policy") else ""
+
+
 def format_report(r: Mapping[str, Any]) -> str:
   """A human-readable summary of `plan_step`'s report."""
   where = (
@@ -515,7 +521,7 @@ def format_report(r: Mapping[str, Any]) -> str:
   lines = [
     f"plan: {r['topology']} ({r['chips']} chips), mesh {r['mesh']} - {where}",
     f"  model: {_count(r['model']['num_params'])} params ({_count(r['model']['active_params'])} active), "
-    f"{r['model']['num_layers']} layers, {r['model']['dtype']} compute, {r['model'].get('param_dtype', r['model']['dtype'])} parameters, remat={r['model']['remat']}, "
+    f"{r['model']['num_layers']} layers, {r['model']['dtype']} compute, {r['model'].get('param_dtype', r['model']['dtype'])} parameters, remat={r['model']['remat']}{_policy(r['model'])}, "
     f"attention={r['model']['attention_impl']}" + (f", moe={r['model']['moe_impl']}" if r['model']['moe_impl'] else ""),
     f"  batch: {r['batch_size']} x {r['seq_len']} tokens = {r['tokens']:,} tokens/step, "
     f"{r['num_micro_batches']} micro-batch(es)",

@@ -82,6 +82,7 @@ def model_overrides_dict(config: ml_collections.ConfigDict) -> dict:
   """The numerics the config may change (remat, attention, MoE implementation), as ModelConfig fields."""
   return {
     "remat": bool(config.model.remat),
+    "remat_policy": config.model.remat_policy,
     "attention_impl": config.model.attention_impl,
     "attention_chunk": int(config.model.attention_chunk),
     "moe_impl": config.model.moe_impl,

@@ -197,23 +197,45 @@ def test_scan_keeps_program_size_flat_in_depth():
   assert abs(sizes[8] - sizes[2]) < 0.02 * sizes[2], sizes
 
 
-def test_remat_gives_same_loss_and_gradients():
+def _remat_loss(remat, remat_policy="nothing"):
+  """A 2-layer model's next-token loss as a function of its state, and that state."""
   tokens = jnp.asarray([[3, 1, 4, 1, 5, 9, 2, 6]], jnp.int32)
+  model = make(remat=remat, remat_policy=remat_policy, num_layers=2)
+  graphdef, state = nnx.split(model)
 
-  def loss_and_grads(remat):
-    model = make(remat=remat, num_layers=2)
-    graphdef, state = nnx.split(model)
+  def loss(state):
+    logits, _ = nnx.merge(graphdef, state)(tokens[:, :-1])
+    return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), tokens[:, 1:, None], -1))
 
-    def loss(state):
-      logits, _ = nnx.merge(graphdef, state)(tokens[:, :-1])
-      return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), tokens[:, 1:, None], -1))
+  return loss, state
 
-    return jax.jit(jax.value_and_grad(loss))(state)
 
-  (l0, g0), (l1, g1) = loss_and_grads(False), loss_and_grads(True)
+@pytest.mark.parametrize("policy", ["nothing", "dots", "dots_no_batch"])
+def test_remat_gives_same_loss_and_gradients(policy):
+  loss0, state0 = _remat_loss(False)
+  loss1, state1 = _remat_loss(True, policy)
+  (l0, g0), (l1, g1) = jax.jit(jax.value_and_grad(loss0))(state0), jax.jit(jax.value_and_grad(loss1))(state1)
   np.testing.assert_allclose(float(l0), float(l1), rtol=1e-6)
   for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=1e-5)
+
+
+def test_remat_policy_chooses_what_the_backward_pass_keeps():
+  """The policies differ in what the forward pass leaves for the backward pass: nothing but the layer's input, the
+  projections' outputs, every matmul's output (attention's two products too), or, without remat, every residual."""
+
+  def saved(remat, policy="nothing"):
+    loss, state = _remat_loss(remat, policy)
+    _, vjp = jax.vjp(loss, state)
+    return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(vjp))
+
+  nothing, no_batch, dots, everything = saved(True), saved(True, "dots_no_batch"), saved(True, "dots"), saved(False)
+  assert nothing < no_batch < dots < everything, (nothing, no_batch, dots, everything)
+
+
+def test_unknown_remat_policy_is_refused_naming_the_field():
+  with pytest.raises(ValueError, match="ModelConfig.remat_policy must be one of"):
+    make(remat=True, remat_policy="everything")
 
 
 def test_bfloat16_runs_with_float32_logits_and_cache_errors():
