@@ -507,7 +507,7 @@ def _count(n: float) -> str:
 
 
 def _policy(model: Mapping[str, Any]) -> str:
-  """ " (dots)" after remat=True in the report when a report records its remat policy (older ones do not)."""
+  """The remat policy in parentheses, for the report's remat=True (empty for remat=False and older reports)."""
   return f" ({model['remat_policy']})" if model.get("remat_policy") else ""
 
 
