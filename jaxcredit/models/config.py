@@ -53,7 +53,8 @@ class ModelConfig:
       param_dtype: storage dtype of the parameters ("" = dtype). Mixed precision is param_dtype="float32" with
           dtype="bfloat16": float32 master weights (and so float32 AdamW moments), bfloat16 matmuls.
       remat: rematerialise each layer's activations in the backward pass (jax.checkpoint on the layer body).
-      remat_policy: with remat, what a layer keeps from its forward pass for the backward pass (REMAT_POLICIES):
+      remat_policy: with remat=True, what a layer keeps from its forward pass for the backward pass (REMAT_POLICIES;
+          ignored when remat is False, where every residual is kept; the trainer's config refuses that combination):
           "nothing" (the layer's input only: the whole layer is recomputed; least memory), "dots" (every matmul
           output, attention's two batched products included; the norms, RoPE, softmax and SwiGLU are recomputed)
           or "dots_no_batch" (the projections' outputs only; attention's products are recomputed too).
@@ -64,8 +65,8 @@ class ModelConfig:
 
   Raises:
       ValueError: naming the field, for a non-positive size, num_heads not divisible by num_kv_heads, a
-          non-positive rope_theta or rms_norm_eps, an unknown dtype, or rope_scaling of an unknown rope_type, missing
-          keys, or freq_factors that are not head_dim/2 positive finite numbers.
+          non-positive rope_theta or rms_norm_eps, an unknown dtype, an unknown remat_policy, or rope_scaling of an
+          unknown rope_type, missing keys, or freq_factors that are not head_dim/2 positive finite numbers.
   """
 
   vocab_size: int

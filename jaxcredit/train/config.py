@@ -179,7 +179,7 @@ def base_config() -> ml_collections.ConfigDict:
   # bfloat16 compute_dtype that is mixed precision) or "" (= compute_dtype: pure bfloat16 training by name).
   c.model.param_dtype = "float32"
   c.model.remat = False  # rematerialise each layer in the backward pass
-  # With remat, what a layer keeps for the backward pass: nothing | dots | dots_no_batch (see ModelConfig)
+  # with model.remat=True, what a layer keeps for the backward pass: nothing | dots | dots_no_batch (see ModelConfig)
   c.model.remat_policy = "nothing"
   c.model.attention_impl = "auto"  # auto | full | chunked | splash (see ModelConfig)
   c.model.attention_chunk = 512  # block size of the chunked attention, tokens
@@ -445,6 +445,11 @@ def validate(c: ml_collections.ConfigDict) -> None:
   for key, (v, allowed) in choices_model.items():
     if v not in allowed:
       raise ValueError(f"config.{key} = {v!r}: must be one of {allowed}")
+  if c.model.remat_policy != "nothing" and not c.model.remat:
+    raise ValueError(
+      f"config.model.remat_policy = {c.model.remat_policy!r} needs config.model.remat=True (without remat every "
+      "residual is kept and the policy would do nothing)"
+    )
   for axis in dict(c.mesh):
     if axis not in sharding.MESH_AXES:
       raise ValueError(f"config.mesh.{axis} is not a mesh axis; known: {sharding.MESH_AXES}")

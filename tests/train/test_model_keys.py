@@ -31,3 +31,13 @@ def test_a_bad_model_key_is_refused_naming_it(key, value, message):
   with pytest.raises(ValueError) as info:
     config_lib.validate(c)
   assert message in str(info.value)
+
+
+def test_a_remat_policy_without_remat_is_refused():
+  """Without remat every residual is kept, so a policy there would silently do nothing."""
+  c = config_lib.base_config()
+  c.model.remat_policy = "dots"
+  with pytest.raises(ValueError, match="config.model.remat_policy = 'dots' needs config.model.remat=True"):
+    config_lib.validate(c)
+  c.model.remat = True
+  config_lib.validate(c)
