@@ -428,7 +428,9 @@ def load_model(
   """Loads a decoder from a GGUF file, an HF folder or a converted checkpoint folder: `load` without a mesh.
 
   A GGUF file is converted once (dequantised to float32, q/k un-permuted) into a converted checkpoint under
-  `converted_cache_dir(source, cache_dir)`, together with its tokenizer; later calls load that cache.
+  `converted_cache_dir(source, cache_dir)`, together with its tokenizer; later calls load that cache. For a mesh or
+  other runtime fields (remat and its policy, attention, MoE implementation: RUNTIME_FIELDS) call `load`, whose
+  `config_overrides` sets them.
 
   Args:
     source: a .gguf file, an HF folder, or a converted checkpoint folder.
