@@ -771,7 +771,7 @@ def summarize(
       # the held-out evals' environment metrics at the last step (e.g. env/chain_progress), mean over seeds
       "final_env": _mean_dicts([final_env_metrics(w) for w in dirs]),
     }
-  settings = {k: v for k, v in vars(args).items() if k not in ("out", "progress")}
+  settings = comparison_settings(args)
   merged = {}
   if earlier is not None:
     methods, merged = merge_earlier(methods, settings, start, TASKS[args.task]["env_config"], *earlier)
@@ -806,6 +806,12 @@ def summarize(
 # its files are, and the switch itself. Everything else (task, habits, vocabulary, warm start, RL settings, --set)
 # must be equal.
 _MERGE_FREE_SETTINGS = ("stage", "methods", "seeds", "policy", "merge")
+
+
+def comparison_settings(args) -> dict:
+  """The command line as testbed.json records it (`settings`): every argument but where the files go (--out) and
+  whether bars show (--progress)."""
+  return {k: v for k, v in vars(args).items() if k not in ("out", "progress")}
 
 
 def check_mergeable(settings: dict, start: float, env: dict, path: str, earlier: dict) -> None:
@@ -1102,8 +1108,7 @@ def main(argv=None):
   print(f"[testbed] warm start: held-out success {start:.3f} ({time.time() - t0:.0f} s)")
   if earlier is not None:  # refuse before hours of runs, not after
     try:
-      settings = {k: v for k, v in vars(args).items() if k not in ("out", "progress")}
-      check_mergeable(settings, start, TASKS[args.task]["env_config"], *earlier)
+      check_mergeable(comparison_settings(args), start, TASKS[args.task]["env_config"], *earlier)
     except ValueError as e:
       ap.error(str(e))
   with open(os.path.join(args.out, "warm.json"), "w") as f:
