@@ -59,9 +59,10 @@ class ModelConfig:
           output, attention's two batched products included; the norms, RoPE, softmax and SwiGLU are recomputed)
           or "dots_no_batch" (the projections' outputs only; attention's products are recomputed too).
           `jax.checkpoint_policies` nothing_saveable, dots_saveable and dots_with_no_batch_dims_saveable. The
-          gradients are the same up to float rounding. On a 2-core CPU, "dots" made SmolLM2's scanned trunk 12-14%
-          faster than remat=False (docs/benchmarks.md): writing every elementwise residual into the scan's stacked
-          buffers costs more than recomputing it.
+          gradients are the same up to float rounding. On a 2-core CPU, "dots" made SmolLM2's policy-gradient step
+          11-16% faster than remat=False (`benchmarks/step_bench.py --remat-policies none,dots_no_batch,dots`,
+          docs/benchmarks.md): writing every elementwise residual into the scan's stacked buffers costs more than
+          recomputing it.
 
   Raises:
       ValueError: naming the field, for a non-positive size, num_heads not divisible by num_kv_heads, a
