@@ -15,10 +15,13 @@ def machine_info(**extra):
   """The machine now: a dict for a results JSON's `machine` entry.
 
   Keys: `cpus` (os.cpu_count()), `platform`, `python`, `jax` and `torch` (their versions, only for the modules the
-  benchmark has imported), `torch_threads` (with torch), `load_avg_before` (the 1, 5 and 15 minute load averages, in
-  runnable processes), then `extra` (a benchmark's own facts: matmul rates, bandwidth, ...).
+  benchmark has imported), `torch_threads` (with torch), `xla_flags` and `glibc_tunables` (the XLA_FLAGS and
+  GLIBC_TUNABLES environment variables, "" when unset: both change CPU timings), `load_avg_before` (the 1, 5 and 15
+  minute load averages, in runnable processes), then `extra` (a benchmark's own facts: matmul rates, bandwidth, ...).
   """
   info = {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
+  info["xla_flags"] = os.environ.get("XLA_FLAGS", "")
+  info["glibc_tunables"] = os.environ.get("GLIBC_TUNABLES", "")
   for name in ("jax", "torch"):
     if name in sys.modules:
       info[name] = sys.modules[name].__version__

@@ -13,7 +13,11 @@ Measured alternately in one process (median of `--repeats` rounds each):
   - `--parts` adds, alternating in the same rounds, the gradient of the mean next-token log-prob with full [B, L, V]
     logits and a log-softmax (the head torch runs), the same through the chunked head (`sequence_logprobs`), and
     the trunk alone (the mean square of the final hidden states: no output head), so the head's share shows, and
-    the same trunk-only gradient in torch (`transformers_trunk_only`), so the trunks compare without their heads.
+    the same trunk-only gradient in torch (`transformers_trunk_only`), so the trunks compare without their heads;
+  - each call's minor page faults (`minor_page_faults_median`): XLA:CPU allocates a call's temporaries as one buffer
+    (hundreds of MB here), which glibc maps fresh and unmaps after every call, so each page is faulted in and
+    zero-filled again on every step; `GLIBC_TUNABLES=glibc.malloc.hugetlb=1` (glibc >= 2.35: transparent huge pages
+    for malloc's mappings) cuts the faults for both sides (docs/benchmarks.md, "Page faults").
 
 Writes benchmarks/results/step_bench.json.
 """
@@ -25,6 +29,7 @@ import glob
 import gzip
 import json
 import os
+import resource
 import shutil
 import tempfile
 import time
@@ -33,12 +38,17 @@ import numpy as np
 from machine import machine_info, record_load_after
 
 
-def _timed(fn, repeats):
+def _timed(fn, repeats, faults=None):
+  """Wall seconds of `repeats` calls of `fn`; with a list `faults`, each call's minor page faults are appended to it
+  (the process's `ru_minflt` before and after: pages the kernel mapped, and zero-filled, on first touch)."""
   out = []
   for _ in range(repeats):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     t = time.perf_counter()
     fn()
     out.append(time.perf_counter() - t)
+    if faults is not None:
+      faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
   return out
 
 
@@ -183,9 +193,10 @@ def main():
     torch_trunk()
     steps["transformers_trunk_only"] = torch_trunk
   runs = {name: [] for name in steps}
+  faults = {name: [] for name in steps}
   for _ in range(args.repeats):
     for name, fn in steps.items():
-      runs[name] += _timed(fn, 1)
+      runs[name] += _timed(fn, 1, faults[name])
   flops = 6 * num_params * b * length
   best = max(results["machine"]["xla_GFLOPs"], results["machine"]["torch_GFLOPs"])
   results["fwd_bwd"] = {
@@ -196,6 +207,7 @@ def main():
     "floor_s": flops / best / 1e9,
     **{f"{k}_s": float(np.median(v)) for k, v in runs.items()},
     "runs_s": runs,
+    "minor_page_faults_median": {k: int(np.median(v)) for k, v in faults.items()},
   }
   r = results["fwd_bwd"]
   print(
@@ -206,6 +218,9 @@ def main():
   for name in [*list(grads)[1:], "ce_full_logits", "ce_chunked_head", "trunk_only", "transformers_trunk_only"]:
     if f"{name}_s" in r:
       print(f"  {name}: {r[f'{name}_s']:.2f} s")
+  print(
+    "  minor page faults a call (median): " + ", ".join(f"{k} {v}" for k, v in r["minor_page_faults_median"].items())
+  )
 
   if args.profile:
     trace_dir = tempfile.mkdtemp(prefix="step_bench_trace_")
