@@ -1,0 +1,72 @@
+"""benchmarks/chain_credit.py: the labels of a chain rollout's turns and the within-rollout contrast."""
+
+import json
+
+import chain_credit
+import pytest
+
+QUESTION = "Start with 20 and apply each step in order: *3, -16, +4."  # values 20, 60, 44, 48
+
+
+def _call(expression: str) -> dict:
+  arguments = json.dumps({"expression": expression})
+  return {
+    "role": "assistant",
+    "content": f'<tool_call>{{"name": "calculator", "arguments": {arguments}}}</tool_call>',
+    "tool_calls": [{"id": "c", "type": "function", "function": {"name": "calculator", "arguments": arguments}}],
+  }
+
+
+def _record(calls: list[str], answer: str, reward: float, turn_advantages: list[float]) -> dict:
+  messages = [{"role": "system", "content": "s"}, {"role": "user", "content": QUESTION}]
+  for expression in calls:
+    messages += [_call(expression), {"role": "tool", "content": "<tool_response>0</tool_response>"}]
+  messages.append({"role": "assistant", "content": f"<answer>{answer}</answer>"})
+  return {"rollout_id": "r", "messages": messages, "reward": reward, "turn_advantages": turn_advantages}
+
+
+def test_chain_of_parses_steps_and_values():
+  assert chain_credit.chain_of(QUESTION) == ([("*", 3), ("-", 16), ("+", 4)], [20, 60, 44, 48])
+  with pytest.raises(ValueError, match="not a chain question"):
+    chain_credit.chain_of("What is 2+2?")
+
+
+def test_labels_right_calls_then_the_first_wrong_one():
+  # 20*3 right; 60-61 a miscopied operand: the first wrong call; 44+4 is step 3 from the right value but comes after
+  # the chain broke, so it is `after_wrong`, as is every later turn's call
+  record = _record(["20*3", "60-61", "44+4"], "48", 0.0, [0.0] * 4)
+  assert chain_credit.turn_labels(record) == ["right", "first_wrong", "after_wrong", "answer"]
+  # a miscopied first value: no right call at all
+  assert chain_credit.turn_labels(_record(["10*3"], "30", 0.0, [0.0] * 2)) == ["first_wrong", "answer"]
+  # every call right
+  assert chain_credit.turn_labels(_record(["20*3", "60-16", "44+4"], "48", 1.0, [0.0] * 4)) == [
+    "right",
+    "right",
+    "right",
+    "answer",
+  ]
+
+
+def test_landing_contrast_cancels_the_outcome_advantage():
+  failed = _record(["20*3", "60-16", "44+5"], "49", 0.0, [-0.5, -0.3, -0.9, -0.6])  # right, right, first_wrong, answer
+  grpo_like = _record(["20*3", "60-61"], "0", 0.0, [-0.7, -0.7, -0.7])  # one advantage for every turn
+  succeeded = _record(["20*3", "60-16", "44+4"], "48", 1.0, [1.0, 1.2, 1.4, 1.1])
+  out = chain_credit.landing([failed, grpo_like, succeeded])
+  assert out["failed"] == 2 and out["failed_with_right_then_wrong"] == 2
+  # contrasts: mean(-0.5, -0.3) - (-0.9) = 0.5, and 0 for the flat one
+  assert out["contrast_right_minus_first_wrong_mean"] == pytest.approx(0.25)
+  assert out["contrast_positive_frac"] == pytest.approx(0.5)
+  assert out["turn_adv_mean"]["failed"]["right"] == pytest.approx((-0.5 - 0.3 - 0.7) / 3)
+  assert out["turn_adv_mean"]["succeeded"]["right"] == pytest.approx(1.2)
+  assert out["turns"]["succeeded"] == {"right": 3, "answer": 1}
+  assert out["within_rollout_range_mean"] == pytest.approx((0.6 + 0.0 + 0.4) / 3)
+  assert out["rollout_level_abs_mean"] == pytest.approx((0.575 + 0.7 + 1.175) / 3)
+
+
+def test_landing_refuses_rollouts_without_credit_or_with_mismatched_turns():
+  record = _record(["20*3"], "60", 0.0, [0.0, 0.0])
+  del record["turn_advantages"]
+  with pytest.raises(ValueError, match="no turn_advantages"):
+    chain_credit.landing([record])
+  with pytest.raises(ValueError, match="2 assistant turns but 3 advantages"):
+    chain_credit.landing([_record(["20*3"], "60", 0.0, [0.0, 0.0, 0.0])])
