@@ -30,10 +30,12 @@ import sys
 
 import numpy as np
 
+from jaxcredit.envs.chain import apply_step
+from jaxcredit.rollout.jsonl import read_jsonl
+
 _QUESTION_RE = re.compile(r"Start with (\d+) and apply each step in order: ([^.]*)\.")
 _STEP_RE = re.compile(r"([+\-*])(\d+)")
 _CALL_RE = re.compile(r"\s*(\d+)\s*([+\-*])\s*(\d+)\s*")
-_OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
 
 def chain_of(question: str) -> tuple[list[tuple[str, int]], list[int]]:
@@ -48,7 +50,7 @@ def chain_of(question: str) -> tuple[list[tuple[str, int]], list[int]]:
   steps = [(op, int(b)) for op, b in _STEP_RE.findall(m.group(2))]
   values = [int(m.group(1))]
   for op, b in steps:
-    values.append(_OPS[op](values[-1], b))
+    values.append(apply_step(values[-1], op, b))
   return steps, values
 
 
@@ -134,11 +136,6 @@ def landing(records: list[dict]) -> dict:
     "within_rollout_range_mean": float(np.mean(spreads)) if spreads else None,
     "rollout_level_abs_mean": float(np.mean(levels)) if levels else None,
   }
-
-
-def read_jsonl(path: str) -> list[dict]:
-  with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
 
 
 def main(argv=None):
