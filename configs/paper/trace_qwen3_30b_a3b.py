@@ -27,5 +27,5 @@ def get_config():
   c.env.search.max_output_chars = 4000
   c.env.search.top_k = 5
   c.sampling.max_new_tokens = 2048
-  c.total_steps = 200  # the paper: 200 RL updates
+  c.total_steps = 200  # ours: the sources we have do not give the paper's number of updates
   return c

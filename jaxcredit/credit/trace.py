@@ -8,13 +8,11 @@ Source: "TRACE: Turn-level Reward Assignment via Credit Estimation for Long-Hori
   trace_turn_rewards   r_t = K-step discounted mean of δ + terminal fill
   trace_advantages     A_t = α_out · A_out + α_turn · r_t              (mixing, Eq. 10-12)
 
-The per-step equation numbers between 7 and 10 could not be checked against the paper's own text (it was read
-through a detailed summary and two public re-implementations). Where those sources leave a detail open, the
-reading taken here (docs/credit.md, "TRACE", lists them all):
+The terminal fill λ_term · γ^(n−t) · A_out is Algorithm 1's, as this project's specification (v2.0) writes it.
+Where the paper leaves a detail open, the reading taken here (docs/credit.md, "TRACE", lists them all):
 - the K-step window is cut at the last transition and normalised by the discounts it actually uses;
-- the terminal fill carries γ^(n−t) (one re-implementation has no γ factor there);
-- the final-answer turn gets the outcome term only (the paper has a final-answer token rule that its public
-  description does not define);
+- the final-answer turn gets the outcome term only (the paper has a final-answer token rule that the sources at
+  hand do not define);
 - ε = 0.1 in training (the appendix's worked example uses ε = 0.001);
 - a boundary whose scoring failed is skipped, never read as log p = 0 (the paper scores every boundary).
 
@@ -230,8 +228,7 @@ def trace_turn_rewards(
 
   Source: "TRACE: Turn-level Reward Assignment via Credit Estimation for Long-Horizon Agents", Tao et al., arXiv
   2607.13988, Sec. 3.3 and Algorithm 1 (K-step look-ahead, terminal fill; K = 3, γ = 0.8, λ_term = 2); the K = 0
-  ablation. Our readings where the paper is open: the window cut at n with its own normaliser, and γ^(n−t) in
-  the fill (module docstring).
+  ablation. Our reading where the paper is open: the window cut at n with its own normaliser (module docstring).
   Example: ℓ̄ = [−5, −3, −3, −1, 0], A_out = 1: r = [0.475794, 1.992658, 2.921338, 3.997895].
   """
   fn = "trace_turn_rewards"

@@ -1,4 +1,5 @@
-"""TRACE's boundary scores: log p_ref(y* | s_t) of the gold answer at every tool-call boundary.
+"""TRACE's boundary scores: the frozen reference's log-probability of the gold answer y* at every tool-call boundary
+(per token, the mean over y*'s tokens as TRACE defines it, or their sum as v1 TRACE did; `reduce`).
 
 For each rollout and each existing boundary state s_t (a prefix of the rollout's tokens that ends with the
 chat template's generation prompt), the frozen reference scores the gold answer's tokens as the next
@@ -43,8 +44,10 @@ def score_gold_answers(
 ) -> tuple[np.ndarray, np.ndarray]:
   """Scores the gold answer after every boundary of every rollout.
 
-    gold_logp[b, t] = Σ_j log p_ref(y*_j | s_t, y*_<j)      (reduce="sum", TRACE)
-                    = mean_j of the same                      (reduce="mean")
+    gold_logp[b, t] = mean_j log p_ref(y*_j | s_t, y*_<j)   (reduce="mean": TRACE's ℓ̄_t, arXiv 2607.13988)
+                    = Σ_j of the same                         (reduce="sum": this library's v1 TRACE)
+
+  The trainer passes the trace method's `gold_reduce` knob ("mean" by default); the "sum" default here is v1's.
 
   Args:
     logp_fn: log-prob of each token given its prefix under the reference, [N, L] -> [N, L] float32
@@ -88,7 +91,7 @@ def score_gold_answers(
 
 def _check_reduce(reduce: str) -> None:
   if reduce not in ("sum", "mean"):
-    raise ValueError(f"config.credit.gold_reduce must be 'sum' or 'mean', got {reduce!r}")
+    raise ValueError(f"config.credit.trace.gold_reduce must be 'sum' or 'mean', got {reduce!r}")
 
 
 def _gold_lists(traj: Trajectory, gold_ids: Sequence[Sequence[int]]) -> list[list[int]]:
@@ -216,8 +219,10 @@ def score_gold_answers_packed(
 ) -> tuple[np.ndarray, np.ndarray]:
   """`score_gold_answers` with all boundaries of a rollout in one packed row: the same outputs.
 
-    gold_logp[b, t] = Σ_j log p_ref(y*_j | s_t, y*_<j)      (reduce="sum", TRACE)
-                    = mean_j of the same                      (reduce="mean")
+    gold_logp[b, t] = mean_j log p_ref(y*_j | s_t, y*_<j)   (reduce="mean": TRACE's ℓ̄_t, arXiv 2607.13988)
+                    = Σ_j of the same                         (reduce="sum": this library's v1 TRACE)
+
+  The trainer passes the trace method's `gold_reduce` knob ("mean" by default); the "sum" default here is v1's.
 
   Row b of the scoring batch (`pack_gold_copies`) is the rollout's tokens up to its last valid boundary, then one
   copy of y* per valid boundary t. Copy k attends causally to the prefix slots before boundary_pos[b, t] and to

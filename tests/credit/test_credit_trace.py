@@ -1,5 +1,5 @@
 """TRACE (arXiv 2607.13988) against the loop reference: state values, one-step TD, K-step turn credit with the
-terminal fill, the mixed advantage; telescoping, redundant calls, K = 0, the raw-delta ablation as v1, jit/vmap."""
+terminal fill, the mixed advantage; telescoping, redundant calls, K = 0, raw-delta values with v1's other knobs as v1, jit/vmap."""
 
 import functools
 
@@ -153,7 +153,7 @@ def test_alpha_turn_zero_is_the_outcome_advantage(group, std):
 
 @given(groups())
 def test_raw_delta_one_step_without_fill_is_v1(group):
-  """value="raw_delta", K = 1, no fill, ddof 1, group RMS: this library's v1 TRACE (the paper's ablation row)."""
+  """value="raw_delta", K = 1, no fill, ddof 1, group RMS: this library's v1 TRACE (the paper's raw-delta ablation changes only the value)."""
   rewards, gold, bmask, tmask, smask = group
   v1 = dict(value="raw_delta", td_horizon=1, terminal_scale=0.0, std="sample", dense_norm="group_rms")
   got = np.asarray(_jit(credit.trace_advantages, alpha_turn=1.0, **v1)(rewards, gold, bmask, tmask, smask))
