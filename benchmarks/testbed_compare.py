@@ -113,8 +113,9 @@ RUNS = {
   "grpo": ("grpo", {}),
   "gigpo": ("gigpo", {}),
   "trace": ("trace", {}),  # as the paper (arXiv 2607.13988): the method row's defaults
-  # v1 (before 2026-12-04, the paper's raw-delta ablation with one-step TD and group-RMS scaling): the results
-  # files' "trace_group_rms" rows; "trace_none" was the same without the RMS scaling.
+  # v1 (before 2026-12-04): raw-delta values (the paper's ablation changes only those), one-step TD, no terminal
+  # fill, the sample std, group-RMS scaling and summed gold log-probs. The results files' "trace_group_rms" rows;
+  # "trace_none" was the same without the RMS scaling.
   "trace_v1": (
     "trace",
     {
@@ -128,8 +129,8 @@ RUNS = {
     },
   ),
   # The papers' own ablations (issue 34): TRACE with no TD look-ahead (K = 0: the terminal fill alone) and with the
-  # raw probability gap as the state value; CrEST inter-turn only (lam = 0: plain per-unit GRPO) and without its
-  # surprisal gate (rho = 0).
+  # raw log-probability delta as the state value (value="raw_delta", nothing else changed); CrEST inter-turn only
+  # (lam = 0: plain per-unit GRPO) and without its surprisal gate (rho = 0).
   "trace_k0": ("trace", {"td_horizon": 0}),
   "trace_raw_delta": ("trace", {"value": "raw_delta"}),
   "crest": ("crest", {}),
@@ -140,6 +141,10 @@ RUNS = {
   "gear": ("gear", {}),
   "toolopd": ("toolopd", {}),
   "sgcd": ("sgcd", {}),
+  # This library's earlier readings of GEAR and SGCD (spec v2.0): the committed results' "gear" and "sgcd" rows
+  # were run with these before the v2.1 forms took the names (docs/benchmarks.md).
+  "gear_v0": ("gear_v0", {}),
+  "sgcd_v0": ("sgcd_v0", {}),
 }
 
 # The arithmetic task (`--task arithmetic`): the quickstart's environment (reasoning-gym arithmetic, a calculator, at

@@ -13,6 +13,8 @@ from jaxcredit.credit.crest import crest_turn_advantages
 from jaxcredit.credit.distill import opd_token_advantages
 from jaxcredit.credit.gear import gear_advantages
 from jaxcredit.credit.gear import gear_segments
+from jaxcredit.credit.gear import gear_v0_advantages
+from jaxcredit.credit.gear import gear_v0_segments
 from jaxcredit.credit.gigpo import gigpo_advantages
 from jaxcredit.credit.hsd import hsd_select_peers
 from jaxcredit.credit.hsd import hsd_token_advantages
@@ -20,6 +22,7 @@ from jaxcredit.credit.outcome import grpo_advantages
 from jaxcredit.credit.outcome import rloo_advantages
 from jaxcredit.credit.outcome import turn_to_token
 from jaxcredit.credit.sgcd import sgcd_token_weights
+from jaxcredit.credit.sgcd import sgcd_v0_token_weights
 from jaxcredit.credit.toolopd import toolopd_token_weights
 from jaxcredit.credit.trace import trace_advantages
 from jaxcredit.credit.trace import trace_state_values
@@ -42,7 +45,10 @@ __all__ = (
   "hsd_token_advantages",
   "gear_segments",
   "gear_advantages",
+  "gear_v0_segments",
+  "gear_v0_advantages",
   "opd_token_advantages",
   "gigpo_advantages",
   "sgcd_token_weights",
+  "sgcd_v0_token_weights",
 )

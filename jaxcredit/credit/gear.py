@@ -1,12 +1,26 @@
-"""GEAR: divergence-anchored adaptive segments that redistribute a trajectory's advantage over its tokens.
+"""GEAR: divergence spikes against a ground-truth-conditioned self-teacher anchor segments; a sign-aware weight
+rescales the trajectory's GRPO advantage token by token.
+
+    d̂_t = d_t / max_action d        onset: d̂_t > lambda_KL        segment end: H_t > lambda_H · H_onset
+    c_t = d̂ at the segment's onset (inside a segment) or d̂_t (aligned tokens)
+    A_t = A · (1 − alpha · c_t) if A > 0,   A · (1 + alpha · c_t) if A < 0
 
 Shape letter: L tokens. Batch of P groups of G rollouts:
-`jax.vmap(jax.vmap(functools.partial(gear_advantages, alpha=0.5)))(seq_adv_PxG, divergence_PxGxL,
+`jax.vmap(jax.vmap(functools.partial(gear_advantages, alpha=0.2)))(seq_adv_PxG, divergence_PxGxL,
 entropy_PxGxL, action_mask_PxGxL)`.
+
+Source: Li et al., "GEAR: Granularity-Adaptive Advantage Reweighting for LLM Agents via Self-Distillation", arXiv
+2605.11853, known from its abstract and machine-written summaries that quote its figure and table captions verbatim
+(Fig. 1: "modulated by a sign-aware weighting function"; Fig. 2: "normalized reverse-KL > 0.1"; Table 2: "lambda_H =
+1.5, alpha = 0.2, and lambda_KL = 0.1"); its equations were not found, and where they leave a detail open the
+function's docstring names the reading taken (docs/credit.md, "GEAR"). `gear_v0_segments` / `gear_v0_advantages`
+keep this library's earlier reading (mean + k·std spikes, absolute extension floors, 1 + alpha·tanh weights
+normalised to mean 1, not sign-aware), method `gear_v0`.
 """
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import jax
@@ -96,7 +110,7 @@ def _carry_runs(code_L: Array) -> Array:
   return jnp.moveaxis(out, 0, -2).reshape(code_L.shape)[..., :num]
 
 
-def gear_segments(
+def gear_v0_segments(
   divergence: ArrayLike,
   entropy: ArrayLike,
   action_mask: ArrayLike,
@@ -106,7 +120,7 @@ def gear_segments(
   entropy_floor: float = 1.0,
   eps: float = 1e-6,
 ) -> Array:
-  """GEAR's divergence-anchored segments for one rollout.
+  """GEAR v0 (this library's earlier reading, method `gear_v0`): divergence-anchored segments for one rollout.
 
       d_i = max(divergence_i, 0) (non-finite -> 0); over action tokens: τ = mean(d) + k_sigma · std(d, ddof=1)
       spike_i = action_i ∧ d_i > τ   (no spikes with < 2 action tokens or max(d) − min(d) <= eps)
@@ -138,10 +152,11 @@ def gear_segments(
 
   Source:
   "GEAR: Granularity-Adaptive Advantage Reweighting for LLM Agents via Self-Distillation" (arXiv 2605.11853),
-  divergence-anchored adaptive segments, known from its abstract and summaries only: the spike test and the
-  extension rule are this library's reading; docs/credit.md, "GEAR".
+  divergence-anchored adaptive segments: the spike test and the extension rule are this library's v2.0 reading,
+  kept so that earlier results stay reproducible; the paper's (from its captions) is `gear_segments`; docs/credit.md,
+  "GEAR".
   """
-  fn = "gear_segments"
+  fn = "gear_v0_segments"
   k_sigma, tau_low, entropy_floor, eps = _check_segment_knobs(fn, k_sigma, tau_low, entropy_floor, eps)
   shapes = _checks.Shapes(fn)
   div_L = shapes.float("divergence", divergence, "L")
@@ -152,7 +167,7 @@ def gear_segments(
   return _carry_runs(jnp.where(sp.spike_L, iota_L, jnp.where(sp.extend_L, KEEP, -1)))
 
 
-def gear_advantages(
+def gear_v0_advantages(
   seq_adv: ArrayLike,
   divergence: ArrayLike,
   entropy: ArrayLike,
@@ -165,7 +180,8 @@ def gear_advantages(
   normalize: bool = True,
   eps: float = 1e-6,
 ) -> Array:
-  """GEAR token advantages for one rollout: the sequence advantage redistributed toward divergence spikes.
+  """GEAR v0 (this library's earlier reading, method `gear_v0`): the sequence advantage redistributed toward
+  divergence spikes, not sign-aware.
 
       aligned token:  u_i = 1 + alpha · tanh(d_i / (τ + eps))              (token resolution kept)
       segment token:  u_i = 1 + alpha · tanh(d_spike / (τ + eps))          (one weight per segment)
@@ -173,7 +189,7 @@ def gear_advantages(
       w_i = 1 with fewer than 2 action tokens (τ undefined)
       A_i = seq_adv · w_i
 
-  τ and the segments are those of gear_segments. alpha = 0, or d = 0 everywhere, gives w = 1 (GRPO).
+  τ and the segments are those of gear_v0_segments. alpha = 0, or d = 0 everywhere, gives w = 1 (GRPO).
   Invariants: w > 0; all tokens of a segment share one weight; segments start exactly at spikes.
   Stop-gradient.
 
@@ -182,7 +198,7 @@ def gear_advantages(
       value gives 0.
     divergence, entropy, action_mask: [L], as gear_segments.
     alpha: >= 0, strength of the redistribution.
-    k_sigma, tau_low, entropy_floor, eps: as gear_segments (eps also guards τ = 0).
+    k_sigma, tau_low, entropy_floor, eps: as gear_v0_segments (eps also guards τ = 0).
     normalize: bool, divide u by its mean over action tokens.
 
   Returns:
@@ -190,16 +206,17 @@ def gear_advantages(
 
   Raises:
     ValueError: `seq_adv` is not a scalar, the token arrays are not all [L], alpha < 0, or a knob of
-      gear_segments is invalid.
+      gear_v0_segments is invalid.
 
   Source:
   "GEAR: Granularity-Adaptive Advantage Reweighting for LLM Agents via Self-Distillation" (arXiv 2605.11853), known
   from its abstract and summaries only: divergence spikes against a ground-truth-conditioned self-teacher anchor
   segments, aligned regions keep token resolution and departed segments are reweighted by the divergence at their
-  anchor. The threshold τ, the tanh weight and the normalisation are this library's reading, not the paper's
-  equations; docs/credit.md, "GEAR".
+  anchor. The threshold τ, the tanh weight and the normalisation are this library's v2.0 reading, not the paper's:
+  they do not depend on the advantage's sign, which the paper's weighting does (`gear_advantages`); docs/credit.md,
+  "GEAR".
   """
-  fn = "gear_advantages"
+  fn = "gear_v0_advantages"
   alpha = _checks.knob_float(fn, "alpha", alpha, ge=0.0)
   normalize = _checks.knob_bool(fn, "normalize", normalize)
   k_sigma, tau_low, entropy_floor, eps = _check_segment_knobs(fn, k_sigma, tau_low, entropy_floor, eps)
@@ -220,4 +237,191 @@ def gear_advantages(
     u_L = u_L / (jnp.sum(jnp.where(action_L, u_L, 0.0)) / n)
   w_L = jnp.where(sp.enough[0], u_L, 1.0)
   adv = jnp.where(jnp.isfinite(adv), adv, 0.0)
+  return lax.stop_gradient(jnp.where(action_L, adv * w_L, 0.0))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GEAR as its captions and summaries describe it (spec v2.1).
+
+
+def _check_v21_knobs(fn: str, lambda_kl, lambda_h, min_divergence) -> tuple[float, float, float]:
+  lambda_kl = _checks.knob_float(fn, "lambda_kl", lambda_kl, ge=0.0, lt=1.0)
+  lambda_h = _checks.knob_float(fn, "lambda_h", lambda_h, ge=1.0, allow_inf=True)
+  min_divergence = _checks.knob_float(fn, "min_divergence", min_divergence, gt=0.0)
+  return lambda_kl, lambda_h, min_divergence
+
+
+class _Normalised(NamedTuple):
+  d_hat_L: Array  # d / max over the action tokens, in [0, 1]; 0 off the action tokens and without signal
+  onset_L: Array  # bool: opens a segment
+
+
+def _normalised(div_L: Array, action_L: Array, *, lambda_kl: float, min_divergence: float) -> _Normalised:
+  """d̂ = d / max_action d (0 when that max is <= min_divergence: no signal) and the onsets d̂ > lambda_kl, on
+  checked arrays with the token axis last. d / max is taken of both scaled by the same power of two (exact)."""
+  d_L = jnp.where(action_L & jnp.isfinite(div_L) & (div_L > 0), div_L, 0.0)
+  top = jnp.max(d_L, axis=-1, keepdims=True)
+  k = jnp.frexp(top)[1].astype(jnp.int32)
+  top_s = _stats.ldexp(top, -k)
+  signal = top > min_divergence
+  d_hat_L = jnp.where(signal, _stats.ldexp(d_L, -k) / jnp.where(signal, top_s, 1.0), 0.0)
+  return _Normalised(d_hat_L, action_L & signal & (d_hat_L > lambda_kl))
+
+
+def _entropy_runs(onset_L: Array, entropy_L: Array, action_L: Array, lambda_h: float) -> Array:
+  """seg_start_L (int32, -1 for aligned tokens) by the entropy-relative end rule, along the last axis.
+
+  A walk over the tokens carrying the open segment's start and its onset's entropy H₀: an onset opens a segment
+  (start = its index, H₀ = its entropy); an action token with finite entropy H <= lambda_h · H₀ extends it; any other
+  token (entropy above the bound or not finite, or a non-action token) closes it and is aligned. Blocks of RUN_BLOCK
+  tokens per scan step, as `_carry_runs`.
+  """
+  num = onset_L.shape[-1]
+  num_blocks = -(-num // RUN_BLOCK)
+  pad = [(0, 0)] * (onset_L.ndim - 1) + [(0, num_blocks * RUN_BLOCK - num)]
+
+  def blocks(x, fill):
+    x = jnp.pad(x, pad, constant_values=fill)
+    return jnp.moveaxis(x.reshape(x.shape[:-1] + (num_blocks, RUN_BLOCK)), -2, 0)
+
+  iota_L = lax.broadcasted_iota(jnp.int32, onset_L.shape, onset_L.ndim - 1)
+  xs = (blocks(onset_L, False), blocks(entropy_L, jnp.nan), blocks(action_L, False), blocks(iota_L, -1))
+
+  def step(carry, block):
+    start, h0 = carry
+    onset, ent, act, idx = block
+    outs = []
+    for j in range(RUN_BLOCK):
+      below = True if math.isinf(lambda_h) else ent[..., j] <= lambda_h * h0  # inf · 0 would be NaN
+      stays = act[..., j] & (start >= 0) & jnp.isfinite(ent[..., j]) & below
+      start = jnp.where(onset[..., j], idx[..., j], jnp.where(stays, start, -1))
+      h0 = jnp.where(onset[..., j], ent[..., j], h0)
+      outs.append(start)
+    return (start, h0), jnp.stack(outs, axis=-1)
+
+  init = (jnp.full(onset_L.shape[:-1], -1, jnp.int32), jnp.zeros(onset_L.shape[:-1], jnp.float32))
+  _, out = lax.scan(step, init, xs)
+  return jnp.moveaxis(out, 0, -2).reshape(onset_L.shape[:-1] + (num_blocks * RUN_BLOCK,))[..., :num]
+
+
+def gear_segments(
+  divergence: ArrayLike,
+  entropy: ArrayLike,
+  action_mask: ArrayLike,
+  *,
+  lambda_kl: float = 0.1,
+  lambda_h: float = 1.5,
+  min_divergence: float = 1e-6,
+) -> Array:
+  """GEAR's adaptive segments for one rollout: opened by a normalised-divergence spike, closed by an entropy rise.
+
+      d_t  = max(divergence_t, 0) on action tokens (non-finite -> 0)
+      d̂_t  = d_t / max_action d          (all 0 when max_action d <= min_divergence: no teacher signal)
+      onset_t = action_t ∧ d̂_t > lambda_KL
+      a segment opens at each onset t₀ and extends over the following action tokens t while
+        H_t <= lambda_H · H_t₀     (H finite);
+      it ends before the first token whose entropy exceeds lambda_H times the onset's, at the next onset (which
+      opens a new segment) or at the first non-action token (a segment never crosses a tool observation).
+      seg_start_t = index of the onset that opened token t's segment, −1 for aligned tokens.
+
+  Readings taken (the captions give the thresholds, not the equations; docs/credit.md, "GEAR"): the divergence is
+  normalised by its largest value over the rollout's action tokens, so d̂ ∈ [0, 1] and the rollout's biggest spike
+  always opens a segment when there is any signal above `min_divergence`; H is the student's (the policy's) entropy;
+  the token whose entropy exceeds the bound is not part of the segment; a token with non-finite entropy ends it.
+  d and d · 2^j give the same segments (the ratio is taken of both scaled by one power of two).
+  Batch: `jax.vmap(gear_segments)` over leading axes.
+
+  Args:
+    divergence: [L] float, per-token reverse KL(student ‖ ground-truth-conditioned teacher) over the vocabulary,
+      nats (>= 0; a negative rounding residue counts as 0; NaN: no signal at that token).
+    entropy: [L] float, the student's predictive entropy per token, nats.
+    action_mask: [L] bool.
+    lambda_kl: in [0, 1), the onset threshold on d̂ (the paper's lambda_KL, default 0.1).
+    lambda_h: >= 1 (inf: segments end only at the next onset or a non-action token), the entropy ratio that ends
+      a segment (the paper's lambda_H, default 1.5).
+    min_divergence: > 0, nats: a rollout whose largest divergence is at or below it has no segments.
+
+  Returns:
+    seg_start: [L] int32; −1 off the action tokens and on aligned tokens.
+
+  Raises:
+    ValueError: the arrays are not all [L] (naming the argument); lambda_kl outside [0, 1); lambda_h < 1;
+      min_divergence <= 0 or not finite.
+
+  Source:
+  Li et al., "GEAR: Granularity-Adaptive Advantage Reweighting for LLM Agents via Self-Distillation" (arXiv
+  2605.11853), from its summaries and verbatim captions (Fig. 2: "normalized reverse-KL > 0.1"; Table 2: "lambda_H =
+  1.5, alpha = 0.2, and lambda_KL = 0.1"); docs/credit.md, "GEAR".
+  """
+  fn = "gear_segments"
+  lambda_kl, lambda_h, min_divergence = _check_v21_knobs(fn, lambda_kl, lambda_h, min_divergence)
+  shapes = _checks.Shapes(fn)
+  div_L = shapes.float("divergence", divergence, "L")
+  entropy_L = shapes.float("entropy", entropy, "L")
+  action_L = shapes.mask("action_mask", action_mask, "L")
+  norm = _normalised(div_L, action_L, lambda_kl=lambda_kl, min_divergence=min_divergence)
+  return _entropy_runs(norm.onset_L, entropy_L, action_L, lambda_h)
+
+
+def gear_advantages(
+  seq_adv: ArrayLike,
+  divergence: ArrayLike,
+  entropy: ArrayLike,
+  action_mask: ArrayLike,
+  *,
+  alpha: float = 0.2,
+  lambda_kl: float = 0.1,
+  lambda_h: float = 1.5,
+  min_divergence: float = 1e-6,
+) -> Array:
+  """GEAR token advantages for one rollout: the sequence advantage rescaled by a sign-aware weight of each token's
+  (or its segment's onset's) normalised divergence.
+
+      c_t = d̂ at seg_start_t for segment tokens, d̂_t for aligned tokens        (∈ [0, 1]; gear_segments)
+      W_t = 1 − alpha · c_t   if A > 0   (a success: the tokens where the policy departed from the informed teacher
+                                          get less of the credit)
+      W_t = 1 + alpha · c_t   if A < 0   (a failure: they take more of the blame)
+      A_t = A · W_t on action tokens, 0 elsewhere
+
+  Every token of a segment shares its onset's weight; aligned tokens keep token resolution. alpha = 0, A = 0, or no
+  divergence signal give A on every action token (GRPO). Since alpha < 1, W_t > 0: A_t keeps A's sign.
+  Stop-gradient.
+
+  Reading taken (docs/credit.md, "GEAR"): the captions say the weight is "sign-aware", and the summaries that a
+  success's high-divergence tokens are down-weighted and a failure's up-weighted; the linear form 1 ∓ alpha · c with
+  c = d̂ ∈ [0, 1] is ours. The weights are not renormalised (the mean |A_t| may differ from |A|).
+
+  Args:
+    seq_adv: float scalar, the rollout's sequence-level advantage (e.g. its grpo_advantages entry); a non-finite
+      value gives 0.
+    divergence, entropy, action_mask: [L], as gear_segments.
+    alpha: in [0, 1), the weight's strength (the paper's alpha, default 0.2).
+    lambda_kl, lambda_h, min_divergence: as gear_segments.
+
+  Returns:
+    [L] float32 token advantages; exactly 0.0 off the action tokens.
+
+  Raises:
+    ValueError: `seq_adv` is not a scalar, the token arrays are not all [L], alpha outside [0, 1), or a knob of
+      gear_segments is invalid.
+
+  Source:
+  Li et al., "GEAR: Granularity-Adaptive Advantage Reweighting for LLM Agents via Self-Distillation" (arXiv
+  2605.11853), summaries and captions (Fig. 1: "modulated by a sign-aware weighting function"; Table 2's defaults);
+  docs/credit.md, "GEAR".
+  """
+  fn = "gear_advantages"
+  alpha = _checks.knob_float(fn, "alpha", alpha, ge=0.0, lt=1.0)
+  lambda_kl, lambda_h, min_divergence = _check_v21_knobs(fn, lambda_kl, lambda_h, min_divergence)
+  shapes = _checks.Shapes(fn)
+  adv = shapes.float("seq_adv", seq_adv, "")
+  div_L = shapes.float("divergence", divergence, "L")
+  entropy_L = shapes.float("entropy", entropy, "L")
+  action_L = shapes.mask("action_mask", action_mask, "L")
+  norm = _normalised(div_L, action_L, lambda_kl=lambda_kl, min_divergence=min_divergence)
+  seg_L = _entropy_runs(norm.onset_L, entropy_L, action_L, lambda_h)
+  onset_credit_L = jnp.take_along_axis(norm.d_hat_L, jnp.maximum(seg_L, 0), axis=-1)
+  credit_L = jnp.where(seg_L >= 0, onset_credit_L, norm.d_hat_L)
+  adv = jnp.where(jnp.isfinite(adv), adv, 0.0)
+  w_L = 1.0 + jnp.where(adv > 0, -alpha, alpha) * credit_L
   return lax.stop_gradient(jnp.where(action_L, adv * w_L, 0.0))

@@ -112,6 +112,8 @@ class Method:
       must be in the `writes` of a pass in `passes` (`jaxcredit.train.passes.Pass`). `config.validate` refuses a
       method that reads a key none of its passes writes (`check_reads`), and `check_knobs` one that reads a key it
       did not declare.
+    variant_of: "" for a method of its own; the name of the row whose earlier or alternative reading this row keeps
+      (`gear_v0` of `gear`): it runs the same passes and differs only in its credit function or knobs.
   """
 
   advantages: Callable[[Trajectory, Mapping[str, Any]], MethodOutput]
@@ -123,6 +125,7 @@ class Method:
   summary: str = ""
   validate: Callable[[Mapping[str, Any], Any], None] | None = None
   reads: tuple[str, ...] = ()
+  variant_of: str = ""
 
   def __post_init__(self):
     object.__setattr__(self, "passes", tuple(self.passes))
@@ -420,25 +423,17 @@ def hsd(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
   )
 
 
-def gear(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
-  """GEAR: the GRPO advantage redistributed over divergence-anchored segments (ground-truth-conditioned teacher)."""
-  seq = _outcome(traj, k["scale"], k["eps"])
+def _gear_features(traj: Trajectory) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """(valid_B, divergence_BxL, student entropy_BxL) of the teacher_divergence pass: an invalid pass reads as
+  divergence 0 everywhere, so GEAR equals GRPO for that rollout (docs/credit.md, GEAR). The segments follow the
+  policy's own entropy (the student's)."""
   name = "teacher_divergence"
   valid = pass_valid(traj, name)
-  # An invalid pass has divergence 0 everywhere: GEAR then equals GRPO for that rollout (credit.md, GEAR).
   div = np.where(valid[:, None], traj.passes[name]["divergence_BxL"], 0.0).astype(np.float32)
-  # The segments extend over tokens where the policy itself is unsure (the student's entropy, docs/credit.md GEAR).
-  ent = np.asarray(traj.passes[name]["student_entropy_BxL"], np.float32)
-  seg_knobs = _pick(k, "k_sigma", "tau_low", "entropy_floor", "eps")
-  adv = per_rollout(
-    credit.gear_advantages,
-    dict(seg_knobs, alpha=k["alpha"], normalize=k["normalize"]),
-    seq,
-    div,
-    ent,
-    traj.action_mask_BxL,
-  )
-  seg_start = per_rollout(credit.gear_segments, seg_knobs, div, ent, traj.action_mask_BxL)
+  return valid, div, np.asarray(traj.passes[name]["student_entropy_BxL"], np.float32)
+
+
+def _gear_output(traj, seq, adv, seg_start, div, valid, details) -> MethodOutput:
   spikes = (seg_start == np.arange(seg_start.shape[1])[None, :]).sum(axis=1)
   in_seg = (seg_start >= 0).sum(axis=1)
   return MethodOutput(
@@ -449,25 +444,51 @@ def gear(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
       "gear_segment_tokens_per_rollout": float(in_seg.mean()),
       "gear_divergence_mean": _action_mean(div, traj.action_mask_BxL & valid[:, None]),
     },
-    details={"segment_start_BxL": seg_start, "divergence_BxL": np.where(traj.action_mask_BxL, div, np.nan)},
+    details=dict(details, segment_start_BxL=seg_start, divergence_BxL=np.where(traj.action_mask_BxL, div, np.nan)),
   )
+
+
+def gear(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
+  """GEAR (arXiv 2605.11853, from its summaries and captions): the GRPO advantage times a sign-aware weight of the
+  normalised divergence from the ground-truth-conditioned self-teacher; segments open at d̂ > lambda_kl and end where
+  the entropy exceeds lambda_h times the onset's (credit.gear_advantages, credit.gear_segments)."""
+  seq = _outcome(traj, k["scale"], k["eps"])
+  valid, div, ent = _gear_features(traj)
+  seg_knobs = _pick(k, "lambda_kl", "lambda_h", "min_divergence")
+  adv = per_rollout(credit.gear_advantages, dict(seg_knobs, alpha=k["alpha"]), seq, div, ent, traj.action_mask_BxL)
+  seg_start = per_rollout(credit.gear_segments, seg_knobs, div, ent, traj.action_mask_BxL)
+  on = traj.action_mask_BxL & (seq[:, None] != 0)
+  with np.errstate(invalid="ignore", divide="ignore"):
+    weight = np.where(on, adv / seq[:, None], np.nan)
+  return _gear_output(traj, seq, adv, seg_start, div, valid, {"token_weight_BxL": weight})
+
+
+def gear_v0(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
+  """GEAR v0, this library's earlier reading: the GRPO advantage redistributed over divergence-anchored segments
+  (mean + k_sigma std spikes, 1 + alpha tanh weights normalised to mean 1, not sign-aware;
+  credit.gear_v0_advantages)."""
+  seq = _outcome(traj, k["scale"], k["eps"])
+  valid, div, ent = _gear_features(traj)
+  seg_knobs = _pick(k, "k_sigma", "tau_low", "entropy_floor", "eps")
+  adv = per_rollout(
+    credit.gear_v0_advantages,
+    dict(seg_knobs, alpha=k["alpha"], normalize=k["normalize"]),
+    seq,
+    div,
+    ent,
+    traj.action_mask_BxL,
+  )
+  seg_start = per_rollout(credit.gear_v0_segments, seg_knobs, div, ent, traj.action_mask_BxL)
+  return _gear_output(traj, seq, adv, seg_start, div, valid, {})
 
 
 SGCD_MIXED_GROUPS = ("skip", "keep")
 SGCD_TEMPLATE_FIELDS = ("task", "success", "failure")
 
 
-def sgcd(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
-  """SGCD (arXiv 2606.12634, our reading): GRPO's token advantages times bounded weights from the reverse KL and the
-  entropy of a teacher shown its group's sibling-contrast credit reference (credit.sgcd_token_weights). The policy
-  gradient keeps every token's sign; there is no distillation loss. Dynamic sampling: a group without both a
-  successful and a failed rollout has no reference; with mixed_groups="skip" it leaves the update (`keep_B`), with
-  "keep" it trains as GRPO (w = 1).
-
-  Raises:
-    ValueError: `sgcd: knob `mixed_groups` must be one of ...` for another value (said by config key in
-      `check_knobs`), and whatever credit.sgcd_token_weights raises for its knobs.
-  """
+def _sgcd(traj: Trajectory, k: Mapping[str, Any], weights: Callable, knobs: dict, low: float, high: float):
+  """SGCD's shared body: GRPO's token advantages times the weights `weights(div, ent, action, **knobs)` of the
+  teacher_sibling pass, dynamic sampling by `mixed_groups`, metrics with the weights' bounds [low, high]."""
   if k["mixed_groups"] not in SGCD_MIXED_GROUPS:
     raise ValueError(f"sgcd: knob `mixed_groups` must be one of {SGCD_MIXED_GROUPS}, got {k['mixed_groups']!r}.")
   seq = _outcome(traj, k["scale"], k["eps"])
@@ -475,20 +496,14 @@ def sgcd(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
   valid = pass_valid(traj, name)
   div = _teacher_or_nan(traj, name, "divergence_BxL")
   ent = _teacher_or_nan(traj, name, "entropy_BxL")
-  w = per_rollout(
-    credit.sgcd_token_weights,
-    _pick(k, "alpha", "entropy_coef", "w_min", "w_max"),
-    div,
-    ent,
-    traj.action_mask_BxL,
-  )
+  w = per_rollout(weights, knobs, div, ent, traj.action_mask_BxL)
   summaries = traj.passes["sibling_summary"]
   mixed = np.asarray(summaries["mixed_B"], bool)
   groups = np.asarray(traj.group_ids_B)
   unmixed = len(set(groups[~mixed].tolist()))
   skip = k["mixed_groups"] == "skip"
   act = traj.action_mask_BxL & valid[:, None]
-  at_min, at_max = np.isclose(w, k["w_min"]), np.isclose(w, k["w_max"])
+  at_min, at_max = np.isclose(w, low), np.isclose(w, high)
   return MethodOutput(
     (_on_actions(seq, traj) * w).astype(np.float32),
     seq[:, None] * traj.turn_mask_BxT,
@@ -497,8 +512,9 @@ def sgcd(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
       "sgcd_mixed_groups": len(set(groups.tolist())) - unmixed,
       "sgcd_groups_skipped": unmixed if skip else 0,
       "sgcd_divergence_mean": _action_mean(np.nan_to_num(div), act),
+      "sgcd_weight_mean": _action_mean(w, act),
       "sgcd_weight_std": float(w[act].std()) if act.any() else 0.0,
-      # Tokens whose weight sits at a bound: w_min is also reached without clipping (f = 0 with alpha = 1 - w_min).
+      # Tokens whose weight sits at a bound (v2.1: 1 = not amplified, c = amplified to the cap).
       "sgcd_weight_clipped_frac": _action_mean((at_min | at_max).astype(np.float32), act),
       "sgcd_weight_at_min_frac": _action_mean(at_min.astype(np.float32), act),
       "sgcd_weight_at_max_frac": _action_mean(at_max.astype(np.float32), act),
@@ -512,23 +528,47 @@ def sgcd(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
   )
 
 
+def sgcd(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
+  """SGCD (arXiv 2606.12634, from its abstract and summaries): GRPO's token advantages times the amplify-only weight
+  W = clip(1 + gamma · s, 1, c) of a salience s in [0, 1] from the reverse KL and the entropy of a teacher shown its
+  group's sibling-contrast credit reference (credit.sgcd_token_weights). W >= 1: the teacher never shrinks or flips a
+  token's advantage; no distillation loss. Dynamic sampling: a group without both a successful and a failed
+  rollout has no reference; with mixed_groups="skip" (the paper) it leaves the update (`keep_B`), with "keep" it
+  trains as GRPO (W = 1).
+
+  Raises:
+    ValueError: `sgcd: knob `mixed_groups` must be one of ...` for another value (said by config key in
+      `check_knobs`), and whatever credit.sgcd_token_weights raises for its knobs.
+  """
+  knobs = _pick(k, "gamma", "c", "entropy_coef", "salience")
+  return _sgcd(traj, k, credit.sgcd_token_weights, knobs, 1.0, k["c"])
+
+
+def sgcd_v0(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
+  """SGCD v0, this library's earlier reading: weights clip(1 + alpha (f / mean f - 1), w_min, w_max) with mean 1, so
+  some tokens are shrunk (credit.sgcd_v0_token_weights); otherwise as `sgcd`."""
+  knobs = _pick(k, "alpha", "entropy_coef", "w_min", "w_max")
+  return _sgcd(traj, k, credit.sgcd_v0_token_weights, knobs, k["w_min"], k["w_max"])
+
+
 def sgcd_validate(k: Mapping[str, Any], c) -> None:
   """The knobs of SGCD's summary pass (`passes.sibling_summary`), which no credit function reads.
 
   Raises:
-    ValueError: naming `config.credit.sgcd.summary_max_tokens` outside [1, sampling.max_len) or a
-      `config.credit.sgcd.summary_template` that uses a field other than {task}, {success} and {failure}.
+    ValueError: naming `config.credit.<sgcd|sgcd_v0>.summary_max_tokens` outside [1, sampling.max_len) or a
+      `config.credit.<sgcd|sgcd_v0>.summary_template` that uses a field other than {task}, {success} and {failure}.
   """
+  name = c.credit.method  # sgcd or sgcd_v0
   n, max_len = k["summary_max_tokens"], c.sampling.max_len
   if not 1 <= n < max_len:
-    raise ValueError(f"config.credit.sgcd.summary_max_tokens = {n!r}: must be in [1, sampling.max_len = {max_len})")
+    raise ValueError(f"config.credit.{name}.summary_max_tokens = {n!r}: must be in [1, sampling.max_len = {max_len})")
   template = k["summary_template"]
   if template:
     try:
       template.format(**{f: "" for f in SGCD_TEMPLATE_FIELDS})
     except Exception as e:  # KeyError, IndexError, AttributeError, ValueError: any template str.format refuses
       raise ValueError(
-        f"config.credit.sgcd.summary_template = {template!r}: may use only {{task}}, {{success}} and {{failure}} "
+        f"config.credit.{name}.summary_template = {template!r}: may use only {{task}}, {{success}} and {{failure}} "
         f"({e!r})"
       ) from None
 
@@ -564,7 +604,8 @@ METHODS: dict[str, Method] = {
   # TRACE's scorer is always the frozen reference (the gold_answer pass), never config.teacher.source. The knobs
   # are the paper's symbols with its defaults (arXiv 2607.13988); gold_reduce="mean" scores ℓ̄, the mean per-token
   # log-prob. value="raw_delta", td_horizon=1, terminal_scale=0, std="sample", dense_norm="group_rms",
-  # gold_reduce="sum" and alpha_turn=beta is this library's v1 TRACE (the paper's raw-delta ablation).
+  # gold_reduce="sum" and alpha_turn=beta is this library's v1 TRACE (not the paper's raw-delta ablation, which changes
+  # only value="raw_delta").
   "trace": Method(
     trace,
     dict(
@@ -614,18 +655,47 @@ METHODS: dict[str, Method] = {
     reads=_reads("teacher_peer", "logp_BxL", "valid_B", "peer_B"),
     summary="self-teacher conditioned on a successful peer rollout",
   ),
+  # GEAR (arXiv 2605.11853) from its summaries and captions: Table 2's defaults (lambda_H = 1.5, alpha = 0.2,
+  # lambda_KL = 0.1); the normalisation of the divergence and the linear sign-aware weight are our readings
+  # (docs/credit.md, "GEAR").
   "gear": Method(
     gear,
+    dict(_OUTCOME, alpha=0.2, lambda_kl=0.1, lambda_h=1.5, min_divergence=1e-6),
+    ("teacher_divergence",),
+    reads=_reads("teacher_divergence", "divergence_BxL", "student_entropy_BxL", "valid_B"),
+    summary="sign-aware weights of divergence-anchored segments rescale the GRPO advantage",
+  ),
+  "gear_v0": Method(
+    gear_v0,
     dict(_OUTCOME, alpha=1.0, k_sigma=2.0, tau_low=0.1, entropy_floor=1.0, normalize=True),
     ("teacher_divergence",),
     reads=_reads("teacher_divergence", "divergence_BxL", "student_entropy_BxL", "valid_B"),
-    summary="divergence-anchored segments rescale the GRPO advantage",
+    summary="GEAR, this library's earlier reading (not sign-aware, weights of mean 1)",
+    variant_of="gear",
   ),
-  # SGCD (arXiv 2606.12634), known from its abstract only: every formula is our reading (docs/credit.md, "SGCD").
-  # Its teacher is the policy shown the group's sibling-contrast summary, which the same teacher writes; the paper's
-  # summariser is an external LLM (name a checkpoint as config.teacher.source: it then writes and scores).
+  # SGCD (arXiv 2606.12634) from its abstract and summaries: the amplify-only W = clip(1 + gamma·s, 1, c), gamma = 1,
+  # c = 2, mixed groups only; the salience s is our reading (docs/credit.md, "SGCD"). The paper's summariser is an
+  # external LLM; by default the method's teacher (the policy) writes the summary, as a stand-in.
   "sgcd": Method(
     sgcd,
+    dict(
+      _OUTCOME,
+      gamma=1.0,
+      c=2.0,
+      entropy_coef=1.0,
+      salience="max",
+      mixed_groups="skip",
+      summary_max_tokens=64,
+      summary_template="",
+    ),
+    ("sibling_summary", "teacher_sibling"),
+    summary="GRPO amplified, at most c-fold, where a teacher shown how successful and failed siblings differ departs",
+    validate=sgcd_validate,
+    reads=_reads("teacher_sibling", "logp_BxL", "divergence_BxL", "entropy_BxL", "valid_B")
+    + _reads("sibling_summary", "mixed_B", "summary_tokens_B"),
+  ),
+  "sgcd_v0": Method(
+    sgcd_v0,
     dict(
       _OUTCOME,
       alpha=0.5,  # = 1 - w_min: 1 + alpha·(f/f̄ − 1) >= w_min for every f >= 0, so the floor never binds
@@ -637,8 +707,9 @@ METHODS: dict[str, Method] = {
       summary_template="",
     ),
     ("sibling_summary", "teacher_sibling"),
-    summary="GRPO reweighted, within bounds, by a teacher shown how a successful and a failed sibling differ",
+    summary="SGCD, this library's earlier reading (weights in [w_min, w_max] of mean 1: some tokens shrunk)",
     validate=sgcd_validate,
+    variant_of="sgcd",
     reads=_reads("teacher_sibling", "logp_BxL", "divergence_BxL", "entropy_BxL", "valid_B")
     + _reads("sibling_summary", "mixed_B", "summary_tokens_B"),
   ),

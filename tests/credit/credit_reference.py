@@ -215,7 +215,8 @@ def trace_adv_v1(
   dense_norm="group_rms",
   eps=1e-6,
 ):
-  """This library's v1 TRACE (the paper's raw-delta ablation): A = GRPO + beta · δ / RMS(δ over the dense turns)."""
+  """This library's v1 TRACE (not the paper's raw-delta ablation, which changes only the value): A = GRPO + beta · δ /
+  RMS(δ over the dense turns)."""
   rewards = np.asarray(rewards, f32)
   num_g, num_turns = np.shape(turn_mask)
   mask = _mask(sample_mask, num_g)
@@ -478,4 +479,77 @@ def sgcd_weights(divergence, teacher_entropy, action_mask, alpha=1.0, entropy_co
   if mean > 0:
     for i, fi in f.items():
       w[i] = min(max(1.0 + alpha * (fi / mean - 1.0), w_min), w_max)
+  return w
+
+
+# ------------------------------------------------------------------------------------------ GEAR (spec v2.1)
+
+
+def gear_v21_normalised(divergence, action_mask, min_divergence=1e-6):
+  """d̂ in float32 as the spec's reading defines it: d / max over the action tokens (one float32 division, which the
+  exact power-of-two scaling of the jitted code does not change); all 0 when that max is <= min_divergence."""
+  d = [f32(x) if action_mask[i] and _finite(x) and x > 0 else f32(0.0) for i, x in enumerate(divergence)]
+  top = max(d) if d else f32(0.0)
+  if not top > min_divergence:
+    return [f32(0.0)] * len(d)
+  return [f32(x / top) for x in d]
+
+
+def gear_v21_segs(divergence, entropy, action_mask, lambda_kl=0.1, lambda_h=1.5, min_divergence=1e-6):
+  """Token by token: an onset (d̂ > lambda_kl) opens a segment; an action token with finite entropy <= lambda_h times
+  the onset's extends it; anything else closes it."""
+  d_hat = gear_v21_normalised(divergence, action_mask, min_divergence)
+  seg = np.full(len(d_hat), -1, np.int32)
+  start, h0 = -1, f32(0.0)
+  for i in range(len(d_hat)):
+    if action_mask[i] and d_hat[i] > f32(lambda_kl):
+      start, h0 = i, f32(entropy[i])
+    elif (
+      action_mask[i]
+      and start >= 0
+      and _finite(entropy[i])
+      and (math.isinf(lambda_h) or f32(entropy[i]) <= f32(f32(lambda_h) * h0))
+    ):
+      pass
+    else:
+      start = -1
+    seg[i] = start
+  return seg
+
+
+def gear_v21_adv(
+  seq_adv, divergence, entropy, action_mask, alpha=0.2, lambda_kl=0.1, lambda_h=1.5, min_divergence=1e-6
+):
+  d_hat = gear_v21_normalised(divergence, action_mask, min_divergence)
+  seg = gear_v21_segs(divergence, entropy, action_mask, lambda_kl, lambda_h, min_divergence)
+  out = np.zeros(len(d_hat), np.float64)
+  if not _finite(seq_adv):
+    return out
+  for i in range(len(d_hat)):
+    if action_mask[i]:
+      c = float(d_hat[seg[i]] if seg[i] >= 0 else d_hat[i])
+      w = 1.0 - alpha * c if seq_adv > 0 else 1.0 + alpha * c
+      out[i] = float(seq_adv) * w
+  return out
+
+
+# ------------------------------------------------------------------------------------------ SGCD (spec v2.1)
+
+
+def sgcd_v21_weights(divergence, teacher_entropy, action_mask, gamma=1.0, c=2.0, entropy_coef=1.0, salience="max"):
+  """In float64 Python arithmetic, token by token (docs/credit.md, "SGCD")."""
+  n = len(divergence)
+  live = [bool(action_mask[i]) and _finite(divergence[i]) and _finite(teacher_entropy[i]) for i in range(n)]
+  f = {
+    i: max(float(divergence[i]), 0.0) / (1.0 + entropy_coef * max(float(teacher_entropy[i]), 0.0))
+    for i in range(n)
+    if live[i]
+  }
+  w = np.ones(n, np.float64)
+  top = max(f.values()) if f else 0.0
+  if top > 0:
+    mean = sum(f.values()) / len(f)
+    for i, fi in f.items():
+      s = fi / top if salience == "max" else min(max(fi / mean - 1.0, 0.0), 1.0)
+      w[i] = min(max(1.0 + gamma * s, 1.0), c)
   return w

@@ -1,4 +1,5 @@
-"""GEAR segments and advantages against the loop reference, plus the segment invariants."""
+"""GEAR v0, this library's earlier reading (credit.gear_v0_*, method gear_v0): segments and advantages against the loop
+reference of its old formula, plus the segment invariants."""
 
 import functools
 
@@ -19,13 +20,15 @@ SEQ_ADVS = (1.0, -0.75)
 
 @functools.lru_cache(maxsize=None)
 def _segments(k_sigma, tau_low, entropy_floor):
-  return jax.jit(functools.partial(credit.gear_segments, k_sigma=k_sigma, tau_low=tau_low, entropy_floor=entropy_floor))
+  return jax.jit(
+    functools.partial(credit.gear_v0_segments, k_sigma=k_sigma, tau_low=tau_low, entropy_floor=entropy_floor)
+  )
 
 
 @functools.lru_cache(maxsize=None)
 def _advantages(alpha, k_sigma, tau_low, entropy_floor, normalize, batched=False):
   fn = functools.partial(
-    credit.gear_advantages,
+    credit.gear_v0_advantages,
     alpha=alpha,
     k_sigma=k_sigma,
     tau_low=tau_low,
@@ -128,34 +131,34 @@ def test_advantages_vmapped(rollout):
 def test_worked_example():
   d = np.array([0.0, 0.1, 5.0, 0.5, 0.05, 0.0, 0.0, 6.0, 0.2, 0.2, 0.0, 0.0], np.float32)
   action = np.array([1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1], bool)
-  seg = credit.gear_segments(d, np.zeros(12, np.float32), action, k_sigma=1.0)
+  seg = credit.gear_v0_segments(d, np.zeros(12, np.float32), action, k_sigma=1.0)
   np.testing.assert_array_equal(seg, [-1, -1, 2, 2, -1, -1, -1, 7, 7, -1, -1, -1])
 
 
 def test_non_finite_seq_adv_gives_zero():
-  got = credit.gear_advantages(np.float32(np.nan), np.ones(4), np.ones(4), np.ones(4, bool))
+  got = credit.gear_v0_advantages(np.float32(np.nan), np.ones(4), np.ones(4), np.ones(4, bool))
   np.testing.assert_array_equal(got, np.zeros(4))
 
 
 def test_stop_gradient():
   grad = jax.jit(
-    jax.grad(lambda d: credit.gear_advantages(1.0, d, np.ones(5), np.ones(5, bool), k_sigma=0.5) @ np.arange(5.0))
+    jax.grad(lambda d: credit.gear_v0_advantages(1.0, d, np.ones(5), np.ones(5, bool), k_sigma=0.5) @ np.arange(5.0))
   )
   assert np.all(np.asarray(grad(np.array([0.1, 0.2, 3.0, 0.1, 0.0]))) == 0.0)
 
 
 BAD_SHAPES = [
-  (lambda: credit.gear_segments(np.zeros(4), np.zeros(3), np.ones(4, bool)), "`entropy` must have shape [L]"),
+  (lambda: credit.gear_v0_segments(np.zeros(4), np.zeros(3), np.ones(4, bool)), "`entropy` must have shape [L]"),
   (
-    lambda: credit.gear_segments(np.zeros((1, 4)), np.zeros(4), np.ones(4, bool)),
+    lambda: credit.gear_v0_segments(np.zeros((1, 4)), np.zeros(4), np.ones(4, bool)),
     "`divergence` must have rank 1 with shape [L]",
   ),
   (
-    lambda: credit.gear_advantages(np.zeros(2), np.zeros(4), np.zeros(4), np.ones(4, bool)),
+    lambda: credit.gear_v0_advantages(np.zeros(2), np.zeros(4), np.zeros(4), np.ones(4, bool)),
     "`seq_adv` must have rank 0",
   ),
   (
-    lambda: credit.gear_advantages(1.0, np.zeros(4), np.zeros(4), np.ones(5, bool)),
+    lambda: credit.gear_v0_advantages(1.0, np.zeros(4), np.zeros(4), np.ones(5, bool)),
     "`action_mask` must have shape [L]",
   ),
 ]
@@ -181,9 +184,9 @@ def test_shape_errors_name_the_argument(call, message):
 )
 def test_knob_errors(kwargs, knob):
   with pytest.raises(ValueError, match=f"`{knob}`"):
-    credit.gear_advantages(1.0, np.zeros(4), np.zeros(4), np.ones(4, bool), **kwargs)
+    credit.gear_v0_advantages(1.0, np.zeros(4), np.zeros(4), np.ones(4, bool), **kwargs)
 
 
 def test_segments_knob_errors():
   with pytest.raises(ValueError, match="`k_sigma`"):
-    credit.gear_segments(np.zeros(4), np.zeros(4), np.ones(4, bool), k_sigma=-1.0)
+    credit.gear_v0_segments(np.zeros(4), np.zeros(4), np.ones(4, bool), k_sigma=-1.0)

@@ -204,10 +204,10 @@ def test_crest_surprisal_statistics_at_every_scale(exponent, data):
 
 # No extension (tau_low = entropy_floor = inf): the segments are the spikes, decided by τ alone.
 _gear_segs = jax.jit(
-  functools.partial(credit.gear_segments, k_sigma=2.0, tau_low=math.inf, entropy_floor=math.inf, eps=TINY_EPS)
+  functools.partial(credit.gear_v0_segments, k_sigma=2.0, tau_low=math.inf, entropy_floor=math.inf, eps=TINY_EPS)
 )
 _gear_adv = jax.jit(
-  functools.partial(credit.gear_advantages, k_sigma=2.0, tau_low=math.inf, entropy_floor=math.inf, eps=TINY_EPS)
+  functools.partial(credit.gear_v0_advantages, k_sigma=2.0, tau_low=math.inf, entropy_floor=math.inf, eps=TINY_EPS)
 )
 
 

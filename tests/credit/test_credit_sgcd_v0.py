@@ -1,6 +1,6 @@
-"""SGCD's credit weights (credit.sgcd_token_weights) against the loop reference, their properties (bounded, sign
-of the advantage kept, no teacher signal -> GRPO, mask respected, jit and vmap agree) and a worked example whose
-numbers are computed by hand."""
+"""SGCD v0, this library's earlier reading (credit.sgcd_v0_token_weights, method sgcd_v0), against the loop
+reference of its old formula, its properties (bounded, sign of the advantage kept, no teacher signal -> GRPO, mask
+respected, jit and vmap agree) and a worked example whose numbers are computed by hand."""
 
 import functools
 
@@ -21,7 +21,7 @@ KNOBS = ((1.0, 1.0, 0.5, 2.0), (0.5, 0.0, 0.8, 1.25), (3.0, 2.0, 0.1, 10.0))
 @functools.lru_cache(maxsize=None)
 def _weights(alpha, entropy_coef, w_min, w_max):
   return jax.jit(
-    functools.partial(credit.sgcd_token_weights, alpha=alpha, entropy_coef=entropy_coef, w_min=w_min, w_max=w_max)
+    functools.partial(credit.sgcd_v0_token_weights, alpha=alpha, entropy_coef=entropy_coef, w_min=w_min, w_max=w_max)
   )
 
 
@@ -105,7 +105,7 @@ def _named(knobs):
 
 @functools.lru_cache(maxsize=None)
 def _batched(knobs):
-  return jax.jit(jax.vmap(functools.partial(credit.sgcd_token_weights, **_named(knobs))))
+  return jax.jit(jax.vmap(functools.partial(credit.sgcd_v0_token_weights, **_named(knobs))))
 
 
 @given(rollouts())
@@ -144,10 +144,10 @@ def test_sgcd_worked_example_by_hand():
   ent = np.asarray([0.0, 0.0, 0.0, 1.0, 0.0, 1.0], np.float32)
   action = np.asarray([False, True, True, True, False, True])
   adv = np.where(action, -0.5, 0.0).astype(np.float32)
-  w = np.asarray(credit.sgcd_token_weights(div, ent, action, alpha=1.0))
+  w = np.asarray(credit.sgcd_v0_token_weights(div, ent, action, alpha=1.0))
   np.testing.assert_allclose(w, [1.0, 0.5, 8 / 11, 2.0, 1.0, 12 / 11], rtol=1e-6)
   np.testing.assert_allclose(adv * w, [0.0, -0.25, -4 / 11, -1.0, 0.0, -6 / 11], rtol=1e-6)
-  w = np.asarray(credit.sgcd_token_weights(div, ent, action))  # the defaults: alpha 0.5, entropy_coef 1, [0.5, 2]
+  w = np.asarray(credit.sgcd_v0_token_weights(div, ent, action))  # the defaults: alpha 0.5, entropy_coef 1, [0.5, 2]
   np.testing.assert_allclose(w, [1.0, 1 / 2, 19 / 22, 35 / 22, 1.0, 23 / 22], rtol=1e-6)
 
 
@@ -155,16 +155,16 @@ def test_sgcd_weights_stop_gradient():
   d = np.asarray([0.2, 1.0, 0.1], np.float32)
   h = np.asarray([0.5, 0.0, 2.0], np.float32)
   a = np.ones(3, bool)
-  grads = jax.grad(lambda x, y: credit.sgcd_token_weights(x, y, a) @ np.arange(3.0), argnums=(0, 1))(d, h)
+  grads = jax.grad(lambda x, y: credit.sgcd_v0_token_weights(x, y, a) @ np.arange(3.0), argnums=(0, 1))(d, h)
   assert all(np.all(np.asarray(g) == 0.0) for g in grads)
 
 
 @pytest.mark.parametrize(
   "call,message",
   [
-    (lambda: credit.sgcd_token_weights(np.zeros(4), np.zeros(3), np.ones(4, bool)), "`teacher_entropy` must have"),
-    (lambda: credit.sgcd_token_weights(np.zeros((2, 4)), np.zeros(4), np.ones(4, bool)), "`divergence` must have"),
-    (lambda: credit.sgcd_token_weights(np.zeros(4), np.zeros(4), np.ones(5, bool)), "`action_mask` must have"),
+    (lambda: credit.sgcd_v0_token_weights(np.zeros(4), np.zeros(3), np.ones(4, bool)), "`teacher_entropy` must have"),
+    (lambda: credit.sgcd_v0_token_weights(np.zeros((2, 4)), np.zeros(4), np.ones(4, bool)), "`divergence` must have"),
+    (lambda: credit.sgcd_v0_token_weights(np.zeros(4), np.zeros(4), np.ones(5, bool)), "`action_mask` must have"),
   ],
 )
 def test_sgcd_shape_errors_name_the_argument(call, message):
@@ -184,5 +184,5 @@ def test_sgcd_shape_errors_name_the_argument(call, message):
   ],
 )
 def test_sgcd_knob_errors(knobs, knob):
-  with pytest.raises(ValueError, match=f"sgcd_token_weights: knob `{knob}`"):
-    credit.sgcd_token_weights(np.zeros(2), np.zeros(2), np.ones(2, bool), **knobs)
+  with pytest.raises(ValueError, match=f"sgcd_v0_token_weights: knob `{knob}`"):
+    credit.sgcd_v0_token_weights(np.zeros(2), np.zeros(2), np.ones(2, bool), **knobs)

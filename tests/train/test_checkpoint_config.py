@@ -69,7 +69,23 @@ def _load_config(name):
 
 
 @pytest.mark.parametrize(
-  "name", ["quickstart", "grpo", "drgrpo", "rloo", "gigpo", "trace", "crest", "toolopd", "hsd", "gear", "sgcd", "opd"]
+  "name",
+  [
+    "quickstart",
+    "grpo",
+    "drgrpo",
+    "rloo",
+    "gigpo",
+    "trace",
+    "crest",
+    "toolopd",
+    "hsd",
+    "gear",
+    "gear_v0",
+    "sgcd",
+    "sgcd_v0",
+    "opd",
+  ],
 )
 def test_every_method_has_a_config_that_validates(name):
   from jaxcredit.train.methods import METHODS

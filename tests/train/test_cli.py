@@ -147,7 +147,7 @@ def test_help_lists_every_config_key_with_its_value_and_description():
   # The override is applied, and the comment that sets the key in the base config is its description.
   assert any(l.startswith("rollout.group_size = 8 ") and l.endswith("# G rollouts per prompt") for l in lines), lines
   # A method knob is described by its credit function's docstring.
-  assert any(l.startswith("credit.gear.alpha = 1.0") and "strength of the redistribution" in l for l in lines)
+  assert any(l.startswith("credit.gear.alpha = 0.2") and "the weight's strength" in l for l in lines)
   from jaxcredit.train import config as config_lib
   from jaxcredit.train.config_help import config_items
 

@@ -158,24 +158,49 @@ def test_hsd_adds_clipped_peer_teacher_ratio():
   assert out.metrics["hsd_peers_found_frac"] == pytest.approx(0.75)
 
 
-def test_gear_with_zero_divergence_is_grpo():
+@pytest.mark.parametrize("name", ["gear", "gear_v0"])
+def test_gear_with_zero_divergence_is_grpo(name):
   traj = _traj()
   traj.passes["teacher_divergence"] = _teacher(
     traj, divergence_BxL=np.zeros((B, L), np.float32), student_entropy_BxL=np.zeros((B, L), np.float32)
   )
-  out = METHODS["gear"].advantages(traj, _knobs("gear"))
+  out = METHODS[name].advantages(traj, _knobs(name))
   _assert_seq(out.adv_BxL, traj, GRPO)
   assert out.metrics["gear_spikes_per_rollout"] == 0.0
 
 
-def test_gear_redistributes_toward_a_spike():
+def test_gear_weights_a_spike_by_the_sign_of_the_advantage():
+  """The paper's reading (credit.gear_advantages): rollout 0 succeeded (A = 1.5), the others failed (A = -0.5).
+  Each rollout's first action token diverges (d̂ = 1), the rest barely (d̂ = 0.002 < lambda_KL = 0.1). The spike's
+  weight is 1 − 0.2 on the success and 1 + 0.2 on the failures; with an even entropy the segment runs over the turn."""
+  traj = _traj()
+  div = np.where(traj.action_mask_BxL, 0.01, 0.0).astype(np.float32)
+  first = np.flatnonzero(traj.action_mask_BxL[0])[0]
+  div[:, first] = 5.0
+  ent = np.where(traj.action_mask_BxL, 1.0, 0.0).astype(np.float32)
+  traj.passes["teacher_divergence"] = _teacher(traj, divergence_BxL=div, student_entropy_BxL=ent)
+  out = METHODS["gear"].advantages(traj, _knobs("gear"))
+  a = [out.adv_BxL[b][traj.action_mask_BxL[b]] for b in range(B)]
+  np.testing.assert_allclose(a[0][:2], [1.5 * 0.8, 1.5 * 0.8], rtol=1e-5)  # the spike's turn: its segment
+  np.testing.assert_allclose(a[1][:2], [-0.5 * 1.2, -0.5 * 1.2], rtol=1e-5)
+  np.testing.assert_allclose(a[0][2:], 1.5 * (1 - 0.2 * 0.002), rtol=1e-5)  # the answer turn: own d̂
+  assert out.metrics["gear_spikes_per_rollout"] == 1.0 and out.metrics["gear_segment_tokens_per_rollout"] == 2.0
+  np.testing.assert_allclose(out.details["token_weight_BxL"][0][first], 0.8, rtol=1e-5)
+  # The policy grows unsure right after the spike (entropy 2.0 > 1.5 · 1.0): the segment is the spike alone.
+  ent[:, first + 1] = 2.0
+  traj.passes["teacher_divergence"]["student_entropy_BxL"] = ent
+  out = METHODS["gear"].advantages(traj, _knobs("gear"))
+  assert out.metrics["gear_segment_tokens_per_rollout"] == 1.0
+
+
+def test_gear_v0_redistributes_toward_a_spike():
   traj = _traj()
   div = np.where(traj.action_mask_BxL, 0.01, 0.0).astype(np.float32)
   first = np.flatnonzero(traj.action_mask_BxL[0])[0]
   div[:, first] = 5.0
   low = np.zeros((B, L), np.float32)
   traj.passes["teacher_divergence"] = _teacher(traj, entropy=5.0, divergence_BxL=div, student_entropy_BxL=low)
-  out = METHODS["gear"].advantages(traj, _knobs("gear", k_sigma=1.0))
+  out = METHODS["gear_v0"].advantages(traj, _knobs("gear_v0", k_sigma=1.0))
   a0 = out.adv_BxL[0][traj.action_mask_BxL[0]]
   assert a0[0] > a0[1:].max() and a0.mean() == pytest.approx(1.5, abs=1e-5)
   assert out.metrics["gear_spikes_per_rollout"] == 1.0
@@ -183,7 +208,7 @@ def test_gear_redistributes_toward_a_spike():
   # An unsure policy (its entropy above the floor) extends the segment over the turn; the teacher's entropy
   # (5.0 above) never enters.
   traj.passes["teacher_divergence"]["student_entropy_BxL"] = np.where(traj.action_mask_BxL, 2.0, 0.0)
-  out = METHODS["gear"].advantages(traj, _knobs("gear", k_sigma=1.0))
+  out = METHODS["gear_v0"].advantages(traj, _knobs("gear_v0", k_sigma=1.0))
   assert out.metrics["gear_segment_tokens_per_rollout"] == 2.0
 
 
@@ -207,12 +232,31 @@ def _sgcd_traj():
   return traj
 
 
-def test_sgcd_reweights_grpo_within_bounds_and_skips_groups_without_both_outcomes():
-  """Rollout 0: f = (2, 0, 0, 0, 0), f̄ = 0.4, so w = clip(1 + (f/f̄ − 1), 0.5, 2) = (2, 0.5, 0.5, 0.5, 0.5);
-  rollout 1 (no divergence) and the unmixed group (no summary) keep w = 1: GRPO."""
+def test_sgcd_amplifies_grpo_and_skips_groups_without_both_outcomes():
+  """The paper's weight (credit.sgcd_token_weights): rollout 0 has f = (2, 0, 0, 0, 0), so s = f / max f =
+  (1, 0, 0, 0, 0) and W = clip(1 + s, 1, 2) = (2, 1, 1, 1, 1): the spike doubled, nothing shrunk. Rollout 1 (no
+  divergence) and the unmixed group (no summary) keep W = 1: GRPO."""
   traj = _sgcd_traj()
   a0 = float(credit.grpo_advantages(np.asarray([1.0, 0.0]))[0])
   out = METHODS["sgcd"].advantages(traj, _knobs("sgcd"))
+  _assert_seq(out.adv_BxL, traj, [[2 * a0] + [a0] * 4, -a0, 0.0, 0.0])
+  np.testing.assert_array_equal(out.keep_B, [True, True, False, False])
+  assert out.metrics["sgcd_groups_skipped"] == 1 and out.metrics["sgcd_mixed_groups"] == 1
+  assert out.metrics["sgcd_weight_at_max_frac"] == pytest.approx(1.0 / 10)  # rollout 0's doubled token
+  assert out.metrics["sgcd_weight_at_min_frac"] == pytest.approx(9.0 / 10)  # W = 1: the rest, never below
+  assert out.metrics["sgcd_weight_mean"] == pytest.approx(1.1)
+  w = out.details["credit_weight_BxL"]
+  np.testing.assert_allclose(w[0][traj.action_mask_BxL[0]], [2.0, 1.0, 1.0, 1.0, 1.0])
+  assert np.isnan(w[2]).all()
+
+
+def test_sgcd_v0_reweights_grpo_within_bounds_and_skips_groups_without_both_outcomes():
+  """This library's earlier reading (credit.sgcd_v0_token_weights): rollout 0: f = (2, 0, 0, 0, 0), f̄ = 0.4, so
+  w = clip(1 + (f/f̄ − 1), 0.5, 2) = (2, 0.5, 0.5, 0.5, 0.5); rollout 1 (no divergence) and the unmixed group (no
+  summary) keep w = 1: GRPO."""
+  traj = _sgcd_traj()
+  a0 = float(credit.grpo_advantages(np.asarray([1.0, 0.0]))[0])
+  out = METHODS["sgcd_v0"].advantages(traj, _knobs("sgcd_v0", alpha=1.0))
   _assert_seq(out.adv_BxL, traj, [[2 * a0] + [0.5 * a0] * 4, -a0, 0.0, 0.0])
   np.testing.assert_array_equal(out.keep_B, [True, True, False, False])
   assert out.metrics["sgcd_groups_skipped"] == 1 and out.metrics["sgcd_mixed_groups"] == 1
@@ -224,27 +268,40 @@ def test_sgcd_reweights_grpo_within_bounds_and_skips_groups_without_both_outcome
   np.testing.assert_allclose(w[0][traj.action_mask_BxL[0]], [2.0, 0.5, 0.5, 0.5, 0.5])
   assert np.isnan(w[2]).all() and np.isnan(w[0][~traj.action_mask_BxL[0]]).all()
   # "keep": the unmixed group stays in the update, as GRPO (its advantages are 0: equal rewards).
-  out = METHODS["sgcd"].advantages(traj, _knobs("sgcd", mixed_groups="keep"))
+  out = METHODS["sgcd_v0"].advantages(traj, _knobs("sgcd_v0", alpha=1.0, mixed_groups="keep"))
   assert out.keep_B is None and out.metrics["sgcd_groups_skipped"] == 0
   _assert_seq(out.adv_BxL, traj, [[2 * a0] + [0.5 * a0] * 4, -a0, 0.0, 0.0])
 
 
 @pytest.mark.parametrize(
-  "key,value,message",
+  "name,key,value,message",
   [
-    ("mixed_groups", "drop", "config.credit.sgcd.mixed_groups = 'drop': must be one of ('skip', 'keep')"),
-    ("w_min", 0.0, "config.credit.sgcd.w_min = 0.0: must be > 0.0"),
-    ("w_max", 0.5, "config.credit.sgcd.w_max = 0.5: must be >= 1.0"),
-    ("summary_max_tokens", 288, "config.credit.sgcd.summary_max_tokens = 288: must be in [1, sampling.max_len = 288)"),
-    ("summary_template", "Task: {question}", "config.credit.sgcd.summary_template = 'Task: {question}': may use only"),
+    ("sgcd", "mixed_groups", "drop", "config.credit.sgcd.mixed_groups = 'drop': must be one of ('skip', 'keep')"),
+    ("sgcd", "c", 0.5, "config.credit.sgcd.c = 0.5: must be >= 1.0"),
+    ("sgcd", "gamma", -1.0, "config.credit.sgcd.gamma = -1.0: must be >= 0.0"),
+    ("sgcd", "salience", "mean", "config.credit.sgcd.salience = 'mean': must be one of ('max', 'excess')"),
+    ("sgcd_v0", "w_min", 0.0, "config.credit.sgcd_v0.w_min = 0.0: must be > 0.0"),
+    ("sgcd_v0", "w_max", 0.5, "config.credit.sgcd_v0.w_max = 0.5: must be >= 1.0"),
+    (
+      "sgcd",
+      "summary_max_tokens",
+      288,
+      "config.credit.sgcd.summary_max_tokens = 288: must be in [1, sampling.max_len = 288)",
+    ),
+    (
+      "sgcd_v0",
+      "summary_template",
+      "Task: {question}",
+      "config.credit.sgcd_v0.summary_template = 'Task: {question}': may use only",
+    ),
   ],
 )
-def test_sgcd_knobs_are_refused_by_config_key(key, value, message):
+def test_sgcd_knobs_are_refused_by_config_key(name, key, value, message):
   from jaxcredit.train.config import validate
 
   c = base_config()
-  c.credit.method = "sgcd"
-  c.credit.sgcd[key] = value
+  c.credit.method = name
+  c.credit[name][key] = value
   with pytest.raises(ValueError) as info:
     validate(c)
   assert str(info.value).startswith(message)
