@@ -31,6 +31,21 @@ Array = jax.Array
 ArrayLike = jax.typing.ArrayLike
 
 
+def _features(fn: str, divergence, teacher_entropy, action_mask, entropy_coef: float) -> tuple[Array, Array]:
+  """(live_L, f_L · 2^-k): the live tokens (action, finite features) and the entropy-damped reverse KL
+  f = max(d, 0) / (1 + entropy_coef · max(H, 0)) there (0 elsewhere), scaled by a power of two (`_stats.scaled`,
+  exact). Checks the three arrays' shapes, naming the argument."""
+  shapes = _checks.Shapes(fn)
+  div_L = shapes.float("divergence", divergence, "L")
+  ent_L = shapes.float("teacher_entropy", teacher_entropy, "L")
+  action_L = shapes.mask("action_mask", action_mask, "L")
+  live_L = action_L & jnp.isfinite(div_L) & jnp.isfinite(ent_L)
+  d_L = jnp.where(live_L, jnp.maximum(div_L, 0.0), 0.0)
+  h_L = jnp.where(live_L, jnp.maximum(ent_L, 0.0), 0.0)
+  f_s_L, _ = _stats.scaled(d_L / (1.0 + entropy_coef * h_L), live_L)
+  return live_L, f_s_L
+
+
 SALIENCE = ("max", "excess")
 """The salience readings of `sgcd_token_weights` (the paper's formula for s_t is not known)."""
 
@@ -99,15 +114,7 @@ def sgcd_token_weights(
   c = _checks.knob_float(fn, "c", c, ge=1.0)
   entropy_coef = _checks.knob_float(fn, "entropy_coef", entropy_coef, ge=0.0)
   salience = _checks.knob_choice(fn, "salience", salience, SALIENCE)
-  shapes = _checks.Shapes(fn)
-  div_L = shapes.float("divergence", divergence, "L")
-  ent_L = shapes.float("teacher_entropy", teacher_entropy, "L")
-  action_L = shapes.mask("action_mask", action_mask, "L")
-
-  live_L = action_L & jnp.isfinite(div_L) & jnp.isfinite(ent_L)
-  d_L = jnp.where(live_L, jnp.maximum(div_L, 0.0), 0.0)
-  h_L = jnp.where(live_L, jnp.maximum(ent_L, 0.0), 0.0)
-  f_s_L, _ = _stats.scaled(d_L / (1.0 + entropy_coef * h_L), live_L)
+  live_L, f_s_L = _features(fn, divergence, teacher_entropy, action_mask, entropy_coef)
   top = jnp.max(f_s_L)  # f >= 0 and 0 off the live tokens
   if salience == "max":
     s_L = f_s_L / jnp.where(top > 0, top, 1.0)
@@ -189,16 +196,7 @@ def sgcd_v0_token_weights(
   """
   fn = "sgcd_v0_token_weights"
   alpha, entropy_coef, w_min, w_max = _check_knobs(fn, alpha, entropy_coef, w_min, w_max)
-  shapes = _checks.Shapes(fn)
-  div_L = shapes.float("divergence", divergence, "L")
-  ent_L = shapes.float("teacher_entropy", teacher_entropy, "L")
-  action_L = shapes.mask("action_mask", action_mask, "L")
-
-  live_L = action_L & jnp.isfinite(div_L) & jnp.isfinite(ent_L)
-  d_L = jnp.where(live_L, jnp.maximum(div_L, 0.0), 0.0)
-  h_L = jnp.where(live_L, jnp.maximum(ent_L, 0.0), 0.0)
-  f_L = d_L / (1.0 + entropy_coef * h_L)
-  f_s_L, _ = _stats.scaled(f_L, live_L)
+  live_L, f_s_L = _features(fn, divergence, teacher_entropy, action_mask, entropy_coef)
   n = jnp.maximum(jnp.sum(live_L.astype(jnp.float32)), 1.0)  # float sums vectorise; ints don't
   mean_s = jnp.sum(f_s_L) / n
   ratio_L = f_s_L / jnp.where(mean_s > 0, mean_s, 1.0)
