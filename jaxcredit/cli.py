@@ -236,7 +236,7 @@ def _train(command: str, args: list[str]) -> int:
   if isinstance(config, int):
     return config
   distributed = os.environ.get("JAXCREDIT_DISTRIBUTED") == "1"
-  # Validation runs the method's credit functions once (`methods.check_knobs`), which starts the JAX backend:
+  # Validation runs the method's credit functions once (`method_checks.check_knobs`), which starts the JAX backend:
   # under JAXCREDIT_DISTRIBUTED it waits until this process has joined the others.
   if not distributed and _validate(command, config):
     return 2

@@ -16,7 +16,8 @@ from jaxcredit import sharding
 from jaxcredit.envs import ENVS
 from jaxcredit.models.config import REMAT_POLICIES
 from jaxcredit.train.loss import AGGREGATIONS, KL_ESTIMATORS
-from jaxcredit.train.methods import METHODS, check_knobs, check_reads
+from jaxcredit.train.method_checks import check_knobs, check_reads
+from jaxcredit.train.methods import METHODS
 
 # The teacher budgets live with the passes that spend them; re-exported here, where the config keys are.
 from jaxcredit.train.passes import TEACHER_CONTEXT_SLACK, teacher_budgets  # noqa: F401
@@ -80,7 +81,7 @@ _INT0 = Range(int, 0)
 # Every numeric key of `base_config` (and `pod_config`, which sets the same keys) with its range: the one place a
 # range is stated; `check_ranges` applies it and tests/train/test_config_ranges.py fails for a numeric key without
 # a row. The method knobs (credit.<method>.*) are checked by the methods' own validators (`_validate_knobs`,
-# `methods.check_knobs`), the environments' keys (env.<name>.*) by `ENVS[name].make_spec`.
+# `method_checks.check_knobs`), the environments' keys (env.<name>.*) by `ENVS[name].make_spec`.
 RANGES: dict[str, Range] = {
   "seed": _INT0,
   "total_steps": _INT1,
@@ -422,7 +423,7 @@ def load_config_file(spec: str) -> ml_collections.ConfigDict:
 
 def validate(c: ml_collections.ConfigDict) -> None:
   """Checks values a user can get wrong, before any command (train, sft, credit, plan, viz) does work: every numeric
-  key against its range (`RANGES`), the choices, the chosen method's declarations (`methods.check_reads`: the pass
+  key against its range (`RANGES`), the choices, the chosen method's declarations (`method_checks.check_reads`: the pass
   outputs it reads are written by its passes) and knobs, and the keys that must agree.
 
   Raises:
@@ -564,7 +565,7 @@ def teacher_source(c: ml_collections.ConfigDict) -> str:
 
 def _validate_knobs(c: ml_collections.ConfigDict) -> None:
   """The chosen method's knobs: types, strings among their choices, no knob the method lacks, the row's own checks
-  (`Method.validate`), then every value through the credit functions' own range checks (`methods.check_knobs`)."""
+  (`Method.validate`), then every value through the credit functions' own range checks (`method_checks.check_knobs`)."""
   name = c.credit.method
   defaults = METHODS[name].knobs
   for key, v in c.credit[name].items():

@@ -22,14 +22,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import re
 from typing import Any, Callable, Mapping
 
 import jax
 import numpy as np
 
 from jaxcredit import credit
-from jaxcredit.train.passes import PASSES, split_read
 from jaxcredit.trajectory import Trajectory, group_index
 
 
@@ -555,10 +553,16 @@ def sgcd_validate(k: Mapping[str, Any], c) -> None:
   """The knobs of SGCD's summary pass (`passes.sibling_summary`), which no credit function reads.
 
   Raises:
-    ValueError: naming `config.credit.<sgcd|sgcd_v0>.summary_max_tokens` outside [1, sampling.max_len) or a
+    ValueError: naming `config.credit.<sgcd|sgcd_v0>.summarizer` when it is not a string,
+      `config.credit.<sgcd|sgcd_v0>.summary_max_tokens` outside [1, sampling.max_len) or a
       `config.credit.<sgcd|sgcd_v0>.summary_template` that uses a field other than {task}, {success} and {failure}.
   """
   name = c.credit.method  # sgcd or sgcd_v0
+  if not isinstance(k["summarizer"], str):
+    raise ValueError(
+      f"config.credit.{name}.summarizer = {k['summarizer']!r}: must be '' (the teacher), 'policy', 'reference' "
+      f"or a checkpoint (a .gguf file, a Hugging Face or converted folder, 'smollm2')"
+    )
   n, max_len = k["summary_max_tokens"], c.sampling.max_len
   if not 1 <= n < max_len:
     raise ValueError(f"config.credit.{name}.summary_max_tokens = {n!r}: must be in [1, sampling.max_len = {max_len})")
@@ -687,6 +691,7 @@ METHODS: dict[str, Method] = {
       mixed_groups="skip",
       summary_max_tokens=64,
       summary_template="",
+      summarizer="",  # "": the teacher writes the summary (a stand-in for the paper's external LLM); or a checkpoint
     ),
     ("sibling_summary", "teacher_sibling"),
     summary="GRPO amplified, at most c-fold, where a teacher shown how successful and failed siblings differ departs",
@@ -705,6 +710,7 @@ METHODS: dict[str, Method] = {
       mixed_groups="skip",
       summary_max_tokens=64,
       summary_template="",
+      summarizer="",
     ),
     ("sibling_summary", "teacher_sibling"),
     summary="SGCD, this library's earlier reading (weights in [w_min, w_max] of mean 1: some tokens shrunk)",
@@ -723,178 +729,3 @@ METHODS: dict[str, Method] = {
     reads=_reads("teacher_plain", "logp_BxL", "valid_B"),
   ),
 }
-
-
-def check_reads(name: str) -> None:
-  """Refuses method `name` when its row's declarations disagree: a pass it runs that is not a `PASSES` row, a read
-  that none of its passes writes (`Method.reads` against each `Pass.writes`), or a pass that reads an output no
-  earlier pass of the method writes (`Pass.reads`). Runs no model and no credit function.
-
-  Raises:
-    ValueError: naming the method, the pass or "pass/key" and the passes the method runs, e.g. "method 'x' reads
-      teacher_plain/score_BxL, which none of its passes ('teacher_plain',) writes (teacher_plain writes [...])".
-  """
-  method = METHODS[name]
-  passes = tuple(method.passes)
-  unknown = [p for p in passes if p not in PASSES]
-  if unknown:
-    raise ValueError(
-      f"method {name!r} runs pass(es) {unknown}, which are not PASSES rows; known passes: {sorted(PASSES)}"
-    )
-  for i, p in enumerate(passes):
-    for r in PASSES[p].reads:
-      src, key = split_read(r, who=f"pass {p!r}")
-      earlier = passes[:i]
-      if src not in earlier or key not in PASSES[src].writes:
-        raise ValueError(
-          f"method {name!r}: its pass {p!r} reads {r}, which no pass before it in the method's passes {passes} "
-          f"writes; run {src!r} (which must declare {key!r} in its writes) before {p!r}"
-        )
-  for r in method.reads:
-    src, key = split_read(r, who=f"method {name!r}")
-    if src not in passes:
-      raise ValueError(
-        f"method {name!r} reads {r}, but {src!r} is not among the passes it runs {passes}; add it to its `passes`"
-      )
-    if key not in PASSES[src].writes:
-      raise ValueError(
-        f"method {name!r} reads {r}, which none of its passes {passes} writes ({src} writes {list(PASSES[src].writes)})"
-      )
-
-
-class UndeclaredReadError(ValueError):
-  """A method read a pass output (or a pass) its METHODS row does not declare (`check_knobs`)."""
-
-
-class _ReadLog(dict):
-  """A pass's fake outputs in `check_knobs`: a read of a key the method did not declare raises, naming it."""
-
-  def __init__(self, method: str, pass_name: str, outputs: dict, declared: set):
-    super().__init__(outputs)
-    self.method, self.pass_name, self.declared = method, pass_name, declared
-
-  def __getitem__(self, key):
-    read = f"{self.pass_name}/{key}"
-    if read not in self.declared:
-      raise UndeclaredReadError(
-        f"method {self.method!r} reads {read}, which its METHODS row does not declare in `reads` "
-        f"{sorted(self.declared)}; declare every pass output its advantage function reads"
-      )
-    return super().__getitem__(key)
-
-  def get(self, key, default=None):
-    return self[key] if key in self else default
-
-
-class _PassLog(dict):
-  """The fake `traj.passes` of `check_knobs`: reading a pass the method does not run raises, naming it."""
-
-  def __init__(self, method: str, outputs: dict):
-    super().__init__(outputs)
-    self.method = method
-
-  def __getitem__(self, pass_name):
-    if pass_name not in self:
-      raise UndeclaredReadError(
-        f"method {self.method!r} reads the outputs of pass {pass_name!r}, which is not among the passes it runs "
-        f"{tuple(self)}"
-      )
-    return super().__getitem__(pass_name)
-
-
-def _fake_output(key: str, traj: Trajectory) -> Any:
-  """A valid-looking value of pass output `key` for the 2-rollout trajectory of `check_knobs`: the value of a known
-  key, else zeros of the shape its suffix names (`_BxL`, `_BxT1`, `_BxT`, `_Bx2`, `_B`), else one string per
-  rollout."""
-  b = traj.batch_size
-  known = {
-    "boundary_mask_BxT1": traj.boundary_mask_BxT1,
-    "peer_B": np.full(b, -1, np.int32),
-    "success_B": np.asarray([True, False]),
-    "mixed_B": np.ones(b, bool),
-    "valid_B": np.ones(b, bool),
-    "reasons": [""] * b,
-    "skill_tokens_B": np.ones(b, np.int32),
-    "summary_tokens_B": np.ones(b, np.int32),
-  }
-  if key in known:
-    return known[key]
-  shapes = {
-    "_BxL": traj.tokens_BxL.shape,
-    "_BxT1": traj.boundary_mask_BxT1.shape,
-    "_BxT": traj.turn_mask_BxT.shape,
-    "_Bx2": (b, 2),
-    "_B": (b,),
-  }
-  for suffix, shape in shapes.items():
-    if key.endswith(suffix):
-      return np.zeros(shape, np.int32 if suffix == "_Bx2" else np.float32)
-  return ["s"] * b
-
-
-def check_knobs(name: str, knobs: Mapping[str, Any]) -> None:
-  """Runs method `name` on a 2-rollout synthetic trajectory, so that the credit functions refuse a knob outside its
-  range when the run is configured, not at its first RL step. The trajectory holds the outputs its passes declare
-  (`Pass.writes`, every rollout valid; `_fake_output`) and nothing else; reading one the method's row does not
-  declare (`Method.reads`) is refused.
-
-  Raises:
-    ValueError: "config.credit.<name>.<knob> = <value>: must be ..." where the credit function's message names one
-      of `knobs` (`<fn>: knob `<knob>` must be ..., got ...`; the knobs carry the functions' argument names), else
-      "config.credit.<name>: " + its message; "method <name> reads <pass>/<key>, which its METHODS row does not
-      declare" for an undeclared read; a `MethodOutput.loss_arrays` entry of a wrong key or shape, or a loss term of
-      the method (`Method.loss_terms`) whose `batch_keys` the output does not hold, naming the method, term and key.
-  """
-  from jaxcredit.trajectory import RolloutBuilder, pack
-
-  builders = []
-  for _ in range(2):
-    b = RolloutBuilder.from_prompt([1, 2])
-    b.append_action([3, 4], [-1.0, -1.0])
-    builders.append(b)
-  traj = pack(builders, [1.0, 0.0], [0, 0], max_turns=1, pad_id=0, length_bucket=4)
-  method = METHODS[name]
-  declared = set(method.reads)
-  traj.passes = _PassLog(
-    name,
-    {
-      p: _ReadLog(name, p, {k: _fake_output(k, traj) for k in PASSES[p].writes}, declared)
-      for p in method.passes
-      if p in PASSES
-    },
-  )
-  try:
-    # Jitted, as in training: run eagerly, every primitive compiled on its own made this 15 s for the ten methods in
-    # a fresh process (CrEST alone 4.6 s, on every command that validates), against 3 s jitted.
-    out = method.advantages(traj, knobs)
-    arrays = out.batch_arrays()  # refuses loss_arrays of a wrong key or shape, by name
-    if "success_threshold" in knobs:  # read by the peer pass (HSD), not by the advantage function
-      credit.hsd_select_peers(
-        traj.rewards_B, traj.sample_mask_B, jax.random.key(0), success_threshold=knobs["success_threshold"]
-      )
-  except UndeclaredReadError:
-    raise
-  except (ValueError, TypeError) as e:
-    raise ValueError(knob_error_message(name, knobs, str(e))) from None
-  from jaxcredit.train.step import LOSS_TERMS  # the loss terms' table (imports the model layers: only here)
-
-  for term in method.loss_terms:
-    missing = [k for k in LOSS_TERMS[term].batch_keys if arrays.get(k) is None] if term in LOSS_TERMS else []
-    if missing:
-      raise ValueError(
-        f"method {name!r}: loss term {term!r} reads {missing}, which its advantage function does not return "
-        f"(MethodOutput.loss_arrays, or the distillation arrays)"
-      )
-
-
-_KNOB_ERROR = re.compile(r"^(?P<fn>\w+): knob `(?P<knob>\w+)` (?P<rule>.*?)(?:, got [^,]*?)?\.?$", re.DOTALL)
-
-
-def knob_error_message(name: str, knobs: Mapping[str, Any], message: str) -> str:
-  """A credit function's knob error (`grpo_advantages: knob `eps` must be > 0.0, got -1.0.`) said with the config
-  key and value the user set (`config.credit.grpo.eps = -1.0: must be > 0.0`); any other message is prefixed with
-  `config.credit.<name>: `."""
-  m = _KNOB_ERROR.match(message)
-  if m and m["knob"] in knobs:
-    return f"config.credit.{name}.{m['knob']} = {knobs[m['knob']]!r}: {m['rule']}"
-  return f"config.credit.{name}: {message}"

@@ -118,7 +118,8 @@ class PassContext:
     tasks: one task per rollout.
     results: one `RolloutResult` per rollout (messages, env).
     key: PRNG key of this step's passes.
-    models: "policy", "reference" and, when `config.teacher.source` names a checkpoint, "checkpoint".
+    models: "policy", "reference" and, when `config.teacher.source` names a checkpoint, "checkpoint"; when
+      `config.credit.<method>.summarizer` names one, "summarizer".
     teacher: the key in `models` of this method's teacher.
     fns: the jitted pass functions (`PassFns`), compiled once per run.
     sampler_for: `Model` -> a sampler bound to that model's parameters (the hindsight skill is generated with it).
@@ -498,15 +499,18 @@ def teacher_peer(ctx: PassContext, traj: Trajectory) -> dict:
   return out
 
 
-def teacher_notes(ctx: PassContext, prompts: Sequence[list[int]], max_new: int) -> tuple[list[str], list[int]]:
-  """The teacher's greedy texts for chat prompts (ToolOPD's hindsight skills, SGCD's sibling summaries): at most
-  `max_new` tokens each, batched through the sampler bound to the teacher model (`ctx.sampler_for`).
+def teacher_notes(
+  ctx: PassContext, prompts: Sequence[list[int]], max_new: int, model: str = ""
+) -> tuple[list[str], list[int]]:
+  """The greedy texts of `ctx.models[model]` (default: the teacher) for chat prompts (ToolOPD's hindsight skills,
+  SGCD's sibling summaries): at most `max_new` tokens each, batched through the sampler bound to that model
+  (`ctx.sampler_for`).
 
   Returns:
     (each text without its stop token, stripped; the tokens each generated).
   """
   tok = ctx.tok
-  sampler = ctx.sampler_for(ctx.models[ctx.teacher])
+  sampler = ctx.sampler_for(ctx.models[model or ctx.teacher])
   params = SamplingParams(temperature=1.0, top_p=1e-6, max_new_tokens=max_new, stop_token_ids=tok.stop_ids)
   out = sampler.generate(list(prompts), params, ctx.key)
   return [action_text(tok, ids, params.stop_token_ids).strip() for ids in out.tokens], [len(ids) for ids in out.tokens]
@@ -590,6 +594,19 @@ def sibling_pairs(success_B: np.ndarray, valid_B: np.ndarray, group_ids_B: np.nd
   return out
 
 
+SUMMARIZER_NAMED = ("", "policy", "reference")
+"""`credit.sgcd.summarizer` values that name no checkpoint: "" (the method's teacher, `config.teacher.source`), or
+the policy / the frozen reference. Any other value is a checkpoint, loaded as `models["summarizer"]`."""
+
+
+def summarizer_model(ctx: PassContext) -> str:
+  """The key in `ctx.models` of the model that writes SGCD's credit reference (`credit.<method>.summarizer`)."""
+  source = ctx.knobs.get("summarizer", "")
+  if source == "":
+    return ctx.teacher
+  return source if source in ("policy", "reference") else "summarizer"
+
+
 DEFAULT_SIBLING_TEMPLATE = (
   "Task: {task}\n\nSuccessful attempt:\n{success}\n\nFailed attempt:\n{failure}\n\n"
   "Step by step, say which steps decided the outcome: what the successful attempt did right and where the failed "
@@ -598,8 +615,9 @@ DEFAULT_SIBLING_TEMPLATE = (
 
 
 def sibling_summary(ctx: PassContext, traj: Trajectory) -> dict:
-  """SGCD's step-wise credit reference: for each group with both outcomes, the teacher compares a successful and a
-  failed sibling (`sibling_pairs`) and writes which steps decided the outcome (`credit.sgcd.summary_template`,
+  """SGCD's step-wise credit reference: for each group with both outcomes, the summariser (`summarizer_model`: the
+  teacher by default, as a stand-in for the paper's external LLM, or the checkpoint `credit.<method>.summarizer`
+  names) compares a successful and a failed sibling (`sibling_pairs`) and writes which steps decided the outcome (`credit.sgcd.summary_template`,
   default `DEFAULT_SIBLING_TEMPLATE`), greedy, at most `summary_max_tokens` tokens, one generation per group;
   every rollout of the group gets the group's summary as its teacher context (`teacher_sibling`).
 
@@ -647,7 +665,7 @@ def sibling_summary(ctx: PassContext, traj: Trajectory) -> dict:
   summaries = [""] * traj.batch_size
   lengths = np.zeros(traj.batch_size, np.int32)
   reasons = ["not_mixed"] * traj.batch_size
-  notes = teacher_notes(ctx, prompts, max_new) if prompts else ([], [])
+  notes = teacher_notes(ctx, prompts, max_new, summarizer_model(ctx)) if prompts else ([], [])
   for rows, text, n, fit in zip(members.values(), *notes, fits):
     text = text if fit else ""
     for i in rows:

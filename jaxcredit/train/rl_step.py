@@ -55,6 +55,8 @@ def run_passes(run: Run, traj, results, tasks, params, ref_params, key) -> dict:
   }
   if run.teacher is not None:
     models["checkpoint"] = run.teacher
+  if run.summarizer is not None:
+    models["summarizer"] = run.summarizer
   source = config_lib.teacher_source(c)
   held = []
   ctx = passes_lib.PassContext(
@@ -306,7 +308,7 @@ def learn_step(
   # Their weights are bound again before their next use; the rollout thread of rollout.async_depth samples from
   # its own copy meanwhile, so the policy's sampler keeps it.
   own = run.sampler if c.rollout.async_depth == 0 else None
-  for sampler in (own, run.teacher_sampler):
+  for sampler in (own, run.teacher_sampler, run.summarizer_sampler):
     if sampler is not None:
       sampler.release_weights()
   params, opt_state, m = ppo_updates(

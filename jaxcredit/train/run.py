@@ -58,6 +58,9 @@ class Run:
   ckpt: ckpt_lib.Checkpointer
   key: jax.Array
   teacher_sampler: Sampler | None = None  # built on first use, for hindsight skills from a teacher checkpoint
+  # SGCD's summariser checkpoint (config.credit.<method>.summarizer), when one is named, and its sampler.
+  summarizer: passes_lib.Model | None = None
+  summarizer_sampler: Sampler | None = None
   # With several processes: the mesh over this process's devices that its samplers run on (None with one process:
   # the sampler reads the training mesh's parameters directly).
   local_mesh: Any = None
@@ -138,12 +141,14 @@ def sampling_model(run: Run, params, graphdef=None, rest=None):
   return nnx.merge(graphdef, *multihost.local_copy((compute_params(run.model_cfg, params), rest), run.local_mesh))
 
 
-def load_teacher(config, mesh, tok, policy_cfg) -> passes_lib.Model | None:
-  """The teacher checkpoint `config.teacher.source` names (None for "policy" / "reference"), sharded like the
-  policy; a tokenizer whose vocabulary differs from the policy's is refused naming both sizes."""
-  source = config_lib.teacher_source(config)
-  if METHODS[config.credit.method].teacher is None or source in ("policy", "reference"):
-    return None
+def load_frozen_model(source: str, key: str, config, mesh, tok, policy_cfg) -> passes_lib.Model:
+  """A frozen model from `source` (a .gguf file, a Hugging Face or converted folder, 'smollm2', or a Hub id), sharded
+  like the policy by `config.teacher.sharding_rules`, stored in the compute dtype.
+
+  Raises:
+    ValueError: naming `config.<key>` when the source cannot be loaded, or when its tokenizer's vocabulary differs
+      from the policy's (naming both sizes): the texts it writes and the log-probs it scores are the policy's tokens.
+  """
   cache_dir = config.model.cache_dir or None
   try:
     path = resolve_source(source)  # once: a Hub id is looked up in its cache (or fetched) a single time
@@ -155,23 +160,41 @@ def load_teacher(config, mesh, tok, policy_cfg) -> passes_lib.Model | None:
       mesh=mesh,
       config_overrides=model_overrides_dict(config),
     )
-    teacher_tok = load_tokenizer(path, cache_dir=cache_dir)
+    model_tok = load_tokenizer(path, cache_dir=cache_dir)
   except (OSError, ValueError) as e:
     raise ValueError(
-      f"config.teacher.source={source!r} could not be loaded as a teacher ({e}); it must be "
+      f"config.{key}={source!r} could not be loaded ({e}); it must be "
       f"'policy', 'reference', 'smollm2', a .gguf file, a Hugging Face or converted folder, "
       f"or a Hub id"
     ) from None
-  if teacher_tok.vocab_size != tok.vocab_size or model.cfg.vocab_size != policy_cfg.vocab_size:
+  if model_tok.vocab_size != tok.vocab_size or model.cfg.vocab_size != policy_cfg.vocab_size:
     raise ValueError(
-      f"config.teacher.source={source!r} has a vocabulary of {teacher_tok.vocab_size} tokens "
+      f"config.{key}={source!r} has a vocabulary of {model_tok.vocab_size} tokens "
       f"({model.cfg.vocab_size} embedding rows); the policy's has {tok.vocab_size} "
-      f"({policy_cfg.vocab_size} rows). A teacher must share the policy's tokenizer."
+      f"({policy_cfg.vocab_size} rows). It must share the policy's tokenizer."
     )
   graphdef, params, rest = step_lib.split_model(model)
   rules = sharding.resolve_rules(dict(config.teacher.sharding_rules))
   params = jax.device_put(params, sharding.param_shardings(params, mesh, param_logical_axes(model.cfg), rules))
   return passes_lib.Model(graphdef, rest, params, rules=rules)
+
+
+def load_teacher(config, mesh, tok, policy_cfg) -> passes_lib.Model | None:
+  """The teacher checkpoint `config.teacher.source` names (None for "policy" / "reference"), sharded like the
+  policy; a tokenizer whose vocabulary differs from the policy's is refused naming both sizes."""
+  source = config_lib.teacher_source(config)
+  if METHODS[config.credit.method].teacher is None or source in ("policy", "reference"):
+    return None
+  return load_frozen_model(source, "teacher.source", config, mesh, tok, policy_cfg)
+
+
+def load_summarizer(config, mesh, tok, policy_cfg) -> passes_lib.Model | None:
+  """The checkpoint `config.credit.<method>.summarizer` names (SGCD's credit-reference writer), or None when the
+  method has no such knob or names "" (its teacher), "policy" or "reference"."""
+  source = (config.credit.get(config.credit.method) or {}).get("summarizer", "")
+  if source in passes_lib.SUMMARIZER_NAMED:
+    return None
+  return load_frozen_model(source, f"credit.{config.credit.method}.summarizer", config, mesh, tok, policy_cfg)
 
 
 def build(config: ml_collections.ConfigDict, *, write_config: bool = True) -> Run:
@@ -211,6 +234,7 @@ def build(config: ml_collections.ConfigDict, *, write_config: bool = True) -> Ru
     )
     model = nnx.merge(graphdef, *multihost.local_copy((params, rest), local_mesh))
   teacher = load_teacher(config, mesh, tok, model.cfg)
+  summarizer = load_summarizer(config, mesh, tok, model.cfg)
   # Last, so that nothing fails after a rollout server is launched. Sampler: traced at its first generate, inside
   # train's use_rules block.
   sampler = build_engine(config, model, tok)
@@ -234,6 +258,7 @@ def build(config: ml_collections.ConfigDict, *, write_config: bool = True) -> Ru
     train_tasks=train_tasks,
     eval_tasks=eval_tasks,
     teacher=teacher,
+    summarizer=summarizer,
     pass_fns=passes_lib.PassFns(mesh, config.sampling.temperature),
     writer=metrics_lib.MetricsWriter(config.workdir, tensorboard=config.tensorboard, enabled=jax.process_index() == 0),
     ckpt=ckpt_lib.Checkpointer(config.workdir, max_to_keep=config.max_checkpoints_to_keep),
@@ -303,9 +328,10 @@ def sampler_binder(run: Run, held: list | None = None):
       merged = nnx.merge(model.graphdef, model.params, model.rest)
     else:  # each process generates every rollout's text (the same inputs, the same outputs) on its own devices
       merged = nnx.merge(model.graphdef, *multihost.local_copy((model.params, model.rest), run.local_mesh))
-    if run.teacher_sampler is None:
-      run.teacher_sampler = make_jax_sampler(run.config, merged, run.tok)
-    run.teacher_sampler.update_model(merged)
-    return run.teacher_sampler
+    attr = "summarizer_sampler" if model is run.summarizer else "teacher_sampler"  # one sampler per model
+    if getattr(run, attr) is None:
+      setattr(run, attr, make_jax_sampler(run.config, merged, run.tok))
+    getattr(run, attr).update_model(merged)
+    return getattr(run, attr)
 
   return bind

@@ -1,5 +1,5 @@
 """Rows that declare what they need (issue 33): `Pass.writes` / `Pass.reads` and `Method.reads`, checked where a
-run is configured (`config.validate`, `methods.check_reads`, `methods.check_knobs`) and where the trainer stores a
+run is configured (`config.validate`, `method_checks.check_reads`, `method_checks.check_knobs`) and where the trainer stores a
 pass's outputs (`passes.check_outputs`); and `report.register_rows` for a run whose rows a config file adds."""
 
 import dataclasses
@@ -10,7 +10,8 @@ import pytest
 from jaxcredit.train import config as config_lib
 from jaxcredit.train import passes as passes_lib
 from jaxcredit.train import report
-from jaxcredit.train.methods import METHODS, Method, MethodOutput, check_knobs, check_reads
+from jaxcredit.train.method_checks import check_knobs, check_reads
+from jaxcredit.train.methods import METHODS, Method, MethodOutput
 from jaxcredit.train.passes import PASSES, Pass, check_outputs
 
 

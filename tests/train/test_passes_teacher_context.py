@@ -123,7 +123,7 @@ def test_every_shipped_config_derives_budgets_that_hold_a_whole_rollout_and_the_
     assert context >= c.sampling.max_len + c.sampling.max_new_tokens, path
     assert seq >= c.sampling.max_len + context, path
     checked.add(c.credit.method)
-  assert checked == {"crest", "hsd", "gear", "toolopd", "opd", "sgcd"}
+  assert checked == {"crest", "hsd", "gear", "gear_v0", "toolopd", "opd", "sgcd", "sgcd_v0"}
   c = config_lib.base_config()
   c.credit.method = "crest"
   assert config_lib.teacher_budgets(c)[0] == 288 + 48 + config_lib.TEACHER_CONTEXT_SLACK
@@ -333,6 +333,29 @@ def test_sgcd_summary_that_cannot_fit_or_comes_out_empty_is_dropped_by_reason(to
   config.credit.sgcd.summary_max_tokens = 24
   ctx.sampler_for = lambda model: StubSampler(tok, "")
   assert passes_lib.sibling_summary(ctx, traj)["reasons"][:2] == ["empty_summary"] * 2
+
+
+@pytest.mark.parametrize(
+  "summarizer,writer", [("", "reference"), ("policy", "policy"), ("ckpt/summariser", "summarizer")]
+)
+def test_sgcd_summarizer_knob_picks_the_model_that_writes_the_reference(tok, summarizer, writer):
+  """credit.sgcd.summarizer: "" lets the method's teacher write (here the reference, a stand-in for the paper's
+  external LLM); "policy" / "reference" name those; any other value is a checkpoint, run.py's models["summarizer"].
+  The teacher that scores with the summary stays the method's teacher."""
+  config = config_lib.base_config()
+  config.credit.method = "sgcd"
+  config.sampling.max_len = 1024
+  config.credit.sgcd.summary_max_tokens = 24
+  config.credit.sgcd.summarizer = summarizer
+  ctx, traj, _ = _sgcd_batch(tok, config)
+  ctx.models["summarizer"] = passes_lib.Model(None, None, None)
+  asked = []
+  sampler = StubSampler(tok, "advice")
+  ctx.sampler_for = lambda model: asked.append(model) or sampler
+  out = passes_lib.sibling_summary(ctx, traj)
+  assert out["summaries"][:2] == ["advice"] * 2
+  assert len(asked) == 1 and asked[0] is ctx.models[writer]
+  assert passes_lib.summarizer_model(ctx) == writer and ctx.teacher == "reference"
 
 
 def test_sgcd_siblings_are_one_success_and_one_failure_of_the_same_group_drawn_by_the_key():
