@@ -7,8 +7,8 @@ configs/sgcd_v0.py). Groups without both outcomes leave the update
 (credit.sgcd.mixed_groups="skip", counted as sgcd_groups_skipped) or train as GRPO ("keep"); with
 --config.rollout.resample_tied_groups=N they are first replaced by groups with both outcomes from up to N fresh
 prompt batches (dynamic sampling, counted as resampled_groups). Knobs:
-config.credit.sgcd.*; a separate summariser and teacher: --config.teacher.source=path/to/checkpoint (same
-tokenizer).
+config.credit.sgcd.*; a separate summariser (the paper's external LLM):
+--config.credit.sgcd.summarizer=path/to/checkpoint (same tokenizer); a separate teacher: --config.teacher.source.
 
   jaxcredit train --config configs/sgcd.py
   jaxcredit viz --workdir runs/sgcd --methods sgcd,grpo   # the weights and the summary beside each rollout
