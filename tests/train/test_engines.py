@@ -97,7 +97,7 @@ def test_flat_params_are_host_arrays_by_parameter_path():
   flat = flat_params(model)
   assert {name: a.shape for name, a in flat.items()} == param_shapes(cfg)
   assert all(isinstance(a, np.ndarray) for a in flat.values())
-  np.testing.assert_array_equal(flat["layers/wq"], np.asarray(model.layers.wq.value))
+  np.testing.assert_array_equal(flat["layers/wq"], np.asarray(model.layers.wq[...]))
 
 
 def _traj_with_one_missing_logp(value):
