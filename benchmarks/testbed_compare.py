@@ -140,6 +140,9 @@ RUNS = {
   "hsd": ("hsd", {}),
   "gear": ("gear", {}),
   "toolopd": ("toolopd", {}),
+  # ToolOPD without its gradient cap (distill_max_grad_ratio = inf): the committed results' "toolopd" rows before
+  # 2026-12-06, which fell below the warm start on both long-horizon tasks.
+  "toolopd_uncapped": ("toolopd", {"distill_max_grad_ratio": float("inf")}),
   "sgcd": ("sgcd", {}),
   # This library's earlier readings of GEAR and SGCD (spec v2.0): the committed results' "gear" and "sgcd" rows
   # were run with these before the v2.1 forms took the names (docs/benchmarks.md).

@@ -589,6 +589,15 @@ def _validate_knobs(c: ml_collections.ConfigDict) -> None:
       raise ValueError(
         f"config.credit.{name}.{key} = {k[key]!r}: must be a finite number >= 0 (a negative weight flips the term)"
       )
+  from jaxcredit.train.step import LOSS_TERMS  # the loss terms' table (imports the model layers: only here)
+
+  for term in METHODS[name].loss_terms:  # a loss term's gradient cap (PolicyLossConfig.grad_caps): a ratio > 0
+    cap = LOSS_TERMS[term].cap_knob if term in LOSS_TERMS else None
+    if cap and cap in k and not k[cap] > 0:
+      raise ValueError(
+        f"config.credit.{name}.{cap} = {k[cap]!r}: must be > 0 (the largest ratio of the {term} term's gradient "
+        f"norm to the other terms'; inf: no cap)"
+      )
   if "skill_max_tokens" in k and not 1 <= k.skill_max_tokens < c.sampling.max_len:
     raise ValueError(
       f"config.credit.{name}.skill_max_tokens must be in [1, sampling.max_len = "

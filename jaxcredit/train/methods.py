@@ -643,7 +643,18 @@ METHODS: dict[str, Method] = {
   ),
   "toolopd": Method(
     toolopd,
-    dict(_OUTCOME, max_credit=2.0, normalize=True, distill_coef=0.1, skill_max_tokens=48, skill_template=""),
+    dict(
+      _OUTCOME,
+      max_credit=2.0,
+      normalize=True,
+      distill_coef=0.1,
+      # The distillation's gradient at most half the policy gradient's norm (PolicyLossConfig.grad_caps): with no
+      # cap it was about six times GRPO's whole gradient and the policy fell below its warm start on both
+      # long-horizon testbeds (docs/credit.md, "ToolOPD"). inf: no cap (the earlier reading).
+      distill_max_grad_ratio=0.5,
+      skill_max_tokens=48,
+      skill_template="",
+    ),
     ("hindsight_skill", "teacher_plain", "teacher_skill"),
     ("distill",),
     teacher="reference",

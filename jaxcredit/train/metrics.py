@@ -20,6 +20,7 @@ PLOTTED = (
   "loss",
   "kl",
   "loss_distill",
+  "grad_share_distill",
   "clip_frac",
   "teacher_policy_gap",
   "td_reward_abs_mean",

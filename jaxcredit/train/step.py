@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +42,10 @@ class PolicyLossConfig:
   # The weights of loss terms that tables add (a `LossTerm.knob` that names no field here), as (knob, weight) pairs
   # set from the method's knobs (`jaxcredit.train.update.loss_config_of`); `weight(knob)` reads either kind.
   knob_weights: tuple[tuple[str, float], ...] = ()
+  # Loss terms whose gradient is capped relative to the rest's: (term, ratio) pairs, the term's gradient scaled so
+  # that its norm is at most ratio times the norm of the other terms' gradient (`loss_and_grads`); set from a term's
+  # `LossTerm.cap_knob` (ToolOPD's distillation: `credit.toolopd.distill_max_grad_ratio`).
+  grad_caps: tuple[tuple[str, float], ...] = ()
   # L_max of the seq-mean-token-sum-norm aggregation (Dr.GRPO's constant; the trainer passes sampling.max_len).
   # None: the padded length of an unpacked batch (which varies with the length bucket); packed batches need it.
   max_len: int | None = None
@@ -60,6 +64,11 @@ class PolicyLossConfig:
     unknown = [t for t in self.terms if t not in LOSS_TERMS]
     if unknown:
       raise ValueError(f"unknown loss terms {unknown}; known: {sorted(LOSS_TERMS)}")
+    for pair in self.grad_caps:
+      if not (isinstance(pair, tuple) and len(pair) == 2 and pair[0] in LOSS_TERMS):
+        raise ValueError(f"PolicyLossConfig.grad_caps holds (loss term, ratio) pairs, got {pair!r}")
+      if isinstance(pair[1], bool) or not isinstance(pair[1], (int, float)) or not pair[1] > 0:
+        raise ValueError(f"the gradient cap of loss term {pair[0]!r} must be a ratio > 0 (inf: none), got {pair[1]!r}")
     fields = {f.name for f in dataclasses.fields(self)}
     for pair in self.knob_weights:
       if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str)):
@@ -202,6 +211,9 @@ class LossTerm:
   aggregation: Callable[[PolicyLossConfig], str]
   batch_keys: tuple[str, ...] = ()
   knob: str | None = None  # a method that declares the term sets its weight with this knob (one of its knobs)
+  # A method that declares the term caps its gradient with this knob: the largest ratio of its gradient's norm to
+  # the other terms' (PolicyLossConfig.grad_caps; inf: no cap).
+  cap_knob: str | None = None
 
   def __post_init__(self):
     if self.coef is None and not self.knob:
@@ -221,6 +233,7 @@ LOSS_TERMS: dict[str, LossTerm] = {
     lambda c: "token-mean",
     ("distill_weight_BxL", "distill_target_BxL"),
     knob="distill_coef",
+    cap_knob="distill_max_grad_ratio",
   ),
   "nll": LossTerm(nll_term, lambda c: 1.0, lambda c: "token-mean"),
 }
@@ -359,7 +372,11 @@ def loss_and_grads(
     dens[name] = (t.weight(cfg), t.aggregation(cfg), jnp.maximum(den, 1e-12))
   n_tok = jnp.maximum(jnp.sum(mask.astype(jnp.float32)), 1.0)
 
-  def mb_fn(p, mb):
+  caps = {name: float(r) for name, r in cfg.grad_caps if name in dens and math.isfinite(r)}
+  capped = tuple(sorted(caps))
+
+  def mb_parts(p, mb):
+    """((the uncapped terms' weighted sum, each capped term's weighted value), the metric sums)."""
     values, diag = token_loss_fn(graphdef, p, rest, mb, cfg)
     parts = {}
     ids = {"seq_ids_BxL": mb["rollout_ids_BxL"]} if packed else {}
@@ -369,9 +386,18 @@ def loss_and_grads(
     m = mb["action_mask_BxL"].astype(jnp.float32)
     sums = {k: jnp.sum(jnp.where(m > 0, v, 0.0)) for k, v in diag.items()}
     sums.update({f"loss_{k}": v for k, v in parts.items()})
-    return sum(dens[k][0] * v for k, v in parts.items()), sums
+    main = sum(dens[k][0] * v for k, v in parts.items() if k not in caps)
+    return (main,) + tuple(dens[k][0] * parts[k] for k in capped), sums
 
-  grad_fn = jax.value_and_grad(mb_fn, has_aux=True)
+  if capped:
+    # One forward, one backward per part (the forward's residuals shared): each part's gradient on its own.
+    def grad_fn(p, mb):
+      outs, vjp_fn, sums = jax.vjp(lambda q: mb_parts(q, mb), p, has_aux=True)
+      ones = [tuple(jnp.float32(i == j) for j in range(len(outs))) for i in range(len(outs))]
+      return (sum(outs), sums), tuple(vjp_fn(c)[0] for c in ones)
+  else:
+    grad_fn = jax.value_and_grad(lambda p, mb: (lambda o, s: (o[0], s))(*mb_parts(p, mb)), has_aux=True)
+
   if num_micro == 1:
     (loss, sums), grads = grad_fn(params, batch)
   else:
@@ -387,13 +413,33 @@ def loss_and_grads(
       ), None
 
     zero_g = jax.tree_util.tree_map(jnp.zeros_like, params)
-    _, zero_s = jax.eval_shape(lambda: mb_fn(params, jax.tree_util.tree_map(lambda x: x[0], micro)))
+    zero_g = tuple(zero_g for _ in range(1 + len(capped))) if capped else zero_g
+    _, zero_s = jax.eval_shape(lambda: mb_parts(params, jax.tree_util.tree_map(lambda x: x[0], micro)))
     zero_s = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), zero_s)
     (loss, grads, sums), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zero_g, zero_s), micro)
   metrics = {k: (v if k.startswith("loss_") else v / n_tok) for k, v in sums.items()}
+  if capped:
+    grads, metrics = _cap_gradients(grads, capped, caps, metrics)
   metrics["loss"] = loss
   metrics["grad_norm"] = optax.tree.norm(grads)
   return loss, grads, metrics
+
+
+def _cap_gradients(grads: tuple, capped: tuple[str, ...], caps: dict, metrics: dict) -> tuple[Any, dict]:
+  """g = g_rest + Σ_term min(1, ratio · |g_rest| / |g_term|) · g_term, with per term `grad_norm_<term>` (before the
+  cap), `grad_scale_<term>` and `grad_share_<term>` = |scaled g_term| / (|g_rest| + |scaled g_term|); and
+  `grad_norm_rest`. A step whose other terms give no gradient (every group tied) gets none from the capped term."""
+  rest_norm = optax.tree.norm(grads[0])
+  total = grads[0]
+  metrics = dict(metrics, grad_norm_rest=rest_norm)
+  for name, g in zip(capped, grads[1:]):
+    norm = optax.tree.norm(g)
+    scale = jnp.minimum(1.0, caps[name] * rest_norm / jnp.maximum(norm, 1e-30))
+    total = jax.tree_util.tree_map(lambda a, b: a + scale * b, total, g)
+    metrics[f"grad_norm_{name}"] = norm
+    metrics[f"grad_scale_{name}"] = scale
+    metrics[f"grad_share_{name}"] = scale * norm / jnp.maximum(rest_norm + scale * norm, 1e-30)
+  return total, metrics
 
 
 def make_update_fn(

@@ -159,7 +159,8 @@ def engine_correction(run: Run, params, traj):
 
 
 def loss_config_of(c: ml_collections.ConfigDict) -> step_lib.PolicyLossConfig:
-  """The loss: PPO-clip, the KL term when `loss.kl_coef > 0`, and the method's own terms weighted by its knobs."""
+  """The loss: PPO-clip, the KL term when `loss.kl_coef > 0`, and the method's own terms weighted by its knobs, with
+  the gradient caps its terms name (`LossTerm.cap_knob`, e.g. ToolOPD's `distill_max_grad_ratio`)."""
   method = METHODS[c.credit.method]
   knobs = c.credit[c.credit.method]
   weights = {
@@ -167,6 +168,11 @@ def loss_config_of(c: ml_collections.ConfigDict) -> step_lib.PolicyLossConfig:
     for t in method.loss_terms
     if step_lib.LOSS_TERMS[t].knob
   }
+  caps = tuple(
+    (t, float(knobs[step_lib.LOSS_TERMS[t].cap_knob]))
+    for t in method.loss_terms
+    if step_lib.LOSS_TERMS[t].cap_knob and step_lib.LOSS_TERMS[t].cap_knob in knobs
+  )
   fields = {f.name for f in dataclasses.fields(step_lib.PolicyLossConfig)}
   own = tuple(sorted((k, v) for k, v in weights.items() if k not in fields))  # knobs of terms that tables added
   return step_lib.PolicyLossConfig(
@@ -179,5 +185,6 @@ def loss_config_of(c: ml_collections.ConfigDict) -> step_lib.PolicyLossConfig:
     terms=("policy",) + method.loss_terms,
     max_len=c.sampling.max_len,
     knob_weights=own,
+    grad_caps=caps,
     **{k: v for k, v in weights.items() if k in fields},
   )

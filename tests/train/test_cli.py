@@ -34,6 +34,10 @@ def test_unknown_config_key_is_rejected_by_name(tmp_path):
       ["config.credit.toolopd.distill_coef", ">= 0"],
     ),
     (
+      ["--config.credit.method=toolopd", "--config.credit.toolopd.distill_max_grad_ratio=0"],
+      ["config.credit.toolopd.distill_max_grad_ratio", "> 0"],
+    ),
+    (
       ["--config.credit.method=toolopd", "--config.credit.toolopd.skill_template=Task: {question}"],
       ["config.credit.toolopd.skill_template", "question"],
     ),

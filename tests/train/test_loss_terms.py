@@ -67,6 +67,46 @@ def test_distill_term_value_and_gradient(setup):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
 
 
+def _norm(tree):
+  return float(np.sqrt(sum(np.sum(np.square(np.asarray(x, np.float64))) for x in jax.tree_util.tree_leaves(tree))))
+
+
+@pytest.mark.parametrize("num_micro", [1, 2])
+def test_a_capped_term_contributes_at_most_its_ratio_of_the_other_terms_gradient(setup, num_micro):
+  """PolicyLossConfig.grad_caps (ToolOPD's distill_max_grad_ratio): g = g_rest + min(1, r |g_rest| / |g_d|) g_d, where
+  g_rest and g_d are the gradients of the policy term and of the weighted distillation term alone; the loss and the
+  per-term losses are the uncapped ones; micro-batches accumulate each part exactly."""
+  graphdef, params, rest, batch = setup
+  policy_only = step_lib.PolicyLossConfig(terms=("policy",))
+  distill_only = step_lib.PolicyLossConfig(terms=("distill",), distill_coef=5.0)
+  _, g_rest, _ = _loss(setup, policy_only)
+  _, g_d, _ = _loss(setup, distill_only)
+  n_rest, n_d = _norm(g_rest), _norm(g_d)
+  assert n_d > 0.5 * n_rest  # a strong distillation: the cap binds at r = 0.5
+  both = dict(terms=("policy", "distill"), distill_coef=5.0)
+  loss, grads, m = _loss(setup, step_lib.PolicyLossConfig(**both, grad_caps=(("distill", 0.5),)), num_micro)
+  scale = 0.5 * n_rest / n_d
+  for got, a, b in zip(*(jax.tree_util.tree_leaves(t) for t in (grads, g_rest, g_d))):
+    np.testing.assert_allclose(got, np.asarray(a) + scale * np.asarray(b), rtol=1e-4, atol=1e-7)
+  assert float(m["grad_scale_distill"]) == pytest.approx(scale, rel=1e-4)
+  assert float(m["grad_norm_distill"]) == pytest.approx(n_d, rel=1e-4)
+  assert float(m["grad_norm_rest"]) == pytest.approx(n_rest, rel=1e-4)
+  assert float(m["grad_share_distill"]) == pytest.approx(0.5 * n_rest / (n_rest + 0.5 * n_rest), rel=1e-4)
+  uncapped_loss, uncapped, m0 = _loss(setup, step_lib.PolicyLossConfig(**both))
+  assert float(loss) == pytest.approx(float(uncapped_loss), rel=1e-5)
+  assert "grad_share_distill" not in m0
+  # A cap that does not bind changes nothing (and inf is no cap at all).
+  _, loose, _ = _loss(setup, step_lib.PolicyLossConfig(**both, grad_caps=(("distill", 1e6),)), num_micro)
+  for a, b in zip(jax.tree_util.tree_leaves(loose), jax.tree_util.tree_leaves(uncapped)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("caps", [(("distill", 0.0),), (("distill", -1.0),), (("nope", 1.0),), (("distill",),)])
+def test_grad_caps_refuse_a_bad_pair(caps):
+  with pytest.raises(ValueError, match="grad_caps|gradient cap"):
+    step_lib.PolicyLossConfig(terms=("policy", "distill"), grad_caps=caps)
+
+
 def test_terms_sum_and_micro_batches_are_exact(setup):
   cfg = step_lib.PolicyLossConfig(terms=("policy", "distill"), distill_coef=0.5, aggregation="seq-mean-token-mean")
   loss1, g1, m1 = _loss(setup, cfg, 1)
