@@ -617,8 +617,8 @@ DEFAULT_SIBLING_TEMPLATE = (
 def sibling_summary(ctx: PassContext, traj: Trajectory) -> dict:
   """SGCD's step-wise credit reference: for each group with both outcomes, the summariser (`summarizer_model`: the
   teacher by default, as a stand-in for the paper's external LLM, or the checkpoint `credit.<method>.summarizer`
-  names) compares a successful and a failed sibling (`sibling_pairs`) and writes which steps decided the outcome (`credit.sgcd.summary_template`,
-  default `DEFAULT_SIBLING_TEMPLATE`), greedy, at most `summary_max_tokens` tokens, one generation per group;
+  names) compares a successful and a failed sibling (`sibling_pairs`) and writes which steps decided the outcome
+  (`credit.sgcd.summary_template`, default `DEFAULT_SIBLING_TEMPLATE`), greedy, at most `summary_max_tokens` tokens, one generation per group;
   every rollout of the group gets the group's summary as its teacher context (`teacher_sibling`).
 
   Each transcript is cut from its start to half of what the template leaves of `sampling.max_len` minus the summary
