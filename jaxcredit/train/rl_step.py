@@ -420,7 +420,8 @@ def metrics_row(run: Run, sampled: StepRollouts, traj, out, m: dict, seconds: di
     row["unit_reward_mean"] = float(traj.unit_rewards_BxU[traj.unit_mask_BxU].mean())
   if out.turn_adv_BxT is not None and tm.any():
     row["turn_adv_abs_mean"] = float(np.abs(out.turn_adv_BxT[tm]).mean())
-  row.update({k: float(v) for k, v in m.items() if k.startswith("loss_")})
+  # Each term's loss, and a capped term's gradient norms, scale and share (`step.loss_and_grads`, grad_caps).
+  row.update({k: float(v) for k, v in m.items() if k.startswith(("loss_", "grad_norm_", "grad_scale_", "grad_share_"))})
   if "kl" in m and c.loss.kl_coef > 0:
     row["kl"] = float(m["kl"])
   row.update({k: v for k, v in out.metrics.items() if v is not None})

@@ -84,6 +84,10 @@ def test_method_trains(name, tiny, tmp_path):
   assert os.path.isfile(os.path.join(c.workdir, "viewer", f"step_{steps}", "index.html"))
   if "distill" in METHODS[name].loss_terms:
     assert all("loss_distill" in r for r in rows)
+    # ToolOPD's distillation gradient is capped at half the policy gradient's norm: at most 1/3 of the two.
+    for r in rows:
+      assert r["grad_norm_distill"] >= 0 and 0 <= r["grad_scale_distill"] <= 1
+      assert 0 <= r["grad_share_distill"] <= 1 / 3 + 1e-6
 
 
 def test_a_toy_method_is_one_function_one_row_one_config(tiny, tmp_path, monkeypatch):
