@@ -74,6 +74,18 @@ lacks and join them to it, and copy the joined testbed.json over the file:
       --merge benchmarks/results/testbed_chain.json
   python benchmarks/testbed_compare.py --task chain --out runs/ch2 ...the same settings... --seeds 0,1,2 \
       --methods crest,gigpo,hsd,gear,trace_raw_delta,toolopd --merge benchmarks/results/testbed_chain.json
+
+ToolOPD with its gradient cap (issue 52; benchmarks/results/testbed_{chain,session}_toolopd.json): in a fresh
+clone, the chain policy command above, then for each task its warm start with GRPO seed 0, ToolOPD's three seeds,
+and a summary joining the two (the runs are found finished and not repeated):
+
+  python benchmarks/testbed_compare.py --task chain --out runs/ch2 --policy runs/ch1/policy_copy --sft-steps 1200 \
+      --sft-lr 1e-3 --sft-eval-every 300 --steps 20 --eval-every 5 --prompts 4 --group 8 --lr 1e-4 \
+      --target-gain 0.1 --seeds 0 --methods grpo
+  cp runs/ch2/testbed.json /tmp/ch2_grpo.json
+  python benchmarks/testbed_compare.py --task chain --out runs/ch2 ...the same settings... --seeds 0,1,2 \
+      --methods toolopd --merge /tmp/ch2_grpo.json
+  (the same three with --task session --out runs/se1)
 """
 
 from __future__ import annotations
