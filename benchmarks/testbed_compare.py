@@ -66,6 +66,9 @@ comparison.
       --group 8 --lr 1e-4 --target-gain 0.1 \
       --methods grpo,crest,crest_lam0,crest_rho0,crest_nodir,sgcd,gigpo,hsd,gear,toolopd,trace
 
+The committed files' "hsd", "gear" and "sgcd" rows were run before those names took the papers' forms (issue 52):
+to repeat them, name the earlier readings, `--methods hsd_grpo,gear_v0,sgcd_v0` (the METHODS rows below).
+
 Growing a committed table instead of rerunning it: after the first two chain commands, show that this machine repeats
 the committed runs (GRPO seed 0 again; refused unless its curve equals the file's), then run the methods the file
 lacks and join them to it, and copy the joined testbed.json over the file:
@@ -160,6 +163,9 @@ RUNS = {
   # were run with these before the v2.1 forms took the names (docs/benchmarks.md).
   "gear_v0": ("gear_v0", {}),
   "sgcd_v0": ("sgcd_v0", {}),
+  # HSD's earlier reading (GRPO plus a clipped sampled-token log-ratio): the committed results' "hsd" rows were run
+  # with it before the paper's objective (no reward term, full-vocabulary KL) took the name.
+  "hsd_grpo": ("hsd_grpo", {}),
 }
 
 # The arithmetic task (`--task arithmetic`): the quickstart's environment (reasoning-gym arithmetic, a calculator, at

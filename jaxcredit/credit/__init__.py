@@ -18,6 +18,7 @@ from jaxcredit.credit.gear import gear_v0_segments
 from jaxcredit.credit.gigpo import gigpo_advantages
 from jaxcredit.credit.hsd import hsd_select_peers
 from jaxcredit.credit.hsd import hsd_token_advantages
+from jaxcredit.credit.hsd import hsd_token_kl
 from jaxcredit.credit.outcome import grpo_advantages
 from jaxcredit.credit.outcome import rloo_advantages
 from jaxcredit.credit.outcome import turn_to_token
@@ -43,6 +44,7 @@ __all__ = (
   "toolopd_token_weights",
   "hsd_select_peers",
   "hsd_token_advantages",
+  "hsd_token_kl",
   "gear_segments",
   "gear_advantages",
   "gear_v0_segments",

@@ -1,6 +1,8 @@
-"""HSD: hindsight self-distillation from a successful peer rollout of the same group.
+"""HSD: path-conditioned self-distillation from a successful peer rollout of the same group.
 
-Shape letters: G rollouts in a group, L tokens. Batch of P groups: split the key and vmap,
+`hsd_select_peers` draws each rollout's peer; `hsd_token_kl` is the paper's objective per token (method `hsd`);
+`hsd_token_advantages` is this library's earlier reading, a clipped sampled-token log-ratio added to GRPO's
+advantage (method `hsd_grpo`). Shape letters: G rollouts in a group, L tokens. Batch of P groups: split the key and vmap,
 `jax.vmap(hsd_select_peers)(rewards_PxG, mask_PxG, jax.random.split(key, P))`.
 """
 
@@ -86,7 +88,8 @@ def hsd_token_advantages(
   2606.15576), known from its abstract and summaries only: the teacher is the policy conditioned on a successful peer
   of the same group (and the gold answer), answer-only when no peer succeeded, and its signal concentrates at the
   divergence from the peer. The clipped log-ratio and its additive mix with the outcome advantage are this
-  library's reading, not the paper's equations; docs/credit.md, "HSD".
+  library's reading, not the paper's equations (the method `hsd_grpo`; the paper's objective is `hsd_token_kl`);
+  with clip = inf, a is the paper's diagnostic credit (spec v2.1); docs/credit.md, "HSD".
   """
   fn = "hsd_token_advantages"
   clip = _checks.knob_float(fn, "clip", clip, gt=0.0, allow_inf=True)
@@ -97,3 +100,57 @@ def hsd_token_advantages(
   gap_L = teacher_L - policy_L
   ok_L = action_L & jnp.isfinite(gap_L)
   return lax.stop_gradient(jnp.where(ok_L, jnp.clip(gap_L, -clip, clip), 0.0))
+
+
+def hsd_token_kl(
+  teacher_logits: ArrayLike, student_logits: ArrayLike, action_mask: ArrayLike, *, temperature: float = 1.0
+) -> Array:
+  """HSD's per-token objective: the full-vocabulary KL from the peer-conditioned self-teacher to the student.
+
+      q_t = softmax(sg(z_teacher,t) / T),  p_t = softmax(z_student,t / T)
+      kl_t = Σ_v q_t(v) (log q_t(v) − log p_t(v))          on action tokens; 0 elsewhere
+
+  The teacher is the current policy, stop-gradient, reading the prompt with a context prepended (the gold answer and
+  one successful peer of the same group, `hsd_select_peers`; the answer alone without one); the student is the
+  policy on the rollout as sampled. The paper averages kl_t over a rollout's action tokens and over the group and
+  adds beta · KL(pi_theta ‖ pi_0) with beta = 0.001; no reward term (the verifier only picks peers). The gradient
+  flows into `student_logits` only.
+
+  This form takes whole [L, V] logits (for small vocabularies and for checking); the trainer computes the same
+  from final hidden states, chunked over the vocabulary so a 151k vocabulary never makes an [L, V] array
+  (`jaxcredit.train.step`, loss term "vocab_kl").
+
+  Args:
+    teacher_logits: [L, V] float, the teacher's logits predicting each rollout token (aligned with it).
+    student_logits: [L, V] float, the student's, aligned the same way.
+    action_mask: [L] bool.
+    temperature: > 0, applied to both (the sampling temperature).
+
+  Returns:
+    kl: [L] float32 nats, >= 0; exactly 0.0 off the action tokens and where the two logits rows are equal.
+
+  Raises:
+    ValueError: the logits not both [L, V] with the mask [L]; temperature not a finite scalar > 0.
+
+  Source:
+  "Localizing Credit at the Divergence: Path-Conditioned Self-Distillation for LLM Reasoning" (HSD, Li et al., arXiv
+  2606.15576), from two agreeing machine-written summaries of the PDF (the text was not found): the objective
+  "KL(teacher ‖ student) over the full vocabulary". Reading named here: "reverse KL" in the summaries is taken as
+  written there, KL(teacher ‖ student) (mode-covering for the student); docs/credit.md, "HSD".
+  """
+  fn = "hsd_token_kl"
+  temperature = _checks.knob_float(fn, "temperature", temperature, gt=0.0)
+  teacher = jnp.asarray(teacher_logits)
+  student = jnp.asarray(student_logits)
+  if teacher.ndim != 2 or student.shape != teacher.shape:
+    raise ValueError(
+      f"{fn}: teacher_logits {teacher.shape} and student_logits {student.shape} must both be [L, V]"
+    )
+  shapes = _checks.Shapes(fn)
+  action_L = shapes.mask("action_mask", action_mask, "L")
+  if action_L.shape[0] != teacher.shape[0]:
+    raise ValueError(f"{fn}: action_mask {action_L.shape} must be [L] with L = {teacher.shape[0]} of the logits")
+  log_q = jax.nn.log_softmax(lax.stop_gradient(teacher.astype(jnp.float32)) / temperature, axis=-1)
+  log_p = jax.nn.log_softmax(student.astype(jnp.float32) / temperature, axis=-1)
+  kl_L = jnp.sum(jnp.exp(log_q) * (log_q - log_p), axis=-1)
+  return jnp.where(action_L, jnp.maximum(kl_L, 0.0), 0.0)

@@ -544,6 +544,68 @@ def packed_slot_logprobs(
   return jnp.where(valid_BxG, logp_BxG, 0.0)
 
 
+def predictor_hidden_states(
+  model,
+  tokens_BxL: jax.Array,
+  token_mask_BxL: jax.Array,
+  *,
+  slots_BxK: jax.Array | None = None,
+  positions_BxL: jax.Array | None = None,
+  segment_ids_BxL: jax.Array | None = None,
+  prefix_limit_BxL: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """The final hidden state that predicts each scored token, its target token and whether it has a predictor.
+
+  The pieces `sequence_logprobs_and_entropies` (no slots: every position) and `packed_slot_logprobs` (packed
+  rows, `slots_BxK`) score against the output head, for losses that need the whole predicted distribution, not
+  only the sampled token's log-prob (HSD's full-vocabulary distillation: `jaxcredit.train.step`, "vocab_kl"):
+
+      h[b, k] = hidden_states[b, pred[b, s_k]],   target[b, k] = tokens[b, s_k]
+
+  with s_k = k unpacked (pred[b, t] = t - 1) or slots[b, k] packed (pred = `packed_predictor_slots`). So
+  `chunked_logprobs_and_entropies(h, model.output_head_DxV(), target, T)[0]` where valid equals
+  `sequence_logprobs(...)` / `packed_slot_logprobs(...)` at those tokens (tests/sampling/test_logprobs.py).
+
+  Args:
+      model: a `jaxcredit.models.Decoder`.
+      tokens_BxL, token_mask_BxL: int ids and their bool real-token mask.
+      slots_BxK: int slots of packed rows to score, or None: every position of unpacked rows (K = L).
+      positions_BxL, segment_ids_BxL, prefix_limit_BxL: as `sequence_logprobs_and_entropies`; slots_BxK needs
+          the packed description.
+
+  Returns:
+      (h_BxKxD in the model's compute dtype, targets_BxK int32, valid_BxK bool: a real token with a predictor;
+      elsewhere h is some row's state and must be masked by the caller).
+
+  Raises:
+      ValueError: as `packed_slot_logprobs`, and slots_BxK without segment_ids_BxL.
+  """
+  tokens_BxL, mask_BxL = _check_tokens_and_mask(tokens_BxL, token_mask_BxL)
+  packing = _packed_args(tokens_BxL, positions_BxL, segment_ids_BxL, prefix_limit_BxL)
+  if slots_BxK is None:
+    if "segment_ids_BxL" in packing:
+      raise ValueError("packed rows (segment_ids_BxL) are scored at slots_BxK: pass them")
+    positions = packing.get("positions_BxL")
+    if positions is None:
+      positions = jnp.maximum(jnp.cumsum(mask_BxL.astype(jnp.int32), axis=-1) - 1, 0)
+    h_BxLxD, _ = model.hidden_states(tokens_BxL, positions_BxL=positions, token_mask_BxL=mask_BxL)
+    h_pred_BxLxD = jnp.pad(h_BxLxD[:, :-1], ((0, 0), (1, 0), (0, 0)))
+    valid_BxL = mask_BxL & jnp.pad(mask_BxL[:, :-1], ((0, 0), (1, 0)))
+    return h_pred_BxLxD, tokens_BxL, valid_BxL
+  slots = jnp.asarray(slots_BxK)
+  if slots.ndim != 2 or slots.shape[0] != tokens_BxL.shape[0] or not jnp.issubdtype(slots.dtype, jnp.integer):
+    raise ValueError(f"slots_BxK must be integer slots of shape [B={tokens_BxL.shape[0]}, K], got {slots.shape}")
+  if "segment_ids_BxL" not in packing:
+    raise ValueError("slots_BxK scores packed rows: pass positions_BxL and segment_ids_BxL")
+  slots = slots.astype(jnp.int32)
+  h_BxLxD, _ = model.hidden_states(tokens_BxL, token_mask_BxL=mask_BxL, **packing)
+  pred_BxL = packed_predictor_slots(mask_BxL, packing["segment_ids_BxL"], packing.get("prefix_limit_BxL"))
+  pred_BxK = jnp.take_along_axis(pred_BxL, slots, axis=1)
+  h_BxKxD = jnp.take_along_axis(h_BxLxD, jnp.maximum(pred_BxK, 0)[..., None], axis=1)
+  valid_BxK = jnp.take_along_axis(mask_BxL, slots, axis=1) & (pred_BxK >= 0)
+  return h_BxKxD, jnp.take_along_axis(tokens_BxL, slots, axis=1), valid_BxK
+
+
 def sequence_logprobs(
   model, tokens_BxL: jax.Array, token_mask_BxL: jax.Array, temperature: float | jax.Array, **options
 ) -> jax.Array:

@@ -378,6 +378,7 @@ def teacher_pass(
   vocab_chunk: int | None = None,
   slots_BxK: jax.Array | None = None,
   teacher_pos_BxL: jax.Array | None = None,
+  hidden: bool = False,
 ) -> dict[str, jax.Array]:
   """The teacher's scores at every action token of the rollouts, aligned to the rollouts' positions.
 
@@ -394,6 +395,7 @@ def teacher_pass(
       divergence_BxL[b, p] = Σ_v p_s(v) (log p_s(v) - log q_v),  p_s = softmax(z_s / T)
       student_entropy_BxL[b, p] = -Σ_v p_s(v) log p_s(v)
       finite_B[b]          = all three finite on every action token of row b
+      hidden_BxLxD[b, p]   = the teacher's final hidden state that predicts token p (with `hidden`)
 
   on action tokens (p >= 1) of valid rows whose scores are all finite; 0 elsewhere (non-action positions,
   invalid rows, rows with a non-finite score: `finite_B` tells the last apart).
@@ -414,10 +416,12 @@ def teacher_pass(
       left out get 0, as non-action positions do.
     teacher_pos_BxL: optional int [B, L], the teacher position of each rollout position (`TeacherBatch`'s, for
       sequences with inserted context blocks); None: p + offset_B.
+    hidden: also return the teacher's whole predicted distribution at each action token, as the final hidden
+      states [B, L, D] that give it with the teacher's head (HSD's full-vocabulary distillation reads them).
 
   Returns:
     {"logp_BxL", "entropy_BxL", ["divergence_BxL", "student_entropy_BxL"]: float32 nats [B, L];
-     "finite_B": bool [B]}.
+     ["hidden_BxLxD": float32 [B, L, D]]; "finite_B": bool [B]}.
 
   Raises:
     ValueError: at trace time, for arrays of the wrong rank or shape, and whatever the chunked functions raise
@@ -490,13 +494,20 @@ def teacher_pass(
       seq_chunk=seq_chunk,
       vocab_chunk=vocab_chunk,
     )
+  if hidden:
+    out["hidden_BxLxD"] = h_t_BxKxD
   if slots_BxK is not None:  # back to rollout positions; padding entries write position 0, which is never kept
     rows_Bx1 = jnp.arange(b)[:, None]
-    out = {k: jnp.zeros((b, l), x.dtype).at[rows_Bx1, slots].set(x) for k, x in out.items()}
+    out = {k: jnp.zeros((b, l) + x.shape[2:], x.dtype).at[rows_Bx1, slots].set(x) for k, x in out.items()}
   keep_BxL = action & r_mask & valid[:, None] & (pos_L >= 1)[None, :]
-  finite_B = jnp.all(jnp.stack([jnp.isfinite(x) | ~keep_BxL for x in out.values()]), axis=(0, 2))
+  # The scores' finiteness (a non-finite hidden state gives non-finite scores).
+  scores = [x for k, x in out.items() if x.ndim == 2]
+  finite_B = jnp.all(jnp.stack([jnp.isfinite(x) | ~keep_BxL for x in scores]), axis=(0, 2))
   keep_BxL = keep_BxL & finite_B[:, None]
-  out = {k: jnp.where(keep_BxL, x, 0.0).astype(jnp.float32) for k, x in out.items()}
+  out = {
+    k: jnp.where(keep_BxL.reshape(keep_BxL.shape + (1,) * (x.ndim - 2)), x, 0.0).astype(jnp.float32)
+    for k, x in out.items()
+  }
   out["finite_B"] = finite_B
   return jax.tree_util.tree_map(jax.lax.stop_gradient, out)
 
@@ -513,6 +524,8 @@ class TeacherPassResult:
     logp_BxL, entropy_BxL: float32 nats on action tokens of valid rollouts, 0 elsewhere.
     divergence_BxL: float32 nats (reverse KL student ‖ teacher) likewise, or None when no student was given.
     student_entropy_BxL: float32 nats, the student's entropy likewise, or None when no student was given.
+    hidden_BxLxD: float32 [B, L, D], the teacher's final hidden states that predict each action token of a valid
+      rollout (0 elsewhere), or None when the pass was made without `hidden`.
     valid_B: bool, False where the pass could not be made (its rows are all 0: never read them as scores).
     reasons: per rollout, "" when valid, else one of REASONS.
   """
@@ -523,6 +536,7 @@ class TeacherPassResult:
   valid_B: np.ndarray
   reasons: list[str]
   student_entropy_BxL: np.ndarray | None = None
+  hidden_BxLxD: np.ndarray | None = None
 
   def arrays(self) -> dict[str, np.ndarray]:
     """The arrays by name, for `Trajectory.passes[pass_name]`."""
@@ -530,6 +544,8 @@ class TeacherPassResult:
     if self.divergence_BxL is not None:
       out["divergence_BxL"] = self.divergence_BxL
       out["student_entropy_BxL"] = self.student_entropy_BxL
+    if self.hidden_BxLxD is not None:
+      out["hidden_BxLxD"] = self.hidden_BxLxD
     return out
 
   def drop_counts(self) -> dict[str, int]:
@@ -562,6 +578,7 @@ def finish_teacher_pass(outputs: Mapping[str, Any], batch: TeacherBatch) -> Teac
 
   div = outputs.get("divergence_BxL")
   ent_s = outputs.get("student_entropy_BxL")
+  hid = outputs.get("hidden_BxLxD")
   return TeacherPassResult(
     logp_BxL=clean(outputs["logp_BxL"]),
     entropy_BxL=clean(outputs["entropy_BxL"]),
@@ -569,6 +586,7 @@ def finish_teacher_pass(outputs: Mapping[str, Any], batch: TeacherBatch) -> Teac
     valid_B=valid,
     reasons=reasons,
     student_entropy_BxL=None if ent_s is None else clean(ent_s),
+    hidden_BxLxD=None if hid is None else clean(hid),
   )
 
 
@@ -606,6 +624,7 @@ def make_teacher_pass_fn(
   seq_chunk: int | None = None,
   vocab_chunk: int | None = None,
   slot_bucket: int | None = SLOT_BUCKET,
+  hidden: bool = False,
 ) -> Callable[..., TeacherPassResult]:
   """A host callable (teacher_params, batch, traj, student_params=None) -> `TeacherPassResult`.
 
@@ -614,7 +633,7 @@ def make_teacher_pass_fn(
   `finish_teacher_pass` applied to its outputs. With `student_graphdef` the divergence is computed and
   `student_params` must be given at each call (for GEAR the student is the policy; the teacher may be the same
   parameters). The heads run on the action positions only (`action_slots` with `slot_bucket`; None: on every
-  position).
+  position). With `hidden`, the result also holds the teacher's hidden states (`teacher_pass`).
 
   Raises (at call):
     ValueError: when student_params is given without a student graphdef or missing with one.
@@ -641,6 +660,7 @@ def make_teacher_pass_fn(
       vocab_chunk=vocab_chunk,
       slots_BxK=slots,
       teacher_pos_BxL=t_pos,
+      hidden=hidden,
     )
 
   jitted = jax.jit(pass_fn)

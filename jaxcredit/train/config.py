@@ -122,6 +122,8 @@ RANGES: dict[str, Range] = {
   "optim.learning_rate": Range(float, 0.0, low_open=True),
   "optim.warmup_steps": _INT0,
   "optim.weight_decay": Range(float, 0.0),
+  "optim.b1": Range(float, 0.0, 1.0, high_open=True),
+  "optim.b2": Range(float, 0.0, 1.0, high_open=True),
   # Negative: optax's clip scales the gradient by a negative factor, an update up the gradient (issue 35 case 7).
   "optim.max_grad_norm": Range(float, 0.0, meaning="0: no clipping"),
   "train.num_micro_batches": _INT1,
@@ -283,6 +285,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.optim.learning_rate = 1e-5
   c.optim.warmup_steps = 0
   c.optim.weight_decay = 0.0
+  c.optim.b1 = 0.9  # AdamW's moment decays (the RL updates'; HSD's paper uses b2 = 0.95)
+  c.optim.b2 = 0.999
   c.optim.max_grad_norm = 1.0
 
   c.train = ml_collections.ConfigDict()

@@ -104,7 +104,7 @@ def rollout_values(outputs: dict, i: int, traj) -> dict:
   """Rollout i's share of `outputs` (pass outputs or `MethodOutput.details`), as JSON values: row i of each array or
   list with one entry per rollout, per-token rows (`*_BxL`) cut to the rollout's tokens, per-turn rows (`*_BxT`) to
   its turns and per-boundary rows (`*_BxT1`) to its turns + 1, non-finite numbers as None. Values that are not per
-  rollout are left out."""
+  rollout, and vectors per token (`*_BxLxD`: hidden states), are left out."""
   b, n = traj.tokens_BxL.shape[0], int(traj.token_mask_BxL[i].sum())
   turns = int(traj.turn_mask_BxT[i].sum())
   cut = {"_BxL": n, "_BxT": turns, "_BxT1": turns + 1}
@@ -115,8 +115,8 @@ def rollout_values(outputs: dict, i: int, traj) -> dict:
       row[key] = v if isinstance(v, (str, int, float, bool, type(None))) else str(v)
       continue
     array = np.asarray(value) if isinstance(value, np.ndarray) or hasattr(value, "shape") else None
-    if array is None or array.ndim == 0 or array.shape[0] != b:
-      continue
+    if array is None or array.ndim == 0 or array.shape[0] != b or key.endswith("_BxLxD"):
+      continue  # not per rollout; or a vector per token (HSD's teacher hidden states), never for the viewer
     x = array[i]
     suffix = next((s for s in ("_BxT1", "_BxL", "_BxT") if key.endswith(s)), None)
     if suffix is not None and x.ndim >= 1:

@@ -100,7 +100,7 @@ class _PassLog(dict):
 
 def _fake_output(key: str, traj: Trajectory) -> Any:
   """A valid-looking value of pass output `key` for the 2-rollout trajectory of `check_knobs`: the value of a known
-  key, else zeros of the shape its suffix names (`_BxL`, `_BxT1`, `_BxT`, `_Bx2`, `_B`), else one string per
+  key, else zeros of the shape its suffix names (`_BxL`, `_BxLxD` with D = 4, `_BxT1`, `_BxT`, `_Bx2`, `_B`), else one string per
   rollout."""
   b = traj.batch_size
   known = {
@@ -117,6 +117,7 @@ def _fake_output(key: str, traj: Trajectory) -> Any:
     return known[key]
   shapes = {
     "_BxL": traj.tokens_BxL.shape,
+    "_BxLxD": traj.tokens_BxL.shape + (4,),
     "_BxT1": traj.boundary_mask_BxT1.shape,
     "_BxT": traj.turn_mask_BxT.shape,
     "_Bx2": (b, 2),
@@ -172,10 +173,11 @@ def check_knobs(name: str, knobs: Mapping[str, Any]) -> None:
     raise
   except (ValueError, TypeError) as e:
     raise ValueError(knob_error_message(name, knobs, str(e))) from None
-  from jaxcredit.train.step import LOSS_TERMS  # the loss terms' table (imports the model layers: only here)
+  from jaxcredit.train.step import LOSS_TERMS, TRAINER_ARRAYS  # imports the model layers: only here
 
   for term in method.loss_terms:
-    missing = [k for k in LOSS_TERMS[term].batch_keys if arrays.get(k) is None] if term in LOSS_TERMS else []
+    keys = LOSS_TERMS[term].batch_keys if term in LOSS_TERMS else ()
+    missing = [k for k in keys if arrays.get(k) is None and k not in TRAINER_ARRAYS]
     if missing:
       raise ValueError(
         f"method {name!r}: loss term {term!r} reads {missing}, which its advantage function does not return "

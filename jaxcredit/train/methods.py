@@ -49,9 +49,9 @@ class MethodOutput:
     keep_B: bool, the rollouts the update trains on, or None: all of them. A method that filters groups (SGCD's
       dynamic sampling drops groups without both outcomes) sets False on the rollouts it drops; the trainer takes
       them out of the loss and its token counts, as it does rollouts without action tokens.
-    loss_arrays: float32 [B, L] per-token arrays that a loss term added as a row reads, by its batch key
-      (`LossTerm.batch_keys`, e.g. {"anchor_weight_BxL": ...}); they join the update batch as the distillation
-      arrays do (packed with the rest, read at the scored slots).
+    loss_arrays: float32 [B, L] per-token arrays (or [B, L, D], named `*_BxLxD`: HSD's teacher hidden states)
+      that a loss term reads, by its batch key (`LossTerm.batch_keys`, e.g. {"anchor_weight_BxL": ...}); they join
+      the update batch as the distillation arrays do (packed with the rest, read at the scored slots).
   """
 
   adv_BxL: np.ndarray
@@ -68,8 +68,8 @@ class MethodOutput:
 
     Raises:
       ValueError: a `loss_arrays` entry whose key is one of the update batch's own arrays (tokens, masks,
-        advantages, distillation, reference and behaviour log-probs, the packed layout) or not `*_BxL`, or whose
-        shape is not the advantages' [B, L].
+        advantages, distillation, reference and behaviour log-probs, the packed layout) or not `*_BxL` /
+        `*_BxLxD`, or whose shape is not the advantages' [B, L] (with a trailing axis for `*_BxLxD`).
     """
     from jaxcredit.train.step import reserved_batch_keys  # the update batch's own arrays (imports the model layers)
 
@@ -77,12 +77,13 @@ class MethodOutput:
     if self.distill_weight_BxL is not None:
       out.update(distill_weight_BxL=self.distill_weight_BxL, distill_target_BxL=self.distill_target_BxL)
     for key, value in self.loss_arrays.items():
-      if key in reserved_batch_keys() or not key.endswith("_BxL"):
-        raise ValueError(f"MethodOutput.loss_arrays: {key!r} must be a new per-token key ending in _BxL")
-      if np.shape(value) != np.shape(self.adv_BxL):
+      if key in reserved_batch_keys() or not key.endswith(("_BxL", "_BxLxD")):
+        raise ValueError(f"MethodOutput.loss_arrays: {key!r} must be a new per-token key ending in _BxL or _BxLxD")
+      shape, want = np.shape(value), np.shape(self.adv_BxL)
+      if shape != want if key.endswith("_BxL") else (len(shape) != 3 or shape[:2] != want):
         raise ValueError(
-          f"MethodOutput.loss_arrays[{key!r}] has shape {np.shape(value)}, expected the advantages' "
-          f"{np.shape(self.adv_BxL)}"
+          f"MethodOutput.loss_arrays[{key!r}] has shape {shape}, expected the advantages' {want}"
+          + ("" if key.endswith("_BxL") else " with a trailing axis D")
         )
       out[key] = value
     return out
@@ -111,7 +112,8 @@ class Method:
       method that reads a key none of its passes writes (`check_reads`), and `check_knobs` one that reads a key it
       did not declare.
     variant_of: "" for a method of its own; the name of the row whose earlier or alternative reading this row keeps
-      (`gear_v0` of `gear`): it runs the same passes and differs only in its credit function or knobs.
+      (`gear_v0` of `gear`, `hsd_grpo` of `hsd`): it differs in its credit function, its knobs or (hsd_grpo) the
+      pass outputs and loss terms it needs.
   """
 
   advantages: Callable[[Trajectory, Mapping[str, Any]], MethodOutput]
@@ -399,7 +401,33 @@ def toolopd(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
 
 
 def hsd(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
-  """HSD: GRPO plus dense_coef * the clipped log-ratio of the peer-conditioned self-teacher to the policy."""
+  """HSD as its paper trains (arXiv 2606.15576, from its summaries; docs/credit.md, "HSD"): no outcome advantage (the
+  verifier only picks the peers); the loss is the full-vocabulary KL(teacher || student) to the peer-conditioned
+  self-teacher at every action token of a rollout whose pass is valid (loss term "vocab_kl", reading the pass's
+  hidden states), plus beta KL to the reference ("reference_kl"). The paper's diagnostic credit, the teacher's minus
+  the policy's log-prob of the sampled token, is shown in the viewer."""
+  name = "teacher_peer_states"
+  valid = pass_valid(traj, name)
+  act = traj.action_mask_BxL & valid[:, None]
+  gap = np.where(act, traj.passes[name]["logp_BxL"] - traj.behavior_logp_BxL, np.nan)
+  return MethodOutput(
+    np.zeros(traj.action_mask_BxL.shape, np.float32),
+    loss_arrays={
+      "teacher_hidden_BxLxD": np.asarray(traj.passes[name]["hidden_BxLxD"], np.float32),
+      "vocab_kl_weight_BxL": act.astype(np.float32),
+    },
+    metrics={
+      "teacher_policy_gap": _teacher_gap(traj, name),
+      "hsd_peers_found_frac": float(np.mean(np.asarray(traj.passes[name]["peer_B"]) >= 0)),
+      "hsd_distilled_frac": float(np.mean(valid)),
+    },
+    details={"teacher_gap_BxL": gap.astype(np.float32)},
+  )
+
+
+def hsd_grpo(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
+  """HSD, this library's earlier reading: GRPO plus dense_coef * the clipped log-ratio of the peer-conditioned
+  self-teacher to the policy (credit.hsd_token_advantages)."""
   seq = _outcome(traj, k["scale"], k["eps"])
   name = "teacher_peer"
   a = per_rollout(
@@ -577,6 +605,13 @@ def sgcd_validate(k: Mapping[str, Any], c) -> None:
       ) from None
 
 
+def hsd_validate(k: Mapping[str, Any], c) -> None:
+  """HSD's own checks: beta a finite number >= 0 (the reference KL's weight; the paper's 0.001)."""
+  beta = k["beta"]
+  if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0 <= beta < float("inf"):
+    raise ValueError(f"config.credit.hsd.beta = {beta!r}: must be a finite number >= 0 (the paper's 0.001)")
+
+
 def opd(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
   """On-policy distillation: token advantage = teacher - policy log-prob of the sampled token."""
   name = "teacher_plain"
@@ -663,12 +698,25 @@ METHODS: dict[str, Method] = {
     + _reads("hindsight_skill", "success_B", "skill_tokens_B"),
     summary="GRPO + hindsight-skill-weighted distillation",
   ),
+  # HSD (arXiv 2606.15576) from its summaries: the full-vocabulary KL(teacher || student) to the current policy shown
+  # a successful peer (+ the gold answer; the answer alone without one) and beta = 0.001 KL to the reference, no
+  # reward term (docs/credit.md, "HSD"). A math/code paper; its use on tool-use rollouts is this library's extension.
   "hsd": Method(
     hsd,
+    dict(beta=0.001, success_threshold=0.5, fallback="gold"),
+    ("teacher_peer_states",),
+    ("vocab_kl", "reference_kl"),
+    reads=_reads("teacher_peer_states", "logp_BxL", "valid_B", "peer_B", "hidden_BxLxD"),
+    summary="full-vocabulary distillation from the policy shown a successful peer and the gold answer",
+    validate=hsd_validate,
+  ),
+  "hsd_grpo": Method(
+    hsd_grpo,
     dict(_OUTCOME, clip=1.0, dense_coef=0.1, success_threshold=0.5, fallback="gold"),
     ("teacher_peer",),
     reads=_reads("teacher_peer", "logp_BxL", "valid_B", "peer_B"),
-    summary="self-teacher conditioned on a successful peer rollout",
+    summary="HSD, this library's earlier reading (GRPO plus a clipped sampled-token log-ratio to the peer teacher)",
+    variant_of="hsd",
   ),
   # GEAR (arXiv 2605.11853) from its summaries and captions: Table 2's defaults (lambda_H = 1.5, alpha = 0.2,
   # lambda_KL = 0.1); the normalisation of the divergence and the linear sign-aware weight are our readings

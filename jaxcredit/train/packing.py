@@ -17,7 +17,8 @@ Layout of a packed batch (B is then the packed rows, L the row length, K the sco
   tokens_BxL, token_mask_BxL, positions_BxL, segment_ids_BxL, prefix_limit_BxL: the rows;
   slots_BxK: int32, the row slot of each scored token (padding entries: 0, masked);
   every other per-token array of the input (`action_mask_BxL`, `adv_BxL`, `behavior_logp_BxL`, ...) keeps its
-    name, its second axis now the K scored slots (the loss terms are elementwise, so they read it unchanged);
+    name, its second axis now the K scored slots (the loss terms are elementwise, so they read it unchanged); a
+    `*_BxLxD` array (HSD's teacher hidden states) keeps its trailing axis: [B, K, D];
   rollout_ids_BxL: int32 [B, K], the scored token's rollout within its row (0, 1, ...), for per-sequence
     aggregation (`jaxcredit.train.loss.aggregate`);
   rollouts_B: float32 [B], the input's rollouts counted on the first row (the Dr.GRPO denominator's sequence
@@ -63,8 +64,8 @@ def pack_update_batch(
 
   Args:
     batch: host arrays: tokens_BxL int, token_mask_BxL bool (each row's real tokens contiguous from slot 0),
-      action_mask_BxL bool (the tokens the loss scores), any other [B, L] per-token arrays, optionally
-      group_ids_B int. Arrays of another shape are not allowed (they would be silently dropped).
+      action_mask_BxL bool (the tokens the loss scores), any other [B, L] per-token arrays ([B, L, D] when named
+      `*_BxLxD`), optionally group_ids_B int. Arrays of another shape are not allowed (they would be silently dropped).
     length_bucket: the row length is rounded up to a multiple of this.
     max_row_len: tokens per row before a group spills onto a new row (0: as long as the longest rollout's
       unpacked row). Longer rows share a prompt among more rollouts, but a packed row attends through a dense
@@ -93,8 +94,11 @@ def pack_update_batch(
   b, length = tokens.shape
   token_keys = [k for k in batch if k not in ROW_KEYS and k != "group_ids_B"]
   for k in token_keys:
-    if np.shape(batch[k]) != (b, length):
-      raise ValueError(f"pack_update_batch: {k} has shape {np.shape(batch[k])}, expected the tokens' {(b, length)}")
+    if np.shape(batch[k])[:2] != (b, length) or (np.ndim(batch[k]) > 2 and not k.endswith("_BxLxD")):
+      raise ValueError(
+        f"pack_update_batch: {k} has shape {np.shape(batch[k])}, expected the tokens' {(b, length)} (or [B, L, D] "
+        f"for a *_BxLxD array)"
+      )
   groups = np.asarray(batch.get("group_ids_B", np.arange(b)))
   if groups.shape != (b,):
     raise ValueError(f"pack_update_batch: group_ids_B has shape {groups.shape}, expected {(b,)}")
@@ -151,7 +155,7 @@ def pack_update_batch(
     "rollouts_B": np.zeros((num_rows,), np.float32),
   }
   for k in token_keys:
-    out[k] = np.zeros((num_rows, num_slots), np.asarray(batch[k]).dtype)
+    out[k] = np.zeros((num_rows, num_slots) + np.shape(batch[k])[2:], np.asarray(batch[k]).dtype)
   out["rollouts_B"][0] = b
   for r, segments in enumerate(scored_slots):
     k = 0

@@ -16,6 +16,7 @@ pass. Who the teacher is, what context it sees and how the context is inserted: 
 | teacher_plain | config.teacher.source | none (the rollout's own prompt) | logp_BxL, entropy_BxL |
 | teacher_privileged | config.teacher.source | per unit, the ground truth of the units before it (CrEST) | logp_BxL, entropy_BxL |
 | teacher_peer | config.teacher.source | a successful peer's transcript + gold answer | logp_BxL, entropy_BxL, peer_B |
+| teacher_peer_states | config.teacher.source | as teacher_peer | + hidden_BxLxD (its final hidden states) |
 | hindsight_skill | config.teacher.source | writes a skill from task, transcript and outcome | skills, skill_tokens_B, success_B |
 | teacher_skill | config.teacher.source | the rollout's hindsight skill | logp_BxL, entropy_BxL |
 | teacher_divergence | config.teacher.source | the environment's verified ground truth | + divergence_BxL (vs the policy) |
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 from typing import Any, Callable, Mapping, Sequence
 
@@ -151,9 +153,10 @@ class PassFns:
       self._cache[key] = build()
     return self._cache[key]
 
-  def teacher(self, teacher: Model, student: Model | None):
-    """(teacher_params, TeacherBatch, traj, student_params) -> TeacherPassResult, run under the mesh."""
-    key = ("teacher", id(teacher.graphdef), None if student is None else id(student.graphdef))
+  def teacher(self, teacher: Model, student: Model | None, *, hidden: bool = False):
+    """(teacher_params, TeacherBatch, traj, student_params) -> TeacherPassResult, run under the mesh (with `hidden`,
+    the teacher's hidden states too: `teacher_lib.teacher_pass`)."""
+    key = ("teacher", id(teacher.graphdef), None if student is None else id(student.graphdef), hidden)
     fn = self._get(
       key,
       lambda: teacher_lib.make_teacher_pass_fn(
@@ -162,6 +165,7 @@ class PassFns:
         self.temperature,
         student_graphdef=None if student is None else student.graphdef,
         student_rest=None if student is None else student.rest,
+        hidden=hidden,
       ),
     )
     return self._under_mesh(fn, teacher.rules)
@@ -355,11 +359,13 @@ def run_teacher(
   divergence: bool = False,
   context_cut_B: np.ndarray | None = None,
   insertions: Sequence | None = None,
+  hidden: bool = False,
 ) -> dict:
   """The teacher's log-probs and entropies (and divergence from the policy) on the rollouts' own action tokens,
   with each rollout's prompt replaced by `prompts[b]` (None: no context, the pass is invalid for it) and
   `insertions[b]` put into its continuation (`teacher_lib.build_teacher_batch`); `context_cut_B` (tokens cut from
-  each context, default 0) is returned as `context_cut_tokens_B`."""
+  each context, default 0) is returned as `context_cut_tokens_B`; with `hidden`, also the teacher's final hidden
+  states at the action tokens, `hidden_BxLxD` (its whole distribution there, with its head)."""
   teacher = ctx.models[ctx.teacher]
   student = ctx.models["policy"] if divergence else None
   batch = teacher_lib.build_teacher_batch(
@@ -370,7 +376,8 @@ def run_teacher(
     length_bucket=ctx.config.train.length_bucket,
     insertions=insertions,
   )
-  result = ctx.fns.teacher(teacher, student)(teacher.params, batch, traj, None if student is None else student.params)
+  fn = ctx.fns.teacher(teacher, student, hidden=True) if hidden else ctx.fns.teacher(teacher, student)
+  result = fn(teacher.params, batch, traj, None if student is None else student.params)
   cut = np.zeros(traj.batch_size, np.int32) if context_cut_B is None else np.asarray(context_cut_B, np.int32)
   return dict(result.arrays(), reasons=result.reasons, context_cut_tokens_B=cut)
 
@@ -461,12 +468,13 @@ def teacher_divergence(ctx: PassContext, traj: Trajectory) -> dict:
   return run_teacher(ctx, traj, prompts, divergence=True, context_cut_B=cut_B)
 
 
-def teacher_peer(ctx: PassContext, traj: Trajectory) -> dict:
+def teacher_peer(ctx: PassContext, traj: Trajectory, *, hidden: bool = False) -> dict:
   """The teacher shown a successful peer rollout of the same group, whole (its transcript is cut only when it exceeds
   `teacher.max_context_tokens`, derived by default to hold a whole rollout), then the gold answer (HSD).
 
   Peers come from `credit.hsd_select_peers` per group. Without a peer the context is the gold answer alone
-  (`fallback="gold"`) or the pass is invalid for that rollout (`fallback="skip"`, reason "no_peer").
+  (`fallback="gold"`) or the pass is invalid for that rollout (`fallback="skip"`, reason "no_peer"). With `hidden`
+  (the `teacher_peer_states` row, HSD's full-vocabulary distillation), the teacher's hidden states too.
   """
   k = ctx.knobs
   if k["fallback"] not in ("gold", "skip"):
@@ -493,7 +501,7 @@ def teacher_peer(ctx: PassContext, traj: Trajectory) -> dict:
     else:
       contexts.append(f"The correct final answer: {gold}" if k["fallback"] == "gold" else None)
   prompts, cut_B = _teacher_prompts(ctx, contexts)
-  out = run_teacher(ctx, traj, prompts, context_cut_B=cut_B)
+  out = run_teacher(ctx, traj, prompts, context_cut_B=cut_B, hidden=hidden)
   out["reasons"] = ["no_peer" if (c is None and r == "no_context") else r for c, r in zip(contexts, out["reasons"])]
   out["peer_B"] = peer_B
   return out
@@ -706,6 +714,11 @@ PASSES: dict[str, Pass] = {
   "teacher_plain": Pass(teacher_plain, _TEACHER),
   "teacher_privileged": Pass(teacher_privileged, _TEACHER),
   "teacher_peer": Pass(teacher_peer, _TEACHER + ("peer_B",)),
+  "teacher_peer_states": Pass(
+    functools.partial(teacher_peer, hidden=True),
+    _TEACHER + ("peer_B", "hidden_BxLxD"),
+    summary="teacher_peer with the teacher's hidden states (its whole distribution at each action token)",
+  ),
   "hindsight_skill": Pass(hindsight_skill, ("skills", "skill_tokens_B", "success_B", "valid_B", "reasons")),
   "teacher_skill": Pass(
     teacher_skill, _TEACHER, reads=("hindsight_skill/skills", "hindsight_skill/valid_B", "hindsight_skill/reasons")

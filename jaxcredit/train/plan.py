@@ -124,6 +124,7 @@ def abstract_step(
     "row": ((batch_size, seq_len), sharding.batch_sharding(mesh, 2)),
     "scored": ((batch_size, packed_slots or seq_len), sharding.batch_sharding(mesh, 2)),
     "rows": ((batch_size,), sharding.batch_sharding(mesh, 1)),
+    "scored_hidden": ((batch_size, packed_slots or seq_len, cfg.hidden_size), sharding.batch_sharding(mesh, 3)),
   }
   layout = step_lib.update_batch_layout(loss_cfg, packed=packed_slots > 0, behavior_weights=behavior_weights)
   batch = {

@@ -21,7 +21,13 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from jaxcredit import sharding
-from jaxcredit.sampling.logprobs import packed_slot_logprobs, sequence_logprobs
+from jaxcredit.sampling.logprobs import (
+  chunked_logprobs_and_entropies,
+  chunked_reverse_kl,
+  packed_slot_logprobs,
+  predictor_hidden_states,
+  sequence_logprobs,
+)
 from jaxcredit.train import loss as loss_lib
 
 
@@ -193,6 +199,32 @@ def distill_term(logp_BxL, mb: dict, cfg: PolicyLossConfig):
   return mb["distill_weight_BxL"] * gap * logp_BxL, {"distill_gap": gap}
 
 
+def reference_kl_term(logp_BxL, mb: dict, cfg: PolicyLossConfig):
+  """A method's own KL to the frozen reference (HSD's beta KL(pi_theta || pi_0)): the k-estimator of `kl_term`,
+  weighted by the method's knob `beta` rather than `loss.kl_coef`."""
+  kl = loss_lib.kl_penalty(logp_BxL, mb["ref_logp_BxL"], cfg.kl_estimator)
+  return kl, {"reference_kl": kl}
+
+
+def vocab_kl_term(logp_BxL, mb: dict, cfg: PolicyLossConfig, *, student):
+  """Full-vocabulary KL(teacher || student) at each scored token, weighted by `vocab_kl_weight_BxL` (HSD's
+  objective; docs/credit.md, "HSD"):
+
+      kl_t = Σ_v q_t(v) (log q_t(v) - log p_t(v)),  q_t = softmax(sg(h_teacher,t) · sg(W) / T),
+                                                    p_t = softmax(h_t · W / T)
+
+  with h_teacher = `teacher_hidden_BxLxD` (the teacher's final hidden state that predicted the token, from the
+  pass), W the current output head (stop-gradient on the teacher's side), h_t the student's hidden state
+  (`student` = (h_BxLxD, head_DxV), `predictor_hidden_states`) and T the sampling temperature. Computed chunked over
+  the vocabulary (`sampling.logprobs.chunked_reverse_kl` with the teacher as its first model), so no [B, L, V] array
+  exists; the gradient flows into the student only."""
+  h_BxLxD, head_DxV = student
+  teacher_BxLxD = jax.lax.stop_gradient(mb["teacher_hidden_BxLxD"].astype(h_BxLxD.dtype))
+  kl = chunked_reverse_kl(teacher_BxLxD, jax.lax.stop_gradient(head_DxV), h_BxLxD, head_DxV, cfg.temperature)
+  weight = mb["vocab_kl_weight_BxL"]
+  return jnp.where(weight > 0, weight * kl, 0.0), {"vocab_kl": jnp.where(weight > 0, kl, 0.0)}
+
+
 def nll_term(logp_BxL, mb: dict, cfg: PolicyLossConfig):
   """Cross-entropy on the action tokens (supervised warm start)."""
   return loss_lib.token_cross_entropy(logp_BxL), {"nll": -logp_BxL}
@@ -214,6 +246,9 @@ class LossTerm:
   # A method that declares the term caps its gradient with this knob: the largest ratio of its gradient's norm to
   # the other terms' (PolicyLossConfig.grad_caps; inf: no cap).
   cap_knob: str | None = None
+  # The term reads the student's whole predicted distribution: `fn(logp, mb, cfg, student=(h_BxLxD, head_DxV))`
+  # with the final hidden states that predict the scored tokens (`pg_token_loss`).
+  reads_hidden: bool = False
 
   def __post_init__(self):
     if self.coef is None and not self.knob:
@@ -236,6 +271,18 @@ LOSS_TERMS: dict[str, LossTerm] = {
     cap_knob="distill_max_grad_ratio",
   ),
   "nll": LossTerm(nll_term, lambda c: 1.0, lambda c: "token-mean"),
+  # HSD (arXiv 2606.15576, summaries): the full-vocabulary KL to the peer-conditioned self-teacher, averaged over a
+  # rollout's tokens and then over the rollouts (1/|o_i|, 1/G), and beta KL to the reference, weighted by its knob.
+  "vocab_kl": LossTerm(
+    vocab_kl_term,
+    lambda c: 1.0,
+    lambda c: "seq-mean-token-mean",
+    ("teacher_hidden_BxLxD", "vocab_kl_weight_BxL"),
+    reads_hidden=True,
+  ),
+  "reference_kl": LossTerm(
+    reference_kl_term, None, lambda c: "seq-mean-token-mean", ("ref_logp_BxL",), knob="beta"
+  ),
 }
 
 
@@ -267,10 +314,15 @@ PACKED_ARRAYS: dict[str, tuple[str, str]] = {
 }
 
 
+TRAINER_ARRAYS = frozenset({"ref_logp_BxL"})
+"""Loss-term arrays the trainer fills whenever an active term reads them (the reference's log-probs of the sampled
+tokens: `rl_step.loss_batch`), not the method."""
+
+
 def reserved_batch_keys() -> frozenset[str]:
   """The update batch's arrays that the trainer or a built-in loss term fills (`BATCH_ARRAYS`, `PACKED_ARRAYS`, the
   built-in terms' `batch_keys`): a method's `MethodOutput.loss_arrays` may not replace them."""
-  builtin = ("policy", "kl", "distill", "nll")
+  builtin = ("policy", "kl", "distill", "nll")  # the rows below them read arrays a method gives (loss_arrays)
   return (
     frozenset(BATCH_ARRAYS)
     | frozenset(PACKED_ARRAYS)
@@ -282,11 +334,12 @@ def update_batch_layout(cfg: PolicyLossConfig, *, packed: bool, behavior_weights
   """{array name: (extent, dtype)} of the update batch for the loss `cfg`: the token arrays, each active loss term's
   own arrays (`LossTerm.batch_keys`, float32 at the scored slots), the importance weights of another engine or of
   stale rollouts when `behavior_weights`, and the packed layout's arrays when `packed` (`jaxcredit.train.packing`).
-  Extents: "row" [B, L], "scored" [B, L] or [B, K] packed, "rows" [B]."""
+  Extents: "row" [B, L], "scored" [B, L] or [B, K] packed, "scored_hidden" [B, L, D] or [B, K, D] (a `*_BxLxD`
+  key: D the model's hidden width), "rows" [B]."""
   layout = {k: v for k, v in BATCH_ARRAYS.items() if k != "behavior_weight_BxL" or behavior_weights}
   for term in loss_terms(cfg):
     for key in LOSS_TERMS[term].batch_keys:
-      layout[key] = ("scored", "float32")
+      layout[key] = ("scored_hidden" if key.endswith("_BxLxD") else "scored", "float32")
   if packed:
     layout.update(PACKED_ARRAYS)
   return layout
@@ -322,13 +375,31 @@ def _scored_logp(graphdef, params, rest, mb: dict, temperature):
   )
 
 
+def _scored_hidden(graphdef, params, rest, mb: dict, temperature):
+  """(logp, (h, head)) of a micro-batch's scored tokens: their log-probs as `_scored_logp` and the final hidden
+  states that predict them with the output head, for terms that read the whole distribution (`LossTerm.reads_hidden`)."""
+  model = nnx.merge(graphdef, params, rest)
+  packing = {k: mb[k] for k in ("positions_BxL", "segment_ids_BxL", "prefix_limit_BxL", "slots_BxK") if k in mb}
+  h, targets, valid = predictor_hidden_states(model, mb["tokens_BxL"], mb["token_mask_BxL"], **packing)
+  head = model.output_head_DxV()
+  logp, _ = chunked_logprobs_and_entropies(h, head, targets, temperature)
+  return jnp.where(valid, logp, 0.0), (h, head)
+
+
 def pg_token_loss(graphdef, params, rest, mb: dict, cfg: PolicyLossConfig):
   """The active loss terms of one micro-batch: ({name: per-token values}, diagnostics). mb holds *_BxL arrays,
-  unpacked (trajectory rows) or packed (`jaxcredit.train.packing`: the per-token arrays at the scored slots)."""
-  logp = _scored_logp(graphdef, params, rest, mb, cfg.temperature)
+  unpacked (trajectory rows) or packed (`jaxcredit.train.packing`: the per-token arrays at the scored slots).
+  A term that reads the whole distribution (`LossTerm.reads_hidden`) also gets the student's hidden states."""
+  terms = loss_terms(cfg)
+  student = None
+  if any(LOSS_TERMS[name].reads_hidden for name in terms):
+    logp, student = _scored_hidden(graphdef, params, rest, mb, cfg.temperature)
+  else:
+    logp = _scored_logp(graphdef, params, rest, mb, cfg.temperature)
   values, diag = {}, {}
-  for name in loss_terms(cfg):
-    values[name], d = LOSS_TERMS[name].fn(logp, mb, cfg)
+  for name in terms:
+    term = LOSS_TERMS[name]
+    values[name], d = term.fn(logp, mb, cfg, student=student) if term.reads_hidden else term.fn(logp, mb, cfg)
     diag.update(d)
   return values, diag
 

@@ -133,6 +133,8 @@ def _warm_start_and_rl(run: Run, sft_only: bool, stop: StopRequests) -> tuple[An
     warmup_steps=c.optim.warmup_steps,
     weight_decay=c.optim.weight_decay,
     max_grad_norm=c.optim.max_grad_norm,
+    b1=c.optim.b1,
+    b2=c.optim.b2,
   )
   opt_sh = step_lib.opt_state_shardings(optimizer, run.params, run.params_shardings, run.mesh)
   data = data_iterator(len(run.train_tasks), c.rollout.prompts_per_step, seed=c.seed)
@@ -174,7 +176,9 @@ def _warm_start_and_rl(run: Run, sft_only: bool, stop: StopRequests) -> tuple[An
     opt_sh,
     num_micro=c.train.num_micro_batches,
   )
-  ref_logp = step_lib.make_logp_fn(run.graphdef, run.rest, c.sampling.temperature) if c.loss.kl_coef > 0 else None
+  # The reference's log-probs when a loss term reads them: the KL term (loss.kl_coef > 0) or a method's own (HSD's).
+  reads_ref = any("ref_logp_BxL" in step_lib.LOSS_TERMS[t].batch_keys for t in step_lib.loss_terms(loss_config_of(c)))
+  ref_logp = step_lib.make_logp_fn(run.graphdef, run.rest, c.sampling.temperature) if reads_ref else None
   return _rl_steps(run, params, opt_state, ref_params, data, update, ref_logp, rl_step, stop)
 
 

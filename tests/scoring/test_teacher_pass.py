@@ -235,6 +235,34 @@ def test_pass_matches_plain_forward_over_the_teacher_sequence(tiny, slot_bucket)
   assert set(res.arrays()) == {"logp_BxL", "entropy_BxL", "divergence_BxL", "student_entropy_BxL", "valid_B"}
 
 
+@pytest.mark.parametrize("slot_bucket", [None, 8])
+def test_hidden_states_give_the_teachers_whole_distribution(tiny, slot_bucket):
+  """With `hidden` (HSD's full-vocabulary distillation), the pass also returns the teacher's final hidden state that
+  predicts each action token: with the teacher's head it gives the pass's own log-prob of the token, and the teacher
+  forward's distribution at the mapped position; 0 off the action tokens and on an invalid rollout."""
+  tok, teacher, _ = tiny
+  traj = tiny_rollouts(tok)
+  prompts = [tp.teacher_prompt_ids(tok, messages(q), "The answer is 42.", max_context_tokens=64) for q in QUESTIONS]
+  prompts[2] = None  # no context: invalid
+  batch = tp.build_teacher_batch(traj, prompts, max_len=512, pad_id=tok.pad_id, length_bucket=32)
+  res = run_pass(teacher, batch, traj, vocab_chunk=100, slot_bucket=slot_bucket, hidden=True)
+  assert "hidden_BxLxD" in res.arrays()
+  h = res.hidden_BxLxD
+  assert h.shape == traj.tokens_BxL.shape + (teacher.cfg.hidden_size,) and h.dtype == np.float32
+  z = np.asarray(teacher.logits(jnp.asarray(h)), np.float64) / TEMP
+  logz = np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1)) + z.max(-1)
+  logp = np.take_along_axis(z, traj.tokens_BxL[..., None].astype(np.int64), -1)[..., 0] - logz
+  gd_t, st_t = nnx.split(teacher)
+  z_t = np.asarray(_full_logits(gd_t, st_t, batch.tokens_BxS, batch.token_mask_BxS), np.float64) / TEMP
+  for i in (0, 1):
+    ps, qs = mapped_positions(traj, batch, i)
+    ps, qs = ps[ps >= 1], qs[ps >= 1]
+    np.testing.assert_allclose(logp[i, ps], res.logp_BxL[i, ps], atol=1e-5)
+    np.testing.assert_allclose(z[i, ps], z_t[i, qs - 1], atol=1e-4)
+  assert not h[2].any() and not h[~traj.action_mask_BxL].any()
+  assert run_pass(teacher, batch, traj, vocab_chunk=100, slot_bucket=slot_bucket).hidden_BxLxD is None
+
+
 def test_invalid_rollouts_get_zero_and_a_reason(tiny):
   tok, teacher, student = tiny
   traj = tiny_rollouts(tok, long_index=2)

@@ -146,16 +146,40 @@ def test_toolopd_weights_only_valid_rollouts_and_keeps_grpo_advantage():
   assert out.metrics["toolopd_credited_frac"] == pytest.approx(1 / 3)
 
 
-def test_hsd_adds_clipped_peer_teacher_ratio():
+def test_hsd_grpo_adds_clipped_peer_teacher_ratio():
+  """The earlier reading (`hsd_grpo`): GRPO plus dense_coef times the clipped sampled-token log-ratio."""
   traj = _traj()
   logp = np.where(traj.action_mask_BxL, traj.behavior_logp_BxL + 3.0, 0.0)
   traj.passes["teacher_peer"] = _teacher(
     traj, logp=logp, valid=[True, True, True, False], peer_B=np.asarray([-1, 0, 0, 0])
   )
-  k = _knobs("hsd", dense_coef=0.5, clip=1.0)
-  out = METHODS["hsd"].advantages(traj, k)
+  k = _knobs("hsd_grpo", dense_coef=0.5, clip=1.0)
+  out = METHODS["hsd_grpo"].advantages(traj, k)
   _assert_seq(out.adv_BxL, traj, GRPO + np.asarray([0.5, 0.5, 0.5, 0.0]))  # clip(3) = 1; invalid: 0
   assert out.metrics["hsd_peers_found_frac"] == pytest.approx(0.75)
+  assert METHODS["hsd_grpo"].variant_of == "hsd" and METHODS["hsd_grpo"].loss_terms == ()
+
+
+def test_hsd_has_no_reward_term_and_distils_every_valid_rollout():
+  """HSD as its paper trains: zero advantages whatever the rewards, the full-vocabulary KL on the action tokens of
+  every rollout whose pass is valid (peer or gold-answer fallback), the teacher's hidden states passed through."""
+  traj = _traj()
+  hidden = np.random.default_rng(0).normal(size=(B, L, 5)).astype(np.float32)
+  logp = np.where(traj.action_mask_BxL, traj.behavior_logp_BxL + 0.25, 0.0)
+  traj.passes["teacher_peer_states"] = _teacher(
+    traj, logp=logp, valid=[True, True, True, False], peer_B=np.asarray([-1, 0, 0, 0]), hidden_BxLxD=hidden
+  )
+  out = METHODS["hsd"].advantages(traj, _knobs("hsd"))
+  assert not out.adv_BxL.any()
+  arrays = out.batch_arrays()
+  np.testing.assert_array_equal(arrays["teacher_hidden_BxLxD"], hidden)
+  want = traj.action_mask_BxL & np.asarray([True, True, True, False])[:, None] & traj.sample_mask_B[:, None]
+  np.testing.assert_array_equal(arrays["vocab_kl_weight_BxL"], want.astype(np.float32))
+  assert out.metrics["hsd_peers_found_frac"] == pytest.approx(0.75)
+  gap = out.details["teacher_gap_BxL"]
+  np.testing.assert_allclose(gap[want], 0.25, rtol=1e-6)  # the paper's diagnostic credit, for the viewer
+  assert np.isnan(gap[~want]).all()
+  assert METHODS["hsd"].loss_terms == ("vocab_kl", "reference_kl") and METHODS["hsd"].knobs["beta"] == 0.001
 
 
 @pytest.mark.parametrize("name", ["gear", "gear_v0"])

@@ -123,7 +123,7 @@ def test_every_shipped_config_derives_budgets_that_hold_a_whole_rollout_and_the_
     assert context >= c.sampling.max_len + c.sampling.max_new_tokens, path
     assert seq >= c.sampling.max_len + context, path
     checked.add(c.credit.method)
-  assert checked == {"crest", "hsd", "gear", "gear_v0", "toolopd", "opd", "sgcd", "sgcd_v0"}
+  assert checked == {"crest", "hsd", "hsd_grpo", "gear", "gear_v0", "toolopd", "opd", "sgcd", "sgcd_v0"}
   c = config_lib.base_config()
   c.credit.method = "crest"
   assert config_lib.teacher_budgets(c)[0] == 288 + 48 + config_lib.TEACHER_CONTEXT_SLACK
