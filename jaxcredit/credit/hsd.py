@@ -143,9 +143,7 @@ def hsd_token_kl(
   teacher = jnp.asarray(teacher_logits)
   student = jnp.asarray(student_logits)
   if teacher.ndim != 2 or student.shape != teacher.shape:
-    raise ValueError(
-      f"{fn}: teacher_logits {teacher.shape} and student_logits {student.shape} must both be [L, V]"
-    )
+    raise ValueError(f"{fn}: teacher_logits {teacher.shape} and student_logits {student.shape} must both be [L, V]")
   shapes = _checks.Shapes(fn)
   action_L = shapes.mask("action_mask", action_mask, "L")
   if action_L.shape[0] != teacher.shape[0]:

@@ -478,7 +478,8 @@ def teacher_peer(ctx: PassContext, traj: Trajectory, *, hidden: bool = False) ->
   """
   k = ctx.knobs
   if k["fallback"] not in ("gold", "skip"):
-    raise ValueError(f"config.credit.hsd.fallback must be 'gold' or 'skip', got {k['fallback']!r}")
+    method = ctx.config.credit.method  # hsd or hsd_grpo
+    raise ValueError(f"config.credit.{method}.fallback must be 'gold' or 'skip', got {k['fallback']!r}")
   idx_PxG = group_index(traj.group_ids_B)
   keys = jax.random.split(ctx.key, idx_PxG.shape[0])
   select = jax.jit(

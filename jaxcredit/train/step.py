@@ -280,9 +280,7 @@ LOSS_TERMS: dict[str, LossTerm] = {
     ("teacher_hidden_BxLxD", "vocab_kl_weight_BxL"),
     reads_hidden=True,
   ),
-  "reference_kl": LossTerm(
-    reference_kl_term, None, lambda c: "seq-mean-token-mean", ("ref_logp_BxL",), knob="beta"
-  ),
+  "reference_kl": LossTerm(reference_kl_term, None, lambda c: "seq-mean-token-mean", ("ref_logp_BxL",), knob="beta"),
 }
 
 

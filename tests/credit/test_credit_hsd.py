@@ -87,3 +87,25 @@ def test_errors(call, message):
   with pytest.raises(ValueError) as info:
     call()
   assert message in str(info.value)
+
+
+def test_hsd_worked_example_by_hand():
+  """docs/credit.md, "HSD", worked example. Four tokens of one rollout, token 0 off the action mask; a vocabulary of
+  three; logits = log-probabilities (T = 1).
+
+  token 1: q = (1/2, 1/4, 1/4), p = (1/4, 1/2, 1/4):  KL = 1/2 ln 2 + 1/4 ln 1/2 + 0 = ln 2 / 4
+  token 2: q = p = (1/3, 1/3, 1/3) (the context changes nothing):  KL = 0
+  token 3: q = (1/2, 1/4, 1/4), p = (1/2, 1/8, 3/8):  KL = 0 + 1/4 ln 2 + 1/4 ln 2/3 = ln(4/3) / 4
+  the rollout's objective (1/|o|) Σ_t KL_t = (ln 2 + ln 4/3) / 12 = ln(8/3) / 12
+  d KL_1 / d z_student = p - q = (-1/4, 1/4, 0); the diagnostic credit of token 1 sampled as v = 0: ln q - ln p = ln 2
+  """
+  q = np.log(np.asarray([[1, 1, 1], [2, 1, 1], [1, 1, 1], [2, 1, 1]], np.float64) / [[3], [4], [3], [4]])
+  p = np.log(np.asarray([[1, 1, 1], [1, 2, 1], [1, 1, 1], [4, 1, 3]], np.float64) / [[3], [4], [3], [8]])
+  action = np.asarray([False, True, True, True])
+  kl = np.asarray(credit.hsd_token_kl(q.astype(np.float32), p.astype(np.float32), action))
+  np.testing.assert_allclose(kl, [0.0, np.log(2) / 4, 0.0, np.log(4 / 3) / 4], rtol=1e-5, atol=1e-7)
+  assert float(kl[action].mean()) == pytest.approx(np.log(8 / 3) / 12, rel=1e-5)
+  grad = jax.grad(lambda s: credit.hsd_token_kl(q.astype(np.float32), s, action)[1])(p.astype(np.float32))
+  np.testing.assert_allclose(np.asarray(grad)[1], [-0.25, 0.25, 0.0], atol=1e-6)
+  credit_1 = credit.hsd_token_advantages(q[:, 0], p[:, 0], action, clip=float("inf"))[1]
+  assert float(credit_1) == pytest.approx(np.log(2), rel=1e-6)

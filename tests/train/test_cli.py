@@ -122,8 +122,8 @@ def test_a_knob_at_the_edge_the_credit_function_allows_passes_validation():
   c.teacher.context_wrapper = ""  # no insertion
   validate(c)
   c = base_config()
-  c.credit.method = "hsd"
-  c.credit.hsd.clip = float("inf")  # an infinite knob the credit function allows: no clip on the log-ratio
+  c.credit.method = "hsd_grpo"
+  c.credit.hsd_grpo.clip = float("inf")  # an infinite knob the credit function allows: no clip on the log-ratio
   validate(c)
 
 

@@ -20,11 +20,6 @@ PAPER_CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "paper", "*.py"))
 def _load(path):
   return load_config(os.path.splitext(os.path.basename(path))[0], os.path.dirname(path))
 
-  spec = importlib.util.spec_from_file_location("paper_config", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
-
 
 def test_every_method_of_the_papers_has_a_config():
   methods = {_load(p).credit.method for p in PAPER_CONFIGS}
