@@ -185,6 +185,14 @@ CHAIN = {"skip_prob": 0.25, "slip_prob": 0.03}
 # when all are right (`envs/session.py`, CrEST's regime), with the chain's demonstration habits.
 SESSION = {"skip_prob": 0.25, "slip_prob": 0.03}
 
+# The starved tasks (issue 51: the papers' regime, where most of GRPO's groups hold no success): the same
+# environments with longer chains and more requests, the same demonstration habits, so a warm start succeeds on a few
+# percent of them. In `jaxcredit train` they are the settings config.env.chain.{min,max}_steps and
+# config.env.session.{min,max}_requests. The controls change only the reward: chain progress (reward "progress") and
+# the share of requests right (reward "unit_fraction").
+CHAIN_LONG = {**CHAIN, "min_steps": 10, "max_steps": 14}
+SESSION_LONG = {**SESSION, "min_requests": 8, "max_requests": 10}
+
 CHAT_TEMPLATE = (
   "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + "
   "'\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
@@ -299,12 +307,34 @@ TASKS = {
     "copy_piece": lambda text: len(text) == 1 and text in "0123456789+-*",
     "eval_greedy": False,  # sampled, as arithmetic: a habit taken on some samples is visible in the success
   },
+  "chain_long": {
+    "env": "chain",
+    "env_config": CHAIN_LONG,
+    "tokenizer_texts": task_texts,
+    "max_new_tokens": 40,
+    "max_len": 640,  # demonstrations run to about 300 tokens (410 at most)
+    "vocab_size": 512,
+    "individual_digits": True,
+    "copy_piece": lambda text: len(text) == 1 and text in "0123456789+-*",
+    "eval_greedy": False,
+  },
   "session": {
     "env": "session",
     "env_config": SESSION,
     "tokenizer_texts": task_texts,
     "max_new_tokens": 40,
     "max_len": 512,  # demonstrations run to 290 tokens (360 at most) in the chain's vocabulary
+    "vocab_size": 512,
+    "individual_digits": True,
+    "copy_piece": lambda text: len(text) == 1 and text in "0123456789+-*",
+    "eval_greedy": False,
+  },
+  "session_long": {
+    "env": "session",
+    "env_config": SESSION_LONG,
+    "tokenizer_texts": task_texts,
+    "max_new_tokens": 40,
+    "max_len": 896,  # demonstrations run to about 470 tokens (620 at most)
     "vocab_size": 512,
     "individual_digits": True,
     "copy_piece": lambda text: len(text) == 1 and text in "0123456789+-*",

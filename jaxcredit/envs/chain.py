@@ -43,11 +43,18 @@ CONFIG_DEFAULTS: dict[str, Any] = {
   "skip_prob": 0.0,
   "slip_prob": 0.0,
   "show_next_step": True,
+  "reward": "outcome",
 }
 """`config.env.chain`: steps per task (4-8), the largest operand of a "+" or "-" step, calls allowed beyond one per
 step (`max_tool_calls = max_steps + extra_calls`), the warm-start demonstrations' habits (`demonstration`: the
-chance per step of doing it in the head, and of copying a result wrongly), and whether a result names the next step
-(`ChainEnv`)."""
+chance per step of doing it in the head, and of copying a result wrongly), whether a result names the next step
+(`ChainEnv`), and the reward (`REWARDS`)."""
+
+REWARDS = ("outcome", "progress")
+"""`config.env.chain.reward`: "outcome", 1.0 for the right final number, else 0.0 (TRACE's sparse reward); "progress",
+a shaped reward (the control that separates credit assignment from a denser reward, issue 51): 1.0 for the right
+final number, else the steps the calls reached over the steps plus the answer, (j / (n + 1)) < 1 (`ChainEnv.progress`
+times n / (n + 1)). Success is the right final number under both (reward >= 1)."""
 
 SYSTEM_PROMPT = tool_calls.calculator_prompt(
   "Apply the steps in order, one at a time. The calculator does one operation on two numbers per call; write:",
@@ -230,9 +237,12 @@ class ChainEnv(arithmetic.ArithmeticEnv):
   did not learn in 1,200 warm-start steps (held-out success 0.000; docs/benchmarks.md).
   """
 
-  def __init__(self, task: ChainTask, max_tool_calls: int, show_next_step: bool = True):
+  def __init__(self, task: ChainTask, max_tool_calls: int, show_next_step: bool = True, reward: str = "outcome"):
     super().__init__(task, max_tool_calls=max_tool_calls, tools={"calculator": self._calculator})
+    if reward not in REWARDS:
+      raise ValueError(f"config.env.chain.reward must be one of {REWARDS}, got {reward!r}")
     self.show_next_step = bool(show_next_step)
+    self.reward_kind = reward
     self.results: list[int] = []
     self.next_step = 0  # the index of the first step no call has reached
 
@@ -250,6 +260,15 @@ class ChainEnv(arithmetic.ArithmeticEnv):
       return f"{result}; no steps left"
     op, operand = self.task.steps[self.next_step]
     return f"{result}; next: {op}{operand}"
+
+  def reward(self) -> float:
+    """The outcome (`ArithmeticEnv.reward`: 1.0 for the right final number); with reward "progress", a wrong or missing
+    answer earns the fraction of the chain reached, progress · n / (n + 1) < 1 (`REWARDS`)."""
+    outcome = super().reward()
+    if self.reward_kind == "outcome" or outcome >= 1.0 or not self.done:
+      return outcome
+    steps = len(self.task.steps)
+    return self.progress() * steps / (steps + 1)
 
   def progress(self) -> float:
     """How far along the chain the rollout's calls got: the largest j such that the task's value after step j is
@@ -347,7 +366,8 @@ def env_spec(env_config=None) -> spec.EnvSpec:
   """The chain environment as an `EnvSpec` (the `ENVS["chain"]` row), from the `config.env.chain` node.
 
   Keys (`CONFIG_DEFAULTS`): min_steps, max_steps, max_operand (tasks); extra_calls (the call budget beyond one per
-  step); skip_prob, slip_prob (the warm start's demonstrations); show_next_step (tool results name the next step). A rollout has at most max_steps + extra_calls + 1
+  step); skip_prob, slip_prob (the warm start's demonstrations); show_next_step (tool results name the next step);
+  reward ("outcome" or "progress", `REWARDS`). A rollout has at most max_steps + extra_calls + 1
   assistant turns.
 
   Raises:
@@ -361,6 +381,9 @@ def env_spec(env_config=None) -> spec.EnvSpec:
   min_steps, max_steps, max_operand = int(get("min_steps")), int(get("max_steps")), int(get("max_operand"))
   extra_calls, skip_prob, slip_prob = int(get("extra_calls")), float(get("skip_prob")), float(get("slip_prob"))
   show_next_step = bool(get("show_next_step"))
+  reward = str(get("reward"))
+  if reward not in REWARDS:
+    raise ValueError(f"config.env.chain.reward must be one of {REWARDS}, got {reward!r}")
   _check_sizes(min_steps, max_steps, max_operand)
   if extra_calls < 0:
     raise ValueError(f"config.env.chain.extra_calls must be >= 0, got {extra_calls}")
@@ -370,11 +393,11 @@ def env_spec(env_config=None) -> spec.EnvSpec:
     make_tasks=lambda split, num, seed: make_tasks(
       split, num, seed, min_steps=min_steps, max_steps=max_steps, max_operand=max_operand
     ),
-    make_env=lambda task: ChainEnv(task, max_tool_calls=max_tool_calls, show_next_step=show_next_step),
+    make_env=lambda task: ChainEnv(task, max_tool_calls=max_tool_calls, show_next_step=show_next_step, reward=reward),
     initial_messages=initial_messages,
     stop_strings=(tool_calls.TOOL_CALL_CLOSE, tool_calls.ANSWER_CLOSE),
     max_turns=max_tool_calls + 1,
-    is_success=lambda reward: reward > 0.5,
+    is_success=lambda r: r >= 1.0,
     demonstration=lambda task, rng: demonstration(task, rng, skip_prob, slip_prob, show_next_step),
     gold_answer_text=lambda task: tool_calls.render_answer(task.answer),
     privileged_info=privileged_info,

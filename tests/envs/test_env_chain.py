@@ -113,6 +113,21 @@ def test_a_broken_chain_fails_with_the_steps_before_the_break_counted(train_task
   env.step(tool_calls.render_answer(str(value)))
   assert env.reward() == 0.0
   assert env.progress() == pytest.approx(2 / len(task.steps))
+  # The shaped control (reward "progress"): the two steps reached of n, plus the answer: 2 / (n + 1); success no.
+  shaped = chain.ChainEnv(task, max_tool_calls=len(task.steps) + 2, reward="progress")
+  value = task.start
+  for i, (op, operand) in enumerate(task.steps):
+    value += 1 if i == 2 else 0
+    shaped.step(_call(f"{value}{op}{operand}"))
+    value = _apply(value, op, operand)
+  assert shaped.reward() == 0.0  # not before the end
+  shaped.step(tool_calls.render_answer(str(value)))
+  assert shaped.reward() == pytest.approx(2 / (len(task.steps) + 1))
+  spec = ENVS["chain"].make_spec(base_config().env.chain)
+  assert not spec.is_success(shaped.reward()) and spec.is_success(1.0)
+  right = chain.ChainEnv(task, max_tool_calls=2, reward="progress")  # the right answer from the head: 1, as outcome
+  right.step(tool_calls.render_answer(task.answer))
+  assert right.reward() == 1.0
   budget = chain.ChainEnv(task, max_tool_calls=1)  # a call past the budget ends the rollout
   budget.step(_call(f"{task.start}{task.steps[0][0]}{task.steps[0][1]}"))
   r = budget.step(_call("1+1"))
@@ -173,7 +188,7 @@ def test_the_env_row_builds_from_its_config_node_and_refuses_by_key():
   assert spec.privileged_info(task).endswith(f"so the final answer is <answer>{task.answer}</answer>")
   demo = spec.demonstration(task, random.Random(0))
   assert sum(m["role"] == "tool" for m in demo) == (len(task.steps) + 1) // 2  # skip_prob reaches the demonstrations
-  for key, bad in (("extra_calls", -1), ("skip_prob", 2.0), ("min_steps", 0)):
+  for key, bad in (("extra_calls", -1), ("skip_prob", 2.0), ("min_steps", 0), ("reward", "shaped")):
     bad_node = base_config().env.chain
     bad_node[key] = bad
     with pytest.raises(ValueError, match=f"config.env.chain.{key}"):
