@@ -105,6 +105,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from machine import cpu_info  # noqa: E402  (benchmarks/, on the path as for every benchmark script)
 
 # The environment: `search` alone, its one result showing the whole document (they run to about 600 characters), so
 # each hop is one search; chains of 1 to 3 hops and a budget of two calls per hop (redundant searches fit). With
@@ -841,7 +842,13 @@ def summarize(
       m["steps_to_grpo_final_mean"] = float(np.mean(hit)) if hit else None
       m["reached_grpo_final"] = f"{len(hit)}/{len(reach)}"
   result = {
-    "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg_1m": os.getloadavg()[0]},
+    "machine": {
+      "cpus": os.cpu_count(),
+      "platform": platform.platform(),
+      "load_avg_1m": os.getloadavg()[0],
+      **cpu_info(),  # the CPU model and vector extensions: XLA's CPU code, and so the rounding, follows them
+      "xla_flags": os.environ.get("XLA_FLAGS", ""),
+    },
     "settings": settings,
     "env": TASKS[args.task]["env_config"],
     "warm_start_success": start,

@@ -219,8 +219,13 @@ def _credit(command: str, args: list[str]) -> int:
     return error
   from jaxcredit.train import offline_credit
 
+  from jaxcredit.output_lock import OutputBusyError, hold
+
   try:
-    info = offline_credit.credit_file(config, paths["--in"], paths["--out"])
+    with hold(paths["--out"], "credit", is_file=True):
+      info = offline_credit.credit_file(config, paths["--in"], paths["--out"])
+  except OutputBusyError as e:
+    return _fail(command, f"error: {e}")
   except (ValueError, OSError) as e:
     return _fail(command, f"error: {e}")
   print(
@@ -246,11 +251,14 @@ def _train(command: str, args: list[str]) -> int:
       return _fail(command, f"error: {error}")
     if _validate(command, config):
       return 2
+  from jaxcredit.output_lock import OutputBusyError
   from jaxcredit.sampling.vllm_engine import EngineError
   from jaxcredit.train import stopping, trainer
 
   try:
     trainer.train(config, sft_only=(command == "sft"))
+  except OutputBusyError as e:
+    return _fail(command, f"error: {e}")
   except (ValueError, NotImplementedError, FileNotFoundError, FloatingPointError, EngineError) as e:
     return _fail(command, f"error: {e}", 1)
   except stopping.TrainingStopped as e:  # SIGTERM (preemption) or Ctrl-C during RL: the step was checkpointed
@@ -525,8 +533,12 @@ def _eval(command: str, args: list[str]) -> int:
   from jaxcredit.sampling.vllm_engine import EngineError
   from jaxcredit.train import evaluate
 
+  from jaxcredit.output_lock import OutputBusyError
+
   try:
     info = evaluate.evaluate_model(config, model=model, out_dir=out, samples=samples)
+  except OutputBusyError as e:
+    return _fail(command, f"error: {e}")
   except (ValueError, OSError) as e:  # OSError: a missing model, an unreadable folder
     return _fail(command, f"error: {_one_line(e)}")
   except EngineError as e:

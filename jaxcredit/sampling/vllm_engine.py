@@ -350,7 +350,8 @@ class VLLMEngine:
     """Samples a completion of each prompt (token ids) on the server. Same contract as `Sampler.generate`.
 
     Greedy (`params.top_p <= 1 / vocab`) is sent as temperature 0. Each row's seed comes from `key`. A token the
-    server returns without a log-prob (null) gets NaN in `logprobs` (the trainer leaves it out of the loss).
+    server returns without a log-prob (null, or vLLM's -9999.0 for -inf) gets NaN in `logprobs` (the trainer leaves it
+    out of the loss).
 
     Raises:
       ValueError: top_p < 1 on a sampled (not greedy) call: the server's log-probs would be renormalised over the
@@ -394,7 +395,7 @@ class VLLMEngine:
       ids = [int(t[len(_TOKEN_PREFIX) :]) for t in lp.get("tokens", [])]
       # A token without a log-prob (null) is NaN, not -inf: -inf would read as "impossible under the engine" and
       # give the token the largest importance weight; the trainer leaves NaN tokens out of the loss.
-      values = [(np.nan if v is None else float(v)) for v in lp.get("token_logprobs", [])]
+      values = [_logprob_or_nan(v) for v in lp.get("token_logprobs", [])]
       if len(ids) != len(values):
         raise EngineError(f"{self.url}: {len(ids)} tokens but {len(values)} log-probs in a completion")
       tokens.append(ids)
@@ -403,6 +404,23 @@ class VLLMEngine:
       self.stats["rows"] += 1
       self.stats["decode_tokens"] += len(ids)
     return SampleOutput(tokens=tokens, logprobs=logprobs, finish_reasons=reasons)
+
+
+VLLM_LOGPROB_FLOOR = -9999.0
+"""vLLM's OpenAI server writes a log-prob of -inf as -9999.0 (its JSON clamp): at or below it there is no log-prob."""
+
+
+def _logprob_or_nan(value) -> float:
+  """A server log-prob as a float, NaN where there is none: null, a non-number, a non-finite value, or vLLM's -inf
+  sentinel (`VLLM_LOGPROB_FLOOR`); the trainer leaves such tokens out of the loss (`update.drop_invalid_behavior_logp`)
+  instead of reading a sentinel as a real probability (it would get the largest importance weight)."""
+  if value is None or isinstance(value, bool):
+    return float("nan")
+  try:
+    x = float(value)
+  except (TypeError, ValueError):
+    return float("nan")
+  return x if np.isfinite(x) and x > VLLM_LOGPROB_FLOOR else float("nan")
 
 
 def _finish_reason(choice: dict, ids: list[int], params: SamplingParams) -> str:

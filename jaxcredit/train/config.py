@@ -83,7 +83,8 @@ _INT0 = Range(int, 0)
 # a row. The method knobs (credit.<method>.*) are checked by the methods' own validators (`_validate_knobs`,
 # `method_checks.check_knobs`), the environments' keys (env.<name>.*) by `ENVS[name].make_spec`.
 RANGES: dict[str, Range] = {
-  "seed": _INT0,
+  # Below 2^32: jax.random.key(seed) keeps the low 32 bits (2^32 + 5 is seed 5's key) and grain refuses larger seeds.
+  "seed": Range(int, 0, 2**32 - 1),
   "total_steps": _INT1,
   "log_every": _INT1,
   "checkpoint_every": _INT1,

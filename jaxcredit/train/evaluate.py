@@ -21,6 +21,7 @@ assistant messages, for the environment's own metrics) and only the missing ones
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -36,7 +37,7 @@ import numpy as np
 from flax import nnx
 from tqdm.auto import tqdm
 
-from jaxcredit import sharding, trees
+from jaxcredit import multihost, output_lock, sharding, trees
 from jaxcredit.envs import EnvSpec, make_env_spec
 from jaxcredit.models import load_tokenizer, resolve_source
 from jaxcredit.models.decoder import param_logical_axes
@@ -503,6 +504,7 @@ def evaluate_model(
   Raises:
     ValueError: samples < 1; out_dir holding another eval (`check_resumable`) or a bad record; as `load_model`.
     FileNotFoundError: as `load_model`.
+    output_lock.OutputBusyError: another process is writing to `out_dir` (`jaxcredit.output_lock`).
   """
   if samples < 1:
     raise ValueError(f"--samples must be >= 1, got {samples}")
@@ -512,7 +514,9 @@ def evaluate_model(
   run = build(config, model, out_dir=out_dir)  # refusals (the model, its vocabulary) before out_dir is made
   try:
     os.makedirs(out_dir, exist_ok=True)
-    with sharding.use_rules(sharding.resolve_rules(dict(config.sharding_rules))):
+    lock = output_lock.hold(out_dir, "eval") if multihost.is_primary() else contextlib.nullcontext()
+    with lock, sharding.use_rules(sharding.resolve_rules(dict(config.sharding_rules))):
+      resuming = check_resumable(out_dir, header)  # again, under the lock: another eval may have written meanwhile
       return _evaluate(run, header, out_dir, samples, resuming, t0)
   finally:
     run.close()

@@ -12,6 +12,7 @@ The trainer names no environment and no method: `ENVS` (jaxcredit.envs), `METHOD
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -19,7 +20,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from jaxcredit import sharding
+from jaxcredit import multihost, output_lock, sharding
 from jaxcredit.train import metrics as metrics_lib
 from jaxcredit.train import step as step_lib
 from jaxcredit.train.async_rollouts import RolloutPipeline
@@ -106,13 +107,24 @@ def train(config: ml_collections.ConfigDict, *, sft_only: bool = False) -> dict:
 
   Everything runs with the policy's sharding table (config.sharding_rules) in force (`sharding.use_rules`); a
   teacher checkpoint's passes run with its own (config.teacher.sharding_rules).
+
+  Raises:
+    output_lock.OutputBusyError: another process is writing to `config.workdir`.
   """
-  run = build(config)
-  try:
-    with sharding.use_rules(run.rules):
-      return _train(run, sft_only)
-  finally:
-    run.close()
+  # One writer per workdir (`jaxcredit.output_lock`): the primary process holds its lock from before the config is
+  # written to the end; a second run pointed at it is refused, naming the first.
+  lock = (
+    output_lock.hold(config.workdir, "sft" if sft_only else "train")
+    if multihost.is_primary()
+    else contextlib.nullcontext()
+  )
+  with lock:
+    run = build(config)
+    try:
+      with sharding.use_rules(run.rules):
+        return _train(run, sft_only)
+    finally:
+      run.close()
 
 
 def _train(run: Run, sft_only: bool) -> dict:

@@ -212,3 +212,21 @@ def test_a_null_logprob_is_read_as_nan_not_minus_infinity(tmp_path):
     np.testing.assert_array_equal(out.logprobs[0][[0, 2]], np.float32([-0.5, -0.25]))
   finally:
     server.close()
+
+
+@pytest.mark.parametrize(
+  "sentinel",
+  [-9999.0, -1e30, "-Infinity", "x", True],
+  ids=["vllm-clamp", "below-clamp", "string-inf", "string", "bool"],
+)
+def test_every_missing_logprob_encoding_is_nan(sentinel, tmp_path):
+  """Issue 54 case 8: vLLM's completions API writes a -inf log-prob as -9999.0 (its clamp); read as a real value the
+  token got the cap weight and engine_logp_gap_max read 9996. Every encoding of "no log-prob" the server may send
+  (its clamp or below, a non-finite or non-numeric value) reads as NaN; a real log-prob, however small, is kept."""
+  server = FakeServer(logprobs=(-0.5, sentinel, -9998.5))
+  try:
+    out = make_engine(server.url, tmp_path).generate([[1]], SamplingParams(max_new_tokens=3), jax.random.key(0))
+    assert np.isnan(out.logprobs[0][1])
+    np.testing.assert_array_equal(out.logprobs[0][[0, 2]], np.float32([-0.5, -9998.5]))
+  finally:
+    server.close()
