@@ -294,7 +294,17 @@ def learn_step(
   c = run.config
   t0 = time.time() if t0 is None else t0
   key = jax.random.fold_in(run.key, rl_step)
-  traj, invalid_row = drop_invalid_behavior_logp(pack_rollouts(run, sampled))
+  traj = pack_rollouts(run, sampled)
+  if not traj.action_mask_BxL.any():
+    # Every rollout ended before its first turn (a prompt with no room for sampling.max_new_tokens): nothing to learn
+    # from, and a run that went on would report loss 0 and exit 0 (issue 54).
+    lengths = [len(r.builder) for r in sampled.results]
+    raise ValueError(
+      f"RL step {rl_step}: none of its {len(lengths)} rollouts sampled an action token (their prompts run to "
+      f"{max(lengths, default=0)} tokens; a turn needs its context plus config.sampling.max_new_tokens = "
+      f"{c.sampling.max_new_tokens} within config.sampling.max_len = {c.sampling.max_len})"
+    )
+  traj, invalid_row = drop_invalid_behavior_logp(traj)
   t1 = time.time()
   pass_row = run_passes(run, traj, sampled.results, sampled.tasks, params, ref_params, jax.random.fold_in(key, 1))
   t_passes = time.time() - t1

@@ -197,6 +197,46 @@ def load_summarizer(config, mesh, tok, policy_cfg) -> passes_lib.Model | None:
   return load_frozen_model(source, f"credit.{config.credit.method}.summarizer", config, mesh, tok, policy_cfg)
 
 
+PROMPTS_CHECKED = 256
+"""`check_generation_room` reads every eval task's prompt and the first this many train tasks'."""
+
+
+def check_generation_room(config: ml_collections.ConfigDict, env, tok, *task_lists) -> int:
+  """Refuses a sampling budget that leaves a task's first turn no room: a turn is sampled only while its context plus
+  `sampling.max_new_tokens` fits `sampling.max_len` (`rollout.multiturn.run_rollouts`), so a prompt beyond that ends
+  every rollout of the task before it starts, with no action token (issue 54: `max_new_tokens=2000, max_len=1024`
+  trained on nothing and exited 0). Reads the rendered prompts of the first `PROMPTS_CHECKED` tasks of each list.
+
+  Returns:
+    the longest prompt read, in tokens.
+
+  Raises:
+    ValueError: naming the task, its prompt's length and both keys.
+  """
+  from jaxcredit.rollout.multiturn import encode_prompt
+
+  room = int(config.sampling.max_len) - int(config.sampling.max_new_tokens)
+  longest, worst = 0, None
+  for tasks in task_lists:
+    for task in list(tasks)[:PROMPTS_CHECKED]:
+      n = len(encode_prompt(tok, env.initial_messages(task)))
+      if n > longest:
+        longest, worst = n, task
+  if longest > room:
+    name = next((getattr(worst, k) for k in ("task_id", "query_id", "id") if getattr(worst, k, None)), "a task")
+    raise ValueError(
+      f"{name}'s prompt is {longest} tokens: with config.sampling.max_new_tokens = {config.sampling.max_new_tokens} "
+      f"it does not fit config.sampling.max_len = {config.sampling.max_len}, so its rollouts would end before their "
+      f"first turn; raise max_len to at least {longest + int(config.sampling.max_new_tokens)}"
+      + (
+        f" or lower max_new_tokens to at most {int(config.sampling.max_len) - longest}"
+        if longest < int(config.sampling.max_len)
+        else ""
+      )
+    )
+  return longest
+
+
 def build(config: ml_collections.ConfigDict, *, write_config: bool = True) -> Run:
   """Validates the config and loads everything a run needs. With `write_config=False` (e.g. `credit_file`) nothing
   is written to the workdir."""
@@ -224,6 +264,7 @@ def build(config: ml_collections.ConfigDict, *, write_config: bool = True) -> Ru
   model = load_policy(source, config, mesh, cache_dir=cache_dir)
   tok = load_tokenizer(source, cache_dir=cache_dir)
   print(f"[jaxcredit] model {config.model.source} loaded in {time.time() - t0:.1f}s")
+  check_generation_room(config, env, tok, eval_tasks, train_tasks)
   graphdef, params, rest = step_lib.split_model(model)
   p_sh = sharding.param_shardings(params, mesh, param_logical_axes(model.cfg), rules)
   params = jax.device_put(params, p_sh)
