@@ -1121,14 +1121,20 @@ def main(argv=None):
   )
   args = ap.parse_args(argv)
   try:
-    from jaxcredit.train.config import base_config
+    from jaxcredit.train.config import base_config, check_ranges
 
-    apply_overrides(base_config(), args.set)  # refuse a bad key or value before any run
+    # Refuse a bad key, a value of the wrong type or out of its range before any stage runs.
+    check_ranges(apply_overrides(base_config(), args.set))
   except ValueError as e:
     ap.error(str(e))
   if args.policy and not os.path.isfile(os.path.join(args.policy, "model_config.json")):
     ap.error(f"--policy {args.policy!r}: no model_config.json there (a folder `jaxcredit sft` or `convert` writes)")
-  args.seeds = [int(s) for s in args.seeds.split(",")]
+  try:
+    args.seeds = [int(s) for s in args.seeds.split(",")]
+  except ValueError:
+    ap.error(f"--seeds {args.seeds!r}: expected comma-separated integers, e.g. 0,1,2")
+  if any(seed < 0 for seed in args.seeds) or len(set(args.seeds)) != len(args.seeds):
+    ap.error(f"--seeds {','.join(map(str, args.seeds))}: expected distinct integers >= 0")
   earlier = None
   if args.merge:
     try:
@@ -1136,14 +1142,14 @@ def main(argv=None):
         earlier = (args.merge, json.load(f))
     except (OSError, ValueError) as e:
       ap.error(f"--merge {args.merge!r}: cannot read it as a testbed.json ({e})")
-    if not isinstance(earlier[1].get("methods"), dict):
+    if not isinstance(earlier[1], dict) or not isinstance(earlier[1].get("methods"), dict):
       ap.error(f"--merge {args.merge!r}: no 'methods' table (not a testbed.json)")
   ENV["max_hops"] = args.max_hops
   ENV["max_tool_calls"] = 2 * args.max_hops
   ENV["num_generated"] = args.train_questions
   ARITHMETIC["direct_answer_prob"] = args.direct_answer_prob
-  CHAIN.update(skip_prob=args.skip_prob, slip_prob=args.slip_prob)
-  SESSION.update(skip_prob=args.skip_prob, slip_prob=args.slip_prob)
+  for habits in (CHAIN, SESSION, CHAIN_LONG, SESSION_LONG):
+    habits.update(skip_prob=args.skip_prob, slip_prob=args.slip_prob)
   if args.vocab_size is None:
     args.vocab_size = TASKS[args.task]["vocab_size"]
   labels = [m.strip() for m in args.methods.split(",") if m.strip()]

@@ -484,6 +484,11 @@ def replay(run: EvalRun, record: dict, task_index: int) -> RolloutResult:
 # The eval
 
 
+MAX_ROLLOUTS = 1_000_000
+"""The most rollouts one eval samples (--samples x eval.num_tasks): its task-sample pairs and their results are held in
+memory, and a million short rollouts is already days of sampling."""
+
+
 def evaluate_model(
   config: ml_collections.ConfigDict, *, model: str | None = None, out_dir: str, samples: int = 1
 ) -> dict:
@@ -503,12 +508,18 @@ def evaluate_model(
     back), "sampled" (rollouts sampled now), "seconds".
 
   Raises:
-    ValueError: samples < 1; out_dir holding another eval (`check_resumable`) or a bad record; as `load_model`.
+    ValueError: samples < 1 or samples x eval.num_tasks > MAX_ROLLOUTS; out_dir holding another eval (`check_resumable`) or a bad record; as `load_model`.
     FileNotFoundError: as `load_model`.
     output_lock.OutputBusyError: another process is writing to `out_dir` (`jaxcredit.output_lock`).
   """
   if samples < 1:
     raise ValueError(f"--samples must be >= 1, got {samples}")
+  if samples * int(config.eval.num_tasks) > MAX_ROLLOUTS:
+    # Every (task, sample) pair is listed before the first rollout: 1e9 samples were killed by the OOM killer.
+    raise ValueError(
+      f"--samples {samples} x config.eval.num_tasks = {config.eval.num_tasks} is {samples * int(config.eval.num_tasks)} "
+      f"rollouts, more than one eval takes ({MAX_ROLLOUTS}); lower --samples or eval.num_tasks"
+    )
   t0 = time.time()
   header = eval_header(config, model, samples)
   resuming = check_resumable(out_dir, header)

@@ -83,10 +83,11 @@ def test_arithmetic_runs_sample_their_evals_and_take_the_tasks_settings(testbed,
   assert testbed.base(dict_to_ns(args, task="search"), str(tmp_path / "s"), "policy", seed=1).eval.greedy is True
 
 
-@pytest.mark.parametrize("task", ["chain", "session"])
+@pytest.mark.parametrize("task", ["chain", "session", "chain_long", "session_long"])
 def test_long_horizon_tasks_take_their_habits_and_fit_their_lengths(testbed, tmp_path, task):
-  """base() for --task chain / session: the environment with the testbed's skip and slip rates, sampled evals; a
-  demonstration in the task's own vocabulary (digits one by one) fits its max_len with room for the rollout."""
+  """base() for --task chain / session and their starved forms: the environment with the testbed's skip and slip
+  rates and the task's sizes, sampled evals; a demonstration in the task's own vocabulary (digits one by one) fits
+  its max_len with room for the rollout."""
   args = types.SimpleNamespace(
     out=str(tmp_path),
     task=task,
@@ -99,8 +100,10 @@ def test_long_horizon_tasks_take_their_habits_and_fit_their_lengths(testbed, tmp
     progress=False,
   )
   c = testbed.base(args, str(tmp_path / "w"), "policy", seed=0)
-  rates = testbed.TASKS[task]["env_config"]
-  assert c.env.name == task and c.env[task].skip_prob == rates["skip_prob"] > 0 and c.eval.greedy is False
+  rates, env = testbed.TASKS[task]["env_config"], testbed.TASKS[task]["env"]
+  assert c.env.name == env and c.env[env].skip_prob == rates["skip_prob"] > 0 and c.eval.greedy is False
+  for key, value in rates.items():
+    assert c.env[env][key] == value, key
   spec = testbed.env_spec(task)
   texts = testbed.task_texts(spec, 100)
   tok = testbed.build_tokenizer(texts, vocab_size=512, max_token_length=24, individual_digits=True)
@@ -113,6 +116,28 @@ def test_long_horizon_tasks_take_their_habits_and_fit_their_lengths(testbed, tmp
     len(build_demonstration(tok, fmt, spec.demonstration(t, rng)).tokens) for t in spec.make_tasks("train", 50, 0)
   ]
   assert max(lengths) < 0.8 * c.sampling.max_len, (max(lengths), c.sampling.max_len)
+
+
+@pytest.mark.parametrize(
+  "flags, words",
+  [
+    (["--seeds", "abc"], "--seeds 'abc': expected comma-separated integers"),
+    (["--seeds", ""], "--seeds '': expected comma-separated integers"),
+    (["--seeds", "1,1"], "expected distinct integers >= 0"),
+    (["--set", "optim.learning_rate=-1"], "config.optim.learning_rate = -1"),
+    (["--merge", "LIST"], "not a testbed.json"),
+  ],
+)
+def test_bad_flags_are_one_line_and_exit_2_before_any_stage(testbed, tmp_path, capsys, flags, words):
+  """Issue 54 case 9: these ran a stage or ended in a traceback."""
+  listed = tmp_path / "list.json"
+  listed.write_text("[1, 2]")
+  flags = [str(listed) if f == "LIST" else f for f in flags]
+  with pytest.raises(SystemExit) as e:
+    testbed.main(["--out", str(tmp_path / "out"), *flags])
+  assert e.value.code == 2
+  assert words in capsys.readouterr().err
+  assert not (tmp_path / "out").exists()
 
 
 def dict_to_ns(ns, **changes):

@@ -161,6 +161,8 @@ def test_parse_model_finds_a_training_workdir_and_its_step(tmp_path):
   [
     (["--samples", "0"], ["--samples must be an integer >= 1", "'0'"]),
     (["--samples=two"], ["--samples must be an integer >= 1", "'two'"]),
+    # Issue 54 case 7: listed every task-sample pair first and was killed by the OOM killer; bounded before any work.
+    (["--samples", "1000000000"], ["--samples 1000000000 x config.eval.num_tasks = 64", "lower --samples"]),
     (["--model"], ["--model needs a value"]),
     (["--config.eval.num_tasks=0"], ["config.eval.num_tasks"]),
   ],
