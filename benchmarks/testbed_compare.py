@@ -192,7 +192,7 @@ SESSION = {"skip_prob": 0.25, "slip_prob": 0.03}
 # config.env.session.{min,max}_requests. The controls change only the reward: chain progress (reward "progress") and
 # the share of requests right (reward "unit_fraction").
 CHAIN_LONG = {**CHAIN, "min_steps": 10, "max_steps": 14}
-SESSION_LONG = {**SESSION, "min_requests": 8, "max_requests": 10}
+SESSION_LONG = {**SESSION, "min_requests": 9, "max_requests": 11}
 
 CHAT_TEMPLATE = (
   "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + "
@@ -313,7 +313,7 @@ TASKS = {
     "env_config": CHAIN_LONG,
     "tokenizer_texts": task_texts,
     "max_new_tokens": 40,
-    "max_len": 640,  # demonstrations run to about 300 tokens (410 at most)
+    "max_len": 640,  # demonstrations run to about 340 tokens (490 at most)
     "vocab_size": 512,
     "individual_digits": True,
     "copy_piece": lambda text: len(text) == 1 and text in "0123456789+-*",
@@ -335,7 +335,7 @@ TASKS = {
     "env_config": SESSION_LONG,
     "tokenizer_texts": task_texts,
     "max_new_tokens": 40,
-    "max_len": 896,  # demonstrations run to about 470 tokens (620 at most)
+    "max_len": 1152,  # demonstrations run to about 700 tokens (900 at most)
     "vocab_size": 512,
     "individual_digits": True,
     "copy_piece": lambda text: len(text) == 1 and text in "0123456789+-*",
