@@ -13,7 +13,7 @@ import pytest
 from jaxcredit import output_lock
 from jaxcredit.output_lock import OutputBusyError
 from tests.fixtures.cli import run_cli
-from tests.fixtures.tiny_run import tiny_run_config
+from tests.fixtures.tiny_run import tiny_run_config, tiny_run_overrides
 
 HOLDER = textwrap.dedent(
   """
@@ -89,16 +89,8 @@ def test_train_and_sft_refuse_a_held_workdir_before_writing_anything(command, tm
 def test_eval_and_credit_refuse_a_held_output_with_one_line_and_exit_2(tmp_path, tiny, holder):
   out = tmp_path / "ev"
   holder(out, "eval")
-  r = run_cli(
-    "eval",
-    "--config",
-    "configs/quickstart.py",
-    f"--config.model.source={tiny.gguf_path}",
-    f"--config.model.cache_dir={tiny.cache_dir}",
-    "--config.eval.num_tasks=2",
-    "--out",
-    str(out),
-  )
+  overrides = tiny_run_overrides(tiny.gguf_path, tmp_path / "unused", tiny.cache_dir, eval__num_tasks=2)
+  r = run_cli("eval", "--config", "configs/quickstart.py", *overrides, "--out", str(out))
   assert r.returncode == 2, r.stderr[-2000:]
   assert (
     r.stderr.strip().splitlines()[-1].startswith(f"jaxcredit eval: error: {out} is being written by `jaxcredit eval`")

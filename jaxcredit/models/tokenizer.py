@@ -9,6 +9,7 @@ jinja2 in a sandboxed environment, as transformers renders it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from datetime import datetime
@@ -139,6 +140,24 @@ class ChatTokenizer:
   @property
   def vocab_size(self) -> int:
     return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+  def token_table(self) -> list[str]:
+    """Every id's token string, in id order (added tokens included; "" for an id the table skips)."""
+    table = [""] * self.vocab_size
+    for token, i in self.tokenizer.get_vocab(with_added_tokens=True).items():
+      if 0 <= i < len(table):
+        table[i] = token
+    return table
+
+  def content_digest(self) -> str:
+    """sha256 (hex) of the token table and the eos / pad / bos tokens: two tokenizers with the same digest give the
+    same ids for the same text. Compared wherever two models meet (eval --model, teacher and summariser
+    checkpoints), where a vocabulary size alone let Llama-2's 32,000 tokens pass for Mistral-v0.1's (issue 54)."""
+    h = hashlib.sha256()
+    for token in self.token_table():
+      h.update(token.encode("utf-8", "surrogatepass") + b"\x00")
+    h.update(f"{self.eos_token}\x00{self.pad_token}\x00{self.bos_token}".encode())
+    return h.hexdigest()
 
   def token_id(self, token: str) -> int:
     """The id of one token string (e.g. "<|im_end|>"). Raises ValueError if it is not a single token."""
@@ -333,3 +352,18 @@ def _id_list(value: Any, where: str, tokenizer: Tokenizer) -> list[int]:
     if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < vocab:
       raise ValueError(f"{where} must be an id or a list of ids in [0, {vocab}), got {i!r} (in {value!r})")
   return list(values)
+
+
+def tokenizer_mismatch(a: ChatTokenizer, b: ChatTokenizer) -> str | None:
+  """None when `a` and `b` have the same content (`ChatTokenizer.content_digest`), else what differs in words: the
+  sizes, or the first id whose token differs ("id 5: 'ab' here, 'c' there"), or the special tokens."""
+  if a.content_digest() == b.content_digest():
+    return None
+  if a.vocab_size != b.vocab_size:
+    return f"{a.vocab_size} tokens against {b.vocab_size}"
+  for i, (x, y) in enumerate(zip(a.token_table(), b.token_table())):
+    if x != y:
+      return f"the same size ({a.vocab_size}) but other tokens: id {i} is {x!r} against {y!r}"
+  return f"other special tokens: eos/pad/bos {a.eos_token!r}/{a.pad_token!r}/{a.bos_token!r} against " + (
+    f"{b.eos_token!r}/{b.pad_token!r}/{b.bos_token!r}"
+  )

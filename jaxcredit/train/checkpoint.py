@@ -106,6 +106,31 @@ def check_or_write_config(workdir: str, config_dict: dict, *, write: bool = True
   return False
 
 
+def check_or_write_identity(workdir: str, identity: dict, *, write: bool = True) -> None:
+  """Refuses to resume a workdir whose run was made with other content behind the same config (issue 54): its
+  `identity.json` ({"tokenizer": `ChatTokenizer.content_digest`}) must equal `identity`; a workdir without one (made
+  before it was recorded) gets it. A changed tokenizer would turn the same text into other ids than the checkpoint's
+  policy learnt.
+
+  Raises:
+    ValueError: naming the workdir and what differs (both digests' first 12 characters).
+  """
+  path = os.path.join(workdir, "identity.json")
+  if os.path.exists(path):
+    with open(path) as f:
+      saved = json.load(f)
+    diff = sorted(k for k in identity if k in saved and saved[k] != identity[k])
+    if diff:
+      lines = ", ".join(f"{k} {str(saved[k])[:12]}... now {str(identity[k])[:12]}..." for k in diff)
+      raise ValueError(
+        f"workdir {workdir} holds a run made with another {' and '.join(diff)} behind the same config ({lines}); "
+        "refusing to resume it: point config.model.source at what the run was made with, or use a new workdir"
+      )
+  if write:
+    os.makedirs(workdir, exist_ok=True)
+    _atomic_write_json(path, identity)
+
+
 def _atomic_write_json(path: str, obj: Any) -> None:
   tmp = path + ".tmp"
   with open(tmp, "w") as f:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import logging
 import math
@@ -41,6 +42,7 @@ from jaxcredit import multihost, output_lock, sharding, trees
 from jaxcredit.envs import EnvSpec, make_env_spec
 from jaxcredit.models import load_tokenizer, resolve_source
 from jaxcredit.models.decoder import param_logical_axes
+from jaxcredit.models.tokenizer import tokenizer_mismatch
 from jaxcredit.rollout import jsonl as jsonl_lib
 from jaxcredit.rollout.chat_format import ChatFormat
 from jaxcredit.rollout.multiturn import RolloutResult
@@ -263,6 +265,34 @@ def parse_model(source: str) -> tuple[str, int | None] | None:
   return None
 
 
+IDENTITY_SAMPLE_BYTES = 1 << 20
+
+
+def weights_identity(path: str) -> str:
+  """A sha256 (hex) naming the files at `path` (one file, or a folder's files recursively, in name order): each one's
+  relative name, size and modification time, and its first and last `IDENTITY_SAMPLE_BYTES`. Replacing or rewriting
+  the weights changes it; reading whole multi-GB files to hash them is avoided. A path that is no file or folder (a
+  Hub id not yet resolved) is named by itself."""
+  h = hashlib.sha256()
+  if os.path.isfile(path):
+    files = [("", path)]
+  elif os.path.isdir(path):
+    files = sorted(
+      (os.path.relpath(os.path.join(d, n), path), os.path.join(d, n)) for d, _, names in os.walk(path) for n in names
+    )
+  else:
+    return hashlib.sha256(str(path).encode()).hexdigest()
+  for name, full in files:
+    st = os.stat(full)
+    h.update(f"{name}\x00{st.st_size}\x00{st.st_mtime_ns}\x00".encode())
+    with open(full, "rb") as f:
+      h.update(f.read(IDENTITY_SAMPLE_BYTES))
+      if st.st_size > 2 * IDENTITY_SAMPLE_BYTES:
+        f.seek(-IDENTITY_SAMPLE_BYTES, os.SEEK_END)
+        h.update(f.read(IDENTITY_SAMPLE_BYTES))
+  return h.hexdigest()
+
+
 def load_model(config: ml_collections.ConfigDict, source: str | None, mesh) -> tuple[Any, Any, dict]:
   """The model to evaluate and the config's tokenizer, the model's parameters on `mesh` as the config's sharding
   table (`config.sharding_rules`) places them.
@@ -305,17 +335,27 @@ def load_model(config: ml_collections.ConfigDict, source: str | None, mesh) -> t
   path = resolve_source(base)
   model = run_lib.load_policy(path, config, mesh, cache_dir=base_cache)
   try:
-    model_vocab = load_tokenizer(path, cache_dir=base_cache).vocab_size
+    model_tok = load_tokenizer(path, cache_dir=base_cache)
   except FileNotFoundError:  # a converted checkpoint saved without its tokenizer: only its embedding rows tell
-    model_vocab = None
+    model_tok = None
   rows = model.cfg.vocab_size
-  if (model_vocab is not None and model_vocab != tok.vocab_size) or rows < tok.vocab_size:
+  mismatch = None if model_tok is None else tokenizer_mismatch(model_tok, tok)
+  if mismatch or rows < tok.vocab_size:
     raise ValueError(
-      f"--model {source}: its vocabulary has {model_vocab if model_vocab is not None else 'an unknown number of'} "
+      f"--model {source}: its vocabulary has {model_tok.vocab_size if model_tok is not None else 'an unknown number of'} "
       f"tokens ({rows} embedding rows), but the config's tokenizer (config.model.source="
-      f"{config.model.source!r}) has {tok.vocab_size}: the model must share the config's tokenizer"
+      f"{config.model.source!r}) has {tok.vocab_size}{f' ({mismatch})' if mismatch else ''}: the model must share the "
+      "config's tokenizer"
     )
   info["vocab_size"] = tok.vocab_size
+  # What the results were produced by (issue 54: a resumed eval mixed two models): the tokenizer's content and the
+  # weights' files (`weights_identity`: sizes, times and their first and last MiB), the checkpoint step's for a workdir.
+  info["identity"] = {
+    "tokenizer": tok.content_digest(),
+    "weights": weights_identity(path),
+  }
+  if workdir is not None:
+    info["identity"]["checkpoint"] = weights_identity(os.path.join(workdir[0], "checkpoints", str(step)))
   # Placed as the trainer places the policy (the config's sharding table), then a workdir's parameters into them.
   graphdef, params, rest = step_lib.split_model(model)
   rules = sharding.resolve_rules(dict(config.sharding_rules))
@@ -368,7 +408,8 @@ def eval_header(config: ml_collections.ConfigDict, model: str | None, samples: i
 
 def check_resumable(out_dir: str, header: dict) -> bool:
   """Whether `out_dir` holds an eval to resume; it must be this one (same model, split, decoding and config keys,
-  `IGNORED_KEYS` aside).
+  `IGNORED_KEYS` aside, and when `header` holds "model_identity", the same model content: tokenizer, weights and
+  checkpoint, `load_model`'s identity; the same --model string with other weights behind it is another eval).
 
   Raises:
     ValueError: out_dir holds another eval, naming every key that differs and both values; or an eval.json that is
@@ -382,9 +423,12 @@ def check_resumable(out_dir: str, header: dict) -> bool:
   try:
     with open(path) as f:
       saved = json.load(f)
+    identity = saved.get("model_identity", "<not recorded>") if "model_identity" in header else None
     saved = {k: saved[k] for k in ("model", "split", "samples", "decoding", "config")}
-  except (OSError, ValueError, KeyError, TypeError) as e:
+  except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
     raise ValueError(f"--out {out_dir}: eval.json is not an eval's ({e!r}); use a new --out") from None
+  if identity is not None:
+    saved["model_identity"] = identity
   # Compared as JSON reads them back (a tuple of the config is a list in eval.json).
   a, b = trees.flatten(saved, sep="."), trees.flatten(json.loads(json.dumps(header)), sep=".")
   ignored = tuple(f"config.{k}" for k in IGNORED_KEYS)
@@ -528,7 +572,9 @@ def evaluate_model(
     os.makedirs(out_dir, exist_ok=True)
     lock = output_lock.hold(out_dir, "eval") if multihost.is_primary() else contextlib.nullcontext()
     with lock, sharding.use_rules(sharding.resolve_rules(dict(config.sharding_rules))):
-      resuming = check_resumable(out_dir, header)  # again, under the lock: another eval may have written meanwhile
+      # Again, under the lock (another eval may have written meanwhile), now with what the model's files hold.
+      header = dict(header, model_identity=run.model_info["identity"])
+      resuming = check_resumable(out_dir, header)
       return _evaluate(run, header, out_dir, samples, resuming, t0)
   finally:
     run.close()

@@ -22,6 +22,7 @@ from jaxcredit import multihost, sharding
 from jaxcredit.envs import EnvSpec, make_env_spec
 from jaxcredit.models import load, load_tokenizer, resolve_source
 from jaxcredit.models.decoder import compute_params, param_logical_axes
+from jaxcredit.models.tokenizer import tokenizer_mismatch
 from jaxcredit.rollout.chat_format import ChatFormat
 from jaxcredit.rollout.multiturn import run_rollouts
 from jaxcredit.sampling import Sampler, SamplingParams
@@ -167,11 +168,12 @@ def load_frozen_model(source: str, key: str, config, mesh, tok, policy_cfg) -> p
       f"'policy', 'reference', 'smollm2', a .gguf file, a Hugging Face or converted folder, "
       f"or a Hub id"
     ) from None
-  if model_tok.vocab_size != tok.vocab_size or model.cfg.vocab_size != policy_cfg.vocab_size:
+  mismatch = tokenizer_mismatch(model_tok, tok)
+  if mismatch or model.cfg.vocab_size != policy_cfg.vocab_size:
     raise ValueError(
       f"config.{key}={source!r} has a vocabulary of {model_tok.vocab_size} tokens "
       f"({model.cfg.vocab_size} embedding rows); the policy's has {tok.vocab_size} "
-      f"({policy_cfg.vocab_size} rows). It must share the policy's tokenizer."
+      f"({policy_cfg.vocab_size} rows){f': {mismatch}' if mismatch else ''}. It must share the policy's tokenizer."
     )
   graphdef, params, rest = step_lib.split_model(model)
   rules = sharding.resolve_rules(dict(config.teacher.sharding_rules))
@@ -265,6 +267,9 @@ def build(config: ml_collections.ConfigDict, *, write_config: bool = True) -> Ru
   tok = load_tokenizer(source, cache_dir=cache_dir)
   print(f"[jaxcredit] model {config.model.source} loaded in {time.time() - t0:.1f}s")
   check_generation_room(config, env, tok, eval_tasks, train_tasks)
+  identity = {"tokenizer": tok.content_digest()}
+  if write_config:
+    ckpt_lib.check_or_write_identity(config.workdir, identity, write=False)
   graphdef, params, rest = step_lib.split_model(model)
   p_sh = sharding.param_shardings(params, mesh, param_logical_axes(model.cfg), rules)
   params = jax.device_put(params, p_sh)
@@ -282,6 +287,7 @@ def build(config: ml_collections.ConfigDict, *, write_config: bool = True) -> Ru
   if write_config:
     if multihost.is_primary():
       ckpt_lib.check_or_write_config(config.workdir, config.to_dict())
+      ckpt_lib.check_or_write_identity(config.workdir, identity)
     multihost.barrier("config.json written")
   return Run(
     config=config,

@@ -70,6 +70,8 @@ def test_the_final_checkpoint_evaluated_equals_the_trainers_final_eval(trained):
   assert set(heldout) == set(final) - {"phase", "step", "stage", "seconds"}
   assert heldout == {k: final[k] for k in heldout}  # exactly: same tasks, same greedy decoding, same parameters
   assert info["status"] == "done" and info["model"] == str(workdir)
+  identity = info["model_info"].pop("identity")  # what the files held: the tokenizer, the weights, the checkpoint
+  assert identity == info["model_identity"] and set(identity) == {"tokenizer", "weights", "checkpoint"}
   assert info["model_info"] == {
     "source": str(workdir),
     "kind": "workdir",
@@ -111,7 +113,7 @@ def test_an_interrupted_eval_resumes_without_sampling_its_finished_tasks(trained
   full = json.loads((out / "eval.json").read_text())
   resumed = tmp_path / "eval"
   resumed.mkdir()
-  header = {k: full[k] for k in ("model", "split", "samples", "decoding", "config")}
+  header = {k: full[k] for k in ("model", "split", "samples", "decoding", "config", "model_identity")}
   (resumed / "eval.json").write_text(json.dumps({"status": "running", **header}))
   lines = (out / "rollouts.jsonl").read_text().splitlines(keepends=True)
   # The first batch written, the second cut off in the middle of its first line (a kill during the write).
@@ -144,6 +146,43 @@ def test_a_model_of_another_vocabulary_is_refused_naming_both_sizes(trained, tmp
   assert not os.path.exists(tmp_path / "eval"), "a refused eval left its folder"
   p = run_cli("eval", *args, "--model", f"{workdir}@7", "--out", str(tmp_path / "eval7"))
   assert p.returncode == 2 and "no checkpoint of RL step 7" in p.stderr and "[0, 1]" in p.stderr, p.stderr
+
+
+def test_a_resumed_eval_refuses_other_weights_behind_the_same_model(trained, tmp_path):
+  """Issue 54 case 1: an eval cut short, its model file replaced by other weights, the same command again: the rollouts
+  mixed two models and eval.json named only the second. The folder now records what the model's files held
+  (`evaluate.weights_identity`, the tokenizer's content) and refuses the resume naming what changed."""
+  _, _, _, args, _, _ = trained
+  cfg = tiny_decoder_config(vocab_size=300, rms_norm_eps=1e-5)
+  model = tmp_path / "model.gguf"
+  write_gguf(model, "llama", cfg, random_params(cfg, seed=1))
+  out = tmp_path / "eval"
+  p = run_cli("eval", *args, "--model", str(model), "--out", str(out))
+  assert p.returncode == 0, p.stderr
+  identity = json.loads((out / "eval.json").read_text())["model_identity"]
+  assert set(identity) == {"tokenizer", "weights"}
+  p = run_cli("eval", *args, "--model", str(model), "--out", str(out))  # the same files: resumed, nothing sampled
+  assert p.returncode == 0 and "0 rollouts sampled" in p.stdout, p.stdout + p.stderr
+  write_gguf(model, "llama", cfg, random_params(cfg, seed=2))  # other weights, the same path
+  p = run_cli("eval", *args, "--model", str(model), "--out", str(out))
+  assert p.returncode == 2, p.stderr
+  assert "holds another eval (model_identity.weights: the folder's eval has" in p.stderr, p.stderr
+
+
+def test_a_model_with_other_tokens_of_the_same_count_is_refused(trained, tmp_path, monkeypatch):
+  """Issue 54 case 3: tokenizers were compared by size (Llama-2's and Mistral-v0.1's both 32,000)."""
+  from tests.fixtures import tiny_model
+
+  _, _, _, args, _, _ = trained
+  tokens = list(tiny_model.TOKENS)
+  i = tokens.index("hello")
+  tokens[i], tokens[i + 1] = tokens[i + 1], tokens[i]
+  monkeypatch.setattr(tiny_model, "TOKENS", tokens)
+  cfg = tiny_decoder_config(vocab_size=300, rms_norm_eps=1e-5)
+  other = write_gguf(tmp_path / "other.gguf", "llama", cfg, random_params(cfg))
+  p = run_cli("eval", *args, "--model", str(other), "--out", str(tmp_path / "eval"))
+  assert p.returncode == 2
+  assert f"the same size (300) but other tokens: id {i} is 'Ġw' against 'hello'" in p.stderr, p.stderr
 
 
 def test_k_samples_give_pass_at_k_and_rollouts_that_jaxcredit_credit_reads(trained, tmp_path):

@@ -146,6 +146,19 @@ def test_toolopd_with_a_teacher_checkpoint_and_a_refused_vocabulary(tiny, tmp_pa
   with pytest.raises(ValueError, match=rf"vocabulary of {CFG.vocab_size + 16} tokens.*policy's has {CFG.vocab_size}"):
     trainer.train(c)
   assert not os.path.exists(os.path.join(c.workdir, "config.json"))
+  # The same number of tokens, two of them swapped (issue 54: tokenizers were compared by size only).
+  from tests.fixtures import tiny_model
+
+  tokens = list(tiny_model.TOKENS)
+  i = tokens.index("hello")
+  tokens[i], tokens[i + 1] = tokens[i + 1], tokens[i]
+  with pytest.MonkeyPatch.context() as m:
+    m.setattr(tiny_model, "TOKENS", tokens)
+    swapped = write_gguf(tmp_path / "swapped.gguf", "llama", CFG, random_params(CFG))
+  c = _config("toolopd", tmp_path / "run3", tiny)
+  c.teacher.source = str(swapped)
+  with pytest.raises(ValueError, match=rf"the same size \({CFG.vocab_size}\) but other tokens: id {i} is"):
+    trainer.train(c)
 
 
 def test_a_pass_over_budget_drops_only_the_dense_term_and_is_counted(tiny, tmp_path):
