@@ -184,7 +184,8 @@ CHAIN = {"skip_prob": 0.25, "slip_prob": 0.03}
 
 # The session task (`--task session`): 3-4 dependent requests in one chat, each verified on its own, reward 1 only
 # when all are right (`envs/session.py`, CrEST's regime), with the chain's demonstration habits.
-SESSION = {"skip_prob": 0.25, "slip_prob": 0.03}
+# split_key "session": the split the committed session results were made with (config.env.session.split_key).
+SESSION = {"skip_prob": 0.25, "slip_prob": 0.03, "split_key": "session"}
 
 # The starved tasks (issue 51: the papers' regime, where most of GRPO's groups hold no success): the same
 # environments with longer chains and more requests, the same demonstration habits, so a warm start succeeds on a few
@@ -192,7 +193,7 @@ SESSION = {"skip_prob": 0.25, "slip_prob": 0.03}
 # config.env.session.{min,max}_requests. The controls change only the reward: chain progress (reward "progress") and
 # the share of requests right (reward "unit_fraction").
 CHAIN_LONG = {**CHAIN, "min_steps": 10, "max_steps": 14}
-SESSION_LONG = {**SESSION, "min_requests": 9, "max_requests": 11}
+SESSION_LONG = {**SESSION, "min_requests": 9, "max_requests": 11, "split_key": "first_request"}
 
 CHAT_TEMPLATE = (
   "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + "
@@ -885,7 +886,11 @@ def check_mergeable(settings: dict, start: float, env: dict, path: str, earlier:
   for key in sorted(set(settings) | set(theirs)):
     if key not in _MERGE_FREE_SETTINGS and settings.get(key) != theirs.get(key):
       raise ValueError(f"--merge {path}: setting {key!r} is {theirs.get(key)!r} there and {settings.get(key)!r} here")
-  if earlier.get("env") != env:
+  # An environment key added after the file was written reads as the value its runs had (checkpoint.ADDED_KEYS).
+  from jaxcredit.train.checkpoint import ADDED_KEYS
+
+  added = {k.rsplit(".", 1)[1]: v for k, v in ADDED_KEYS.items() if k.startswith("env.")}
+  if {**{k: v for k, v in added.items() if k in env}, **(earlier.get("env") or {})} != env:
     raise ValueError(f"--merge {path}: its environment {earlier.get('env')} differs from this one's {env}")
   if earlier.get("warm_start_success") != start:
     raise ValueError(

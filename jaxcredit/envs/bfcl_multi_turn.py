@@ -51,7 +51,7 @@ from jaxcredit.envs import episode, spec, tool_calls
 
 CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
 REWARDS = ("all_units", "unit_fraction")
-EVAL_EVERY = 10  # every 10th task by a stable hash of its id is held out for eval
+EVAL_EVERY = 10  # every 10th session (a base session with its variants) by a stable hash is held out for eval
 
 SYSTEM_PROMPT = (
   "You are an assistant that completes the user's requests by calling functions. At each turn, call the "
@@ -161,9 +161,43 @@ def load_tasks(categories: tuple[str, ...] = CATEGORIES) -> tuple[BfclTask, ...]
   return tuple(tasks)
 
 
+@functools.lru_cache(maxsize=None)
+def split_groups() -> dict[str, str]:
+  """task id -> the name of its split group: sessions that share a session index (a base session and its miss_func,
+  miss_param and long_context variants) or a first request (BFCL repeats a few opening requests across sessions) are
+  joined, transitively, and the group is named by its smallest "session_<i>". Every task of every category."""
+  tasks = load_tasks(CATEGORIES)
+  parent: dict[str, str] = {}
+
+  def find(x: str) -> str:
+    while parent.setdefault(x, x) != x:
+      x = parent[x]
+    return x
+
+  def first_request(t: BfclTask) -> str:
+    return next((m.get("content", "") for m in t.requests[0] if m.get("role") == "user"), "") if t.requests else ""
+
+  for t in tasks:
+    a, b = find(f"session_{session_index(t.task_id)}"), find(f"first:{first_request(t)}")
+    if a != b:
+      parent[b] = a
+  name: dict[str, str] = {}  # root -> the smallest session name of its group
+  for t in tasks:
+    session = f"session_{session_index(t.task_id)}"
+    root = find(session)
+    name[root] = min(name.get(root, session), session, key=lambda n: int(n.split("_")[1]))
+  return {t.task_id: name[find(f"session_{session_index(t.task_id)}")] for t in tasks}
+
+
 def is_eval(task_id: str) -> bool:
-  """Whether a task is in the eval split: every `EVAL_EVERY`-th by a stable hash (sha256) of its id."""
-  return int(hashlib.sha256(task_id.encode()).hexdigest(), 16) % EVAL_EVERY == 0
+  """Whether a task is in the eval split: every `EVAL_EVERY`-th *group* by a stable hash (sha256) of its name
+  (`split_groups`): a base session and its miss_func, miss_param and long_context variants, and sessions that open
+  with the same request, are on the same side.
+
+  Hashed by task id (before 2026-12-06), 47 of the 62 non-base eval sessions were variants of a base session in the
+  train split, starting with the same first request (issue 54)."""
+  group = split_groups()[task_id]
+  return int(hashlib.sha256(group.encode()).hexdigest(), 16) % EVAL_EVERY == 0
 
 
 BACKENDS = (
@@ -773,7 +807,8 @@ def env_spec(
 
   `categories` are the held-out evals' categories, and the training tasks' too unless `train_categories` names
   others (CrEST, arXiv 2608.13179 App. C.1, trains on Base sessions and evaluates on all four categories). Either
-  way a task's split is its hash (`is_eval`), so no training task is ever evaluated. `protocol="crest"` takes
+  way a task's split is its session's hash (`is_eval`), so no training session, nor a variant of one, is ever
+  evaluated. `protocol="crest"` takes
   `crest_split`'s split instead, for comparing with CrEST's table: 100 Base sessions to train on, 100 each of the
   four categories to evaluate (config.eval.num_tasks=400), none a variant of a training session.
 

@@ -36,11 +36,19 @@ CONFIG_DEFAULTS: dict[str, Any] = {
   "reward": "all_units",
   "skip_prob": 0.0,
   "slip_prob": 0.0,
+  "split_key": "first_request",
 }
 """`config.env.session`: requests per session, steps per request (1 to `max_steps_per_request`), the largest operand
 of a "+" or "-" step, calls allowed per request beyond one per step, the outcome reward ("all_units": 1 only when
 every request passed, CrEST's GRPO baseline; "unit_fraction": the share that passed), and the demonstrations'
-habits (as `chain.demonstration`)."""
+habits (as `chain.demonstration`), and what keeps the splits apart (`SPLIT_KEYS`)."""
+
+SPLIT_KEYS = ("first_request", "session")
+"""`config.env.session.split_key`: what the train split may not share with the first `EVAL_RESERVE` eval sessions
+(and what makes two sessions of a split distinct). "first_request": a session's opening request (a start and one or
+two steps, which recur by chance: with "session", 13 of the first 64 eval sessions opened like one of 2,000 train
+sessions; issue 54); "session": the whole list of requests, the split before 2026-12-06 (the committed session
+testbed results were made with it)."""
 
 SYSTEM_PROMPT = tool_calls.calculator_prompt(
   "The user gives requests one at a time; apply each step in order. The calculator does one operation on two "
@@ -101,10 +109,11 @@ def make_tasks(
   max_requests: int = 4,
   max_steps_per_request: int = 2,
   max_operand: int = 20,
+  split_key: str = "first_request",
 ) -> list[SessionTask]:
   """A deterministic list of distinct sessions: task `idx` from `random.Random(f"session/{split seed}/{idx}")`, the
-  eval split a prefix of one fixed sequence, no train split holding the requests of the first `EVAL_RESERVE` eval
-  sessions (`arithmetic.split_tasks`).
+  eval split a prefix of one fixed sequence, no train split holding the first request (`split_key="first_request"`)
+  or the requests (`"session"`) of the first `EVAL_RESERVE` eval sessions (`arithmetic.split_tasks`).
 
   Raises:
     ValueError: an unknown split, a seed for eval, `num` out of range, or a size out of range (naming
@@ -113,7 +122,10 @@ def make_tasks(
   if split not in ("train", "eval"):
     raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
   _check_sizes(min_requests, max_requests, max_steps_per_request, max_operand)
+  if split_key not in SPLIT_KEYS:
+    raise ValueError(f"config.env.session.split_key must be one of {SPLIT_KEYS}, got {split_key!r}")
   sizes = (min_requests, max_requests, max_steps_per_request, max_operand)
+  key = (lambda t: t.requests[0]) if split_key == "first_request" else (lambda t: "\n".join(t.requests))
 
   def draw(split_name: str, base_seed: int, n: int, exclude: frozenset, strict: bool) -> list[SessionTask]:
     def stream():
@@ -127,7 +139,7 @@ def make_tasks(
       [stream()],
       n,
       lambda _, drawn: (drawn[1], "kept"),
-      lambda t: "\n".join(t.requests),
+      key,
       exclude,
       {"dropped_duplicate": 0, "dropped_eval_overlap": 0},
       strict=strict,
@@ -135,9 +147,7 @@ def make_tasks(
       where=lambda _: f"sessions of sizes {sizes}",
     )
 
-  return arithmetic.split_tasks(
-    split, num, seed, draw, lambda t: "\n".join(t.requests), eval_size=EVAL_SIZE, eval_reserve=EVAL_RESERVE
-  )
+  return arithmetic.split_tasks(split, num, seed, draw, key, eval_size=EVAL_SIZE, eval_reserve=EVAL_RESERVE)
 
 
 def _check_sizes(min_requests: int, max_requests: int, max_steps_per_request: int, max_operand: int) -> None:
@@ -306,6 +316,9 @@ def env_spec(env_config=None) -> spec.EnvSpec:
 
   sizes = {k: int(get(k)) for k in ("min_requests", "max_requests", "max_steps_per_request", "max_operand")}
   _check_sizes(**sizes)
+  split_key = str(get("split_key"))
+  if split_key not in SPLIT_KEYS:
+    raise ValueError(f"config.env.session.split_key must be one of {SPLIT_KEYS}, got {split_key!r}")
   extra_calls, reward = int(get("extra_calls")), str(get("reward"))
   skip_prob, slip_prob = float(get("skip_prob")), float(get("slip_prob"))
   if extra_calls < 0:
@@ -315,7 +328,7 @@ def env_spec(env_config=None) -> spec.EnvSpec:
   chain.check_habits("session", skip_prob, slip_prob)
   max_turns = sizes["max_requests"] * (sizes["max_steps_per_request"] + extra_calls + 1)
   return spec.EnvSpec(
-    make_tasks=lambda split, num, seed: make_tasks(split, num, seed, **sizes),
+    make_tasks=lambda split, num, seed: make_tasks(split, num, seed, **sizes, split_key=split_key),
     make_env=lambda task: SessionEnv(task, extra_calls=extra_calls, reward=reward),
     initial_messages=initial_messages,
     stop_strings=(tool_calls.TOOL_CALL_CLOSE, tool_calls.ANSWER_CLOSE),

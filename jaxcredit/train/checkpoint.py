@@ -56,10 +56,22 @@ def _other_env_key(key: str, env: str | None) -> bool:
   return len(parts) >= 3 and parts[0] == "env" and parts[1] != env
 
 
+ADDED_KEYS = {
+  "optim.b1": 0.9,
+  "optim.b2": 0.999,
+  "env.chain.reward": "outcome",
+  "env.session.split_key": "session",
+}
+"""Training keys added after runs were saved, each with the value that reproduces what a run saved without it did:
+a config.json that lacks one reads as holding that value (so an earlier run resumes unless the key now differs)."""
+
+
 def training_key_diff(saved: dict, current: dict) -> list[str]:
   """Training keys whose values differ between two config dicts (run-length keys, the knobs of methods other
-  than the trained one and the keys of other environments ignored)."""
+  than the trained one and the keys of other environments ignored; a key of `ADDED_KEYS` missing from `saved` reads
+  as its value there)."""
   a, b = trees.flatten(saved, sep="."), trees.flatten(current, sep=".")
+  a = {**{k: v for k, v in ADDED_KEYS.items() if k in b}, **a}
   method = b.get("credit.method")
   env = b.get("env.name")
   keys = sorted(

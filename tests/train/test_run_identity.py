@@ -32,3 +32,22 @@ def test_a_resume_with_another_tokenizer_is_refused(tmp_path, tiny):
   c.total_steps = 2
   with pytest.raises(ValueError, match="holds a run made with another tokenizer"):
     trainer.train(c)
+
+
+def test_a_key_added_since_a_run_was_saved_reads_as_its_earlier_behaviour():
+  """config.json files written before a key existed resume when the key keeps the earlier behaviour, and are refused
+  when it does not (env.session.split_key's default changed the tasks: "session" was the earlier split)."""
+  from jaxcredit.train.config import base_config
+
+  now = base_config().to_dict()
+  saved = json.loads(json.dumps(now))
+  for key in ("b1", "b2"):
+    del saved["optim"][key]
+  del saved["env"]["chain"]["reward"]
+  assert ckpt_lib.training_key_diff(saved, now) == []
+  now["env"]["name"] = "session"
+  saved["env"]["name"] = "session"
+  del saved["env"]["session"]["split_key"]
+  assert ckpt_lib.training_key_diff(saved, now) == ["env.session.split_key"]
+  now["env"]["session"]["split_key"] = "session"
+  assert ckpt_lib.training_key_diff(saved, now) == []
