@@ -387,6 +387,11 @@ def _checkpoint_command(
   return 0
 
 
+MAX_SIMULATED_CHIPS = 512
+"""`plan` without libtpu simulates the chips with CPU devices; far more (v5p:16x16x24's 6,144) ended in XLA's
+"Multiprocess computations aren't implemented on the CPU backend"."""
+
+
 def _fail(command: str, message: str, code: int = 2) -> int:
   """Prints `jaxcredit COMMAND: message` on stderr and returns the exit code (2: the command refused)."""
   print(f"jaxcredit {command}: {message}", file=sys.stderr)
@@ -690,6 +695,13 @@ def _plan(command: str, args: list[str]) -> int:
   os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
   os.environ.setdefault("JAX_PLATFORMS", "cpu")  # deviceless: the TPU is described by libtpu, not attached
   if libtpu_library_path() is None:
+    if chips > MAX_SIMULATED_CHIPS:
+      return _fail(
+        command,
+        f"--topology {own['topology']} has {chips} chips: without libtpu the plan simulates them with CPU devices, "
+        f"at most {MAX_SIMULATED_CHIPS}; install libtpu (python tools/install_libtpu.py, or TPU_LIBRARY_PATH) to "
+        "compile for it deviceless",
+      )
     # Fallback: simulate the chips with CPU devices (read when the backend starts, which has not happened yet).
     os.environ["XLA_FLAGS"] = (
       os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={chips}"

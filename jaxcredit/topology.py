@@ -64,7 +64,18 @@ def parse_topology(topology: str) -> tuple[str, int]:
   m = re.fullmatch(r"(v4|v5e|v5p|v6e):(\d+(?:x\d+)*)", topology.strip())
   if not m or any(int(x) < 1 for x in m.group(2).split("x")):
     raise ValueError(f"--topology {topology!r} must look like v5p:4x4x4 with sizes >= 1 (generations: {sorted(CHIPS)})")
+  rank = len(m.group(2).split("x"))
+  if rank != TOPOLOGY_RANK[m.group(1)]:
+    example = "v5p:4x4x4" if TOPOLOGY_RANK[m.group(1)] == 3 else f"{m.group(1)}:4x4"
+    raise ValueError(
+      f"--topology {topology!r}: a {m.group(1)} slice is a {TOPOLOGY_RANK[m.group(1)]}-D torus (e.g. {example}), "
+      f"not {rank}-D"
+    )
   return m.group(1), math.prod(int(x) for x in m.group(2).split("x"))
+
+
+TOPOLOGY_RANK = {"v4": 3, "v5p": 3, "v5e": 2, "v6e": 2}
+"""The axes of each generation's slice shapes: v4 and v5p are 3-D tori, v5e and v6e 2-D."""
 
 
 def parse_mesh(spec: str) -> dict[str, int]:

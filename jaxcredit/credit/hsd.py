@@ -148,7 +148,12 @@ def hsd_token_kl(
   action_L = shapes.mask("action_mask", action_mask, "L")
   if action_L.shape[0] != teacher.shape[0]:
     raise ValueError(f"{fn}: action_mask {action_L.shape} must be [L] with L = {teacher.shape[0]} of the logits")
-  log_q = jax.nn.log_softmax(lax.stop_gradient(teacher.astype(jnp.float32)) / temperature, axis=-1)
-  log_p = jax.nn.log_softmax(student.astype(jnp.float32) / temperature, axis=-1)
-  kl_L = jnp.sum(jnp.exp(log_q) * (log_q - log_p), axis=-1)
+  # Off-mask rows read as zeros, so whatever they hold (-inf, NaN) reaches neither the value nor the gradient.
+  teacher = jnp.where(action_L[:, None], lax.stop_gradient(teacher.astype(jnp.float32)), 0.0)
+  student = jnp.where(action_L[:, None], student.astype(jnp.float32), 0.0)
+  log_q = jax.nn.log_softmax(teacher / temperature, axis=-1)
+  log_p = jax.nn.log_softmax(student / temperature, axis=-1)
+  # Entries the teacher gives no mass (-inf logits: a padded vocabulary) add 0, not 0 · (-inf - log p) = NaN.
+  q = jnp.exp(log_q)
+  kl_L = jnp.sum(jnp.where(q > 0, q * (log_q - jnp.where(q > 0, log_p, 0.0)), 0.0), axis=-1)
   return jnp.where(action_L, jnp.maximum(kl_L, 0.0), 0.0)

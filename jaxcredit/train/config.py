@@ -493,7 +493,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
   need = METHODS[c.credit.method].min_group_size
   if c.rollout.group_size < need:
     raise ValueError(
-      f"config.rollout.group_size must be >= {need} for {c.credit.method} (a group baseline), "
+      f"config.rollout.group_size must be >= {need} for {c.credit.method} (it compares the rollouts of a group), "
       f"got {c.rollout.group_size}"
     )
   method = METHODS[c.credit.method]

@@ -606,10 +606,23 @@ def sgcd_validate(k: Mapping[str, Any], c) -> None:
 
 
 def hsd_validate(k: Mapping[str, Any], c) -> None:
-  """HSD's own checks: beta a finite number >= 0 (the reference KL's weight; the paper's 0.001)."""
+  """HSD's own checks: beta a finite number >= 0 (the reference KL's weight; the paper's 0.001); the teacher is the
+  policy (the loss reads the teacher's hidden states against the policy's current head, which is that teacher's
+  distribution only when the teacher is the policy); no second KL to the reference (`loss.kl_coef`: beta is HSD's)."""
   beta = k["beta"]
   if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0 <= beta < float("inf"):
     raise ValueError(f"config.credit.hsd.beta = {beta!r}: must be a finite number >= 0 (the paper's 0.001)")
+  if c.teacher.source not in ("", "policy"):
+    raise ValueError(
+      f"config.teacher.source = {c.teacher.source!r}: HSD's teacher is the policy itself (the paper's self-teacher; "
+      "its distillation reads the teacher's hidden states against the policy's output head), leave it '' or 'policy'"
+      " (hsd_grpo takes another teacher)"
+    )
+  if c.loss.kl_coef > 0:
+    raise ValueError(
+      f"config.loss.kl_coef = {c.loss.kl_coef}: HSD has its own KL to the reference, config.credit.hsd.beta; set "
+      "loss.kl_coef to 0"
+    )
 
 
 def opd(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:

@@ -35,6 +35,7 @@ HOVER = {
   "distill_weight_BxL": "distillation weight",
   "skill_logp_gain_BxL": "skill log-prob gain",
   "dense_advantage_BxL": "dense advantage",
+  "teacher_gap_BxL": "HSD's credit: peer-conditioned teacher minus policy log-prob",
   "credit_weight_BxL": "SGCD credit weight",
 }
 

@@ -193,3 +193,40 @@ def test_config_refuses_bad_beta_and_moment_decay_by_name(key, value, needle):
   target[leaf] = value
   with pytest.raises(ValueError, match=needle):
     config_lib.validate(c)
+
+
+def test_library_form_with_masked_vocabulary_and_garbage_off_the_mask():
+  """-inf logits (a padded vocabulary, in the teacher or in both) add nothing; a row off the action mask holding -inf
+  or NaN reaches neither the value nor the gradient (found by trying the library form as a new user)."""
+  rng = np.random.default_rng(2)
+  teacher = rng.normal(size=(4, 7)).astype(np.float32)
+  student = rng.normal(size=(4, 7)).astype(np.float32)
+  teacher[0, 2] = -np.inf  # the teacher gives one entry no mass
+  teacher[1, 5:] = student[1, 5:] = -np.inf  # padded columns in both
+  teacher[3] = np.nan  # off the mask
+  student[3, 0] = -np.inf
+  action = np.asarray([True, True, True, False])
+  kl = np.asarray(credit.hsd_token_kl(teacher, student, action))
+  for i in range(3):
+    q = _softmax64(np.where(np.isfinite(teacher[i]), teacher[i], -1e300))
+    p = _softmax64(np.where(np.isfinite(student[i]), student[i], -1e300))
+    keep = q > 0
+    assert kl[i] == pytest.approx(np.sum(q[keep] * (np.log(q[keep]) - np.log(p[keep]))), rel=1e-5)
+  assert kl[3] == 0.0
+  g = jax.grad(lambda s: jnp.sum(credit.hsd_token_kl(teacher, s, action)))(student)
+  assert np.isfinite(np.asarray(g)).all() and not np.asarray(g)[3].any()
+
+
+def test_hsd_refuses_another_teacher_and_a_second_reference_kl():
+  from jaxcredit.train import config as config_lib
+
+  for key, value, needle in (
+    ("teacher.source", "reference", "config.teacher.source = 'reference': HSD's teacher is the policy"),
+    ("loss.kl_coef", 0.1, "config.loss.kl_coef = 0.1: HSD has its own KL"),
+  ):
+    c = config_lib.base_config()
+    c.credit.method = "hsd"
+    node, leaf = key.split(".")
+    c[node][leaf] = value
+    with pytest.raises(ValueError, match=needle):
+      config_lib.validate(c)

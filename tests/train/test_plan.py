@@ -51,6 +51,21 @@ def test_parse_topology_and_mesh():
     plan.parse_mesh("fsdp=4,fsdp=2")
   with pytest.raises(ValueError, match="sizes >= 1"):
     plan.parse_topology("v5e:0x2")
+  # Issue 54: each generation's slices have its own number of axes.
+  with pytest.raises(ValueError, match=r"a v5e slice is a 2-D torus \(e.g. v5e:4x4\), not 3-D"):
+    plan.parse_topology("v5e:4x4x4")
+  with pytest.raises(ValueError, match="a v5p slice is a 3-D torus"):
+    plan.parse_topology("v5p:2x2")
+  assert plan.parse_topology("v6e:16x16") == ("v6e", 256)
+
+
+def test_plan_without_libtpu_refuses_a_slice_too_large_to_simulate(capsys, monkeypatch):
+  """Issue 54: v5p:16x16x24 without libtpu ended in XLA's "Multiprocess computations aren't implemented"."""
+  monkeypatch.setattr(plan, "libtpu_library_path", lambda: None)
+  args = ["jaxcredit", "plan", "--config", "configs/plan_qwen3_4b.py", "--topology", "v5p:16x16x24"]
+  assert cli.main(args) == 2
+  err = capsys.readouterr().err.strip().splitlines()[-1]
+  assert "has 6144 chips: without libtpu the plan simulates them with CPU devices, at most 512" in err
 
 
 RL_CFG = dataclasses.replace(TINY_MOE, param_dtype="float32")
