@@ -254,10 +254,11 @@ def _train(command: str, args: list[str]) -> int:
   from jaxcredit.output_lock import OutputBusyError
   from jaxcredit.sampling.vllm_engine import EngineError
   from jaxcredit.train import stopping, trainer
+  from jaxcredit.train.checkpoint import WorkdirRefused
 
   try:
     trainer.train(config, sft_only=(command == "sft"))
-  except OutputBusyError as e:
+  except (OutputBusyError, WorkdirRefused) as e:  # refused inputs: exit 2, as a bad config key
     return _fail(command, f"error: {e}")
   except (ValueError, NotImplementedError, FileNotFoundError, FloatingPointError, EngineError) as e:
     return _fail(command, f"error: {e}", 1)

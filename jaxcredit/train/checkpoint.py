@@ -82,6 +82,11 @@ def training_key_diff(saved: dict, current: dict) -> list[str]:
   return [k for k in keys if a.get(k, "<missing>") != b.get(k, "<missing>")]
 
 
+class WorkdirRefused(ValueError):
+  """The workdir holds a run this config may not resume or overwrite (other training keys, another tokenizer, no
+  config.json beside checkpoints, an unreadable config.json): a refusal of the input, exit 2 at the CLI."""
+
+
 def check_or_write_config(workdir: str, config_dict: dict, *, write: bool = True) -> bool:
   """Refuses a workdir trained with different training keys; writes config.json for a new run.
 
@@ -93,25 +98,39 @@ def check_or_write_config(workdir: str, config_dict: dict, *, write: bool = True
     True if the workdir already held a run with a compatible config.
 
   Raises:
-    ValueError: naming every training key that differs (and both values). Nothing is written.
+    WorkdirRefused: naming every training key that differs (and both values); config.json unreadable (naming the
+      file); checkpoints without a config.json to check them against. Nothing is written.
   """
   path = os.path.join(workdir, "config.json")
   if os.path.exists(path):
-    with open(path) as f:
-      saved = json.load(f)
+    try:
+      with open(path) as f:
+        saved = json.load(f)
+      if not isinstance(saved, dict):
+        raise ValueError(f"a JSON {type(saved).__name__}, not an object")
+    except (OSError, ValueError) as e:
+      raise WorkdirRefused(
+        f"{path} is not a readable config ({e}); restore it, or use a new --config.workdir"
+      ) from None
     diff = training_key_diff(saved, config_dict)
     if diff:
       a, b = trees.flatten(saved, sep="."), trees.flatten(config_dict, sep=".")
       lines = "\n".join(
         f"  {k}: checkpoint has {a.get(k, '<missing>')!r}, config has {b.get(k, '<missing>')!r}" for k in diff
       )
-      raise ValueError(
+      raise WorkdirRefused(
         f"workdir {workdir} holds a run trained with different training keys; refusing to resume or "
         f"overwrite it:\n{lines}\nUse a new --config.workdir, or set these keys back."
       )
     if write:
       _atomic_write_json(path, config_dict)  # run-length keys may change
     return True
+  checkpoints = os.path.join(workdir, "checkpoints")
+  if os.path.isdir(checkpoints) and os.listdir(checkpoints):
+    raise WorkdirRefused(
+      f"workdir {workdir} holds checkpoints but no config.json to check this config's training keys against; "
+      "restore config.json, or use a new --config.workdir"
+    )
   if write:
     os.makedirs(workdir, exist_ok=True)
     _atomic_write_json(path, config_dict)
@@ -134,7 +153,7 @@ def check_or_write_identity(workdir: str, identity: dict, *, write: bool = True)
     diff = sorted(k for k in identity if k in saved and saved[k] != identity[k])
     if diff:
       lines = ", ".join(f"{k} {str(saved[k])[:12]}... now {str(identity[k])[:12]}..." for k in diff)
-      raise ValueError(
+      raise WorkdirRefused(
         f"workdir {workdir} holds a run made with another {' and '.join(diff)} behind the same config ({lines}); "
         "refusing to resume it: point config.model.source at what the run was made with, or use a new workdir"
       )

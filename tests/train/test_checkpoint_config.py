@@ -7,6 +7,7 @@ import pytest
 
 from jaxcredit.train import checkpoint as ckpt_lib
 from jaxcredit.train.config import base_config, validate
+from tests.fixtures.cli import run_cli
 
 
 def test_training_key_diff_ignores_run_length_keys():
@@ -114,3 +115,26 @@ def test_knobs_of_another_method_do_not_block_a_resume(tmp_path):
   b.credit.grpo.eps = 1e-3
   with pytest.raises(ValueError, match=r"credit.grpo.eps"):
     ckpt_lib.check_or_write_config(str(tmp_path), b.to_dict())
+
+
+def test_an_unreadable_or_missing_config_json_is_refused_naming_the_file(tmp_path):
+  """Issue 54 case 10: a truncated config.json gave an error without the file's name, and a workdir with checkpoints
+  but no config.json resumed with a changed method silently. Both are refused (exit 2 at the CLI)."""
+  from jaxcredit.train.checkpoint import WorkdirRefused
+
+  c = base_config().to_dict()
+  w = tmp_path / "w"
+  w.mkdir()
+  (w / "config.json").write_text('{"seed": 0, "cred')
+  with pytest.raises(WorkdirRefused, match=rf"{w / 'config.json'} is not a readable config"):
+    ckpt_lib.check_or_write_config(str(w), c)
+  (w / "config.json").write_text("[1]")
+  with pytest.raises(WorkdirRefused, match="a JSON list, not an object"):
+    ckpt_lib.check_or_write_config(str(w), c)
+  (w / "config.json").unlink()
+  (w / "checkpoints" / "3").mkdir(parents=True)
+  with pytest.raises(WorkdirRefused, match="holds checkpoints but no config.json"):
+    ckpt_lib.check_or_write_config(str(w), c, write=False)
+  assert not (w / "config.json").exists()
+  p = run_cli("train", "--config", "configs/quickstart.py", f"--config.workdir={w}")
+  assert p.returncode == 2 and "holds checkpoints but no config.json" in p.stderr.strip().splitlines()[-1]
