@@ -617,6 +617,16 @@ def _reject_constant(name: str):
   raise ValueError(f"{name} is not standard JSON (non-finite numbers are not allowed)")
 
 
+def _no_duplicate_keys(pairs: list) -> dict:
+  """json's object hook: refuses an object that names a key twice (json.loads keeps the last silently)."""
+  out = {}
+  for key, value in pairs:
+    if key in out:
+      raise ValueError(f"the key {key!r} appears twice in one object")
+    out[key] = value
+  return out
+
+
 def read_jsonl(path: str | os.PathLike, *, vocab_size: int | None = None) -> list[dict]:
   """Reads the records of a JSONL file (blank lines skipped), each checked by `validate_record` and, when
   `vocab_size` is given, by `check_token_ids` (every token id in [0, vocab_size)).
@@ -626,8 +636,8 @@ def read_jsonl(path: str | os.PathLike, *, vocab_size: int | None = None) -> lis
     `records_to_trajectory` apply them).
 
   Raises:
-    ValueError: "<path>, line <n>: ..." for a line that is not UTF-8, not JSON (NaN / Infinity included), not an
-      object, or whose record fails `validate_record` or `check_token_ids` (the message names the field).
+    ValueError: "<path>, line <n>: ..." for a line that is not UTF-8, not JSON (NaN / Infinity included, or an
+      object naming a key twice), not an object, or whose record fails `validate_record` or `check_token_ids` (the message names the field).
   """
   with open(path, "rb") as f:
     data = f.read()
@@ -643,7 +653,7 @@ def read_jsonl(path: str | os.PathLike, *, vocab_size: int | None = None) -> lis
     except UnicodeDecodeError as e:
       raise ValueError(f"{where}: not valid UTF-8 (byte {e.start})") from None
     try:
-      rec = json.loads(text, parse_constant=_reject_constant)
+      rec = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_no_duplicate_keys)
     except json.JSONDecodeError as e:
       raise ValueError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
     except (ValueError, RecursionError) as e:

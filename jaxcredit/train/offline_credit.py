@@ -51,8 +51,9 @@ def tasks_of_records(env, tasks: list, records: list[dict], *, source: str, need
     need: what needs the tasks, for error messages.
 
   Raises:
-    ValueError: a record whose task_id the environment does not have; a record without task_id whose prompt is
-      no task's (or is two different tasks' prompt), naming the file and the rollout.
+    ValueError: a record whose task_id the environment does not have, or whose prompt is not that task's; a record
+      without task_id whose prompt is no task's (or is two different tasks' prompt), naming the file and the
+      rollout.
   """
   by_id, by_prompt = {}, {}
   for t in tasks:
@@ -73,7 +74,15 @@ def tasks_of_records(env, tasks: list, records: list[dict], *, source: str, need
           f"{where} has task_id {tid!r}, which the environment does not have among its {len(tasks)} train and eval "
           f"tasks ({len(by_id)} with an id); {need} need the task"
         )
-      found.append(by_id[str(tid)])
+      task = by_id[str(tid)]
+      key = _prompt_key(r.get("messages") or [])
+      if key is not None and key != _prompt_key(env.initial_messages(task)):
+        # The id names another task than the one the rollout's prompt asks: its gold answer would credit it wrongly.
+        raise ValueError(
+          f"{where} has task_id {tid!r}, but its prompt (its messages before the first assistant message) is not "
+          f"that task's; {need} need the task it was sampled from"
+        )
+      found.append(task)
       continue
     key = _prompt_key(r.get("messages") or [])
     if key is None:
