@@ -359,3 +359,30 @@ def test_every_method_row_is_complete():
   for name, m in METHODS.items():
     assert callable(m.advantages) and m.summary, name
     assert isinstance(m.knobs, dict) and all(isinstance(p, str) for p in m.passes), name
+
+
+@pytest.mark.parametrize("name", ["gigpo", "trace", "crest"])
+def test_every_step_of_a_turn_level_method_carries_its_own_advantage(name):
+  """A public report (SkyRL PR #1507): in step-wise training most step samples silently got advantage 0. Here a group
+  with an outcome contrast gives every action token of every turn of every rollout a nonzero advantage, per turn,
+  with each method's own passes filled (TRACE: a gold answer whose log-prob changes at the boundary; CrEST: a teacher
+  equal to the policy, so only its unit advantages act, units = turns with their own verdicts)."""
+  traj = _traj(rewards=(1.0, 0.0, 1.0, 0.0))
+  if name == "trace":
+    gold = np.tile(np.asarray([[-5.0, -3.0, 0.0, 0.0]], np.float32), (4, 1))
+    traj.passes["gold_answer"] = {
+      "gold_logp_BxT1": gold,
+      "boundary_mask_BxT1": traj.boundary_mask_BxT1.copy(),
+      "valid_B": np.ones(4, bool),
+      "reasons": [""] * 4,
+    }
+  if name == "crest":
+    traj.passes["teacher_privileged"] = _teacher(traj)
+  out = METHODS[name].advantages(traj, _knobs(name))
+  act = traj.action_mask_BxL & traj.sample_mask_B[:, None]
+  assert act.sum() == 4 * 5
+  assert np.all(out.adv_BxL[act] != 0.0), out.adv_BxL
+  for b in range(4):  # each turn's tokens share their turn's value (turn-level credit)
+    for t in (0, 1):
+      values = out.adv_BxL[b][traj.turn_ids_BxL[b] == t]
+      assert np.all(values == values[0])
