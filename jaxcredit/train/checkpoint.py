@@ -222,7 +222,7 @@ class Checkpointer:
   def restore_params(self, step: int, params_like):
     """Restores only the parameters of a step (e.g. for `jaxcredit credit`)."""
     abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, params_like)
-    out = self.manager.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract)))
+    out = _checked_restore(self.manager, step, ocp.args.Composite(params=ocp.args.StandardRestore(abstract)))
     return out["params"]
 
   def has_reference(self) -> bool:
@@ -262,11 +262,25 @@ def _save(manager: ocp.CheckpointManager, step: int, params, opt_state, meta: di
   manager.wait_until_finished()
 
 
+def _checked_restore(manager: ocp.CheckpointManager, step: int, args):
+  """`manager.restore(step, args=args)`, with a checkpoint that lost a part (its params/ or opt_state/ folder gone:
+  orbax's KeyError 'Item "params" was not found') refused in one line naming the step's folder (issue 54)."""
+  try:
+    return manager.restore(step, args=args)
+  except (KeyError, FileNotFoundError) as e:
+    folder = os.path.join(os.fspath(manager.directory), str(step))
+    raise ValueError(
+      f"the checkpoint {folder} is incomplete ({' '.join(str(e).split())[:200]}); remove that step's folder to resume "
+      "from the one before it, or use a new workdir"
+    ) from None
+
+
 def _restore(manager: ocp.CheckpointManager, step: int, params_like, opt_state_like) -> tuple[Any, Any, dict]:
   abstract = lambda t: jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, t)
-  out = manager.restore(
+  out = _checked_restore(
+    manager,
     step,
-    args=ocp.args.Composite(
+    ocp.args.Composite(
       params=ocp.args.StandardRestore(abstract(params_like)),
       opt_state=ocp.args.StandardRestore(abstract(opt_state_like)),
       meta=ocp.args.JsonRestore(),

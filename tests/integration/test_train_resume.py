@@ -67,6 +67,16 @@ def test_train_resume_and_refusal(tmp_path, tiny):
   assert open(os.path.join(c.workdir, "metrics.jsonl")).read() == before
   assert "3" in os.listdir(os.path.join(c.workdir, "checkpoints"))
 
+  # Issue 54: a checkpoint that lost its params/ folder ended in orbax's KeyError; one line names the step's folder.
+  import shutil
+
+  c.optim.learning_rate = 1e-5
+  c.total_steps = 4
+  step3 = os.path.join(c.workdir, "checkpoints", "3")
+  shutil.rmtree(os.path.join(step3, "params"))
+  with pytest.raises(ValueError, match=rf"the checkpoint {step3} is incomplete .*remove that step's folder"):
+    trainer.train(c)
+
 
 def test_a_crash_between_reference_and_step0_checkpoint_still_resumes(tmp_path, tiny, monkeypatch):
   """The reference is written right before the step-0 checkpoint; a run that died between the two leaves a
