@@ -780,6 +780,31 @@ def train_curve(workdir: str) -> tuple[list[int], list[float], float]:
   return [r["step"] for r in rl], [r["success_rate"] for r in rl], float(sum(r.get("step_s", 0.0) for r in rl))
 
 
+DIAGNOSTICS = ("contrast_group_frac", "nonzero_adv_token_frac", "dense_adv_share", "grad_norm")
+"""Per RL step, why a method learns or not (issue 51; `rl_step.credit_diagnostics` and the update's gradient norm)."""
+
+
+def diagnostics_curves(workdir: str) -> dict[str, list]:
+  """{"steps": [...], name: [...] for each of `DIAGNOSTICS`} from the run's logged "rl" rows (None where a row lacks
+  one: runs logged before the diagnostics existed)."""
+  rows = [json.loads(x) for x in open(os.path.join(workdir, "metrics.jsonl"))]
+  rl = sorted((r for r in rows if r["phase"] == "rl"), key=lambda r: r["step"])
+  return {"steps": [r["step"] for r in rl], **{k: [r.get(k) for r in rl] for k in DIAGNOSTICS}}
+
+
+def mean_diagnostics(curves: list[dict]) -> dict[str, list]:
+  """The seeds' diagnostics curves averaged step by step (steps all seeds logged; None where any seed lacks one)."""
+  steps = sorted(set.intersection(*(set(c["steps"]) for c in curves))) if curves else []
+  out: dict[str, list] = {"steps": steps}
+  for k in DIAGNOSTICS:
+    values = []
+    for s in steps:
+      xs = [c[k][c["steps"].index(s)] for c in curves]
+      values.append(None if any(x is None for x in xs) else float(np.mean(xs)))
+    out[k] = values
+  return out
+
+
 def window_mean(values: list[float], window: int, last: bool) -> float | None:
   """Mean of the first (or last) `window` values; None when there are none."""
   part = values[-window:] if last else values[:window]
@@ -828,6 +853,9 @@ def summarize(
       "run_seconds": [run_seconds(w) for w in dirs],
       # the held-out evals' environment metrics at the last step (e.g. env/chain_progress), mean over seeds
       "final_env": _mean_dicts([final_env_metrics(w) for w in dirs]),
+      # per RL step, mean over seeds: groups with an outcome contrast, tokens with a nonzero advantage, the dense
+      # term's share of the advantage's magnitude, the gradient norm (`DIAGNOSTICS`)
+      "diagnostics": mean_diagnostics([diagnostics_curves(w) for w in dirs]),
     }
   settings = comparison_settings(args)
   merged = {}

@@ -172,6 +172,12 @@ def _outcome(traj: Trajectory, scale: str, eps: float) -> np.ndarray:
   return per_group(credit.grpo_advantages, {"scale": scale, "eps": eps}, traj, traj.rewards_B, traj.sample_mask_B)
 
 
+def outcome_advantages(traj: Trajectory) -> np.ndarray:
+  """[B] GRPO's group-normalised outcome advantage of each rollout (`credit.grpo_advantages`, the defaults): the
+  reference the step's diagnostics measure a method's dense share against."""
+  return _outcome(traj, _OUTCOME["scale"], _OUTCOME["eps"])
+
+
 def _action_mean(x_BxL: np.ndarray, mask_BxL: np.ndarray) -> float:
   return float(x_BxL[mask_BxL].mean()) if mask_BxL.any() else 0.0
 

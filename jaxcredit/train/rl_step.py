@@ -27,7 +27,7 @@ from jaxcredit.train import step as step_lib
 from jaxcredit.train.engines import ENGINES
 from jaxcredit.train.export import export_rollouts, sample_rows
 from jaxcredit.train.heldout import rollout_env_metrics
-from jaxcredit.train.methods import METHODS
+from jaxcredit.train.methods import METHODS, outcome_advantages
 from jaxcredit.train.run import Run, sample_rollouts, sampler_binder, sampling_model
 from jaxcredit.train.update import (
   drop_invalid_behavior_logp,
@@ -37,7 +37,7 @@ from jaxcredit.train.update import (
   ppo_updates,
   update_batch,
 )
-from jaxcredit.trajectory import pack
+from jaxcredit.trajectory import group_index, pack
 
 
 def run_passes(run: Run, traj, results, tasks, params, ref_params, key) -> dict:
@@ -430,6 +430,7 @@ def metrics_row(run: Run, sampled: StepRollouts, traj, out, m: dict, seconds: di
     row["unit_reward_mean"] = float(traj.unit_rewards_BxU[traj.unit_mask_BxU].mean())
   if out.turn_adv_BxT is not None and tm.any():
     row["turn_adv_abs_mean"] = float(np.abs(out.turn_adv_BxT[tm]).mean())
+  row.update(credit_diagnostics(traj, out.adv_BxL))
   # Each term's loss, and a capped term's gradient norms, scale and share (`step.loss_and_grads`, grad_caps).
   row.update({k: float(v) for k, v in m.items() if k.startswith(("loss_", "grad_norm_", "grad_scale_", "grad_share_"))})
   if "kl" in m and c.loss.kl_coef > 0:
@@ -437,6 +438,30 @@ def metrics_row(run: Run, sampled: StepRollouts, traj, out, m: dict, seconds: di
   row.update({k: v for k, v in out.metrics.items() if v is not None})
   row.update(pass_row)
   return row
+
+
+def credit_diagnostics(traj, adv_BxL: np.ndarray) -> dict[str, float]:
+  """Where a step's signal comes from (issue 51: why a dense method does or does not beat GRPO):
+
+  contrast_group_frac     groups whose valid rollouts' rewards are not all equal (GRPO's only source of signal)
+  nonzero_adv_token_frac  action tokens of valid rollouts with a nonzero advantage
+  dense_adv_share         Σ|A - A_grpo| / (Σ|A_grpo| + Σ|A - A_grpo|) over those tokens: the share of the
+                          advantage's magnitude that is not the rollout's group-normalised outcome (0 for GRPO)
+  """
+  act = traj.action_mask_BxL & traj.sample_mask_B[:, None]
+  idx_PxG = group_index(traj.group_ids_B)
+  rewards_PxG = np.asarray(traj.rewards_B, np.float64)[idx_PxG]
+  valid_PxG = np.asarray(traj.sample_mask_B, bool)[idx_PxG] & np.isfinite(rewards_PxG)
+  contrast = [len(set(r[v].tolist())) > 1 for r, v in zip(rewards_PxG, valid_PxG)]
+  grpo = outcome_advantages(traj)[:, None] * act
+  adv = np.where(act, np.asarray(adv_BxL, np.float64), 0.0)
+  dense = float(np.abs(adv - grpo)[act].sum())
+  total = float(np.abs(grpo)[act].sum()) + dense
+  return {
+    "contrast_group_frac": float(np.mean(contrast)) if contrast else 0.0,
+    "nonzero_adv_token_frac": float(np.mean(adv[act] != 0.0)) if act.any() else 0.0,
+    "dense_adv_share": dense / total if total > 0 else 0.0,
+  }
 
 
 def export_step_rollouts(run: Run, sampled: StepRollouts, traj, out, rl_step: int) -> None:

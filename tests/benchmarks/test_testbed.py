@@ -205,6 +205,32 @@ def test_summary_means_spreads_and_steps_to_target(testbed, tmp_path):
   assert "| grpo | 0.320 ± 0.030 | 0.350, 0.290 | - | 0/2 | 10.0 (1/2) | - -> - | 0 |" in table
   assert result["rollouts_per_step"] == 8 and g["final_env"] == {}
   assert np.isclose(saved["warm_start_success"], 0.3)
+  # Rows logged before the diagnostics existed: the steps, with None for each diagnostic.
+  assert t["diagnostics"]["steps"] == list(range(1, 11)) and t["diagnostics"]["contrast_group_frac"] == [None] * 10
+
+
+def test_diagnostics_are_averaged_over_seeds_step_by_step(testbed, tmp_path):
+  def run(name, contrast):
+    w = tmp_path / name
+    w.mkdir()
+    rows = [
+      {
+        "phase": "rl",
+        "step": s,
+        "contrast_group_frac": c,
+        "nonzero_adv_token_frac": c,
+        "dense_adv_share": 0.0,
+        "grad_norm": 1.0 + s,
+      }
+      for s, c in enumerate(contrast, 1)
+    ]
+    (w / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(w)
+
+  curves = [testbed.diagnostics_curves(run("a", [0.25, 0.5, 1.0])), testbed.diagnostics_curves(run("b", [0.75, 0.5]))]
+  mean = testbed.mean_diagnostics(curves)
+  assert mean["steps"] == [1, 2]  # the steps every seed logged
+  assert mean["contrast_group_frac"] == [0.5, 0.5] and mean["grad_norm"] == [2.0, 3.0]
 
 
 def test_merge_joins_an_earlier_results_file_only_when_the_runs_repeat(testbed, tmp_path):

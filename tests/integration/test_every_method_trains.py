@@ -57,6 +57,9 @@ def test_method_trains(name, tiny, tmp_path):
     assert np.isfinite(r["loss"]) and np.isfinite(r["grad_norm"])
     for p in METHODS[name].passes:
       assert r[f"pass/{p}/seconds"] > 0 and 0 <= r[f"pass/{p}/dropped"] <= 4
+    if name == "hsd":  # no reward term: the full-vocabulary KL to the peer (here: gold-answer) teacher is the loss
+      assert r["loss_vocab_kl"] > 0 and r["loss_policy"] == 0.0 and np.isfinite(r["loss_reference_kl"])
+      assert r["hsd_distilled_frac"] == 1.0
     if name == "sgcd":  # no group with both outcomes: no summary, every rollout GRPO's, none skipped ("keep")
       assert r["sgcd_mixed_groups"] == 0 and r["sgcd_groups_skipped"] == 0
       assert r["pass/sibling_summary/dropped_not_mixed"] == 4

@@ -386,3 +386,20 @@ def test_every_step_of_a_turn_level_method_carries_its_own_advantage(name):
     for t in (0, 1):
       values = out.adv_BxL[b][traj.turn_ids_BxL[b] == t]
       assert np.all(values == values[0])
+
+
+def test_the_steps_credit_diagnostics():
+  """contrast_group_frac, nonzero_adv_token_frac and dense_adv_share (issue 51's why-numbers) on two groups of two:
+  one tied (both fail), one with a success and a failure."""
+  from jaxcredit.train.rl_step import credit_diagnostics
+
+  traj = _traj(rewards=(0.0, 0.0, 1.0, 0.0), group_ids=(0, 0, 1, 1))
+  grpo = METHODS["grpo"].advantages(traj, _knobs("grpo")).adv_BxL
+  d = credit_diagnostics(traj, grpo)
+  assert d == {"contrast_group_frac": 0.5, "nonzero_adv_token_frac": 0.5, "dense_adv_share": 0.0}
+  act = traj.action_mask_BxL
+  dense = np.where(act, 0.25, 0.0)  # a dense term of 0.25 on every action token, the tied group's included
+  d = credit_diagnostics(traj, grpo + dense)
+  assert d["nonzero_adv_token_frac"] == 1.0
+  # |A_grpo| = 0.5 / (the sample std 1/√2) = 1/√2 on the 10 tokens of group 1, 0 on group 0; the dense 0.25 on all 20.
+  assert d["dense_adv_share"] == pytest.approx(0.25 * 20 / (10 / np.sqrt(2) + 0.25 * 20), rel=1e-5)
