@@ -805,6 +805,46 @@ def mean_diagnostics(curves: list[dict]) -> dict[str, list]:
   return out
 
 
+def seed_of(workdir: str) -> int | None:
+  """The seed of a run's folder (`run_one` names it <label>_seed<N>); None for a folder named otherwise."""
+  name = os.path.basename(os.path.normpath(workdir))
+  head, sep, tail = name.rpartition("_seed")
+  return int(tail) if sep and tail.isdigit() else None
+
+
+def difference_from(base: dict, other: dict) -> dict | None:
+  """`other`'s final held-out success minus `base`'s (the methods' summary entries), with a 95% interval over seeds:
+  paired by seed where the two share at least two seeds (the mean of the per-seed differences, Student's t with
+  n - 1 degrees of freedom), else Welch's interval on the two sets of seeds. None with fewer than two seeds a side.
+
+  Returns:
+    {"diff": mean difference, "ci95": [low, high], "paired_seeds": n (0: unpaired), "n": (n_other, n_base)}.
+  """
+  from scipy import stats
+
+  a = dict(zip(other.get("seeds_run") or range(len(other["final_success"])), other["final_success"]))
+  b = dict(zip(base.get("seeds_run") or range(len(base["final_success"])), base["final_success"]))
+  shared = sorted(set(a) & set(b))
+  if len(shared) >= 2:
+    d = np.asarray([a[s] - b[s] for s in shared], np.float64)
+    half = stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d))
+    return {
+      "diff": float(d.mean()),
+      "ci95": [float(d.mean() - half), float(d.mean() + half)],
+      "paired_seeds": len(d),
+      "n": [len(a), len(b)],
+    }
+  x, y = np.asarray(list(a.values())), np.asarray(list(b.values()))
+  if len(x) < 2 or len(y) < 2:
+    return None
+  vx, vy = x.var(ddof=1) / len(x), y.var(ddof=1) / len(y)
+  se = np.sqrt(vx + vy)
+  df = (vx + vy) ** 2 / max(vx**2 / (len(x) - 1) + vy**2 / (len(y) - 1), 1e-300) if se > 0 else len(x) + len(y) - 2
+  diff = float(x.mean() - y.mean())
+  half = float(stats.t.ppf(0.975, df) * se)
+  return {"diff": diff, "ci95": [diff - half, diff + half], "paired_seeds": 0, "n": [len(x), len(y)]}
+
+
 def window_mean(values: list[float], window: int, last: bool) -> float | None:
   """Mean of the first (or last) `window` values; None when there are none."""
   part = values[-window:] if last else values[:window]
@@ -837,6 +877,7 @@ def summarize(
       "method": RUNS[label][0],
       "knobs": RUNS[label][1],
       "seeds": len(dirs),
+      "seeds_run": None if None in [seed_of(w) for w in dirs] else [seed_of(w) for w in dirs],
       "final_success_mean": float(np.mean(finals)),
       "final_success_std": float(np.std(finals)),
       "final_success": finals,
@@ -870,6 +911,8 @@ def summarize(
       m["steps_to_grpo_final"] = reach
       m["steps_to_grpo_final_mean"] = float(np.mean(hit)) if hit else None
       m["reached_grpo_final"] = f"{len(hit)}/{len(reach)}"
+      # The final held-out success minus GRPO's, with its 95% interval over seeds (paired by seed where shared).
+      m["vs_grpo"] = None if label == "grpo" else difference_from(methods["grpo"], m)
   result = {
     "machine": {
       "cpus": os.cpu_count(),

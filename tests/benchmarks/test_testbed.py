@@ -428,3 +428,17 @@ def test_set_overrides_parse_as_the_keys_type_and_refuse_bad_items(testbed):
   ]:
     with pytest.raises(ValueError, match=message):
       testbed.apply_overrides(base_config(), [item])
+
+
+def test_difference_from_grpo_is_paired_by_seed_with_a_t_interval(testbed):
+  grpo = {"final_success": [0.50, 0.60, 0.40], "seeds_run": [0, 1, 2]}
+  trace = {"final_success": [0.55, 0.70, 0.45], "seeds_run": [0, 1, 2]}
+  d = testbed.difference_from(grpo, trace)
+  # differences 0.05, 0.10, 0.05: mean 0.0667, sample std 0.02887, t(0.975, 2) = 4.3027: half width 0.0717
+  assert d["paired_seeds"] == 3 and d["diff"] == pytest.approx(0.2 / 3)
+  assert d["ci95"] == pytest.approx([0.2 / 3 - 0.0717, 0.2 / 3 + 0.0717], abs=1e-3)
+  other = {"final_success": [0.55, 0.65], "seeds_run": [7, 8]}  # no shared seed: Welch's interval
+  w = testbed.difference_from(grpo, other)
+  assert w["paired_seeds"] == 0 and w["diff"] == pytest.approx(0.1) and w["ci95"][0] < 0.1 < w["ci95"][1]
+  assert testbed.difference_from(grpo, {"final_success": [0.5], "seeds_run": [0]}) is None
+  assert testbed.seed_of("runs/x/runs/trace_k0_seed12") == 12
