@@ -258,14 +258,18 @@ class _Normalised(NamedTuple):
 
 def _normalised(div_L: Array, action_L: Array, *, lambda_kl: float, min_divergence: float) -> _Normalised:
   """d̂ = d / max_action d (0 when that max is <= min_divergence: no signal) and the onsets d̂ > lambda_kl, on
-  checked arrays with the token axis last. d / max is taken of both scaled by the same power of two (exact)."""
+  checked arrays with the token axis last. d / max is taken of both scaled by the same power of two (exact). The
+  onset is decided as d > lambda_kl · max d, without the division: XLA's float32 division was one ulp above the
+  correctly rounded quotient at a tie (d / max = 0.375 / 3.75 read as an onset at lambda_kl = 0.1)."""
   d_L = jnp.where(action_L & jnp.isfinite(div_L) & (div_L > 0), div_L, 0.0)
   top = jnp.max(d_L, axis=-1, keepdims=True)
   k = jnp.frexp(top)[1].astype(jnp.int32)
   top_s = _stats.ldexp(top, -k)
   signal = top > min_divergence
-  d_hat_L = jnp.where(signal, _stats.ldexp(d_L, -k) / jnp.where(signal, top_s, 1.0), 0.0)
-  return _Normalised(d_hat_L, action_L & signal & (d_hat_L > lambda_kl))
+  d_s = _stats.ldexp(d_L, -k)
+  d_hat_L = jnp.where(signal, d_s / jnp.where(signal, top_s, 1.0), 0.0)
+  onset_L = d_s > jnp.float32(lambda_kl) * top_s
+  return _Normalised(d_hat_L, action_L & signal & onset_L)
 
 
 def _entropy_runs(onset_L: Array, entropy_L: Array, action_L: Array, lambda_h: float) -> Array:

@@ -457,12 +457,6 @@ def validate(c: ml_collections.ConfigDict) -> None:
       f"config.sampling.max_len = {c.sampling.max_len} (a turn needs its context plus max_new_tokens within max_len): "
       "raise max_len or lower max_new_tokens"
     )
-  method = METHODS.get(c.credit.method)
-  if 0 < c.teacher.max_len < c.sampling.max_len and method is not None and method.teacher is not None:
-    raise ValueError(
-      f"config.teacher.max_len = {c.teacher.max_len} is below config.sampling.max_len = {c.sampling.max_len}: a teacher "
-      "sequence holds the whole rollout plus its context, so long rollouts could never be scored (0: derived)"
-    )
   if c.model.remat_policy != "nothing" and not c.model.remat:
     raise ValueError(
       f"config.model.remat_policy = {c.model.remat_policy!r} needs config.model.remat=True (without remat every "

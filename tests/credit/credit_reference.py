@@ -495,14 +495,23 @@ def gear_v21_normalised(divergence, action_mask, min_divergence=1e-6):
   return [f32(x / top) for x in d]
 
 
+def gear_v21_onsets(divergence, action_mask, lambda_kl=0.1, min_divergence=1e-6):
+  """d̂ > lambda_kl decided as d > lambda_kl · max d in float32 (the reading's threshold without a division's rounding)."""
+  d = [f32(x) if action_mask[i] and _finite(x) and x > 0 else f32(0.0) for i, x in enumerate(divergence)]
+  top = max(d) if d else f32(0.0)
+  if not top > min_divergence:
+    return [False] * len(d)
+  return [bool(x > f32(f32(lambda_kl) * top)) for x in d]
+
+
 def gear_v21_segs(divergence, entropy, action_mask, lambda_kl=0.1, lambda_h=1.5, min_divergence=1e-6):
   """Token by token: an onset (d̂ > lambda_kl) opens a segment; an action token with finite entropy <= lambda_h times
   the onset's extends it; anything else closes it."""
-  d_hat = gear_v21_normalised(divergence, action_mask, min_divergence)
-  seg = np.full(len(d_hat), -1, np.int32)
+  onsets = gear_v21_onsets(divergence, action_mask, lambda_kl, min_divergence)
+  seg = np.full(len(onsets), -1, np.int32)
   start, h0 = -1, f32(0.0)
-  for i in range(len(d_hat)):
-    if action_mask[i] and d_hat[i] > f32(lambda_kl):
+  for i in range(len(onsets)):
+    if action_mask[i] and onsets[i]:
       start, h0 = i, f32(entropy[i])
     elif (
       action_mask[i]

@@ -190,3 +190,13 @@ def test_gear_shape_errors_name_the_argument():
     credit.gear_segments(np.zeros(4), np.zeros(3), np.ones(4, bool))
   with pytest.raises(ValueError, match="`seq_adv` must have"):
     credit.gear_advantages(np.zeros(2), np.zeros(4), np.zeros(4), np.ones(4, bool))
+
+
+def test_an_onset_exactly_at_the_threshold_is_not_one():
+  """Found by the property test: d = 0.375 against a max of 3.75 is d̂ = 0.1 = lambda_KL exactly, no onset (d̂ must
+  exceed it); the division d / max had read as one ulp above it and opened a segment."""
+  div = np.zeros(12, np.float32)
+  div[4], div[9] = 0.375, 3.75
+  seg = np.asarray(credit.gear_segments(div, np.zeros(12, np.float32), np.ones(12, bool)))
+  assert seg[4] == -1 and seg[9] == 9
+  np.testing.assert_array_equal(seg, ref.gear_v21_segs(div, np.zeros(12), np.ones(12, bool)))
