@@ -71,7 +71,10 @@ The starved regime (issue 51), stated before its runs. Tasks: `chain_long` (chai
 train` they are config.env.chain.{min,max}_steps and config.env.session.{min,max}_requests. Warm start: from the chain
 task's copying policy, `--sft-steps` N, N the first of the warm stage's evals (300, 600, 900, 1200 steps) whose
 held-out success on 256 tasks lies in [0.02, 0.08] (a shorter warm start is a prefix of a longer one: the same steps,
-the same evals). Probed on this CPU (AMD EPYC, AVX-512) on 128 tasks: chain_long 0.039 at 300 steps, 0.055 at 600.
+the same evals). Probed on this CPU (AMD EPYC, AVX-512) on 128 tasks (benchmarks/results/
+testbed_chain_long_warm_probe.json, testbed_session_long_warm_probe.json, each with its command): chain_long 0.039,
+0.055, 0.008, 0.031 at 300, 600, 900, 1200 steps (in the band, and noisy at 128 tasks); session_long 0.055 at 300
+steps with single requests right only 26% of the time (below the 40-80% the per-request verdicts need: train longer).
   Runs (30 RL steps of 4 prompts x 8 rollouts, lr 1e-4, the final eval on 256 fixed tasks, sampled with fixed keys):
 chains grpo, grpo_progress (the control: GRPO paid the fraction of the chain reached), trace, trace_k0,
 trace_raw_delta, gigpo; sessions grpo, grpo_partial (the control: GRPO paid the fraction of requests right), crest,
