@@ -264,18 +264,32 @@ class SessionEnv(episode.ToolEpisode):
 
 
 def metrics(envs: Sequence[SessionEnv]) -> dict[str, float]:
-  """{"session_unit_success": requests passed over requests, "session_units_before_first_failure": the mean share
-  of a session's requests passed before its first failure}; {} for none."""
+  """Request-level success over sessions; {} for none.
+
+  Returns:
+    "session_unit_success": requests passed over requests (never-reached requests count as failed);
+    "session_units_before_first_failure": the mean share of a session's requests passed before its first failure;
+    "session_request_success_given_right_input": requests passed over requests answered from a right input (a
+      session's first request, or one after a request that passed): how often one request is right by itself. A
+      wrong answer fails every request built on it, so the first two fall with session length while this one does
+      not (issue 51's 40-80% band for the per-request verdicts is read on it); 0.0 when no request had a right input.
+  """
   if not envs:
     return {}
   units = sum(len(e.task.requests) for e in envs)
   first = []
+  right_input = right_from_right_input = 0
   for e in envs:
     k = next((i for i, p in enumerate(e.passed) if not p), len(e.passed))
     first.append(k / len(e.task.requests))
+    for i, p in enumerate(e.passed):
+      if i == 0 or e.passed[i - 1]:
+        right_input += 1
+        right_from_right_input += p
   return {
     "session_unit_success": sum(sum(e.passed) for e in envs) / units,
     "session_units_before_first_failure": sum(first) / len(envs),
+    "session_request_success_given_right_input": right_from_right_input / right_input if right_input else 0.0,
   }
 
 

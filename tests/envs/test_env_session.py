@@ -59,7 +59,11 @@ def test_a_right_session_pays_with_each_request_verified(train_tasks):
     assert r.info["unit_rewards"] == [1.0] * (u + 1)
   assert results[-1].done and results[-1].info["answered"] and results[-1].info["finish"] == "answer"
   assert env.reward() == 1.0 and env.unit_rewards() == [1.0] * len(task.requests)
-  assert session.metrics([env]) == {"session_unit_success": 1.0, "session_units_before_first_failure": 1.0}
+  assert session.metrics([env]) == {
+    "session_unit_success": 1.0,
+    "session_units_before_first_failure": 1.0,
+    "session_request_success_given_right_input": 1.0,
+  }
 
 
 def test_a_wrong_request_fails_it_and_the_ones_built_on_it(train_tasks):
@@ -71,6 +75,9 @@ def test_a_wrong_request_fails_it_and_the_ones_built_on_it(train_tasks):
   n = len(task.requests)
   assert env.unit_rewards() == [1.0] + [0.0] * (n - 1) and env.reward() == 0.0
   assert session.metrics([env])["session_units_before_first_failure"] == pytest.approx(1 / n)
+  # requests 1 and 2 had right inputs (the start, request 1's right answer), request 2 failed: 1 of 2; the rest
+  # were built on a wrong answer and do not count
+  assert session.metrics([env])["session_request_success_given_right_input"] == pytest.approx(1 / 2)
   env = session.SessionEnv(task, reward="unit_fraction")
   _play(env, task, wrong_unit=n - 1)
   assert env.reward() == pytest.approx((n - 1) / n)
