@@ -67,6 +67,8 @@ def _bfcl_multi_turn(c) -> EnvSpec:
     compact_tools=bool(c.compact_tools),
     classes=str(c.classes).split(","),
     protocol=str(c.protocol),
+    decoder=str(c.decoder),
+    eval_decoder=str(c.eval_decoder),
   )
 
 
@@ -125,6 +127,8 @@ ENVS: dict[str, Env] = {
       "compact_tools": False,
       "classes": "",
       "protocol": "",  # "crest": CrEST's split (100 Base to train; 100 each of the four categories to evaluate)
+      "decoder": "training",  # how training rollouts read text: the strict parser (bfcl_multi_turn.DECODERS)
+      "eval_decoder": "official",  # held-out evals: bfcl-eval's Qwen decoder and protocol (its official number)
     },
     "BFCL V3 multi-turn sessions on BFCL's backends; one verified unit per user request (BFCL's checkers)",
   ),

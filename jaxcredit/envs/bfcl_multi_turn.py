@@ -6,7 +6,7 @@ VehicleControlAPI) and are checked with BFCL's own state and response checkers.
 
 A session (one rollout):
   * The prompt is a system message listing the tools (`tool_calls.render_tools_prompt`) and the first request.
-  * Each assistant message may hold several `<tool_call>{json}</tool_call>` blocks (outside `<think>` blocks). They
+  * Each assistant message may hold several `<tool_call>\\n{json}\\n</tool_call>` blocks (outside `<think>` blocks). They
     are parsed to a function name and keyword arguments, checked against the function's schema and dispatched to
     the backend method directly (`getattr(instance, name)(**arguments)`): model text is never `eval`ed. Their
     results come back in one tool message.
@@ -37,21 +37,43 @@ from __future__ import annotations
 
 import ast
 import copy
-import dataclasses
 import functools
-import hashlib
 import importlib
 import importlib.util
 import inspect
 import json
-import pathlib
 from typing import Any, Sequence
 
-from jaxcredit.envs import episode, spec, tool_calls
+from jaxcredit.envs import bfcl_decoder, episode, spec, tool_calls
+from jaxcredit.envs.bfcl_tasks import (  # noqa: F401 - the task data, re-exported (this module's API before the split)
+  BACKENDS,
+  CATEGORIES,
+  CREST_SEED,
+  CREST_TRAIN,
+  EVAL_EVERY,
+  PROTOCOLS,
+  BfclTask,
+  _crest_pool,
+  _is_eval_task,
+  is_eval,
+  load_tasks,
+  make_tasks,
+  package_dir,
+  read_jsonl,
+  session_index,
+  split_groups,
+  crest_split,
+)
 
-CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
 REWARDS = ("all_units", "unit_fraction")
-EVAL_EVERY = 10  # every 10th session (a base session with its variants) by a stable hash is held out for eval
+DECODERS = ("training", "official")
+"""How a session reads assistant text (`BfclSession`'s `decoder`): "training", the strict parser
+(`tool_calls.parse_message`: malformed calls become error observations, think blocks hide calls, the step limit is
+`max_steps_per_unit`); "official", bfcl-eval's own Qwen decoder and protocol (`bfcl_decoder.decode_execute`; a message
+it cannot decode or that decodes to no call ends the request; past `official_step_limit()` steps in one request the
+session is force-quit)."""
+FORBIDDEN_CALLS = ("kill", "exit", "quit", "remove", "unlink", "popen", "Popen", "run")
+"""Function names bfcl-eval's executor refuses before running a call ("Function call X is not allowed.")."""
 
 SYSTEM_PROMPT = (
   "You are an assistant that completes the user's requests by calling functions. At each turn, call the "
@@ -66,250 +88,6 @@ DONE_TEXT = "Done."
 """What a demonstration says to end a request."""
 REFUSAL_TEXT = "I cannot do that with the functions and information I have."
 """What a demonstration says for a request whose ground truth is empty."""
-
-
-def package_dir() -> pathlib.Path:
-  """bfcl-eval's package folder (its data, backends and checkers).
-
-  Raises:
-    ImportError: naming the install command when bfcl-eval is missing.
-  """
-  spec_ = importlib.util.find_spec("bfcl_eval")
-  if spec_ is None or not spec_.submodule_search_locations:
-    raise ImportError("the BFCL environments need bfcl-eval: pip install --no-deps bfcl-eval mpmath")
-  return pathlib.Path(list(spec_.submodule_search_locations)[0])
-
-
-def read_jsonl(path: pathlib.Path) -> list[dict]:
-  """bfcl-eval's data files are JSON Lines despite the .json name; the last line has no newline."""
-  with open(path, encoding="utf-8") as f:
-    return [json.loads(line) for line in f if line.strip()]
-
-
-@dataclasses.dataclass(frozen=True)
-class BfclTask:
-  """One multi-turn session.
-
-  Attributes:
-    task_id: BFCL's id, e.g. "multi_turn_base_0".
-    category: one of `CATEGORIES`.
-    requests: the user messages of each request (a request is a list of messages; a held-out-function request
-      has none: its message is made from `held_out`).
-    ground_truth: per request, BFCL's ground-truth calls as Python call strings, e.g. "cd(folder='document')".
-    initial_config: the backends' initial state, by class name (JSON text, so the task stays hashable).
-    involved_classes: backend class names.
-    held_out: request index -> names of the functions that become available at that request (miss_func).
-    excluded: functions never offered.
-  """
-
-  task_id: str
-  category: str
-  requests: tuple[tuple[dict, ...], ...]
-  ground_truth: tuple[tuple[str, ...], ...]
-  initial_config: str
-  involved_classes: tuple[str, ...]
-  held_out: tuple[tuple[int, tuple[str, ...]], ...] = ()
-  excluded: tuple[str, ...] = ()
-
-  @property
-  def num_units(self) -> int:
-    return len(self.requests)
-
-  @property
-  def long_context(self) -> bool:
-    return "long_context" in self.category
-
-
-@functools.lru_cache(maxsize=None)
-def load_tasks(categories: tuple[str, ...] = CATEGORIES) -> tuple[BfclTask, ...]:
-  """All tasks of the given categories, in BFCL's order.
-
-  Raises:
-    ValueError: for an unknown category, or a data file whose questions and answers disagree.
-    ImportError: when bfcl-eval is not installed.
-  """
-  for c in categories:
-    if c not in CATEGORIES:
-      raise ValueError(f"unknown BFCL multi-turn category {c!r}; known: {', '.join(CATEGORIES)}")
-  data = package_dir() / "data"
-  tasks = []
-  for c in categories:
-    questions = read_jsonl(data / f"BFCL_v4_multi_turn_{c}.json")
-    answers = {
-      a["id"]: a["ground_truth"] for a in read_jsonl(data / "possible_answer" / f"BFCL_v4_multi_turn_{c}.json")
-    }
-    for q in questions:
-      gt = answers.get(q["id"])
-      if gt is None or len(gt) != len(q["question"]):
-        raise ValueError(
-          f"bfcl-eval data: task {q['id']} has {len(q['question'])} requests but "
-          f"{'no' if gt is None else len(gt)} ground-truth turns"
-        )
-      held = tuple(sorted((int(k), tuple(v)) for k, v in (q.get("missed_function") or {}).items()))
-      tasks.append(
-        BfclTask(
-          task_id=q["id"],
-          category=c,
-          requests=tuple(tuple(turn) for turn in q["question"]),
-          ground_truth=tuple(tuple(t) for t in gt),
-          initial_config=json.dumps(q.get("initial_config", {})),
-          involved_classes=tuple(q["involved_classes"]),
-          held_out=held,
-          excluded=tuple(q.get("excluded_function") or ()),
-        )
-      )
-  return tuple(tasks)
-
-
-@functools.lru_cache(maxsize=None)
-def split_groups() -> dict[str, str]:
-  """task id -> the name of its split group: sessions that share a session index (a base session and its miss_func,
-  miss_param and long_context variants) or a first request (BFCL repeats a few opening requests across sessions) are
-  joined, transitively, and the group is named by its smallest "session_<i>". Every task of every category."""
-  tasks = load_tasks(CATEGORIES)
-  parent: dict[str, str] = {}
-
-  def find(x: str) -> str:
-    while parent.setdefault(x, x) != x:
-      x = parent[x]
-    return x
-
-  def first_request(t: BfclTask) -> str:
-    return next((m.get("content", "") for m in t.requests[0] if m.get("role") == "user"), "") if t.requests else ""
-
-  for t in tasks:
-    a, b = find(f"session_{session_index(t.task_id)}"), find(f"first:{first_request(t)}")
-    if a != b:
-      parent[b] = a
-  name: dict[str, str] = {}  # root -> the smallest session name of its group
-  for t in tasks:
-    session = f"session_{session_index(t.task_id)}"
-    root = find(session)
-    name[root] = min(name.get(root, session), session, key=lambda n: int(n.split("_")[1]))
-  return {t.task_id: name[find(f"session_{session_index(t.task_id)}")] for t in tasks}
-
-
-def is_eval(task_id: str) -> bool:
-  """Whether a task is in the eval split: every `EVAL_EVERY`-th *group* by a stable hash (sha256) of its name
-  (`split_groups`): a base session and its miss_func, miss_param and long_context variants, and sessions that open
-  with the same request, are on the same side.
-
-  Hashed by task id (before 2026-12-06), 47 of the 62 non-base eval sessions were variants of a base session in the
-  train split, starting with the same first request (issue 54)."""
-  group = split_groups()[task_id]
-  return int(hashlib.sha256(group.encode()).hexdigest(), 16) % EVAL_EVERY == 0
-
-
-BACKENDS = (
-  "GorillaFileSystem",
-  "MathAPI",
-  "MessageAPI",
-  "TwitterAPI",
-  "TicketAPI",
-  "TradingBot",
-  "TravelAPI",
-  "VehicleControlAPI",
-)
-
-
-PROTOCOLS = ("", "crest")
-"""Values of config.env.bfcl_multi_turn.protocol: "" the hashed split (`is_eval`), "crest" `crest_split`'s."""
-CREST_SEED = 0
-"""The seed of `crest_split`'s draw of the 100 Base training sessions."""
-CREST_TRAIN = 100
-"""Base sessions CrEST trains on (arXiv 2608.13179, App. C.1); it evaluates 100 sessions of each category."""
-
-
-def session_index(task_id: str) -> int:
-  """The session's index within its category, e.g. 17 for "multi_turn_miss_param_17". BFCL's four categories are
-  variants of the same 200 sessions: index i of miss_func, miss_param and long_context is base session i with a
-  function held out, a parameter missing, or a long context added."""
-  return int(task_id.rsplit("_", 1)[1])
-
-
-@functools.lru_cache(maxsize=None)
-def crest_split(seed: int = CREST_SEED, sessions: int = 200) -> tuple[tuple[int, ...], tuple[int, ...]]:
-  """The session indices of the CrEST protocol's split: `CREST_TRAIN` of the `sessions` Base sessions drawn by
-  `random.Random(seed).sample`, and the others.
-
-  CrEST (arXiv 2608.13179, App. C.1) trains on 100 Base sessions and reports 100 sessions each of Base, Miss Func,
-  Miss Param and Long Context; it does not publish which ids. Our reading: a seeded draw of the 100 training
-  indices, and for evaluation the other 100 indices in each of the four categories. So the eval sets are disjoint
-  from the training sessions not only by id but by session: no evaluated Miss Func / Miss Param / Long Context
-  session is a variant of a Base session trained on.
-
-  Returns:
-    (train indices, eval indices), each sorted, disjoint, together range(sessions).
-  """
-  import random
-
-  train = sorted(random.Random(seed).sample(range(sessions), CREST_TRAIN))
-  return tuple(train), tuple(i for i in range(sessions) if i not in set(train))
-
-
-def _crest_pool(split: str) -> list[BfclTask]:
-  """The CrEST protocol's tasks of a split: train the Base sessions of `crest_split`'s training indices; eval the
-  other indices' sessions of all four categories, in rounds of (base, miss_func, miss_param, long_context) by
-  index, so that the first 4k tasks hold k sessions of each category."""
-  train, held = crest_split()
-  by_id = {t.task_id: t for t in load_tasks(CATEGORIES)}
-  if split == "train":
-    return [by_id[f"multi_turn_base_{i}"] for i in train]
-  return [by_id[f"multi_turn_{c}_{i}"] for i in held for c in CATEGORIES]
-
-
-def make_tasks(
-  split: str,
-  num: int | None = None,
-  seed: int | None = None,
-  *,
-  categories: Sequence[str] = CATEGORIES,
-  classes: Sequence[str] = (),
-  protocol: str = "",
-) -> list[BfclTask]:
-  """Tasks of one split: eval is a fixed tenth (by a hash of the id), train the rest, shuffled by `seed`; with
-  `protocol="crest"`, `crest_split`'s (train: 100 Base sessions; eval: 100 each of the four categories).
-
-  Args:
-    categories: the split's categories (ignored by the crest protocol, which fixes them).
-    classes: when given, only sessions whose backends are all among these classes (e.g. ("TradingBot",) for short
-      prompts); empty: every session.
-    protocol: one of `PROTOCOLS`.
-
-  Raises:
-    ValueError: unknown split, category, class or protocol, or `num` larger than the split (naming
-      config.env.num_train_tasks or config.eval.num_tasks).
-  """
-  if split not in ("train", "eval"):
-    raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
-  if protocol not in PROTOCOLS:
-    raise ValueError(f"config.env.bfcl_multi_turn.protocol: unknown protocol {protocol!r}; known: '', 'crest'")
-  unknown = [c for c in classes if c not in BACKENDS]
-  if unknown:
-    raise ValueError(f"config.env.bfcl_multi_turn.classes: unknown backend(s) {unknown}; known: {', '.join(BACKENDS)}")
-  if protocol == "crest":
-    pool = _crest_pool(split)
-    categories = ("base",) if split == "train" else CATEGORIES
-  else:
-    pool = [
-      t
-      for t in load_tasks(tuple(categories))
-      if is_eval(t.task_id) == (split == "eval") and (not classes or set(t.involved_classes) <= set(classes))
-    ]
-  if split == "train":
-    import random
-
-    random.Random(0 if seed is None else int(seed)).shuffle(pool)
-  num = len(pool) if num is None else int(num)
-  if not 0 <= num <= len(pool):
-    key = "config.env.num_train_tasks" if split == "train" else "config.eval.num_tasks"
-    raise ValueError(
-      f"{key}={num}, but the BFCL multi-turn {split} split of {list(categories)}"
-      + (" (protocol crest)" if protocol == "crest" else "")
-      + (f" on {list(classes)}" if classes else "")
-      + f" has {len(pool)} tasks"
-    )
-  return pool[:num]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -404,6 +182,15 @@ def _methods(backends: dict[str, Any]) -> dict[str, Any]:
   return out
 
 
+@functools.lru_cache(maxsize=None)
+def official_step_limit() -> int:
+  """bfcl-eval's `MAXIMUM_STEP_LIMIT` (20 in 2026.3.23): its multi-turn loop force-quits (and its runner fails the
+  whole session) when one request's step count exceeds it."""
+  from bfcl_eval.constants.default_prompts import MAXIMUM_STEP_LIMIT
+
+  return int(MAXIMUM_STEP_LIMIT)
+
+
 def parse_python_call(text: str) -> tuple[str, tuple, dict]:
   """A ground-truth call string such as "mv(source='a.txt', destination='tmp')" as (name, args, kwargs).
 
@@ -483,8 +270,9 @@ def ground_truth_calls(task: BfclTask, unit: int) -> list[tuple[str, dict]]:
 
 
 def render_calls(calls: Sequence[tuple[str, dict]]) -> str:
-  """Calls as one assistant message of `<tool_call>` blocks (the syntax the parser reads)."""
-  return "\n".join(tool_calls.render_tool_call(name, arguments) for name, arguments in calls)
+  """Calls as one assistant message of `<tool_call>` blocks in Qwen3's chat-template syntax (`tool_calls`'s "qwen3":
+  the text bfcl-eval's Qwen decoder reads), one per line."""
+  return tool_calls.render_tool_calls(calls, syntax="qwen3")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -517,8 +305,11 @@ class BfclSession(episode.ToolEpisode):
     reward: str = "all_units",
     max_calls_per_message: int = 64,
     compact_tools: bool = False,
+    decoder: str = "training",
   ):
-    """Raises: ValueError for a limit < 1 or an unknown reward (naming the config.env.bfcl_multi_turn key)."""
+    """Raises: ValueError for a limit < 1, an unknown reward or decoder (naming the config.env.bfcl_multi_turn key)."""
+    if decoder not in DECODERS:
+      raise ValueError(f"config.env.bfcl_multi_turn.decoder must be one of {DECODERS}, got {decoder!r}")
     if max_calls_per_message < 1:
       raise ValueError(f"config.env.bfcl_multi_turn.max_calls_per_message must be >= 1, got {max_calls_per_message}")
     if max_steps_per_unit < 1:
@@ -544,6 +335,8 @@ class BfclSession(episode.ToolEpisode):
     self.model_results: list[str] = []  # results of every dispatched call so far (BFCL's response list)
     self.unit_passed: list[bool] = []
     self.official: list[bool] = []
+    self.decoder = decoder
+    self.force_quit = False  # "official": a request took more than `official_step_limit()` steps
 
   def callable_tools(self) -> dict[str, tool_calls.Tool]:
     """Every public method of the task's backends, with its doc's schema (see `BfclSession` on availability)."""
@@ -570,6 +363,8 @@ class BfclSession(episode.ToolEpisode):
       RuntimeError: if the session is already done.
     """
     info = self.begin_step()
+    if self.decoder == "official":
+      return self._step_official(assistant_text, info)
     msg = tool_calls.parse_message(assistant_text, max_calls=self.max_calls_per_message)
     # Every attempted call counts, malformed or not: were only well-formed calls counted, a broken call followed by
     # a refusal would pass an empty-ground-truth request, paying the policy to emit broken calls when unsure.
@@ -599,6 +394,56 @@ class BfclSession(episode.ToolEpisode):
     if self.steps_in_unit >= self.max_steps_per_unit:
       return self._end_unit()
     return self._observe(observation)
+
+  def _step_official(self, assistant_text: str, info: dict) -> spec.StepResult:
+    """bfcl-eval's multi-turn loop for one message (`base_handler.inference_multi_turn_prompting`): decode it with
+    its Qwen decoder; no call (or a decoder error) ends the request; else run every decoded call, results in one tool
+    message; the request's step count past `OFFICIAL_STEP_LIMIT` force-quits the session (BFCL fails it)."""
+    from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils import is_empty_execute_response
+
+    try:
+      decoded = bfcl_decoder.decode_execute(assistant_text)
+    except ImportError:
+      raise
+    except Exception:  # noqa: BLE001 - bfcl-eval: "Failed to decode the model response. Proceed to next turn."
+      decoded = []
+    if is_empty_execute_response(decoded):
+      self.ended_by_model = True
+      return self._end_unit()
+    self.calls_in_unit += len(decoded)
+    results = [self._run_decoded_call(call, info) for call in decoded]
+    self.steps_in_unit += 1
+    if self.steps_in_unit > official_step_limit():
+      # bfcl-eval records the request's messages, then quits the session; its runner fails the session only through
+      # the missing requests (`_evaluate_single_multi_turn_entry`'s length check), so a force-quit in the last request
+      # is scored as usual
+      self.force_quit = True
+      result = self._end_unit()
+      if result.done:
+        return result
+      self.info["official_valid"] = False
+      return self._finish("force_quit")
+    trimmed = (tool_calls.truncate(r, self.max_output_chars) for r in results)
+    return self._observe("\n".join(tool_calls.render_tool_response(r) for r in trimmed))
+
+  def _run_decoded_call(self, call: str, info: dict) -> str:
+    """One of `bfcl_decoder.decode_execute`'s call strings run as bfcl-eval's executor runs it, read with `ast` (never
+    evaluated): its result text, or "Error during execution: ..." (both go into the response checker's list)."""
+    info["tool_calls"] += 1
+    try:
+      name, args, kwargs = parse_python_call(call)
+      if name in FORBIDDEN_CALLS:
+        raise ValueError(f"Function call {name} is not allowed.")
+      method = self._model_methods.get(name)
+      if method is None:
+        raise NameError(f"name {name!r} is not defined")
+      result = tool_calls.format_result(method(*args, **kwargs))
+    except Exception as e:  # noqa: BLE001 - BFCL records the error text as the result
+      result = execution_error(e)
+    if result.startswith(("Error during execution", '{"error"')):
+      info["tool_errors"] += 1
+    self.model_results.append(result)
+    return result
 
   def _end_unit(self) -> spec.StepResult:
     passed, official = self._verify(self.unit)
@@ -770,23 +615,37 @@ def gold_answer_text(task: BfclTask) -> str:
 
 
 def official_valid(env: BfclSession) -> bool:
-  """BFCL's official verdict of a session: it reached its end and every request passed BFCL's checkers (an
-  unfinished session fails, as BFCL's force-terminated ones do)."""
-  return bool(env.done and all(env.official))
+  """BFCL's checkers' verdict of a session: every request was reached and passed BFCL's checkers (a session that
+  stopped early fails, as bfcl-eval's force-terminated ones do). bfcl-eval's own verdict when the session read its
+  text with the "official" decoder."""
+  return bool(env.done and len(env.official) == env.task.num_units and all(env.official))
+
+
+ACCURACY_KEYS = {"official": "bfcl_official_accuracy", "training": "bfcl_checker_accuracy"}
+"""The metric a session's verdict goes into, by its decoder: "bfcl_official_accuracy" is bfcl-eval's number (its
+decoder, protocol and checkers); "bfcl_checker_accuracy" is BFCL's checkers on what the strict training parser ran
+(where the two read text differently, see docs/environments.md)."""
 
 
 def env_metrics(envs: Sequence[BfclSession]) -> dict[str, float]:
-  """BFCL's official accuracy and the fraction of requests passed, over finished and unfinished sessions; and the
-  official accuracy of each category the sessions hold, "bfcl_official_accuracy/<category>" (BFCL's table reports
-  one column per category: base, miss_func, miss_param, long_context)."""
+  """Accuracy and the fraction of requests passed, over finished and unfinished sessions.
+
+  Returns:
+    "bfcl_unit_pass_rate" (training verdicts of the requests reached); per decoder among the sessions (held-out
+    sessions read with "official", training ones with "training": `ACCURACY_KEYS`) its accuracy, and the same per
+    category, e.g. "bfcl_official_accuracy/base" (BFCL's table reports one column per category: base, miss_func,
+    miss_param, long_context).
+  """
   units = [p for e in envs for p in e.unit_rewards()]
-  out = {
-    "bfcl_official_accuracy": sum(official_valid(e) for e in envs) / max(1, len(envs)),
-    "bfcl_unit_pass_rate": sum(units) / max(1, len(units)),
-  }
-  for category in sorted({e.task.category for e in envs}):
-    group = [e for e in envs if e.task.category == category]
-    out[f"bfcl_official_accuracy/{category}"] = sum(official_valid(e) for e in group) / len(group)
+  out = {"bfcl_unit_pass_rate": sum(units) / max(1, len(units))}
+  for decoder, key in ACCURACY_KEYS.items():
+    read = [e for e in envs if e.decoder == decoder]
+    if not read:
+      continue
+    out[key] = sum(official_valid(e) for e in read) / len(read)
+    for category in sorted({e.task.category for e in read}):
+      group = [e for e in read if e.task.category == category]
+      out[f"{key}/{category}"] = sum(official_valid(e) for e in group) / len(group)
   return out
 
 
@@ -802,6 +661,8 @@ def env_spec(
   compact_tools: bool = False,
   classes: Sequence[str] = (),
   protocol: str = "",
+  decoder: str = "training",
+  eval_decoder: str = "official",
 ) -> spec.EnvSpec:
   """The BFCL multi-turn `EnvSpec` (config keys: config.env.bfcl_multi_turn.*).
 
@@ -811,6 +672,10 @@ def env_spec(
   evaluated. `protocol="crest"` takes
   `crest_split`'s split instead, for comparing with CrEST's table: 100 Base sessions to train on, 100 each of the
   four categories to evaluate (config.eval.num_tasks=400), none a variant of a training session.
+
+  Training rollouts read text with `decoder` ("training": the strict parser), held-out sessions with `eval_decoder`
+  ("official": bfcl-eval's Qwen decoder and its step limit, so `bfcl_official_accuracy` is bfcl-eval's number; see
+  `DECODERS`). A session's split is its task id's (`is_eval`, or the crest protocol's eval pool).
 
   Raises:
     ValueError: for an unknown category, reward or protocol, a limit < 1, or the crest protocol with categories,
@@ -862,7 +727,9 @@ def env_spec(
       classes=classes,
       protocol=protocol,
     ),
-    make_env=lambda task: BfclSession(task, **session_kwargs),
+    make_env=lambda task: BfclSession(
+      task, **session_kwargs, decoder=eval_decoder if _is_eval_task(task.task_id, protocol) else decoder
+    ),
     initial_messages=lambda task: initial_messages(task, compact_tools=compact_tools),
     stop_strings=(),
     max_turns=int(max_turns),

@@ -46,14 +46,12 @@ import functools
 import hashlib
 import importlib
 import importlib.util
-import json
 import random
-import re
 import sys
 import types
 from typing import Any, Sequence
 
-from jaxcredit.envs import episode, spec, tool_calls
+from jaxcredit.envs import bfcl_decoder, episode, spec, tool_calls
 from jaxcredit.envs.bfcl_multi_turn import EVAL_EVERY, package_dir, read_jsonl  # noqa: F401 - re-exported
 
 CATEGORIES = ("simple", "multiple", "parallel", "parallel_multiple", "irrelevance")
@@ -84,7 +82,6 @@ _TYPE_NAMES = {
   "bool": "boolean",
   "list": "array",
 }
-_OFFICIAL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -300,8 +297,9 @@ def ground_truth_calls(task: BfclSingleTask) -> list[tuple[str, dict]]:
 
 
 def render_calls(calls: Sequence[tuple[str, dict]]) -> str:
-  """Calls as one assistant message: `tool_calls.render_tool_call` of each, one per line."""
-  return "\n".join(tool_calls.render_tool_call(name, args) for name, args in calls)
+  """Calls as one assistant message in Qwen3's chat-template syntax (`tool_calls`'s "qwen3": the text bfcl-eval's
+  Qwen decoder reads), one per line."""
+  return tool_calls.render_tool_calls(calls, syntax="qwen3")
 
 
 def gold_answer_text(task: BfclSingleTask) -> str:
@@ -410,29 +408,22 @@ def ast_check(task: BfclSingleTask, calls: Sequence[tuple[str, dict]]) -> dict:
 
 
 def official_decode(text: str) -> list[dict] | None:
-  """The message as BFCL's Qwen function-calling handler decodes it (`QwenFCHandler.decode_ast`), or None when
-  that decoder raises.
+  """The message as bfcl-eval's Qwen function-calling handler decodes it (`bfcl_decoder.decode_ast`: its own code,
+  compiled from its source), or None when that decoder raises.
 
-  Only the text after the last `</think>` is read; every `<tool_call>...</tool_call>` whose content is not valid
-  JSON is silently dropped; any other JSON that is not an object with "name" and an "arguments" object makes the
-  decoder raise. One difference: BFCL's pattern is `<tool_call>\\n(.*?)\\n</tool_call>` (Qwen's chat template
-  writes those newlines), this one accepts the block without them (`tool_calls.render_tool_call` writes none).
+  Only the text after the last `</think>` is read; only `<tool_call>\\n(.*?)\\n</tool_call>` blocks (Qwen3's chat-template
+  syntax, which `render_calls` writes) are calls; a block whose content is not JSON is dropped silently; any other JSON
+  that is not an object with "name" and an "arguments" object makes the decoder raise.
 
   Returns:
-    `[{name: arguments}, ...]` (BFCL's decoded form), [] for no well-formed call, None for a decoder error.
+    `[{name: arguments}, ...]` (BFCL's decoded form), [] for no decoded call, None for a decoder error.
   """
-  visible = text.split(tool_calls.THINK_CLOSE)[-1]
-  decoded = []
-  for body in _OFFICIAL_CALL_RE.findall(visible):
-    try:
-      obj = json.loads(body)
-    except (ValueError, RecursionError):
-      continue
-    try:
-      decoded.append({obj["name"]: {k: v for k, v in obj["arguments"].items()}})
-    except (TypeError, KeyError, AttributeError):
-      return None
-  return decoded
+  try:
+    return bfcl_decoder.decode_ast(text)
+  except ImportError:
+    raise
+  except Exception:  # noqa: BLE001 - bfcl-eval's runners read any decoder exception as "no call"
+    return None
 
 
 def official_valid(task: BfclSingleTask, text: str) -> bool:

@@ -100,30 +100,67 @@ TOOLS: dict[str, Callable[[Mapping[str, Any]], str]] = {"calculator": _calculato
 """Tool name -> function(arguments) -> output text; raises `ToolError` for bad arguments."""
 
 
-def render_tool_call(name: str, arguments: Mapping[str, Any]) -> str:
-  """Writes a call in the syntax `parse_tool_call` reads.
+TOOL_CALL_SYNTAXES = ("compact", "qwen3")
+"""How `render_tool_call` writes a call (every syntax is read by `parse_message`, which strips the payload).
+
+- "compact": `<tool_call>{json}</tool_call>`, ASCII JSON with "<" written "\\u003c" (so a value can never close the
+  tag or open a think block). The calculator, chain, session and search environments write it: their committed
+  results were trained on it, and SmolLM2's chat template, which those runs use, has no tool-call syntax of its own.
+- "qwen3": byte for byte what Qwen3's chat template writes for an assistant message's `tool_calls`:
+  `<tool_call>\\n{"name": "<name>", "arguments": <arguments | tojson>}\\n</tool_call>` (non-ASCII kept, ", " and
+  ": " separators), calls joined by a newline. It is the syntax bfcl-eval's Qwen decoder reads
+  (`<tool_call>\\n(.*?)\\n</tool_call>`), so the BFCL environments write it (issue 53). One departure: a payload that
+  would hold a tag (`<tool_call>`, `</tool_call>`, `<think>`, `</think>`) gets its "<" written "\\u003c", since the
+  template's text could not be read back; no BFCL ground truth holds a "<".
+"""
+
+_TAGS = (TOOL_CALL_OPEN, TOOL_CALL_CLOSE, THINK_OPEN, THINK_CLOSE)
+
+
+def render_tool_call(name: str, arguments: Mapping[str, Any], syntax: str = "compact") -> str:
+  """Writes a call in one of `TOOL_CALL_SYNTAXES`, which `parse_tool_call` / `parse_message` read back.
 
   Args:
     name: the tool's name, e.g. "calculator".
     arguments: JSON-serializable arguments, e.g. {"expression": "2*(3+4)"}.
+    syntax: "compact" (default) or "qwen3" (see `TOOL_CALL_SYNTAXES`).
 
   Returns:
-    e.g. '<tool_call>{"name": "calculator", "arguments": {"expression": "2*(3+4)"}}</tool_call>'; `parse_tool_call`
-    reads back exactly `name` and `arguments`, whatever strings they hold.
+    e.g. '<tool_call>{"name": "calculator", "arguments": {"expression": "2*(3+4)"}}</tool_call>' ("compact") or
+    '<tool_call>\\n{"name": "cd", "arguments": {"folder": "déjà"}}\\n</tool_call>' ("qwen3"); the parser reads back
+    exactly `name` and `arguments`, whatever strings they hold.
 
   Raises:
     TypeError: if `arguments` is not JSON-serializable.
-    ValueError: if `arguments` hold a non-finite float (`loads_strict` refuses NaN and infinities).
+    ValueError: if `arguments` hold a non-finite float (`loads_strict` refuses NaN and infinities), or for an unknown
+      `syntax`.
   """
+  if syntax not in TOOL_CALL_SYNTAXES:
+    raise ValueError(f"unknown tool-call syntax {syntax!r}; known: {', '.join(TOOL_CALL_SYNTAXES)}")
+  qwen3 = syntax == "qwen3"
   try:
-    payload = json.dumps({"name": name, "arguments": dict(arguments)}, allow_nan=False)
+    if qwen3:
+      args = json.dumps(dict(arguments), allow_nan=False, ensure_ascii=False)
+      payload = '{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": ' + args + "}"
+    else:
+      payload = json.dumps({"name": name, "arguments": dict(arguments)}, allow_nan=False)
   except ValueError:
     raise ValueError(
       f"tool call {name!r}: arguments hold a non-finite number (nan or inf), which the parser refuses"
     ) from None
+  if qwen3:
+    if any(tag in payload for tag in _TAGS):
+      payload = payload.replace("<", "\\u003c")
+    return TOOL_CALL_OPEN + "\n" + payload + "\n" + TOOL_CALL_CLOSE
   # "<" inside strings is written "\u003c" (valid JSON for "<"), so a value can never close the tag early or open
   # a think block
   return TOOL_CALL_OPEN + payload.replace("<", "\\u003c") + TOOL_CALL_CLOSE
+
+
+def render_tool_calls(calls: Sequence[tuple[str, Mapping[str, Any]]], syntax: str = "compact") -> str:
+  """Several calls as one assistant message: `render_tool_call` of each, joined by a newline (as Qwen3's chat template
+  joins them). Raises as `render_tool_call`."""
+  return "\n".join(render_tool_call(name, arguments, syntax) for name, arguments in calls)
 
 
 def render_tool_response(content: str) -> str:
