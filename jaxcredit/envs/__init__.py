@@ -69,6 +69,7 @@ def _bfcl_multi_turn(c) -> EnvSpec:
     protocol=str(c.protocol),
     decoder=str(c.decoder),
     eval_decoder=str(c.eval_decoder),
+    eval_max_turns=int(c.eval_max_turns),
   )
 
 
@@ -129,6 +130,7 @@ ENVS: dict[str, Env] = {
       "protocol": "",  # "crest": CrEST's split (100 Base to train; 100 each of the four categories to evaluate)
       "decoder": "training",  # how training rollouts read text: the strict parser (bfcl_multi_turn.DECODERS)
       "eval_decoder": "official",  # held-out evals: bfcl-eval's Qwen decoder and protocol (its official number)
+      "eval_max_turns": 0,  # held-out turn cap; 0: the most bfcl-eval's protocol allows (it has no session cap)
     },
     "BFCL V3 multi-turn sessions on BFCL's backends; one verified unit per user request (BFCL's checkers)",
   ),

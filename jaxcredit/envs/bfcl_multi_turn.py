@@ -182,6 +182,12 @@ def _methods(backends: dict[str, Any]) -> dict[str, Any]:
   return out
 
 
+def official_turn_cap() -> int:
+  """The most assistant messages bfcl-eval's protocol lets a session take: per request, `official_step_limit()` call
+  messages and the one that ends it, times the most requests of any session."""
+  return (official_step_limit() + 1) * max(t.num_units for t in load_tasks())
+
+
 @functools.lru_cache(maxsize=None)
 def official_step_limit() -> int:
   """bfcl-eval's `MAXIMUM_STEP_LIMIT` (20 in 2026.3.23): its multi-turn loop force-quits (and its runner fails the
@@ -614,6 +620,36 @@ def gold_answer_text(task: BfclTask) -> str:
   return render_calls(calls) if calls else REFUSAL_TEXT
 
 
+def unwinnable(
+  task: BfclTask, *, max_turns: int, max_steps_per_unit: int, max_calls_per_message: int, decoder: str
+) -> str | None:
+  """Why ground-truth play (`demonstration`'s messages: each request's calls, at most `max_calls_per_message` a
+  message, then a closing message) cannot finish `task` under these caps, or None when it can.
+
+  Under the "training" decoder a request ends after `max_steps_per_unit` call messages (verified then, without the
+  closing message); under "official" bfcl-eval allows `official_step_limit()` of them. Either way the session must fit
+  `max_turns` assistant messages.
+
+  Returns:
+    e.g. "base: more assistant turns than max_turns=12" (the category first, so counts group by it), or None.
+  """
+  turns = 0
+  for unit in range(task.num_units):
+    n = len(ground_truth_calls(task, unit))
+    messages = -(-n // max_calls_per_message)
+    if decoder == "official":
+      if messages > official_step_limit():
+        return f"{task.category}: a request needs more call messages than bfcl-eval's {official_step_limit()} steps"
+      turns += messages + 1
+    else:
+      if messages > max_steps_per_unit:
+        return f"{task.category}: a request needs more call messages than max_steps_per_unit={max_steps_per_unit}"
+      turns += messages + 1 if messages < max_steps_per_unit else messages
+  if turns > max_turns:
+    return f"{task.category}: more assistant turns than max_turns={max_turns}"
+  return None
+
+
 def official_valid(env: BfclSession) -> bool:
   """BFCL's checkers' verdict of a session: every request was reached and passed BFCL's checkers (a session that
   stopped early fails, as bfcl-eval's force-terminated ones do). bfcl-eval's own verdict when the session read its
@@ -663,6 +699,7 @@ def env_spec(
   protocol: str = "",
   decoder: str = "training",
   eval_decoder: str = "official",
+  eval_max_turns: int = 0,
 ) -> spec.EnvSpec:
   """The BFCL multi-turn `EnvSpec` (config keys: config.env.bfcl_multi_turn.*).
 
@@ -675,12 +712,17 @@ def env_spec(
 
   Training rollouts read text with `decoder` ("training": the strict parser), held-out sessions with `eval_decoder`
   ("official": bfcl-eval's Qwen decoder and its step limit, so `bfcl_official_accuracy` is bfcl-eval's number; see
-  `DECODERS`). A session's split is its task id's (`is_eval`, or the crest protocol's eval pool).
+  `DECODERS`). A session's split is its task id's (`is_eval`, or the crest protocol's eval pool). bfcl-eval has no
+  session cap: held-out rollouts take `eval_max_turns` turns (0: `official_turn_cap()`, the most its protocol
+  allows), training ones `max_turns`; `unwinnable` reports the tasks ground-truth play cannot finish under either.
 
   Raises:
-    ValueError: for an unknown category, reward or protocol, a limit < 1, or the crest protocol with categories,
-      train_categories or classes set (naming the config key).
+    ValueError: for an unknown category, reward, protocol or decoder, a limit < 1, or the crest protocol with
+      categories, train_categories or classes set (naming the config key).
   """
+  for key, value in (("decoder", decoder), ("eval_decoder", eval_decoder)):
+    if value not in DECODERS:
+      raise ValueError(f"config.env.bfcl_multi_turn.{key} must be one of {DECODERS}, got {value!r}")
   protocol = str(protocol).strip()
   if protocol not in PROTOCOLS:
     raise ValueError(f"config.env.bfcl_multi_turn.protocol: unknown protocol {protocol!r}; known: '', 'crest'")
@@ -707,6 +749,10 @@ def env_spec(
     raise ValueError("config.env.bfcl_multi_turn.categories is empty")
   if max_turns < 1:
     raise ValueError(f"config.env.bfcl_multi_turn.max_turns must be >= 1, got {max_turns}")
+  if eval_max_turns < 0:
+    raise ValueError(
+      f"config.env.bfcl_multi_turn.eval_max_turns must be >= 0 (0: no cap below bfcl-eval's), got {eval_max_turns}"
+    )
   classes = tuple(c.strip() for c in classes if c.strip())
   make_tasks("eval", 0, None, categories=categories, classes=classes)  # refuses unknown classes by name
   session_kwargs = {
@@ -752,4 +798,12 @@ def env_spec(
     ),
     tools=lambda task: schemas(function_docs(task, task.num_units)),
     metrics=env_metrics,
+    eval_max_turns=int(eval_max_turns) or official_turn_cap(),
+    unwinnable=lambda task, split: unwinnable(
+      task,
+      max_turns=(int(eval_max_turns) or official_turn_cap()) if split == "eval" else int(max_turns),
+      max_steps_per_unit=max_steps_per_unit,
+      max_calls_per_message=max_calls_per_message,
+      decoder=eval_decoder if split == "eval" else decoder,
+    ),
   )

@@ -37,6 +37,11 @@ class EnvSpec:
       docs; the prompt already lists them. None: the environment describes its tools in its own prompt.
     metrics: finished envs -> extra scalar metrics for the step's row (e.g. BFCL's official accuracy beside
       the training reward); None: none.
+    eval_max_turns: the most assistant turns of a held-out rollout, where an evaluation protocol allows more than
+      training does (BFCL multi-turn: bfcl-eval has no session cap); None: `max_turns`.
+    unwinnable: (task, split "train" | "eval") -> why ground-truth play cannot finish the task under that split's
+      caps (turns, steps per request), or None when it can; reported at start-up (`jaxcredit.train.run.
+      report_unwinnable`), since such a task can never pay. None: the environment has no caps to check.
   """
 
   make_tasks: Callable[[str, int, int | None], list]
@@ -52,6 +57,8 @@ class EnvSpec:
   unit_privileged_info: Callable[[Any], Sequence[str]] | None = None
   tools: Callable[[Any], list[dict]] | None = None
   metrics: Callable[[Sequence[Any]], dict[str, float]] | None = None
+  eval_max_turns: int | None = None
+  unwinnable: Callable[[Any, str], str | None] | None = None
 
 
 @dataclasses.dataclass

@@ -378,6 +378,7 @@ def build(config: ml_collections.ConfigDict, model: str | None, *, out_dir: str)
   mesh = sharding.make_mesh(dict(config.mesh))
   loaded, tok, info = load_model(config, model, mesh)
   run_lib.check_generation_room(config, env, tok, tasks)  # before the engine starts (a vLLM server)
+  run_lib.report_unwinnable(env, {"eval": tasks})
   if config.rollout.engine == "vllm" and not config.rollout.vllm.dir:
     config.rollout.vllm.dir = os.path.join(out_dir, "vllm")
   sampler = build_engine(config, loaded, tok)

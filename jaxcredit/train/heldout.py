@@ -25,7 +25,7 @@ def sample_eval_batch(run: Run, tasks, offset: int, *, greedy: bool) -> list[Rol
   """One batch of held-out rollouts, one per task of `tasks` (the batch starting at rollout `offset` of the eval),
   by the parameters the sampler holds: greedy, or at the rollouts' temperature and top-p with `eval_key(offset)`.
   `run` needs only `config`, `env`, `tok`, `fmt` and `sampler` (`jaxcredit eval` passes its own)."""
-  return sample_rollouts(run, tasks, eval_key(offset), greedy=greedy)
+  return sample_rollouts(run, tasks, eval_key(offset), greedy=greedy, held_out=True)
 
 
 def eval_summaries(run: Run, results) -> list[tuple[bool, int, int, bool]]:

@@ -9,7 +9,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import grain
 import jax
@@ -239,6 +239,38 @@ def check_generation_room(config: ml_collections.ConfigDict, env, tok, *task_lis
   return longest
 
 
+def report_unwinnable(env, split_tasks: dict[str, Sequence]) -> dict[str, dict[str, int]]:
+  """Prints, per split, how many tasks ground-truth play cannot finish under the environment's caps and why (its
+  `unwinnable`), e.g. "[jaxcredit] caps: 213 of 716 train tasks cannot be finished by ground-truth play (71: miss_func:
+  more assistant turns than max_turns=8; ...)": such tasks can never pay, in training or in an evaluation.
+
+  Args:
+    env: the `EnvSpec`.
+    split_tasks: split name ("train" | "eval") -> its tasks.
+
+  Returns:
+    split -> reason -> count (empty for an environment without `unwinnable`, or when every task can finish).
+  """
+  out: dict[str, dict[str, int]] = {}
+  if env.unwinnable is None:
+    return out
+  for split, tasks in split_tasks.items():
+    reasons: dict[str, int] = {}
+    for task in tasks:
+      why = env.unwinnable(task, split)
+      if why is not None:
+        reasons[why] = reasons.get(why, 0) + 1
+    if reasons:
+      out[split] = reasons
+      detail = "; ".join(f"{n}: {why}" for why, n in sorted(reasons.items(), key=lambda kv: -kv[1]))
+      print(
+        f"[jaxcredit] caps: {sum(reasons.values())} of {len(tasks)} {split} tasks cannot be finished by ground-truth "
+        f"play ({detail})",
+        flush=True,
+      )
+  return out
+
+
 def build(config: ml_collections.ConfigDict, *, write_config: bool = True) -> Run:
   """Validates the config and loads everything a run needs. With `write_config=False` (e.g. `credit_file`) nothing
   is written to the workdir."""
@@ -267,6 +299,8 @@ def build(config: ml_collections.ConfigDict, *, write_config: bool = True) -> Ru
   tok = load_tokenizer(source, cache_dir=cache_dir)
   print(f"[jaxcredit] model {config.model.source} loaded in {time.time() - t0:.1f}s")
   check_generation_room(config, env, tok, eval_tasks, train_tasks)
+  if multihost.is_primary():
+    report_unwinnable(env, {"train": train_tasks, "eval": eval_tasks})
   identity = {"tokenizer": tok.content_digest()}
   if write_config:
     ckpt_lib.check_or_write_identity(config.workdir, identity, write=False)
@@ -330,9 +364,10 @@ def rollout_sampling_params(run: Run, *, greedy: bool = False) -> SamplingParams
   )
 
 
-def sample_rollouts(run: Run, tasks, key, *, greedy=False):
+def sample_rollouts(run: Run, tasks, key, *, greedy=False, held_out=False):
   """Rollouts of `tasks` by the parameters the sampler holds (bound with `run.sampler.update_model(
-  sampling_model(run, params))`, collective with several processes; sampling itself is process-local)."""
+  sampling_model(run, params))`, collective with several processes; sampling itself is process-local). Held-out
+  rollouts take the environment's `eval_max_turns` when it has one (its evaluation protocol's turn cap)."""
   envs = [run.env.make_env(t) for t in tasks]
   prompts = [run.env.initial_messages(t) for t in tasks]
   return run_rollouts(
@@ -343,7 +378,7 @@ def sample_rollouts(run: Run, tasks, key, *, greedy=False):
     prompts,
     rollout_sampling_params(run, greedy=greedy),
     key,
-    max_turns=run.env.max_turns,
+    max_turns=(run.env.eval_max_turns or run.env.max_turns) if held_out else run.env.max_turns,
     max_len=run.config.sampling.max_len,
   )
 

@@ -318,3 +318,32 @@ def test_unit_ground_truth_is_each_requests_calls_and_their_results():
   assert '"current_working_directory": "document"' in texts[0]  # cd's result, as the backend returns it
   assert "grep" in texts[1] and "grep" not in texts[0]
   assert spec.unit_privileged_info(task) is texts  # replayed once per task
+
+
+def test_decoder_knobs_are_checked_by_name():
+  task = bm.load_tasks(("base",))[0]
+  with pytest.raises(ValueError, match="config.env.bfcl_multi_turn.decoder must be one of"):
+    bm.BfclSession(task, decoder="bfcl")
+  with pytest.raises(ValueError, match="config.env.bfcl_multi_turn.eval_decoder must be one of"):
+    bm.env_spec(eval_decoder="qwen")
+  with pytest.raises(ValueError, match="config.env.bfcl_multi_turn.eval_max_turns must be >= 0"):
+    bm.env_spec(eval_max_turns=-1)
+
+
+def test_held_out_sessions_read_text_as_bfcl_eval_and_training_ones_strictly():
+  """The same compact-syntax ground truth: the training decoder runs it (the request passes), the official one finds
+  no call (the request fails, as in bfcl-eval); `env_metrics` files each verdict under its decoder's key."""
+  env = bm.env_spec(categories=("base",))
+  train_task = env.make_tasks("train", 1, 0)[0]
+  eval_task = env.make_tasks("eval", 1, None)[0]
+  sessions = []
+  for task in (train_task, eval_task):
+    session = env.make_env(task)
+    calls = bm.ground_truth_calls(task, 0)
+    session.step("\n".join(tc.render_tool_call(n, a) for n, a in calls))
+    sessions.append(session)
+  assert [s.decoder for s in sessions] == ["training", "official"]
+  assert sessions[0].steps_in_unit == 1 and sessions[0].unit == 0  # ran, the request goes on
+  assert sessions[1].unit == 1 and sessions[1].unit_passed == [False]  # nothing decoded: the request ended, failed
+  keys = set(bm.env_metrics(sessions))
+  assert {"bfcl_checker_accuracy", "bfcl_checker_accuracy/base", "bfcl_official_accuracy/base"} <= keys

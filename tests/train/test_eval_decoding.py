@@ -36,7 +36,8 @@ def _fake_run(greedy: bool, num_tasks: int, batch_size: int):
 def _evaluate(monkeypatch, greedy: bool):
   calls = []
 
-  def fake_sample(run, tasks, key, *, greedy=False):
+  def fake_sample(run, tasks, key, *, greedy=False, held_out=False):
+    assert held_out  # held-out rollouts take the environment's evaluation turn cap
     params = run_lib.rollout_sampling_params(run, greedy=greedy)
     calls.append((list(tasks), np.asarray(jax.random.key_data(key)), params.temperature, params.top_p))
     return [
@@ -69,3 +70,20 @@ def test_sampled_eval_uses_the_rollout_temperature_and_a_fixed_distinct_key_per_
   again, _, _ = _evaluate(monkeypatch, greedy=False)
   assert [c[1].tobytes() for c in again] == keys  # the same draws at every eval
   assert m["success_rate"] == 2 / 5
+
+
+def test_held_out_rollouts_take_the_environments_eval_turn_cap(monkeypatch):
+  """BFCL multi-turn's held-out sessions follow bfcl-eval's protocol, which has no session cap: `eval_max_turns`
+  replaces `max_turns` for held-out rollouts only; an environment without one keeps `max_turns` for both."""
+  caps = []
+  monkeypatch.setattr(run_lib, "run_rollouts", lambda *a, max_turns, max_len, **k: caps.append(max_turns) or [])
+  run, _ = _fake_run(True, num_tasks=1, batch_size=1)
+  run.fmt = None
+  key = jax.random.key(0)
+  for eval_cap in (168, None):
+    run.env = types.SimpleNamespace(
+      make_env=lambda t: None, initial_messages=lambda t: [], stop_strings=(), max_turns=16, eval_max_turns=eval_cap
+    )
+    run_lib.sample_rollouts(run, [0], key, held_out=True)
+    run_lib.sample_rollouts(run, [0], key)
+  assert caps == [168, 16, 16, 16]
