@@ -654,8 +654,31 @@ def run_plan(config, topology: str, mesh_spec: str) -> dict[str, Any]:
   from jaxcredit.train.config import validate
 
   validate(config)
+  caps = unwinnable_tasks(config)
   with sharding.use_rules(dict(config.sharding_rules)):
-    return _run_plan(config, topology, mesh_spec)
+    report = _run_plan(config, topology, mesh_spec)
+  if caps is not None:
+    report["unwinnable_tasks"] = caps
+  return report
+
+
+def unwinnable_tasks(config) -> dict[str, dict[str, int]] | None:
+  """The environment's tasks that ground-truth play cannot finish under the config's caps, printed and returned as
+  split -> reason -> count (`run.report_unwinnable`); None when the environment's data is not installed here (a plan
+  compiles without it: the line then says so)."""
+  from jaxcredit.envs import make_env_spec
+  from jaxcredit.train.run import report_unwinnable
+
+  try:
+    env = make_env_spec(config.env)
+    tasks = {
+      "train": env.make_tasks("train", config.env.num_train_tasks, config.seed),
+      "eval": env.make_tasks("eval", config.eval.num_tasks, None),
+    }
+  except ImportError as e:
+    print(f"[jaxcredit] caps not checked: environment {config.env.name!r} needs {e}", flush=True)
+    return None
+  return report_unwinnable(env, tasks)
 
 
 def _run_plan(config, topology: str, mesh_spec: str) -> dict[str, Any]:

@@ -73,3 +73,13 @@ def test_bfcl_caps_are_reported_and_the_paper_config_has_none(capsys):
     },
   )
   assert set(report) == {"train"} and sum(report["train"].values()) > 0
+
+
+def test_plan_reports_the_caps_it_finds(capsys):
+  pytest.importorskip("bfcl_eval")
+  from jaxcredit.train import plan
+
+  small = _load(os.path.join(ROOT, "configs", "crest_bfcl.py"))
+  caps = plan.unwinnable_tasks(small)
+  assert set(caps) == {"train"} and "train tasks cannot be finished by ground-truth play" in capsys.readouterr().out
+  assert plan.unwinnable_tasks(_load(os.path.join(ROOT, "configs", "quickstart.py"))) == {}  # no caps to check
