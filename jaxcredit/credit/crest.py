@@ -239,9 +239,12 @@ def crest_advantages(
     turn_mask: [G, U] bool, units each rollout reached.
     turn_ids: [G, L] int32 unit index per action token (-1 elsewhere).
     action_mask: [G, L] bool.
-    teacher_logp, policy_logp: [G, L] float, nats (see crest_token_weights).
+    teacher_logp: [G, L] float, nats (see crest_token_weights).
+    policy_logp: [G, L] float, nats (see crest_token_weights).
     sample_mask: [G] bool or None (all True).
-    scale, eps: as crest_turn_advantages. lam, clip_eps, tau, rho, direction_gate: as crest_token_weights.
+    scale: as crest_turn_advantages.
+    eps: as crest_turn_advantages.
+    lam: as crest_token_weights (so are clip_eps, tau, rho and direction_gate).
 
   Returns:
     [G, L] float32 token advantages; exactly 0.0 off action tokens, on invalid units and invalid samples.

@@ -196,9 +196,9 @@ def gear_v0_advantages(
   Args:
     seq_adv: float scalar, the rollout's sequence-level advantage (e.g. grpo_advantages entry); a non-finite
       value gives 0.
-    divergence, entropy, action_mask: [L], as gear_segments.
+    divergence: [L], as gear_segments (so are entropy and action_mask).
     alpha: >= 0, strength of the redistribution.
-    k_sigma, tau_low, entropy_floor, eps: as gear_v0_segments (eps also guards τ = 0).
+    k_sigma: as gear_v0_segments (so are tau_low, entropy_floor and eps; eps also guards τ = 0).
     normalize: bool, divide u by its mean over action tokens.
 
   Returns:
@@ -398,9 +398,9 @@ def gear_advantages(
   Args:
     seq_adv: float scalar, the rollout's sequence-level advantage (e.g. its grpo_advantages entry); a non-finite
       value gives 0.
-    divergence, entropy, action_mask: [L], as gear_segments.
+    divergence: [L], as gear_segments (so are entropy and action_mask).
     alpha: in [0, 1), the weight's strength (the paper's alpha, default 0.2).
-    lambda_kl, lambda_h, min_divergence: as gear_segments.
+    lambda_kl: as gear_segments (so are lambda_h and min_divergence).
 
   Returns:
     [L] float32 token advantages; exactly 0.0 off the action tokens.

@@ -285,7 +285,7 @@ def trace_advantages(
     sample_mask: [G] bool or None (all True).
     alpha_out: >= 0, α_out.
     alpha_turn: >= 0, α_turn.
-    gap_eps, value, td_horizon, td_gamma, terminal_scale: as `trace_turn_rewards`.
+    gap_eps: as `trace_turn_rewards` (so are value, td_horizon, td_gamma and terminal_scale).
     std: "population" or "sample".
     dense_norm: "none" or "group_rms".
     eps: > 0, added to σ (and to the RMS).
