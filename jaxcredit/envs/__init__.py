@@ -17,7 +17,7 @@
 
 `ENVS` is the table of environments: `config.env.name` -> an `Env` row, whose `make_spec(node)` builds the
 `EnvSpec` from the environment's own config node `config.env.<name>` (its keys and defaults are the row's
-`defaults`). Adding an environment is one module with a function and one row here (README: "Your own environment").
+`defaults`). Adding an environment is one module with a function and one row here (docs/environments.md: "Your own environment").
 Submodules are imported on use, so an environment's dependencies (bfcl-eval, bm25s) are needed only when it runs.
 """
 

@@ -384,7 +384,7 @@ def metrics_row(run: Run, sampled: StepRollouts, traj, out, m: dict, seconds: di
   advantages over the action tokens, the updates' loss, clipping and gradient norm (`ppo_updates`' metrics `m`),
   tokens and throughput, the phases' `seconds` (rollout_s, passes_s, credit_s, score_s, update_s, step_s), the
   environment's and the sampler's own metrics, `engine_row` (engine correction, dropped log-probs), staleness,
-  units, the method's own metrics and the passes' (`pass_row`). The README's metrics table lists the keys."""
+  units, the method's own metrics and the passes' (`pass_row`). docs/getting-started.md's metrics table lists the keys."""
   c = run.config
   results = sampled.results
   act = traj.action_mask_BxL & traj.sample_mask_B[:, None]

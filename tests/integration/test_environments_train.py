@@ -18,7 +18,8 @@ from tests.fixtures.tiny_run import ROOT, metrics_rows, tiny_run_config
 
 
 def _readme_block(title: str) -> str:
-  with open(os.path.join(ROOT, "README.md")) as f:
+  """The first python block after `title` in docs/environments.md (the README's before the site, issue 56)."""
+  with open(os.path.join(ROOT, "docs", "environments.md")) as f:
     text = f.read()
   after = text[text.index(title) :]
   return re.search(r"```python\n(.*?)```", after, re.S).group(1)

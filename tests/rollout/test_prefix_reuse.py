@@ -117,11 +117,11 @@ def test_the_readme_session_example_prefills_nothing_twice(capsys):
   import re
 
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-  with open(os.path.join(root, "README.md")) as f:
+  with open(os.path.join(root, "docs", "engines.md")) as f:
     text = f.read()
   block = re.search(r"```python\n(.*?)```", text[text.index("## Sampling: the KV cache stays") :], re.S).group(1)
   scope: dict = {}
-  exec(compile(block, "README.md", "exec"), scope)
+  exec(compile(block, "docs/engines.md", "exec"), scope)
   tok = scope["tok"]
   question = tok.encode("What is 17 * 23? Use the calculator.")
   assert capsys.readouterr().out.strip() == str(len(question) + len(tok.encode(" 391")))
