@@ -42,6 +42,7 @@ import importlib
 import importlib.util
 import inspect
 import json
+import re
 from typing import Any, Sequence
 
 from jaxcredit.envs import bfcl_decoder, episode, spec, tool_calls
@@ -216,9 +217,35 @@ def parse_python_call(text: str) -> tuple[str, tuple, dict]:
     kwargs = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
   except ValueError:
     raise ValueError(f"call arguments are not literals: {text!r}") from None
-  if any(k is None for k in kwargs):
+  if any(k.arg is None for k in node.keywords):
     raise ValueError(f"**kwargs in a call: {text!r}")
+  if len(kwargs) != len(node.keywords):  # Python's compiler refuses f(a=1, a=2); its parser does not
+    raise ValueError(f"keyword argument repeated: {text!r}")
   return node.func.id, args, kwargs
+
+
+_BFCL_CALL_NAME = re.compile(r"[ \t]*([a-zA-Z_]\w*)\s*")
+"""How bfcl-eval's executor finds a call's method name (`_process_method_calls`' pattern `[a-zA-Z_]\\w*` before "("),
+with the spaces and tabs Python's `eval` skips before an expression."""
+
+
+def read_decoded_call(text: str) -> tuple[str, tuple, dict]:
+  """One of `bfcl_decoder.decode_execute`'s call strings as (name, args, kwargs), read as bfcl-eval's executor reads
+  it wherever that does not need `eval`: the name is the text before the first "(" exactly as its pattern finds it (no
+  Unicode normalisation, no other whitespace), arguments are literals, a keyword given twice is an error.
+
+  Raises:
+    ValueError: for a string bfcl-eval would fail to run as a method call (and a few it would run through `eval`'s
+      reach beyond method calls: a builtin's name, code in a keyword; docs/environments.md lists them).
+  """
+  head, paren, _ = text.partition("(")
+  match = _BFCL_CALL_NAME.fullmatch(head) if paren else None
+  if match is None:
+    raise ValueError(f"not a method call: {text!r}")
+  name, args, kwargs = parse_python_call(text)
+  if name != match.group(1):  # the parser normalised the name (NFKC): bfcl-eval's mapping does not
+    raise ValueError(f"name {match.group(1)!r} is not defined")
+  return name, args, kwargs
 
 
 @functools.lru_cache(maxsize=None)
@@ -433,11 +460,12 @@ class BfclSession(episode.ToolEpisode):
     return self._observe("\n".join(tool_calls.render_tool_response(r) for r in trimmed))
 
   def _run_decoded_call(self, call: str, info: dict) -> str:
-    """One of `bfcl_decoder.decode_execute`'s call strings run as bfcl-eval's executor runs it, read with `ast` (never
-    evaluated): its result text, or "Error during execution: ..." (both go into the response checker's list)."""
+    """One of `bfcl_decoder.decode_execute`'s call strings run as bfcl-eval's executor runs it, read by
+    `read_decoded_call` (never evaluated): its result text, or "Error during execution: ..." (both go into the response
+    checker's list)."""
     info["tool_calls"] += 1
     try:
-      name, args, kwargs = parse_python_call(call)
+      name, args, kwargs = read_decoded_call(call)
       if name in FORBIDDEN_CALLS:
         raise ValueError(f"Function call {name} is not allowed.")
       method = self._model_methods.get(name)

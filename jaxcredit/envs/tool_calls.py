@@ -109,9 +109,10 @@ TOOL_CALL_SYNTAXES = ("compact", "qwen3")
 - "qwen3": byte for byte what Qwen3's chat template writes for an assistant message's `tool_calls`:
   `<tool_call>\\n{"name": "<name>", "arguments": <arguments | tojson>}\\n</tool_call>` (non-ASCII kept, ", " and
   ": " separators), calls joined by a newline. It is the syntax bfcl-eval's Qwen decoder reads
-  (`<tool_call>\\n(.*?)\\n</tool_call>`), so the BFCL environments write it (issue 53). One departure: a payload that
-  would hold a tag (`<tool_call>`, `</tool_call>`, `<think>`, `</think>`) gets its "<" written "\\u003c", since the
-  template's text could not be read back; no BFCL ground truth holds a "<".
+  (`<tool_call>\\n(.*?)\\n</tool_call>`), so the BFCL environments write it (issue 53). Two departures, both where the
+  template's text could not be read back: a payload that would hold a tag (`<tool_call>`, `</tool_call>`, `<think>`,
+  `</think>`) gets its "<" written "\\u003c", and the name is JSON-escaped (the template writes it raw, which a name
+  holding a quote, a backslash or a control character turns into invalid JSON). No BFCL ground truth has either.
 """
 
 _TAGS = (TOOL_CALL_OPEN, TOOL_CALL_CLOSE, THINK_OPEN, THINK_CLOSE)
@@ -144,7 +145,9 @@ def render_tool_call(name: str, arguments: Mapping[str, Any], syntax: str = "com
       payload = '{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": ' + args + "}"
     else:
       payload = json.dumps({"name": name, "arguments": dict(arguments)}, allow_nan=False)
-  except ValueError:
+  except ValueError as e:
+    if "float" not in str(e):  # e.g. an int past Python's 4,300-digit string conversion limit
+      raise ValueError(f"tool call {name!r}: arguments cannot be written as JSON ({e})") from None
     raise ValueError(
       f"tool call {name!r}: arguments hold a non-finite number (nan or inf), which the parser refuses"
     ) from None

@@ -51,6 +51,10 @@ def _parameters_key(calls):
   )
 
 
+def _fullwidth(name):
+  return "".join(chr(ord(c) + 0xFEE0) if "a" <= c <= "z" else c for c in name)
+
+
 def _read_only_call(task):
   """A call that reads state without changing it, from the first class of the task that has one."""
   for cls, (name, args) in READ_ONLY.items():
@@ -98,6 +102,14 @@ def _script(kind, task, unit):
     return ["<tool_call>\n{not json\n</tool_call>", close]
   if kind == "calls_forever":  # the ground truth, then a read-only call in every message: the step limit force-quits
     return [_qwen(calls)] + [_qwen(_read_only_call(task))] * (bm.official_step_limit() + 5)
+  if kind == "fullwidth_name":  # Python's parser normalises "ｃｄ" to "cd"; bfcl-eval's method lookup does not
+    return [_qwen([(_fullwidth(calls[0][0]), calls[0][1])] + calls[1:]), close]
+  if kind == "nbsp_name":  # a no-break space before the name: not the whitespace eval skips
+    return [_qwen([("\u00a0" + calls[0][0], calls[0][1])] + calls[1:]), close]
+  if kind == "repeated_keyword":  # " folder" and "folder": the decoded string repeats a keyword
+    name, args = calls[0]
+    extra = {" " + k: v for k, v in list(args.items())[:1]}
+    return [_qwen([(name, {**args, **extra})] + calls[1:]), close]
   if kind == "compact_syntax":  # the syntax the library wrote before issue 53: bfcl-eval decodes no call from it
     return ["\n".join(tool_calls.render_tool_call(n, a) for n, a in calls), close]
   raise AssertionError(kind)
@@ -114,6 +126,9 @@ KINDS = (
   "parameters_key",
   "malformed_json",
   "calls_forever",
+  "fullwidth_name",
+  "nbsp_name",
+  "repeated_keyword",
   "compact_syntax",
 )
 
