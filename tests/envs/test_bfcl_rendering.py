@@ -87,3 +87,11 @@ def test_qwen3_syntax_reads_back_through_the_training_parser(arguments):
 def test_unknown_syntax_is_refused_by_name():
   with pytest.raises(ValueError, match="unknown tool-call syntax 'hermes'"):
     tool_calls.render_tool_call("f", {}, syntax="hermes")
+
+
+@pytest.mark.parametrize("syntax", ["compact", "qwen3"])
+def test_arguments_that_cannot_be_json_are_refused_with_their_reason(syntax):
+  with pytest.raises(ValueError, match="non-finite number"):
+    tool_calls.render_tool_call("f", {"x": float("nan")}, syntax=syntax)
+  with pytest.raises(ValueError, match="cannot be written as JSON .*digits"):
+    tool_calls.render_tool_call("f", {"n": 10**5000}, syntax=syntax)
