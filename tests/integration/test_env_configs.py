@@ -98,7 +98,9 @@ def test_bfcl_configs_one_step(name, tmp_path):
   assert [r["step"] for r in rows] == [1]
   for r in rows:
     assert r["method"] == name.split("_")[0] and r["action_tokens"] > 0 and np.isfinite(r["loss"])
-    assert 0.0 <= r["env/bfcl_official_accuracy"] <= 1.0 and 0.0 <= r["env/bfcl_unit_pass_rate"] <= 1.0
+    # training rollouts read text with the strict parser: BFCL's checkers' accuracy, not bfcl-eval's official number
+    assert 0.0 <= r["env/bfcl_checker_accuracy"] <= 1.0 and 0.0 <= r["env/bfcl_unit_pass_rate"] <= 1.0
+    assert "env/bfcl_official_accuracy" not in r
   for step in (1,):
     for rec in _exported(c, step):
       units = [u for u in rec["unit_ids"] if u >= 0]
