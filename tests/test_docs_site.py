@@ -30,5 +30,11 @@ def test_the_site_builds_strict_and_documents_every_credit_function(tmp_path):
   page = (site / "reference" / "credit" / "index.html").read_text()
   for name in jaxcredit.credit.__all__:
     assert f'id="jaxcredit.credit.{name}"' in page, name  # the function's own heading, with its docstring below
+  methods = sorted(p.name for p in site.glob("methods/*/"))
+  assert methods == ["crest", "gear", "gigpo", "hsd", "opd", "outcome", "sgcd", "toolopd", "trace"]
+  for slug in methods:  # each method's page carries its equations for MathJax (pymdownx.arithmatex)
+    html = (site / "methods" / slug / "index.html").read_text()
+    assert html.count('class="arithmatex"') >= 1, slug
+    assert "arXiv" in html or slug == "toolopd", slug  # ToolOPD has no paper
   first_line = jaxcredit.credit.trace_advantages.__doc__.strip().splitlines()[0]
   assert re.sub(r"`", "", first_line.split("(")[0])[:40] in re.sub(r"<[^>]+>", "", page)

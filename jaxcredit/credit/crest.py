@@ -10,7 +10,7 @@ L tokens. Batch of P groups: `jax.vmap(crest_advantages)(turn_rewards_PxGxU, tur
 action_mask_PxGxL, teacher_logp_PxGxL, policy_logp_PxGxL, sample_mask_PxG)`; knobs through `functools.partial`.
 
 Source: "Teach the Magnitude, Not the Direction: Verifier-Bounded Credit Assignment for Multi-Turn Multi-step LLM
-Agents" (Wang et al., arXiv 2608.13179), Eq. 2-10 and App. A; docs/credit.md, "CrEST".
+Agents" (Wang et al., arXiv 2608.13179), Eq. 2-10 and App. A; docs/methods/crest.md.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def crest_turn_advantages(
 
   Source:
   "Teach the Magnitude, Not the Direction: Verifier-Bounded Credit Assignment for Multi-Turn Multi-step LLM Agents"
-  (CrEST, arXiv 2608.13179), Eq. 3; docs/credit.md, "CrEST".
+  (CrEST, arXiv 2608.13179), Eq. 3; docs/methods/crest.md.
   """
   fn = "crest_turn_advantages"
   scale, eps = outcome.check_normalise_knobs(fn, scale, eps)
@@ -169,7 +169,7 @@ def crest_token_weights(
   A token is modulated ("live") when it is an action token of a unit in [0, U) with A_u(i) finite and ≠ 0 and both
   log-probs finite; every other unit token gets φ = 1.
 
-  Readings taken where the paper leaves room (docs/credit.md, "CrEST"): the surprisal z-score is over the action
+  Readings taken where the paper leaves room (docs/methods/crest.md): the surprisal z-score is over the action
   tokens of the whole rollout with a finite policy log-prob (the paper's "response tokens"; not per unit, and
   whatever their unit's advantage), with their mean and population std (÷n) plus 1e-6; the surprisal is the
   student's (the policy's recorded log-prob of the sampled token), not the teacher's entropy.
@@ -199,7 +199,7 @@ def crest_token_weights(
 
   Source:
   "Teach the Magnitude, Not the Direction: Verifier-Bounded Credit Assignment for Multi-Turn Multi-step LLM Agents"
-  (CrEST, arXiv 2608.13179), Eq. 4-10, App. A (properties P1-P3); docs/credit.md, "CrEST".
+  (CrEST, arXiv 2608.13179), Eq. 4-10, App. A (properties P1-P3); docs/methods/crest.md.
   """
   fn = "crest_token_weights"
   knobs = _check_token_knobs(fn, lam, clip_eps, tau, rho, direction_gate)
@@ -254,7 +254,7 @@ def crest_advantages(
 
   Source:
   "Teach the Magnitude, Not the Direction: Verifier-Bounded Credit Assignment for Multi-Turn Multi-step LLM Agents"
-  (CrEST, arXiv 2608.13179), Eq. 2-10; docs/credit.md, "CrEST".
+  (CrEST, arXiv 2608.13179), Eq. 2-10; docs/methods/crest.md.
   """
   fn = "crest_advantages"
   scale, eps = outcome.check_normalise_knobs(fn, scale, eps)

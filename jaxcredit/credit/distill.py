@@ -35,7 +35,7 @@ def opd_token_advantages(teacher_logp: ArrayLike, policy_logp: ArrayLike, action
     ValueError: the three arrays are not all [L].
 
   Source: Agarwal et al. 2024, "On-Policy Distillation of Language Models" (GKD); Thinking Machines 2025,
-  "On-Policy Distillation"; docs/credit.md, "OPD".
+  "On-Policy Distillation"; docs/methods/opd.md.
   """
   shapes = _checks.Shapes("opd_token_advantages")
   teacher_L = shapes.float("teacher_logp", teacher_logp, "L")

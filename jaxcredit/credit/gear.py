@@ -13,7 +13,7 @@ Source: Li et al., "GEAR: Granularity-Adaptive Advantage Reweighting for LLM Age
 2605.11853, known from its abstract and machine-written summaries that quote its figure and table captions verbatim
 (Fig. 1: "modulated by a sign-aware weighting function"; Fig. 2: "normalized reverse-KL > 0.1"; Table 2: "lambda_H =
 1.5, alpha = 0.2, and lambda_KL = 0.1"); its equations were not found, and where they leave a detail open the
-function's docstring names the reading taken (docs/credit.md, "GEAR"). `gear_v0_segments` / `gear_v0_advantages`
+function's docstring names the reading taken (docs/methods/gear.md). `gear_v0_segments` / `gear_v0_advantages`
 keep this library's earlier reading (mean + k·std spikes, absolute extension floors, 1 + alpha·tanh weights
 normalised to mean 1, not sign-aware), method `gear_v0`.
 """
@@ -328,7 +328,7 @@ def gear_segments(
       opens a new segment) or at the first non-action token (a segment never crosses a tool observation).
       seg_start_t = index of the onset that opened token t's segment, −1 for aligned tokens.
 
-  Readings taken (the captions give the thresholds, not the equations; docs/credit.md, "GEAR"): the divergence is
+  Readings taken (the captions give the thresholds, not the equations; docs/methods/gear.md): the divergence is
   normalised by its largest value over the rollout's action tokens, so d̂ ∈ [0, 1] and the rollout's biggest spike
   always opens a segment when there is any signal above `min_divergence`; H is the student's (the policy's) entropy;
   the token whose entropy exceeds the bound is not part of the segment; a token with non-finite entropy ends it.
@@ -355,7 +355,7 @@ def gear_segments(
   Source:
   Li et al., "GEAR: Granularity-Adaptive Advantage Reweighting for LLM Agents via Self-Distillation" (arXiv
   2605.11853), from its summaries and verbatim captions (Fig. 2: "normalized reverse-KL > 0.1"; Table 2: "lambda_H =
-  1.5, alpha = 0.2, and lambda_KL = 0.1"); docs/credit.md, "GEAR".
+  1.5, alpha = 0.2, and lambda_KL = 0.1"); docs/methods/gear.md.
   """
   fn = "gear_segments"
   lambda_kl, lambda_h, min_divergence = _check_v21_knobs(fn, lambda_kl, lambda_h, min_divergence)
@@ -391,7 +391,7 @@ def gear_advantages(
   divergence signal give A on every action token (GRPO). Since alpha < 1, W_t > 0: A_t keeps A's sign.
   Stop-gradient.
 
-  Reading taken (docs/credit.md, "GEAR"): the captions say the weight is "sign-aware", and the summaries that a
+  Reading taken (docs/methods/gear.md): the captions say the weight is "sign-aware", and the summaries that a
   success's high-divergence tokens are down-weighted and a failure's up-weighted; the linear form 1 ∓ alpha · c with
   c = d̂ ∈ [0, 1] is ours. The weights are not renormalised (the mean |A_t| may differ from |A|).
 
@@ -412,7 +412,7 @@ def gear_advantages(
   Source:
   Li et al., "GEAR: Granularity-Adaptive Advantage Reweighting for LLM Agents via Self-Distillation" (arXiv
   2605.11853), summaries and captions (Fig. 1: "modulated by a sign-aware weighting function"; Table 2's defaults);
-  docs/credit.md, "GEAR".
+  docs/methods/gear.md.
   """
   fn = "gear_advantages"
   alpha = _checks.knob_float(fn, "alpha", alpha, ge=0.0, lt=1.0)

@@ -66,7 +66,7 @@ def gigpo_advantages(
       array, or a knob is invalid (gamma outside [0, 1], omega < 0 or not finite, unknown scale, eps <= 0).
 
   Source: Feng et al. 2025, "Group-in-Group Policy Optimization for LLM Agent Training" (GiGPO);
-  docs/credit.md, "GiGPO".
+  docs/methods/gigpo.md.
   """
   fn = "gigpo_advantages"
   gamma = _checks.knob_float(fn, "gamma", gamma, ge=0.0)

@@ -43,7 +43,7 @@ def hsd_select_peers(
 
   Source:
   "Localizing Credit at the Divergence: Path-Conditioned Self-Distillation for LLM Reasoning" (HSD, arXiv 2606.15576);
-  docs/credit.md, "HSD".
+  docs/methods/hsd.md.
   """
   fn = "hsd_select_peers"
   threshold = _checks.knob_float(fn, "success_threshold", success_threshold)
@@ -89,7 +89,7 @@ def hsd_token_advantages(
   of the same group (and the gold answer), answer-only when no peer succeeded, and its signal concentrates at the
   divergence from the peer. The clipped log-ratio and its additive mix with the outcome advantage are this
   library's reading, not the paper's equations (the method `hsd_grpo`; the paper's objective is `hsd_token_kl`);
-  with clip = inf, a is the paper's diagnostic credit (spec v2.1); docs/credit.md, "HSD".
+  with clip = inf, a is the paper's diagnostic credit (spec v2.1); docs/methods/hsd.md.
   """
   fn = "hsd_token_advantages"
   clip = _checks.knob_float(fn, "clip", clip, gt=0.0, allow_inf=True)
@@ -136,7 +136,7 @@ def hsd_token_kl(
   "Localizing Credit at the Divergence: Path-Conditioned Self-Distillation for LLM Reasoning" (HSD, Li et al., arXiv
   2606.15576), from two agreeing machine-written summaries of the PDF (the text was not found): the objective
   "KL(teacher ‖ student) over the full vocabulary". Reading named here: "reverse KL" in the summaries is taken as
-  written there, KL(teacher ‖ student) (mode-covering for the student); docs/credit.md, "HSD".
+  written there, KL(teacher ‖ student) (mode-covering for the student); docs/methods/hsd.md.
   """
   fn = "hsd_token_kl"
   temperature = _checks.knob_float(fn, "temperature", temperature, gt=0.0)

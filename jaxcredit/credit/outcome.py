@@ -88,7 +88,7 @@ def grpo_advantages(
     ValueError: `rewards` is not [G], `sample_mask` is not [G], `scale` is unknown or `eps` <= 0.
 
   Source: Shao et al. 2024, "DeepSeekMath" (GRPO); Liu et al. 2025, "Understanding R1-Zero-Like Training"
-  (Dr.GRPO); docs/credit.md, "GRPO, Dr.GRPO, RLOO".
+  (Dr.GRPO); docs/methods/outcome.md.
   """
   fn = "grpo_advantages"
   scale, eps = check_normalise_knobs(fn, scale, eps)
@@ -119,7 +119,7 @@ def rloo_advantages(rewards: ArrayLike, sample_mask: ArrayLike | None = None) ->
     ValueError: `rewards` or `sample_mask` is not [G].
 
   Source: Kool et al. 2019, "Buy 4 REINFORCE Samples, Get a Baseline for Free!"; Ahmadian et al. 2024,
-  "Back to Basics: Revisiting REINFORCE Style Optimization" (RLOO); docs/credit.md, "GRPO, Dr.GRPO, RLOO".
+  "Back to Basics: Revisiting REINFORCE Style Optimization" (RLOO); docs/methods/outcome.md.
   """
   shapes = _checks.Shapes("rloo_advantages")
   rewards_G = shapes.float("rewards", rewards, "G")
@@ -150,7 +150,7 @@ def turn_to_token(turn_values: ArrayLike, turn_ids: ArrayLike, action_mask: Arra
   Raises:
     ValueError: wrong rank, mismatched lengths of `turn_ids` / `action_mask`, or non-integer `turn_ids`.
 
-  Source: docs/credit.md, "GRPO, Dr.GRPO, RLOO".
+  Source: docs/methods/outcome.md.
   """
   shapes = _checks.Shapes("turn_to_token")
   values_T = shapes.float("turn_values", turn_values, "T")

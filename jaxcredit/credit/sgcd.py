@@ -80,7 +80,7 @@ def sgcd_token_weights(
   or mean; the features of masked tokens never change another token's weight. The max and mean are taken of f
   scaled by a power of two (`_stats.scaled`, exact), so f and 2^j · f give the same weights and nothing overflows.
 
-  Reading taken (docs/credit.md, "SGCD"): the summaries give W = clip(1 + gamma · s, 1, c), gamma = 1, c = 2 and a
+  Reading taken (docs/methods/sgcd.md): the summaries give W = clip(1 + gamma · s, 1, c), gamma = 1, c = 2 and a
   salience s in [0, 1] "from divergence spikes and teacher-entropy stability", without its formula. Ours: the
   teacher-entropy damping 1 / (1 + entropy_coef · H) (a teacher unsure of its own advice moves less) of the reverse
   KL, normalised by the rollout's largest such feature ("max"), or its excess over the rollout's mean, capped at 1
@@ -107,7 +107,7 @@ def sgcd_token_weights(
   Source:
   Ding, Xin, De la Cruz Weinstein, "Keep Policy Gradient in Charge: Sibling-Guided Credit Distillation for
   Long-Horizon Tool-Use Agents" (SGCD, arXiv 2606.12634), abstract and summaries: W = clip(1 + gamma · s, 1, c),
-  gamma = 1, c = 2; the salience s is our reading; docs/credit.md, "SGCD".
+  gamma = 1, c = 2; the salience s is our reading; docs/methods/sgcd.md.
   """
   fn = "sgcd_token_weights"
   gamma = _checks.knob_float(fn, "gamma", gamma, ge=0.0)
@@ -192,7 +192,7 @@ def sgcd_v0_token_weights(
   Source:
   Ding, Xin, De la Cruz Weinstein, "Keep Policy Gradient in Charge: Sibling-Guided Credit Distillation for
   Long-Horizon Tool-Use Agents" (SGCD, arXiv 2606.12634), abstract; every formula above is this library's v2.0
-  reading; docs/credit.md, "SGCD".
+  reading; docs/methods/sgcd.md.
   """
   fn = "sgcd_v0_token_weights"
   alpha, entropy_coef, w_min, w_max = _check_knobs(fn, alpha, entropy_coef, w_min, w_max)

@@ -54,7 +54,7 @@ def toolopd_token_weights(
 
   Source: ToolOPD (outcome-aware hindsight credit for on-policy distillation of tool use). No paper was found:
   every formula above is this library's reading of the method's description (hindsight skills make the teacher's
-  credit outcome-aware and reweight a distillation loss); docs/credit.md, "ToolOPD".
+  credit outcome-aware and reweight a distillation loss); docs/methods/toolopd.md.
   """
   fn = "toolopd_token_weights"
   max_credit = _checks.knob_float(fn, "max_credit", max_credit, gt=0.0)

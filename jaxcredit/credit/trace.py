@@ -9,7 +9,7 @@ Source: "TRACE: Turn-level Reward Assignment via Credit Estimation for Long-Hori
   trace_advantages     A_t = α_out · A_out + α_turn · r_t              (mixing, Eq. 10-12)
 
 The terminal fill λ_term · γ^(n−t) · A_out is Algorithm 1's, as this project's specification (v2.0) writes it.
-Where the paper leaves a detail open, the reading taken here (docs/credit.md, "TRACE", lists them all):
+Where the paper leaves a detail open, the reading taken here (docs/methods/trace.md, lists them all):
 - the K-step window is cut at the last transition and normalised by the discounts it actually uses;
 - the final-answer turn gets the outcome term only (the paper has a final-answer token rule that the sources at
   hand do not define);

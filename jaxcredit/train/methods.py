@@ -407,7 +407,7 @@ def toolopd(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
 
 
 def hsd(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
-  """HSD as its paper trains (arXiv 2606.15576, from its summaries; docs/credit.md, "HSD"): no outcome advantage (the
+  """HSD as its paper trains (arXiv 2606.15576, from its summaries; docs/methods/hsd.md): no outcome advantage (the
   verifier only picks the peers); the loss is the full-vocabulary KL(teacher || student) to the peer-conditioned
   self-teacher at every action token of a rollout whose pass is valid (loss term "vocab_kl", reading the pass's
   hidden states), plus beta KL to the reference ("reference_kl"). The paper's diagnostic credit, the teacher's minus
@@ -686,7 +686,7 @@ METHODS: dict[str, Method] = {
   ),
   # CrEST as published (arXiv 2608.13179): its knob defaults, and its teacher the fixed initial model (the frozen
   # reference) shown, per unit, the ground truth of the units before it (App. C.1; teacher_context="all": every
-  # unit sees the whole session's ground truth). docs/credit.md, "CrEST".
+  # unit sees the whole session's ground truth). docs/methods/crest.md.
   "crest": Method(
     crest,
     dict(_OUTCOME, lam=0.3, clip_eps=0.28, tau=2.0, rho=0.5, direction_gate=True, teacher_context="per_unit"),
@@ -704,7 +704,7 @@ METHODS: dict[str, Method] = {
       distill_coef=0.1,
       # The distillation's gradient at most half the policy gradient's norm (PolicyLossConfig.grad_caps): with no
       # cap it was about six times GRPO's whole gradient and the policy fell below its warm start on both
-      # long-horizon testbeds (docs/credit.md, "ToolOPD"). inf: no cap (the earlier reading).
+      # long-horizon testbeds (docs/methods/toolopd.md). inf: no cap (the earlier reading).
       distill_max_grad_ratio=0.5,
       skill_max_tokens=48,
       skill_template="",
@@ -719,7 +719,7 @@ METHODS: dict[str, Method] = {
   ),
   # HSD (arXiv 2606.15576) from its summaries: the full-vocabulary KL(teacher || student) to the current policy shown
   # a successful peer (+ the gold answer; the answer alone without one) and beta = 0.001 KL to the reference, no
-  # reward term (docs/credit.md, "HSD"). A math/code paper; its use on tool-use rollouts is this library's extension.
+  # reward term (docs/methods/hsd.md). A math/code paper; its use on tool-use rollouts is this library's extension.
   "hsd": Method(
     hsd,
     dict(beta=0.001, success_threshold=0.5, fallback="gold"),
@@ -739,7 +739,7 @@ METHODS: dict[str, Method] = {
   ),
   # GEAR (arXiv 2605.11853) from its summaries and captions: Table 2's defaults (lambda_H = 1.5, alpha = 0.2,
   # lambda_KL = 0.1); the normalisation of the divergence and the linear sign-aware weight are our readings
-  # (docs/credit.md, "GEAR").
+  # (docs/methods/gear.md).
   "gear": Method(
     gear,
     dict(_OUTCOME, alpha=0.2, lambda_kl=0.1, lambda_h=1.5, min_divergence=1e-6),
@@ -756,7 +756,7 @@ METHODS: dict[str, Method] = {
     variant_of="gear",
   ),
   # SGCD (arXiv 2606.12634) from its abstract and summaries: the amplify-only W = clip(1 + gamma·s, 1, c), gamma = 1,
-  # c = 2, mixed groups only; the salience s is our reading (docs/credit.md, "SGCD"). The paper's summariser is an
+  # c = 2, mixed groups only; the salience s is our reading (docs/methods/sgcd.md). The paper's summariser is an
   # external LLM; by default the method's teacher (the policy) writes the summary, as a stand-in.
   "sgcd": Method(
     sgcd,

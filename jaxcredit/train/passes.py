@@ -638,7 +638,7 @@ def sibling_summary(ctx: PassContext, traj: Trajectory) -> dict:
 
   Source: arXiv 2606.12634's abstract (an LLM summarises the contrast of mixed siblings into a training-only,
   step-wise credit reference); the prompt, the uniform pair and one summary per group are our reading
-  (docs/credit.md, "SGCD").
+  (docs/methods/sgcd.md).
 
   Returns:
     summaries (str per rollout, "" when none), summary_tokens_B (int32), siblings_Bx2 (int32, `sibling_pairs`),

@@ -208,7 +208,7 @@ def reference_kl_term(logp_BxL, mb: dict, cfg: PolicyLossConfig):
 
 def vocab_kl_term(logp_BxL, mb: dict, cfg: PolicyLossConfig, *, student):
   """Full-vocabulary KL(teacher || student) at each scored token, weighted by `vocab_kl_weight_BxL` (HSD's
-  objective; docs/credit.md, "HSD"):
+  objective; docs/methods/hsd.md):
 
       kl_t = Σ_v q_t(v) (log q_t(v) - log p_t(v)),  q_t = softmax(sg(h_teacher,t) · sg(W) / T),
                                                     p_t = softmax(h_t · W / T)

@@ -466,7 +466,7 @@ def gigpo_advantages_ref(
 
 
 def sgcd_weights(divergence, teacher_entropy, action_mask, alpha=1.0, entropy_coef=1.0, w_min=0.5, w_max=2.0):
-  """In float64 Python arithmetic, token by token (docs/credit.md, "SGCD")."""
+  """In float64 Python arithmetic, token by token (docs/methods/sgcd.md)."""
   n = len(divergence)
   live = [bool(action_mask[i]) and _finite(divergence[i]) and _finite(teacher_entropy[i]) for i in range(n)]
   f = {
@@ -546,7 +546,7 @@ def gear_v21_adv(
 
 
 def sgcd_v21_weights(divergence, teacher_entropy, action_mask, gamma=1.0, c=2.0, entropy_coef=1.0, salience="max"):
-  """In float64 Python arithmetic, token by token (docs/credit.md, "SGCD")."""
+  """In float64 Python arithmetic, token by token (docs/methods/sgcd.md)."""
   n = len(divergence)
   live = [bool(action_mask[i]) and _finite(divergence[i]) and _finite(teacher_entropy[i]) for i in range(n)]
   f = {

@@ -125,7 +125,7 @@ def test_gear_without_divergence_is_exactly_grpo(r, knobs, seq_adv):
 
 
 def test_gear_worked_example_by_hand():
-  """docs/credit.md, "GEAR", worked example: eight tokens, token 5 off the action mask (a tool observation).
+  """docs/methods/gear.md, worked example: eight tokens, token 5 off the action mask (a tool observation).
 
   d = 0.1, 0.3, 4.0, 0.2, 0.3, (9.0 off), 0.8, 0.1;  max over actions 4.0:  d̂ = .025, .075, 1, .05, .075, 0, .2, .025
   onsets (d̂ > 0.1): tokens 2 and 6.  H = 1.0, 1.0, 0.8, 1.0, 1.5, 0, 2.0, 0.5

@@ -90,7 +90,7 @@ def test_errors(call, message):
 
 
 def test_hsd_worked_example_by_hand():
-  """docs/credit.md, "HSD", worked example. Four tokens of one rollout, token 0 off the action mask; a vocabulary of
+  """docs/methods/hsd.md, worked example. Four tokens of one rollout, token 0 off the action mask; a vocabulary of
   three; logits = log-probabilities (T = 1).
 
   token 1: q = (1/2, 1/4, 1/4), p = (1/4, 1/2, 1/4):  KL = 1/2 ln 2 + 1/4 ln 1/2 + 0 = ln 2 / 4

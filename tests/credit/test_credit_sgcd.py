@@ -110,7 +110,7 @@ def test_sgcd_scale_of_the_divergence_does_not_matter():
 
 
 def test_sgcd_worked_example_by_hand():
-  """docs/credit.md, "SGCD", worked example. Six tokens, 0 and 4 off the action mask; A = -0.5 on the actions.
+  """docs/methods/sgcd.md, worked example. Six tokens, 0 and 4 off the action mask; A = -0.5 on the actions.
 
   live tokens 1, 2, 3, 5 (entropy_coef = 1):  f = 0/1, 0.5/1, 3/(1+1), 1.5/(1+1) = 0, 1/2, 3/2, 3/4
   salience "max":    s = f / (3/2) = 0, 1/3, 1, 1/2         W = 1 + s = 1, 4/3, 2, 3/2
