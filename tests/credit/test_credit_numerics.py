@@ -267,6 +267,13 @@ def test_x_minus_log1p_is_accurate_everywhere(values):
   np.testing.assert_allclose(got, _x_minus_log1p64(y), rtol=2e-6, atol=2e-38)  # below float32's normal range: 0
 
 
+def test_x_minus_log1p_keeps_results_whose_intermediate_square_is_subnormal():
+  """y = 2.07e-19: y − log1p(y) = y²/2 = 2.15e-38 is a normal float32, but (y / 2)² is not; computed as 2·s² the
+  result was flushed to 0 (a case hypothesis found)."""
+  y = np.float32([2.071667511037493e-19, -3e-19, 1.6e-19])
+  np.testing.assert_allclose(np.asarray(numerics.x_minus_log1p(y), np.float64), _x_minus_log1p64(y), rtol=2e-6)
+
+
 def test_the_direct_forms_were_rounding_noise_near_zero():
   """Why the helpers exist: at 1e-4 the direct float32 forms are off by 100% or more, the helpers by < 1e-6."""
   x = np.float32([1e-4, -1e-4, 3e-3])
