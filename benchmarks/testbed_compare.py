@@ -74,7 +74,11 @@ held-out success on 256 tasks lies in [0.02, 0.08] (a shorter warm start is a pr
 the same evals). Probed on this CPU (AMD EPYC, AVX-512) on 128 tasks (benchmarks/results/
 testbed_chain_long_warm_probe.json, testbed_session_long_warm_probe.json, each with its command): chain_long 0.039,
 0.055, 0.008, 0.031 at 300, 600, 900, 1200 steps (in the band, and noisy at 128 tasks); session_long 0.055 at 300
-steps with single requests right only 26% of the time (below the 40-80% the per-request verdicts need: train longer).
+steps with single requests right only 26% of the time (the share of all requests: a wrong answer fails the requests
+built on it; from a right input 0.75, by the all-right rate). On 256 tasks by the rule: chain_long 0.027 at 300 steps,
+so N = 300 (testbed_chain_long_warm.json); session_long 0.012 at 300 steps, below the band (requests right from a
+right input, env/session_request_success_given_right_input, 0.60: inside 40-80%; testbed_session_long_warm_300.json),
+so 600 is tried next, in `--out runs/ss2`.
   Runs (30 RL steps of 4 prompts x 8 rollouts, lr 1e-4, the final eval on 256 fixed tasks, sampled with fixed keys):
 chains grpo, grpo_progress (the control: GRPO paid the fraction of the chain reached), trace, trace_k0,
 trace_raw_delta, gigpo; sessions grpo, grpo_partial (the control: GRPO paid the fraction of requests right), crest,
