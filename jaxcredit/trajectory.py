@@ -118,7 +118,7 @@ class Trajectory:
     unit_rewards_BxU: float32 per-unit verified rewards (U = 1: the outcome reward).
     unit_mask_BxU: bool, True on the units each rollout reached.
     passes: outputs of the passes a method ran, by pass name, each a dict of arrays (e.g.
-      passes["teacher"]["logp_BxL"]); empty until the trainer runs them.
+      `passes["teacher"]["logp_BxL"]`); empty until the trainer runs them.
   """
 
   tokens_BxL: np.ndarray

@@ -343,7 +343,8 @@ def pod_config(
     method: a METHODS name. model: a Hub id (its shapes for `plan` come from jaxcredit.models.presets.HUB_IDS).
     topology: e.g. "v5p:2x4x4". mesh: e.g. "fsdp=32" (`jaxcredit plan --mesh`'s syntax).
     max_len: the sampler's sequence budget and the plan's sequence length (the teacher's budgets derive from it).
-    prompts, group: rollout.prompts_per_step and rollout.group_size.
+    prompts: rollout.prompts_per_step.
+    group: rollout.group_size.
 
   Raises:
     ValueError: a malformed topology or mesh.
