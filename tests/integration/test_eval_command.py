@@ -121,9 +121,9 @@ def test_an_interrupted_eval_resumes_without_sampling_its_finished_tasks(trained
   sampled = []
   real_sample = run_lib.sample_rollouts
 
-  def counting_sample(run, tasks, key, *, greedy=False):
+  def counting_sample(run, tasks, key, *, greedy=False, held_out=False):
     sampled.extend(tasks)
-    return real_sample(run, tasks, key, greedy=greedy)
+    return real_sample(run, tasks, key, greedy=greedy, held_out=held_out)
 
   monkeypatch.setattr(heldout, "sample_rollouts", counting_sample)
   p = run_cli("eval", *args, "--model", full["model"], "--out", str(resumed))
