@@ -2,7 +2,7 @@
 amplified, by W = clip(1 + gamma·s, 1, c) (gamma = 1, c = 2: never shrunk, never flipped), where a teacher (the
 policy) shown a step-wise credit reference comparing a successful and a failed sibling of the same group departs
 from the student; the policy itself never sees the reference. The paper's summariser is an external LLM; here the
-teacher writes it, as a stand-in (docs/credit.md, "SGCD", gives the readings taken; the library's earlier reading:
+teacher writes it, as a stand-in (docs/methods/sgcd.md gives the readings taken; the library's earlier reading:
 configs/sgcd_v0.py). Groups without both outcomes leave the update
 (credit.sgcd.mixed_groups="skip", counted as sgcd_groups_skipped) or train as GRPO ("keep"); with
 --config.rollout.resample_tied_groups=N they are first replaced by groups with both outcomes from up to N fresh

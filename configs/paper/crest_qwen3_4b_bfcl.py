@@ -2,7 +2,7 @@
 fsdp=16).
 
 Paper: Wang et al., "Teach the Magnitude, Not the Direction: Verifier-Bounded Credit Assignment for Multi-Turn
-Multi-step LLM Agents", arXiv 2608.13179 (docs/credit.md, "CrEST").
+Multi-step LLM Agents", arXiv 2608.13179 (docs/methods/crest.md).
 The paper's (Sec. 4.1, App. C.1): the token-factor knobs (config.credit.crest: lam 0.3, clip_eps 0.28, tau 2.0, rho
 0.5); the teacher, the fixed initial model (teacher.source "reference", the policy as RL starts), each request shown
 the ground-truth tool-call results of the requests before it (budgets derived from the config, so none is cut);

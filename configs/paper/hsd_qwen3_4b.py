@@ -2,7 +2,7 @@
 whole vocabulary, from itself shown a successful peer rollout of the same group and the gold answer.
 
 Paper: Li et al., "Localizing Credit at the Divergence: Path-Conditioned Self-Distillation for LLM Reasoning" (arXiv
-2606.15576; docs/credit.md, "HSD"), known from machine-written summaries of its PDF. **HSD is a math and code paper**
+2606.15576; docs/methods/hsd.md), known from machine-written summaries of its PDF. **HSD is a math and code paper**
 (Qwen3-8B and Qwen3-32B on MATH, GSM8K, NuminaMath, APPS, LiveCodeBench; no tools): its use on tool-calling
 rollouts, here the calculator, is this library's extension. From the summaries: G = 8 rollouts a prompt, temperature
 1.0, top-p 0.95, batch 128, AdamW 1e-6 with (0.9, 0.95), 1,500 steps, max length 4096 for math, beta = 0.001 (the

@@ -1,7 +1,7 @@
 """ToolOPD on Qwen3-4B, search QA, sized for a v5p-32 (16 chips, fsdp=16): GRPO plus a distillation term
 reweighted by how a hindsight skill changes the frozen reference's probability of each action token.
 
-Paper: ToolOPD (docs/credit.md, "ToolOPD"); its title is not on record here. Our choices: the search task,
+Paper: ToolOPD (docs/methods/toolopd.md); no paper was found. Our choices: the search task,
 16 questions x 8 rollouts, 16k-token episodes, 48-token skills summarised by the reference, AdamW 1e-6.
 
   jaxcredit plan --config configs/paper/toolopd_qwen3_4b.py

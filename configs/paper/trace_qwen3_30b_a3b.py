@@ -2,7 +2,7 @@
 (128 chips, fsdp=32 x expert=4).
 
 Paper: Tao et al., "TRACE: Turn-level Reward Assignment via Credit Estimation for Long-Horizon Agents", arXiv
-2607.13988 (docs/credit.md, "TRACE"). The paper trains Qwen3-30B-A3B-Thinking-2507 (Qwen3-30B-A3B's shapes); what
+2607.13988 (docs/methods/trace.md). The paper trains Qwen3-30B-A3B-Thinking-2507 (Qwen3-30B-A3B's shapes); what
 is the paper's and what is ours is as in configs/paper/trace_qwen3_4b.py.
 
   jaxcredit plan --config configs/paper/trace_qwen3_30b_a3b.py

@@ -1,7 +1,7 @@
 """TRACE on Qwen3-4B, search QA (the paper's BrowseComp-Plus setting), sized for a v5p-64 (32 chips, fsdp=32).
 
 Paper: Tao et al., "TRACE: Turn-level Reward Assignment via Credit Estimation for Long-Horizon Agents", arXiv
-2607.13988 (docs/credit.md, "TRACE"). TRACE's knobs are the method row's defaults, the paper's (K = 3, γ = 0.8,
+2607.13988 (docs/methods/trace.md). TRACE's knobs are the method row's defaults, the paper's (K = 3, γ = 0.8,
 λ_term = 2, α_out = 1, α_turn = 0.2, ε = 0.1, population std, mean per-token gold log-probs).
 The paper's, as its public descriptions give them: the task (BrowseComp-Plus, closed-web search QA), 8 rollouts
 per question, up to 60 tool turns, pure RL from the released checkpoint (no SFT). It trains

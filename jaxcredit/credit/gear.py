@@ -153,8 +153,7 @@ def gear_v0_segments(
   Source:
   "GEAR: Granularity-Adaptive Advantage Reweighting for LLM Agents via Self-Distillation" (arXiv 2605.11853),
   divergence-anchored adaptive segments: the spike test and the extension rule are this library's v2.0 reading,
-  kept so that earlier results stay reproducible; the paper's (from its captions) is `gear_segments`; docs/credit.md,
-  "GEAR".
+  kept so that earlier results stay reproducible; the paper's (from its captions) is `gear_segments`; docs/methods/gear.md.
   """
   fn = "gear_v0_segments"
   k_sigma, tau_low, entropy_floor, eps = _check_segment_knobs(fn, k_sigma, tau_low, entropy_floor, eps)
@@ -213,8 +212,7 @@ def gear_v0_advantages(
   from its abstract and summaries only: divergence spikes against a ground-truth-conditioned self-teacher anchor
   segments, aligned regions keep token resolution and departed segments are reweighted by the divergence at their
   anchor. The threshold τ, the tanh weight and the normalisation are this library's v2.0 reading, not the paper's:
-  they do not depend on the advantage's sign, which the paper's weighting does (`gear_advantages`); docs/credit.md,
-  "GEAR".
+  they do not depend on the advantage's sign, which the paper's weighting does (`gear_advantages`); docs/methods/gear.md.
   """
   fn = "gear_v0_advantages"
   alpha = _checks.knob_float(fn, "alpha", alpha, ge=0.0)

@@ -15,7 +15,7 @@ Source: Ding, Xin, De la Cruz Weinstein, "Keep Policy Gradient in Charge: Siblin
 Long-Horizon Tool-Use Agents", arXiv 2606.12634, known from its abstract and two agreeing machine-written summaries
 of its PDF (the weight W = clip(1 + gamma · s, 1, c) with gamma = 1, c = 2 and a salience s in [0, 1] from
 divergence spikes and teacher-entropy stability); the salience's exact formula is not in them and is our reading
-(`sgcd_token_weights`, docs/credit.md "SGCD"). `sgcd_v0_token_weights` keeps this library's earlier reading
+(`sgcd_token_weights`, docs/methods/sgcd.md). `sgcd_v0_token_weights` keeps this library's earlier reading
 (weights in [w_min, w_max] with mean 1, so about half of the tokens below 1), method `sgcd_v0`.
 """
 

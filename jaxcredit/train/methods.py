@@ -457,7 +457,7 @@ def hsd_grpo(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
 
 def _gear_features(traj: Trajectory) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """(valid_B, divergence_BxL, student entropy_BxL) of the teacher_divergence pass: an invalid pass reads as
-  divergence 0 everywhere, so GEAR equals GRPO for that rollout (docs/credit.md, GEAR). The segments follow the
+  divergence 0 everywhere, so GEAR equals GRPO for that rollout (docs/methods/gear.md). The segments follow the
   policy's own entropy (the student's)."""
   name = "teacher_divergence"
   valid = pass_valid(traj, name)

@@ -193,7 +193,7 @@ def kl_term(logp_BxL, mb: dict, cfg: PolicyLossConfig):
 
 def distill_term(logp_BxL, mb: dict, cfg: PolicyLossConfig):
   """Weighted sampled-token reverse KL toward a teacher: w_i · sg(log π_i - log π_teacher,i) · log π_i, whose
-  gradient is w_i · (log π_i - log π_teacher,i) ∇log π_i (ToolOPD's distillation term; docs/credit.md, ToolOPD).
+  gradient is w_i · (log π_i - log π_teacher,i) ∇log π_i (ToolOPD's distillation term; docs/methods/toolopd.md).
   `distill_weight_BxL` is 0 on tokens the method does not credit and on invalid teacher passes."""
   gap = jax.lax.stop_gradient(logp_BxL - mb["distill_target_BxL"])
   return mb["distill_weight_BxL"] * gap * logp_BxL, {"distill_gap": gap}
