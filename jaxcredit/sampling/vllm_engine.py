@@ -24,22 +24,20 @@ and `VLLMEngine.close` stops it (SIGTERM, then SIGKILL after 20 s); an `atexit` 
 
 from __future__ import annotations
 
-import atexit
 import concurrent.futures
 import json
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
+from jaxcredit import server_process
 from jaxcredit.sampling.sampler import (
   FINISH_LENGTH,
   FINISH_STOP_STRING,
@@ -47,6 +45,7 @@ from jaxcredit.sampling.sampler import (
   SampleOutput,
   SamplingParams,
 )
+from jaxcredit.server_process import ServerProcess, free_port
 
 _TOKEN_PREFIX = "token_id:"
 
@@ -83,60 +82,6 @@ def served_models(url: str, *, timeout: float = 5.0) -> list[str]:
     return [m["id"] for m in answer["data"]]
   except (TypeError, KeyError):
     raise EngineError(f"{url}/v1/models did not answer a model list: {str(answer)[:200]}") from None
-
-
-def free_port() -> int:
-  """A TCP port on 127.0.0.1 that nothing listens on now."""
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
-# Run first in the server's Python, which then becomes the server (exec): SIGTERM it when the launching process
-# dies, even by SIGKILL (Linux prctl PR_SET_PDEATHSIG, kept across exec; elsewhere only `ServerProcess.stop` and the
-# atexit hook stop it). A wrapper rather than a `preexec_fn`: forking a multithreaded (JAX) process to run Python
-# code before exec can deadlock.
-_DIE_WITH_PARENT = (
-  "import ctypes, os, signal, sys\n"
-  "try:\n"
-  "  ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGTERM)\n"
-  "except (OSError, AttributeError):\n"
-  "  pass\n"
-  "os.execv(sys.argv[1], sys.argv[1:])"
-)
-
-
-class ServerProcess:
-  """A vLLM server this process launched: a process group, its log file, and how to stop it."""
-
-  def __init__(self, proc: subprocess.Popen, url: str, log_path: Path):
-    self.proc, self.url, self.log_path = proc, url, log_path
-    atexit.register(self.stop)
-
-  @property
-  def pid(self) -> int:
-    return self.proc.pid
-
-  def log_tail(self, lines: int = 15) -> str:
-    try:
-      return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-      return ""
-
-  def stop(self, grace_s: float = 20.0) -> None:
-    """SIGTERM to the server's process group, SIGKILL after `grace_s`; idempotent."""
-    if self.proc.poll() is not None:
-      return
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
-      try:
-        os.killpg(self.proc.pid, sig)
-      except ProcessLookupError:
-        return
-      try:
-        self.proc.wait(wait)
-        return
-      except subprocess.TimeoutExpired:
-        continue
 
 
 def launch_server(
@@ -203,38 +148,25 @@ def launch_server(
     "--enable-prefix-caching",
     *extra_args,
   ]
-  log_path = Path(log_path)
-  log_path.parent.mkdir(parents=True, exist_ok=True)
-  with open(log_path, "ab") as log:
-    proc = subprocess.Popen(
-      [python, "-c", _DIE_WITH_PARENT, *cmd], stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-    )
-  server = ServerProcess(proc, url, log_path)
-  deadline = time.time() + startup_timeout_s
-  t0 = time.time()
-  try:
-    while True:
-      if proc.poll() is not None:
-        raise EngineError(
-          f"the vLLM server ({' '.join(cmd[:3])}) exited with code {proc.returncode} while starting; "
-          f"the end of {log_path}:\n{server.log_tail()}"
-        )
-      try:
-        if served_model_name in served_models(url, timeout=2.0):
-          return server
-      except EngineError:
-        pass
-      if time.time() > deadline:
-        raise EngineError(
-          f"the vLLM server did not answer at {url} within {startup_timeout_s:.0f} s; the end of {log_path}:\n"
-          f"{server.log_tail()}"
-        )
-      if progress is not None:
-        progress(f"waiting for the vLLM server at {url} ({time.time() - t0:.0f} s)")
-      time.sleep(2.0)
-  except BaseException:
-    server.stop()
-    raise
+
+  def ready() -> bool:
+    try:
+      return served_model_name in served_models(url, timeout=2.0)
+    except EngineError:
+      return False
+
+  return server_process.launch(
+    cmd,
+    url=url,
+    ready=ready,
+    log_path=log_path,
+    what="the vLLM server",
+    error=EngineError,
+    env=env,
+    startup_timeout_s=startup_timeout_s,
+    poll_s=2.0,
+    progress=progress,
+  )
 
 
 class VLLMEngine:
