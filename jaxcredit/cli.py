@@ -251,6 +251,7 @@ def _train(command: str, args: list[str]) -> int:
       return _fail(command, f"error: {error}")
     if _validate(command, config):
       return 2
+  from jaxcredit.envs.spec import EnvironmentUnavailable
   from jaxcredit.output_lock import OutputBusyError
   from jaxcredit.sampling.vllm_engine import EngineError
   from jaxcredit.train import stopping, trainer
@@ -260,7 +261,14 @@ def _train(command: str, args: list[str]) -> int:
     trainer.train(config, sft_only=(command == "sft"))
   except (OutputBusyError, WorkdirRefused) as e:  # refused inputs: exit 2, as a bad config key
     return _fail(command, f"error: {e}")
-  except (ValueError, NotImplementedError, FileNotFoundError, FloatingPointError, EngineError) as e:
+  except (
+    ValueError,
+    NotImplementedError,
+    FileNotFoundError,
+    FloatingPointError,
+    EngineError,
+    EnvironmentUnavailable,
+  ) as e:
     return _fail(command, f"error: {e}", 1)
   except stopping.TrainingStopped as e:  # SIGTERM (preemption) or Ctrl-C during RL: the step was checkpointed
     print(f"jaxcredit {command}: {e}", file=sys.stderr)
@@ -536,10 +544,10 @@ def _eval(command: str, args: list[str]) -> int:
   out = own.get("out") or _default_eval_dir(config, model)
   if os.path.isfile(out):
     return _fail(command, f"--out {out} is a file; give a folder")
+  from jaxcredit.envs.spec import EnvironmentUnavailable
+  from jaxcredit.output_lock import OutputBusyError
   from jaxcredit.sampling.vllm_engine import EngineError
   from jaxcredit.train import evaluate
-
-  from jaxcredit.output_lock import OutputBusyError
 
   try:
     info = evaluate.evaluate_model(config, model=model, out_dir=out, samples=samples)
@@ -547,7 +555,7 @@ def _eval(command: str, args: list[str]) -> int:
     return _fail(command, f"error: {e}")
   except (ValueError, OSError) as e:  # OSError: a missing model, an unreadable folder
     return _fail(command, f"error: {_one_line(e)}")
-  except EngineError as e:
+  except (EngineError, EnvironmentUnavailable) as e:
     return _fail(command, f"error: {e}", 1)
   except KeyboardInterrupt:
     print(f"\njaxcredit {command}: interrupted; the same command resumes from {out}/rollouts.jsonl", file=sys.stderr)

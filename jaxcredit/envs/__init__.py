@@ -9,6 +9,8 @@
 - `bfcl_multi_turn`: BFCL V3 multi-turn sessions, one verified unit per user request (CrEST's setting).
 - `bfcl_single`: BFCL single-turn function calling scored by BFCL's AST checker.
 - `search`: search QA over a JSONL corpus with BM25 `search` and `open` tools (TRACE's BrowseComp-Plus setting).
+- `openenv`: an environment served by an OpenEnv server (reset/step over a WebSocket), started by the run or
+  running elsewhere.
 - `session`: 3-4 dependent calculator requests in one chat, each verified on its own (the long-horizon testbed).
 - `sources`: tasks from JSONL files, Hugging Face `datasets` folders and TFDS folders, as grain data sources.
 - `spec`: `EnvSpec` and `StepResult`, what the trainer reads from an environment.
@@ -103,6 +105,12 @@ def _search(c) -> EnvSpec:
   return search.env_spec(c)
 
 
+def _openenv(c) -> EnvSpec:
+  from jaxcredit.envs import openenv
+
+  return openenv.env_spec(c)
+
+
 def _defaults(module: str) -> dict:
   import importlib
 
@@ -150,6 +158,12 @@ ENVS: dict[str, Env] = {
     _defaults("math_tools"),
     "math word problems (reasoning-gym generators or JSONL / datasets / TFDS files) with a "
     "calculator; reward: the generator's checker or math-verify",
+  ),
+  "openenv": Env(
+    _openenv,
+    _defaults("openenv"),
+    "an OpenEnv environment server (reset/step over its WebSocket, started by the run or at a URL); reward: the "
+    "server's",
   ),
   "session": Env(
     _session,

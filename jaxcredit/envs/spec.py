@@ -25,9 +25,12 @@ class EnvSpec:
     is_success: reward -> whether the rollout solved the task (for success rates, HSD peers, ToolOPD outcomes).
     demonstration: (task, rng) -> a full chat for the supervised warm start, or None when the environment has
       no demonstrations (then `config.sft.steps` must be 0).
-    gold_answer_text: task -> the gold answer written as the next assistant message (TRACE scores it).
+    gold_answer_text: task -> the gold answer written as the next assistant message (TRACE scores it); None when
+      the environment has no gold answers (an OpenEnv server that exposes none): then the methods whose passes
+      read one are refused at start-up (`jaxcredit.train.run.check_env_fields`).
     privileged_info: task -> the verified ground truth a teacher may see and the policy never does (CrEST,
-      GEAR, HSD's fallback): the gold answer, a reference solution, or BFCL's ground-truth calls.
+      GEAR, HSD's fallback): the gold answer, a reference solution, or BFCL's ground-truth calls; None as for
+      `gold_answer_text`.
     unit_privileged_info: task -> one ground-truth text per verified unit (unit u's ground truth: BFCL's
       ground-truth calls of request u and their results, executed); CrEST's per-unit teacher shows unit u the texts
       of the units before it (docs/teacher-passes.md). None: the environment verifies only the outcome (U = 1).
@@ -42,6 +45,10 @@ class EnvSpec:
     unwinnable: (task, split "train" | "eval") -> why ground-truth play cannot finish the task under that split's
       caps (turns, steps per request), or None when it can; reported at start-up (`jaxcredit.train.run.
       report_unwinnable`), since such a task can never pay. None: the environment has no caps to check.
+    step_workers: the environments of one turn step on this many threads (the rollout loop, `jaxcredit.rollout.
+      multiturn.run_rollouts`): more than 1 for environments that wait on a server; 1 (the default) steps them in
+      order.
+    close: called once when the run ends (stops a server the environment started); None: nothing to stop.
   """
 
   make_tasks: Callable[[str, int, int | None], list]
@@ -51,14 +58,21 @@ class EnvSpec:
   max_turns: int
   is_success: Callable[[float], bool]
   demonstration: Callable[[Any, Any], list[dict]] | None
-  gold_answer_text: Callable[[Any], str]
-  privileged_info: Callable[[Any], str]
+  gold_answer_text: Callable[[Any], str] | None
+  privileged_info: Callable[[Any], str] | None
   unit_rewards: Callable[[Any], Sequence[float]] | None = None
   unit_privileged_info: Callable[[Any], Sequence[str]] | None = None
   tools: Callable[[Any], list[dict]] | None = None
   metrics: Callable[[Sequence[Any]], dict[str, float]] | None = None
   eval_max_turns: int | None = None
   unwinnable: Callable[[Any, str], str | None] | None = None
+  step_workers: int = 1
+  close: Callable[[], None] | None = None
+
+
+class EnvironmentUnavailable(RuntimeError):
+  """The environment cannot go on: its server is gone, did not start, or cannot reproduce a task's start state.
+  `jaxcredit train` / `eval` print its one line and exit 1 (what was written stays)."""
 
 
 @dataclasses.dataclass

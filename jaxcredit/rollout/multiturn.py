@@ -10,6 +10,7 @@ tokenized as plain text: only the template's scaffolding makes control tokens (`
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 from collections.abc import Mapping
 from typing import Any, Callable, Protocol, Sequence
@@ -33,7 +34,7 @@ class RolloutResult:
   builder: RolloutBuilder
   env: EnvLike
   reward: float
-  finish: str  # "answer" | "no_answer" | "tool_budget" | "length"
+  finish: str  # "answer" | "no_answer" | "tool_budget" | "length" | "env_error" (the environment's server failed)
   tool_calls: int
   tool_errors: int
   messages: list[dict] = dataclasses.field(default_factory=list)  # the prompt, then each assistant/tool message
@@ -83,6 +84,7 @@ def run_rollouts(
   max_turns: int,
   max_len: int,
   on_turn: Callable[[int, int], None] | None = None,
+  step_workers: int = 1,
 ) -> list[RolloutResult]:
   """Samples one rollout per environment, up to `max_turns` assistant turns each.
 
@@ -98,6 +100,9 @@ def run_rollouts(
     max_turns: T, the most assistant messages a rollout may have.
     max_len: the sampler's capacity; a rollout that cannot fit another turn ends with finish "length".
     on_turn: optional callback(turn, active_rollouts) for progress display.
+    step_workers: the environments of one turn step on this many threads (`EnvSpec.step_workers`: environments
+      that wait on a server); 1 steps them in order. Each environment's `close()`, where it has one, is called
+      when its rollout ends.
 
   Returns:
     One `RolloutResult` per environment, in order.
@@ -135,12 +140,15 @@ def run_rollouts(
       out = session.generate(histories, sampling_params, sub, decode_text=tok.decode, ids=active)
     else:
       out = sampler.generate(histories, sampling_params, sub, decode_text=tok.decode)
+    texts = []
     for j, i in enumerate(active):
-      ids, logp, reason = out.tokens[j], out.logprobs[j], out.finish_reasons[j]
+      ids, logp = out.tokens[j], out.logprobs[j]
       builders[i].append_action(ids, [float(x) for x in logp])
-      text = action_text(tok, ids, sampling_params.stop_token_ids)  # tags the tokenizer marks special kept
-      messages[i].append({"role": "assistant", "content": text})
-      result = envs[i].step(text)
+      texts.append(action_text(tok, ids, sampling_params.stop_token_ids))  # tags the tokenizer marks special kept
+      messages[i].append({"role": "assistant", "content": texts[-1]})
+    results = _step_all([envs[i] for i in active], texts, step_workers)
+    for j, i in enumerate(active):
+      ids, reason, result = out.tokens[j], out.finish_reasons[j], results[j]
       info = episode.trainer_info(result, envs[i])
       tool_calls[i] = int(info[episode.TOOL_CALLS])
       tool_errors[i] = int(info[episode.TOOL_ERRORS])
@@ -159,6 +167,10 @@ def run_rollouts(
       messages[i].append({"role": role, "content": observation})
       builders[i].append_context(fmt.observation_ids(tok, observation, emitted_eos, role))
       builders[i].mark_boundary()
+  for env in envs:
+    close = getattr(env, "close", None)
+    if close is not None:
+      close()
   return [
     RolloutResult(
       builder=builders[i],
@@ -173,7 +185,18 @@ def run_rollouts(
   ]
 
 
+def _step_all(envs: Sequence[EnvLike], texts: Sequence[str], workers: int) -> list[Any]:
+  """`env.step(text)` of each pair, on up to `workers` threads; the results in order (an exception is raised as
+  the first environment's in order that raised)."""
+  if workers <= 1 or len(envs) <= 1:
+    return [env.step(text) for env, text in zip(envs, texts)]
+  with concurrent.futures.ThreadPoolExecutor(min(workers, len(envs))) as pool:
+    return list(pool.map(lambda pair: pair[0].step(pair[1]), zip(envs, texts)))
+
+
 def _finish_reason(info: Mapping[str, Any], sampler_reason: str) -> str:
+  if info.get("finish") == "env_error":
+    return "env_error"
   if info[episode.ANSWERED]:
     return "answer"
   if info[episode.BUDGET_EXHAUSTED]:

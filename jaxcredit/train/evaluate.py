@@ -243,7 +243,11 @@ class EvalRun:
   model_info: dict  # what was evaluated: {"source", "kind", and for a training workdir "step" and "base"}
 
   def close(self) -> None:
-    self.sampler.close()
+    try:
+      self.sampler.close()
+    finally:
+      if self.env.close is not None:
+        self.env.close()
 
 
 _AT_STEP = re.compile(r"^(.*)@(\d+)$")

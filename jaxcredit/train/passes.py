@@ -228,6 +228,9 @@ class Pass:
     reads: "pass_name/key" outputs of passes that run before this one (teacher_skill reads hindsight_skill's
       skills); `config.validate` refuses a method whose passes do not write them earlier in its `passes`.
     summary: one line for docs and errors.
+    env_fields: the `EnvSpec` fields the pass calls that an environment may lack (`gold_answer_text`,
+      `privileged_info`); a method running the pass on an environment without them is refused at start-up
+      (`jaxcredit.train.run.check_env_fields`).
 
   Raises:
     ValueError: at construction, `writes` without `valid_B` or `reasons`, or a `reads` entry not "pass/key".
@@ -237,6 +240,7 @@ class Pass:
   writes: tuple[str, ...]
   reads: tuple[str, ...] = ()
   summary: str = ""
+  env_fields: tuple[str, ...] = ()
 
   def __post_init__(self):
     object.__setattr__(self, "writes", tuple(self.writes))
@@ -711,20 +715,23 @@ _TEACHER = ("logp_BxL", "entropy_BxL", "valid_B", "reasons", "context_cut_tokens
 _DIVERGENCE = ("divergence_BxL", "student_entropy_BxL")
 
 PASSES: dict[str, Pass] = {
-  "gold_answer": Pass(gold_answer, ("gold_logp_BxT1", "boundary_mask_BxT1", "valid_B", "reasons")),
+  "gold_answer": Pass(
+    gold_answer, ("gold_logp_BxT1", "boundary_mask_BxT1", "valid_B", "reasons"), env_fields=("gold_answer_text",)
+  ),
   "teacher_plain": Pass(teacher_plain, _TEACHER),
-  "teacher_privileged": Pass(teacher_privileged, _TEACHER),
-  "teacher_peer": Pass(teacher_peer, _TEACHER + ("peer_B",)),
+  "teacher_privileged": Pass(teacher_privileged, _TEACHER, env_fields=("gold_answer_text", "privileged_info")),
+  "teacher_peer": Pass(teacher_peer, _TEACHER + ("peer_B",), env_fields=("gold_answer_text",)),
   "teacher_peer_states": Pass(
     functools.partial(teacher_peer, hidden=True),
     _TEACHER + ("peer_B", "hidden_BxLxD"),
     summary="teacher_peer with the teacher's hidden states (its whole distribution at each action token)",
+    env_fields=("gold_answer_text",),
   ),
   "hindsight_skill": Pass(hindsight_skill, ("skills", "skill_tokens_B", "success_B", "valid_B", "reasons")),
   "teacher_skill": Pass(
     teacher_skill, _TEACHER, reads=("hindsight_skill/skills", "hindsight_skill/valid_B", "hindsight_skill/reasons")
   ),
-  "teacher_divergence": Pass(teacher_divergence, _TEACHER + _DIVERGENCE),
+  "teacher_divergence": Pass(teacher_divergence, _TEACHER + _DIVERGENCE, env_fields=("privileged_info",)),
   "sibling_summary": Pass(
     sibling_summary,
     ("summaries", "summary_tokens_B", "siblings_Bx2", "mixed_B", "success_B", "valid_B", "reasons"),

@@ -344,10 +344,12 @@ def learn_step(
 
 def pack_rollouts(run: Run, sampled: StepRollouts):
   """The step's rollouts as one `jaxcredit.trajectory.Trajectory`: rollout k in group k // group_size, rewards and
-  per-unit verified rewards as sampled, turns up to the environment's `max_turns`."""
+  per-unit verified rewards as sampled, turns up to the environment's `max_turns`. A rollout whose environment
+  failed (finish "env_error": its server errored or vanished) is left out (`sample_mask_B` False): its reward
+  says nothing about the policy."""
   g = run.config.rollout.group_size
   results = sampled.results
-  return pack(
+  traj = pack(
     [r.builder for r in results],
     [r.reward for r in results],
     [k // g for k in range(len(results))],
@@ -356,6 +358,10 @@ def pack_rollouts(run: Run, sampled: StepRollouts):
     length_bucket=run.config.train.length_bucket,
     unit_rewards=sampled.unit_rewards,
   )
+  env_failed = np.asarray([r.finish == "env_error" for r in results], bool)
+  if env_failed.any():
+    traj.sample_mask_B = traj.sample_mask_B & ~env_failed
+  return traj
 
 
 def loss_batch(run: Run, params, ref_params, traj, out, ref_logp, *, off_policy: bool = False) -> tuple[dict, dict]:

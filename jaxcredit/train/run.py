@@ -74,8 +74,40 @@ class Run:
   sampler_lock: Any = dataclasses.field(default_factory=threading.RLock)
 
   def close(self) -> None:
-    """Stops what the run started outside this process (a launched rollout server)."""
-    self.sampler.close()
+    """Stops what the run started outside this process (a launched rollout server, an environment's server)."""
+    try:
+      self.sampler.close()
+    finally:
+      if self.env.close is not None:
+        self.env.close()
+
+
+def check_env_fields(config: ml_collections.ConfigDict, env: EnvSpec) -> None:
+  """Refuses a method whose passes call an `EnvSpec` field the environment lacks (`passes.Pass.env_fields`: a gold
+  answer or privileged information, which an OpenEnv server may not expose).
+
+  Raises:
+    ValueError: naming the method, the pass, the missing field and the environment.
+  """
+
+  def missing(method: str) -> list[tuple[str, str]]:
+    return [
+      (name, field)
+      for name in METHODS[method].passes
+      for field in passes_lib.PASSES[name].env_fields
+      if getattr(env, field) is None
+    ]
+
+  method = config.credit.method
+  lacking = missing(method)
+  if lacking:
+    name, field = lacking[0]
+    usable = ", ".join(m for m in METHODS if not missing(m))
+    raise ValueError(
+      f"config.credit.method={method!r} runs the pass {name!r}, which needs the environment's {field}, and "
+      f"environment {config.env.name!r} has none (an OpenEnv server: config.env.openenv.gold_field names the reset "
+      f"observation's field that holds the gold answer); methods that need none: {usable}"
+    )
 
 
 def progress_bar(config, **kw):
@@ -292,6 +324,7 @@ def build(config: ml_collections.ConfigDict, *, write_config: bool = True) -> Ru
       f"config.sft.steps={config.sft.steps}, but environment {config.env.name!r} has no "
       f"demonstrations for a warm start; set config.sft.steps=0"
     )
+  check_env_fields(config, env)
   train_tasks = env.make_tasks("train", config.env.num_train_tasks, config.seed)  # bad sizes fail before the load
   eval_tasks = env.make_tasks("eval", config.eval.num_tasks, None)
   t0 = time.time()
@@ -380,6 +413,7 @@ def sample_rollouts(run: Run, tasks, key, *, greedy=False, held_out=False):
     key,
     max_turns=(run.env.eval_max_turns or run.env.max_turns) if held_out else run.env.max_turns,
     max_len=run.config.sampling.max_len,
+    step_workers=run.env.step_workers,
   )
 
 

@@ -1,0 +1,97 @@
+"""`jaxcredit train --config configs/openenv_echo.py` with the tiny policy: the run starts the OpenEnv server
+(examples/openenv_echo, openenv-core), trains an RL step on it, stops it; TRACE and CrEST credit its exported
+rollouts; a run whose server is gone stops with one line and keeps what it wrote."""
+
+import itertools
+import os
+
+import numpy as np
+import pytest
+
+from jaxcredit.envs import openenv
+from jaxcredit.rollout import jsonl
+from jaxcredit.train import offline_credit, trainer
+from tests.fixtures.cli import run_cli
+from tests.fixtures.tiny_run import ROOT, metrics_rows, tiny_run_config, tiny_run_overrides
+
+pytest.importorskip("openenv.core.env_server.http_server", reason="openenv-core serves the test environment")
+
+
+@pytest.fixture
+def alternating_rewards(monkeypatch):
+  """The random tiny policy never says the word: episodes pay 1, 0, 1, 0, ... in creation order instead (the server
+  still runs every step), so groups have a contrast to credit."""
+  counter = itertools.count()
+  init = openenv.OpenEnvEpisode.__init__
+
+  def init_with_reward(self, *args, **kwargs):
+    init(self, *args, **kwargs)
+    self.test_reward = float(next(counter) % 2)
+
+  monkeypatch.setattr(openenv.OpenEnvEpisode, "__init__", init_with_reward)
+  monkeypatch.setattr(openenv.OpenEnvEpisode, "reward", lambda self: self.test_reward)
+
+
+def test_train_on_a_server_the_run_starts_then_credit_its_rollouts(tiny, tmp_path, alternating_rewards):
+  c = tiny_run_config("openenv_echo", tmp_path / "run", tiny, total_steps=1)
+  c.env.openenv.cwd = ROOT
+  c.env.openenv.log = str(tmp_path / "server.log")
+  c.env.num_train_tasks = 4
+  c.rollout.export_jsonl = True
+  trainer.train(c)
+  (row,) = metrics_rows(c.workdir, "rl")
+  assert row["action_tokens"] > 0 and np.isfinite(row["loss"])
+  assert row["env/openenv_errors"] == 0.0 and row["env/openenv_env_steps"] >= 1.0
+  server = openenv._LAUNCHED[(c.env.openenv.command, ROOT)]
+  assert not server.running()  # stopped when the run ended
+  assert "Uvicorn running" in (tmp_path / "server.log").read_text()
+
+  exported = jsonl.read_jsonl(os.path.join(c.workdir, "rollouts", "step_1.jsonl"))
+  assert len(exported) == 4 and {r["reward"] for r in exported} == {0.0, 1.0}
+  assert all(r["messages"][0]["content"].startswith("Reply with exactly one word: ") for r in exported)
+  src = tmp_path / "in.jsonl"
+  jsonl.write_jsonl(src, [{k: v for k, v in r.items() if k not in ("advantages", "turn_advantages")} for r in exported])
+  for method in ("trace", "crest"):
+    c.credit.method = method
+    out = tmp_path / f"{method}.jsonl"
+    offline_credit.credit_file(c, str(src), str(out))
+    credited = {r["rollout_id"]: r for r in jsonl.read_jsonl(out)}
+    for r in exported:
+      adv = np.asarray(credited[r["rollout_id"]]["advantages"], float)
+      assert np.isfinite(adv).all() and np.any(adv != 0)
+      if method == "trace":  # the trainer's own advantages, recomputed from the file
+        np.testing.assert_allclose(adv, r["advantages"], atol=2e-5, rtol=0)
+
+
+def test_a_run_whose_server_is_gone_stops_with_one_line_and_keeps_its_step(tiny, tmp_path):
+  saved = os.getcwd()
+  os.chdir(ROOT)
+  try:
+    server = openenv.start_server(
+      "{python} -m uvicorn server:app --app-dir examples/openenv_echo --host 127.0.0.1 --port {port} --log-level "
+      "warning",
+      log=str(tmp_path / "server.log"),
+    )
+  finally:
+    os.chdir(saved)
+  work = tmp_path / "run"
+  server_args = ["--config.env.openenv.command=", f"--config.env.openenv.url={server.url}"]
+
+  def train(steps: int):
+    overrides = tiny_run_overrides(tiny.gguf_path, str(work), tiny.cache_dir, total_steps=steps, env__num_train_tasks=4)
+    return run_cli("train", "--config", "configs/openenv_echo.py", *server_args, *overrides)
+
+  try:
+    first = train(1)
+    assert first.returncode == 0, first.stderr
+    assert (work / "metrics.jsonl").is_file(), first.stdout + first.stderr
+    before = (work / "metrics.jsonl").read_text()
+  finally:
+    server.stop()
+  second = train(2)
+  assert second.returncode == 1, second.stderr
+  lines = [line for line in second.stderr.splitlines() if line.strip()]
+  assert lines[-1].startswith("jaxcredit train: error: reading the train tasks' prompts from the OpenEnv server at ")
+  assert "Traceback" not in second.stderr
+  assert (work / "metrics.jsonl").read_text() == before  # the finished step's row kept
+  assert any(name.isdigit() for name in os.listdir(work / "checkpoints"))
