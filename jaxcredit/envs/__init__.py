@@ -9,6 +9,7 @@
 - `bfcl_multi_turn`: BFCL V3 multi-turn sessions, one verified unit per user request (CrEST's setting).
 - `bfcl_single`: BFCL single-turn function calling scored by BFCL's AST checker.
 - `search`: search QA over a JSONL corpus with BM25 `search` and `open` tools (TRACE's BrowseComp-Plus setting).
+- `mcp_tools`: questions from a task file whose tools come from MCP servers (stdio commands or HTTP URLs).
 - `openenv`: an environment served by an OpenEnv server (reset/step over a WebSocket), started by the run or
   running elsewhere.
 - `session`: 3-4 dependent calculator requests in one chat, each verified on its own (the long-horizon testbed).
@@ -105,6 +106,12 @@ def _search(c) -> EnvSpec:
   return search.env_spec(c)
 
 
+def _mcp_tools(c) -> EnvSpec:
+  from jaxcredit.envs import mcp_tools
+
+  return mcp_tools.env_spec(c)
+
+
 def _openenv(c) -> EnvSpec:
   from jaxcredit.envs import openenv
 
@@ -158,6 +165,12 @@ ENVS: dict[str, Env] = {
     _defaults("math_tools"),
     "math word problems (reasoning-gym generators or JSONL / datasets / TFDS files) with a "
     "calculator; reward: the generator's checker or math-verify",
+  ),
+  "mcp_tools": Env(
+    _mcp_tools,
+    _defaults("mcp_tools"),
+    "questions from a task file (JSONL / datasets / TFDS) with the tools of MCP servers (stdio or HTTP); reward: "
+    "the answer's verifier (math-verify or exact)",
   ),
   "openenv": Env(
     _openenv,

@@ -15,9 +15,10 @@ def _first_request(spec, task) -> str:
   return next(m["content"] for m in spec.initial_messages(task) if m["role"] == "user")
 
 
-SERVED = {"openenv"}
-"""Rows whose tasks come from a server (no default config builds them; their split is the server's seeds or the
-tasks files one gives: tests/envs/test_openenv.py)."""
+SERVED = {"mcp_tools", "openenv"}
+"""Rows that need a server to build (no default config names one): OpenEnv's split is the server's seeds or the
+tasks files one gives (tests/envs/test_openenv.py); mcp_tools splits its task file as math_tools does
+(tests/envs/test_mcp_tools.py)."""
 
 
 @pytest.mark.parametrize("name", sorted(set(ENVS) - SERVED))

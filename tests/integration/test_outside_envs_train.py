@@ -1,6 +1,8 @@
-"""`jaxcredit train --config configs/openenv_echo.py` with the tiny policy: the run starts the OpenEnv server
-(examples/openenv_echo, openenv-core), trains an RL step on it, stops it; TRACE and CrEST credit its exported
-rollouts; a run whose server is gone stops with one line and keeps what it wrote."""
+"""Environments someone else wrote, in the trainer, with the tiny policy: `jaxcredit train --config
+configs/openenv_echo.py` starts the OpenEnv server (examples/openenv_echo, openenv-core), trains an RL step on it and
+stops it, and a run whose server is gone stops with one line and keeps what it wrote; `configs/mcp_calculator.py`
+trains with the tools of an MCP server (examples/mcp_calculator). TRACE and CrEST credit both runs' exported
+rollouts."""
 
 import itertools
 import os
@@ -15,6 +17,7 @@ from tests.fixtures.cli import run_cli
 from tests.fixtures.tiny_run import ROOT, metrics_rows, tiny_run_config, tiny_run_overrides
 
 pytest.importorskip("openenv.core.env_server.http_server", reason="openenv-core serves the test environment")
+pytest.importorskip("mcp.server.mcpserver", reason="the mcp SDK serves the test tools")
 
 
 @pytest.fixture
@@ -49,6 +52,11 @@ def test_train_on_a_server_the_run_starts_then_credit_its_rollouts(tiny, tmp_pat
   exported = jsonl.read_jsonl(os.path.join(c.workdir, "rollouts", "step_1.jsonl"))
   assert len(exported) == 4 and {r["reward"] for r in exported} == {0.0, 1.0}
   assert all(r["messages"][0]["content"].startswith("Reply with exactly one word: ") for r in exported)
+  _credit_matches(c, exported, tmp_path)
+
+
+def _credit_matches(c, exported, tmp_path):
+  """TRACE and CrEST credit the exported rollouts from the file: finite, nonzero, and TRACE's the trainer's."""
   src = tmp_path / "in.jsonl"
   jsonl.write_jsonl(src, [{k: v for k, v in r.items() if k not in ("advantages", "turn_advantages")} for r in exported])
   for method in ("trace", "crest"):
@@ -95,3 +103,34 @@ def test_a_run_whose_server_is_gone_stops_with_one_line_and_keeps_its_step(tiny,
   assert "Traceback" not in second.stderr
   assert (work / "metrics.jsonl").read_text() == before  # the finished step's row kept
   assert any(name.isdigit() for name in os.listdir(work / "checkpoints"))
+
+
+def test_train_with_the_tools_of_an_mcp_server_then_credit_its_rollouts(tiny, tmp_path, monkeypatch):
+  from jaxcredit.envs import mcp_tools
+
+  counter = itertools.count()
+  monkeypatch.setattr(mcp_tools.McpToolsEpisode, "reward", lambda self: float(next(counter) % 2))
+  step = mcp_tools.McpToolsEpisode.step
+
+  def first_turn_calls_add(self, text):
+    """The random policy writes no call: its first message is replaced by one, which the live server answers."""
+    if self.info["turns"] == 0:
+      text = '<tool_call>\n{"name": "add", "arguments": {"a": 20, "b": 22}}\n</tool_call>'
+    return step(self, text)
+
+  monkeypatch.setattr(mcp_tools.McpToolsEpisode, "step", first_turn_calls_add)
+  monkeypatch.chdir(ROOT)
+  c = tiny_run_config("mcp_calculator", tmp_path / "run", tiny, total_steps=1)
+  c.env.num_train_tasks = 4
+  c.sampling.max_len = 1536  # the tiny byte-level vocabulary: the tool list alone is about 1,200 tokens
+  c.rollout.export_jsonl = True
+  trainer.train(c)
+  (row,) = metrics_rows(c.workdir, "rl")
+  assert row["action_tokens"] > 0 and np.isfinite(row["loss"]) and row["tool_calls"] == 1.0
+  exported = jsonl.read_jsonl(os.path.join(c.workdir, "rollouts", "step_1.jsonl"))
+  assert len(exported) == 4 and {r["reward"] for r in exported} == {0.0, 1.0}
+  assert all(r["messages"][3] == {"role": "tool", "content": "<tool_response>42</tool_response>"} for r in exported)
+  system = exported[0]["messages"][0]["content"]
+  assert '"name": "add"' in system and '"name": "divide"' in system
+  assert exported[0]["tools"] and {t["function"]["name"] for t in exported[0]["tools"]} == {"add", "multiply", "divide"}
+  _credit_matches(c, exported, tmp_path)
