@@ -20,7 +20,8 @@ import orbax.checkpoint as ocp
 
 from jaxcredit import multihost, trees
 
-# Keys that only change how long a run is, how often it logs / checkpoints / evaluates, or where it goes.
+# Keys that only change how long a run is, how often it logs / checkpoints / evaluates, where it goes, or where an
+# environment's server is.
 # Everything else changes what is trained and must match on resume.
 RUN_LENGTH_KEYS = (
   "workdir",
@@ -37,6 +38,17 @@ RUN_LENGTH_KEYS = (
   "log_rollouts_every",
   "log_rollouts_count",
   "sft.checkpoint_every",
+  # where an environment's server runs (a restarted server has another port) and how long to wait for it
+  "env.openenv.url",
+  "env.openenv.command",
+  "env.openenv.cwd",
+  "env.openenv.log",
+  "env.openenv.startup_timeout_s",
+  "env.openenv.timeout_s",
+  "env.openenv.max_concurrent",
+  "env.mcp_tools.servers",
+  "env.mcp_tools.timeout_s",
+  "env.mcp_tools.startup_timeout_s",
 )
 
 

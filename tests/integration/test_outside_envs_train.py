@@ -71,38 +71,63 @@ def _credit_matches(c, exported, tmp_path):
         np.testing.assert_allclose(adv, r["advantages"], atol=2e-5, rtol=0)
 
 
-def test_a_run_whose_server_is_gone_stops_with_one_line_and_keeps_its_step(tiny, tmp_path):
+def _serve(tmp_path, name: str):
   saved = os.getcwd()
   os.chdir(ROOT)
   try:
-    server = openenv.start_server(
+    return openenv.start_server(
       "{python} -m uvicorn server:app --app-dir examples/openenv_echo --host 127.0.0.1 --port {port} --log-level "
-      "warning",
-      log=str(tmp_path / "server.log"),
+      + ("warning" if name == "first" else "info"),  # two commands: start_server keeps one server per command
+      log=str(tmp_path / f"{name}.log"),
     )
   finally:
     os.chdir(saved)
-  work = tmp_path / "run"
-  server_args = ["--config.env.openenv.command=", f"--config.env.openenv.url={server.url}"]
 
-  def train(steps: int):
+
+def test_killing_the_server_mid_run_stops_it_with_one_line_and_a_new_server_resumes_it(tiny, tmp_path, monkeypatch):
+  server = _serve(tmp_path, "first")
+  step = openenv.OpenEnvEpisode.step
+  made = itertools.count()
+  init = openenv.OpenEnvEpisode.__init__
+
+  def numbered(self, *args, **kwargs):
+    init(self, *args, **kwargs)
+    self.number = next(made)
+
+  def kill_in_step_2(self, text):
+    if self.number == 4 and self.info["turns"] == 0:  # step 1 made episodes 0-3: the first of step 2 kills it
+      server.stop()
+    return step(self, text)
+
+  monkeypatch.setattr(openenv.OpenEnvEpisode, "__init__", numbered)
+  monkeypatch.setattr(openenv.OpenEnvEpisode, "step", kill_in_step_2)
+  work = tmp_path / "run"
+
+  def train(url: str, steps: int):
     overrides = tiny_run_overrides(tiny.gguf_path, str(work), tiny.cache_dir, total_steps=steps, env__num_train_tasks=4)
+    server_args = ["--config.env.openenv.command=", f"--config.env.openenv.url={url}"]
     return run_cli("train", "--config", "configs/openenv_echo.py", *server_args, *overrides)
 
   try:
-    first = train(1)
-    assert first.returncode == 0, first.stderr
-    assert (work / "metrics.jsonl").is_file(), first.stdout + first.stderr
-    before = (work / "metrics.jsonl").read_text()
+    stopped = train(server.url, 2)
   finally:
     server.stop()
-  second = train(2)
-  assert second.returncode == 1, second.stderr
-  lines = [line for line in second.stderr.splitlines() if line.strip()]
-  assert lines[-1].startswith("jaxcredit train: error: reading the train tasks' prompts from the OpenEnv server at ")
-  assert "Traceback" not in second.stderr
-  assert (work / "metrics.jsonl").read_text() == before  # the finished step's row kept
+  assert stopped.returncode == 1, stopped.stderr
+  lines = [line for line in stopped.stderr.splitlines() if line.strip()]
+  assert lines[-1].startswith("jaxcredit train: error: all 4 episodes of this step failed on the OpenEnv server")
+  assert "Traceback" not in stopped.stderr
+  assert [r["step"] for r in metrics_rows(work, "rl")] == [1]  # step 1's row kept, step 2 not written
   assert any(name.isdigit() for name in os.listdir(work / "checkpoints"))
+
+  monkeypatch.setattr(openenv.OpenEnvEpisode, "step", step)
+  again = _serve(tmp_path, "second")  # another port: where the server runs may change on resume
+  try:
+    resumed = train(again.url, 2)
+  finally:
+    again.stop()
+  assert resumed.returncode == 0, resumed.stderr
+  assert "resum" in resumed.stdout, resumed.stdout
+  assert [r["step"] for r in metrics_rows(work, "rl")] == [1, 2]
 
 
 def test_train_with_the_tools_of_an_mcp_server_then_credit_its_rollouts(tiny, tmp_path, monkeypatch):
