@@ -49,12 +49,10 @@ from jaxcredit.rollout.multiturn import RolloutResult
 from jaxcredit.train import checkpoint as ckpt_lib
 from jaxcredit.train import export
 from jaxcredit.train import heldout as heldout_lib
+from jaxcredit.train.heldout import Z95, wilson_interval  # noqa: F401 - re-exported (jaxcredit.train.evaluate's API)
 from jaxcredit.train import run as run_lib
 from jaxcredit.train import step as step_lib
 from jaxcredit.train.engines import build_engine
-
-Z95 = 1.959963984540054
-"""The standard normal quantile of 0.975: a two-sided 95% interval."""
 
 BOOTSTRAP_RESAMPLES = 1000
 """Resamples of the tasks for the intervals of the environment's own metrics (percentile bootstrap, seed 0)."""
@@ -71,33 +69,6 @@ IGNORED_KEYS = tuple(k for k in ckpt_lib.RUN_LENGTH_KEYS if k != "eval") + (
 
 # ---------------------------------------------------------------------------------------------------------------
 # Intervals
-
-
-def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
-  """Wilson's score interval of a success rate: successes out of n Bernoulli trials.
-
-    p = successes / n,  c = (p + z²/2n) / (1 + z²/n),  h = z / (1 + z²/n) · √(p(1-p)/n + z²/4n²),  [c - h, c + h]
-
-  Unlike p ± z·√(p(1-p)/n) it stays inside [0, 1] and is not empty at p = 0 or 1 (E. B. Wilson, 1927).
-
-  Args:
-    successes: int, 0 <= successes <= n.
-    n: int >= 1, the number of trials.
-    z: the normal quantile (default: 95%, two-sided).
-
-  Returns:
-    (low, high), floats in [0, 1].
-
-  Raises:
-    ValueError: n < 1 or successes outside [0, n].
-  """
-  if n < 1 or not 0 <= successes <= n:
-    raise ValueError(f"wilson_interval needs 0 <= successes <= n and n >= 1, got successes={successes}, n={n}")
-  p = successes / n
-  denom = 1 + z * z / n
-  center = (p + z * z / (2 * n)) / denom
-  half = z / denom * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-  return max(0.0, center - half), min(1.0, center + half)
 
 
 def mean_interval(values: Sequence[float], z: float = Z95) -> tuple[float, float] | None:

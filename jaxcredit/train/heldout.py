@@ -4,6 +4,7 @@ samples and scores through the same functions (`sample_eval_batch`, `eval_summar
 
 from __future__ import annotations
 
+import math
 import time
 
 import jax
@@ -13,6 +14,36 @@ from jaxcredit import multihost
 from jaxcredit.envs import EnvSpec
 from jaxcredit.rollout.multiturn import RolloutResult
 from jaxcredit.train.run import Run, progress_bar, sample_rollouts, sampling_model
+
+Z95 = 1.959963984540054
+"""The standard normal quantile of 0.975: a two-sided 95% interval."""
+
+
+def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
+  """Wilson's score interval of a success rate: successes out of n Bernoulli trials.
+
+    p = successes / n,  c = (p + z²/2n) / (1 + z²/n),  h = z / (1 + z²/n) · √(p(1-p)/n + z²/4n²),  [c - h, c + h]
+
+  Unlike p ± z·√(p(1-p)/n) it stays inside [0, 1] and is not empty at p = 0 or 1 (E. B. Wilson, 1927).
+
+  Args:
+    successes: int, 0 <= successes <= n.
+    n: int >= 1, the number of trials.
+    z: the normal quantile (default: 95%, two-sided).
+
+  Returns:
+    (low, high), floats in [0, 1].
+
+  Raises:
+    ValueError: n < 1 or successes outside [0, n].
+  """
+  if n < 1 or not 0 <= successes <= n:
+    raise ValueError(f"wilson_interval needs 0 <= successes <= n and n >= 1, got successes={successes}, n={n}")
+  p = successes / n
+  denom = 1 + z * z / n
+  center = (p + z * z / (2 * n)) / denom
+  half = z / denom * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+  return max(0.0, center - half), min(1.0, center + half)
 
 
 def eval_key(offset: int) -> jax.Array:
@@ -75,8 +106,13 @@ def evaluate(run: Run, params, stage: str, step: int, *, sft_step: int | None = 
   if sft_step is not None:
     m["sft_step"] = int(sft_step)
   run.writer.write("eval", step, m)
+  n = int(m.get("num_tasks", 0))
+  interval = ""
+  if n:
+    low, high = wilson_interval(round(m["success_rate"] * n), n)
+    interval = f" [{low:.2f}, {high:.2f}] of {n}"
   print(
-    f"[jaxcredit] eval {stage}: success {m['success_rate']:.3f}, tool calls {m['tool_calls']:.2f}, "
+    f"[jaxcredit] eval {stage}: success {m['success_rate']:.3f}{interval}, tool calls {m['tool_calls']:.2f}, "
     f"answered {m['answered_frac']:.2f} ({m['seconds']:.0f}s)"
   )
   return m

@@ -272,6 +272,20 @@ def _resume(run: Run, latest: int, optimizer, opt_sh, data):
   return params, opt_state, ref_params, rl_step
 
 
+def contrast_summary(rows: list[dict], groups_per_step: int) -> str:
+  """One line on the RL steps' groups with an outcome contrast (a success and a failure: the groups an outcome
+  advantage learns from), from the rl rows' `contrast_group_frac`; "" without rl rows."""
+  fracs = [r["contrast_group_frac"] for r in rows if r.get("phase") == "rl" and "contrast_group_frac" in r]
+  if not fracs:
+    return ""
+  with_contrast = round(sum(fracs) * groups_per_step)
+  per_step = ", ".join(str(round(f * groups_per_step)) for f in fracs[-12:])
+  return (
+    f"RL: {with_contrast} of {len(fracs) * groups_per_step} groups had an outcome contrast (a success and a failure) "
+    f"over {len(fracs)} steps{' (the last 12 by step: ' if len(fracs) > 12 else ' (by step: '}{per_step})"
+  )
+
+
 def _finish(run: Run, params, rl_step: int) -> dict:
   """The eval at the end, the curves and the credit viewer; the last eval's metrics (or {})."""
   c = run.config
@@ -280,7 +294,11 @@ def _finish(run: Run, params, rl_step: int) -> dict:
     last = evaluate(run, params, f"rl_step_{rl_step}", rl_step)
   viewer = None
   if run.writer.enabled:
-    metrics_lib.plot_curves(c.workdir, run.writer.rows())
+    rows = run.writer.rows()
+    summary = contrast_summary(rows, int(c.rollout.prompts_per_step) * max(1, jax.process_count()))
+    if summary:
+      print(f"[jaxcredit] {summary}")
+    metrics_lib.plot_curves(c.workdir, rows)
     viewer = write_viewer(run)
   run.writer.close()
   print(

@@ -45,3 +45,18 @@ def test_each_function_of_the_loop_fits_on_a_screen():
       if isinstance(node, ast.FunctionDef) and node.end_lineno - node.lineno + 1 > 80:
         long[f"{module}.{node.name}"] = node.end_lineno - node.lineno + 1
   assert long == {}
+
+
+def test_the_run_reports_how_many_groups_had_an_outcome_contrast():
+  from jaxcredit.train.trainer import contrast_summary
+
+  rows = [
+    {"phase": "eval", "step": 0, "success_rate": 0.03},
+    *({"phase": "rl", "step": k + 1, "contrast_group_frac": f} for k, f in enumerate([0.0, 0.5, 0.5, 0.5, 0.0, 1.0])),
+  ]
+  assert contrast_summary(rows, 2) == (
+    "RL: 5 of 12 groups had an outcome contrast (a success and a failure) over 6 steps (by step: 0, 1, 1, 1, 0, 2)"
+  )
+  assert contrast_summary(rows[:1], 2) == ""
+  many = [{"phase": "rl", "step": k, "contrast_group_frac": 0.25} for k in range(20)]
+  assert contrast_summary(many, 4).endswith("over 20 steps (the last 12 by step: " + ", ".join(["1"] * 12) + ")")
