@@ -3,7 +3,7 @@
 The run starts `python examples/mcp_calculator/server.py` and connects with the `mcp` SDK's client, lists its tools
 into the system prompt (Qwen3's tool prompt), sends each `<tool_call>` to it and returns the results as tool
 messages; answers are verified by math-verify against examples/mcp_calculator/tasks.jsonl (16 held out). The server
-stops with the run (docs/environments.md, "MCP tool servers"). Needs the `mcp` SDK (pip install "mcp>=2"):
+stops with the run (docs/environments.md, "`mcp_tools` (tools from MCP servers)"; run it from the repository root, with a model that writes Qwen3 tool calls). Needs the `mcp` SDK (pip install "mcp>=2"):
 
   jaxcredit train --config configs/mcp_calculator.py
   jaxcredit train --config configs/mcp_calculator.py --config.env.mcp_tools.servers=http://127.0.0.1:8000/mcp

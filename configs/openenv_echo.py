@@ -3,7 +3,7 @@
 The run starts `python -m uvicorn server:app --app-dir examples/openenv_echo` on a free port, reads each task's
 prompt and gold answer from a reset (`reset(seed=k)`), sends every assistant message as the action
 `{"message": text}`, shows the observation's `feedback` as the next tool message, trains on the server's reward,
-and stops the server at the end (docs/environments.md, "OpenEnv environments"). Needs openenv-core to serve it:
+and stops the server at the end (docs/environments.md, "`openenv` (an OpenEnv server)"; run it from the repository root). Needs openenv-core to serve it:
 
   pip install openenv-core
   jaxcredit train --config configs/openenv_echo.py

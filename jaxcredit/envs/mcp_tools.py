@@ -15,9 +15,10 @@ a result the server flags as an error (`is_error`), a call that takes longer tha
 gone away each give "error: ..." in that call's tool response (counted in `info["tool_errors"]`). A server that
 cannot be started or listed at start-up stops the run with one line (`spec.EnvironmentUnavailable`).
 
-The connections live on one background event loop (the SDK is asyncio); each server's client runs in its own task,
-entered and left there, and serves calls one at a time in the order they arrive. A server and its tools are listed
-once at start-up; names must be unique across servers.
+The connections live on one background event loop (the SDK is asyncio); each server's client is entered and left in
+its own task, and calls run concurrently on its session (a call slower than `timeout_s` is cancelled). A stdio
+server gets the run's environment variables. A server and its tools are listed once at start-up; names must be
+unique across servers.
 
 Teacher passes: the gold answer is the task's in `<answer>` tags (`math_tools.gold_answer_text`; as written with
 the "exact" verifier), privileged information `math_tools.privileged_info` (the reference solution from
@@ -30,6 +31,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import json
+import os
 import shlex
 import sys
 import threading
@@ -82,11 +84,18 @@ class McpServers:
   """
 
   def __init__(self, targets: list[Any], *, timeout_s: float = 30.0, startup_timeout_s: float = 60.0):
+    try:
+      import mcp  # noqa: F401 - checked here, where a missing SDK can be named
+    except ImportError:
+      raise spec.EnvironmentUnavailable(
+        'the mcp_tools environment needs the MCP SDK: pip install "jaxcredit[mcp]"'
+      ) from None
     self.timeout_s = float(timeout_s)
     self._loop = asyncio.new_event_loop()
     self._thread = threading.Thread(target=self._loop.run_forever, name="jaxcredit-mcp", daemon=True)
     self._thread.start()
-    self._queues: list[asyncio.Queue] = []
+    self._stops: list[asyncio.Event] = []
+    self._clients: list[Any] = []
     self._done: list[concurrent.futures.Future] = []
     self.dead: list[str | None] = []
     self.tools: dict[str, tuple[int, dict]] = {}
@@ -105,55 +114,53 @@ class McpServers:
       raise
 
   def _start(self, k: int, target: Any, startup_timeout_s: float) -> list[dict]:
-    queue_ready: concurrent.futures.Future = concurrent.futures.Future()
     listed: concurrent.futures.Future = concurrent.futures.Future()
     self.dead.append(None)
-    done = asyncio.run_coroutine_threadsafe(self._serve(k, target, queue_ready, listed), self._loop)
+    self._clients.append(None)
+    self._stops.append(None)
+    done = asyncio.run_coroutine_threadsafe(self._serve(k, target, listed), self._loop)
     self._done.append(done)
     what = target if isinstance(target, str) else " ".join(target)
     try:
-      self._queues.append(queue_ready.result(timeout=startup_timeout_s))
-      return listed.result(timeout=startup_timeout_s)
+      tools = listed.result(timeout=startup_timeout_s)
     except concurrent.futures.TimeoutError:
       raise spec.EnvironmentUnavailable(
         f"the MCP server {what!r} did not start and list its tools within {startup_timeout_s:.0f} s"
       ) from None
     except Exception as e:  # noqa: BLE001 - whatever the SDK raised while connecting
       raise spec.EnvironmentUnavailable(f"the MCP server {what!r} did not start: {_one_line(e)}") from None
+    print(f"[jaxcredit] MCP server {what}: {len(tools)} tools ({', '.join(t['name'] for t in tools)})")
+    return tools
 
-  async def _serve(self, k: int, target: Any, queue_ready, listed) -> None:
+  async def _serve(self, k: int, target: Any, listed) -> None:
+    """Server k's client, entered and left in this one task (the SDK's context must be); calls run as their own
+    tasks on its session (`call`) until `close` sets the stop event."""
     from mcp import Client, StdioServerParameters
 
-    queue: asyncio.Queue = asyncio.Queue()
-    queue_ready.set_result(queue)
-    server = target if isinstance(target, str) else StdioServerParameters(command=target[0], args=list(target[1:]))
+    stop = asyncio.Event()
+    self._stops[k] = stop
+    if isinstance(target, str):
+      server = target
+    else:  # the run's environment (API keys, PYTHONPATH, caches), not only the SDK's few default variables
+      server = StdioServerParameters(command=target[0], args=list(target[1:]), env=dict(os.environ))
     try:
       async with Client(server, read_timeout_seconds=self.timeout_s) as client:
         result = await client.list_tools()
+        self._clients[k] = client
         listed.set_result([_schema(t) for t in result.tools])
-        while True:
-          item = await queue.get()
-          if item is None:
-            return
-          name, arguments, answer = item
-          try:
-            answer.set_result(await client.call_tool(name, arguments))
-          except Exception as e:  # noqa: BLE001 - the call's own failure, the caller reads it
-            if not answer.done():
-              answer.set_exception(e)
+        await stop.wait()
     except BaseException as e:  # noqa: BLE001 - the server died or never started
       self.dead[k] = _one_line(e)
       if not listed.done():
         listed.set_exception(e)
-      while not queue.empty():
-        item = queue.get_nowait()
-        if item is not None and not item[2].done():
-          item[2].set_exception(RuntimeError(f"the MCP server is gone: {self.dead[k]}"))
       if not isinstance(e, Exception):
         raise
+    finally:
+      self._clients[k] = None
 
   def call(self, name: str, arguments: dict) -> tuple[str, bool]:
-    """Calls tool `name` (listed by one of the servers) and waits at most `timeout_s`.
+    """Calls tool `name` (listed by one of the servers) and waits at most `timeout_s`; calls to one server run
+    concurrently, and one that times out is cancelled.
 
     Returns:
       (the result's text: its text blocks joined by newlines, other blocks as JSON; whether it is a success). A
@@ -161,13 +168,14 @@ class McpServers:
       (`"error: ..."`, False).
     """
     k, _ = self.tools[name]
-    if self.dead[k] is not None:
-      return f"error: the MCP server of {name!r} is gone ({self.dead[k]})", False
-    answer: concurrent.futures.Future = concurrent.futures.Future()
-    self._loop.call_soon_threadsafe(self._queues[k].put_nowait, (name, arguments, answer))
+    client = self._clients[k]
+    if self.dead[k] is not None or client is None:
+      return f"error: the MCP server of {name!r} is gone ({self.dead[k] or 'closed'})", False
+    answer = asyncio.run_coroutine_threadsafe(client.call_tool(name, arguments), self._loop)
     try:
       result = answer.result(timeout=self.timeout_s)
     except concurrent.futures.TimeoutError:
+      answer.cancel()
       return f"error: {name} did not answer within {self.timeout_s:.0f} s", False
     except Exception as e:  # noqa: BLE001 - the SDK's or transport's error, shown to the policy
       return f"error: {name}: {_one_line(e)}", False
@@ -180,8 +188,9 @@ class McpServers:
     """Ends every client (their servers stop with their stdio) and the loop; idempotent."""
     if not self._loop.is_running():
       return
-    for queue in self._queues:
-      self._loop.call_soon_threadsafe(queue.put_nowait, None)
+    for stop in self._stops:
+      if stop is not None:
+        self._loop.call_soon_threadsafe(stop.set)
     for done in self._done:
       try:
         done.result(timeout=10)
@@ -358,6 +367,12 @@ def env_spec(node) -> spec.EnvSpec:
       return tool_calls.render_answer(task.answer)
     return math_tools.gold_answer_text(task)
 
+  def privileged_info(task: math_tools.MathTask) -> str:
+    if cfg.verifier == "exact":  # the answer as the exact verifier takes it, not math_tools' number form
+      solution = f"Reference solution:\n{task.solution}\n" if task.solution else ""
+      return f"{solution}The final answer is {gold_answer_text(task)}"
+    return math_tools.privileged_info(task)
+
   return spec.EnvSpec(
     make_tasks=make_tasks,
     make_env=lambda task: McpToolsEpisode(task, cfg, servers),
@@ -367,7 +382,7 @@ def env_spec(node) -> spec.EnvSpec:
     is_success=lambda reward: reward > 0.5,
     demonstration=None,
     gold_answer_text=gold_answer_text,
-    privileged_info=math_tools.privileged_info,
+    privileged_info=privileged_info,
     tools=lambda task: [{"type": "function", "function": s} for s in schemas],
     step_workers=8,
     close=servers.close,

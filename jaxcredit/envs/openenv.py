@@ -8,7 +8,7 @@ answers becomes the next message, and the server's reward is the rollout's rewar
 of `openenv.core.env_server.http_server` (messages `{"type": "reset" | "step" | "close", "data": {...}}`, answers
 `{"type": "observation", "data": {"observation": {...}, "reward": r, "done": d}}` or `{"type": "error", ...}`) with
 `websockets` alone: training needs neither openenv's server stack nor its client package (`pip install
-"jaxcredit[openenv]"` adds what the tests need to serve one).
+"jaxcredit[openenv]"` installs websockets; serving an environment needs openenv-core, `pip install openenv-core`).
 
 Tasks. GRPO-style credit compares the rollouts of one group, which must start from one state, so a task is a set
 of `reset()` keyword arguments that the server resets to the same start every time: either the lines of two JSONL
@@ -17,6 +17,11 @@ resets with s * 1,000,003 + k, held-out task k with `eval_seed` + k). When the t
 to read its prompt (the observation's `prompt_field`) and, where the environment exposes one, its gold answer
 (`gold_field`); a rollout's session resets again and must see the same prompt (else the run stops: the server's
 reset is not reproducible). Prompts are read concurrently (`max_concurrent` sessions).
+
+Sessions. A rollout's session stays open from its first step to the end of its rollout, so the server must allow as
+many sessions as rollouts are in flight: `rollout.prompts_per_step` x `rollout.group_size` during training (per
+process) and `eval.batch_size` during evals (openenv-core's `max_concurrent_envs`, 1 by default). A refusal
+(CAPACITY_REACHED) ends that episode as an error whose reason says so.
 
 Actions and observations. An assistant message (its text as the model wrote it, `multiturn.action_text`) is sent
 as the action `{action_field: text}`; the next message is the observation's `observation_field` (or, with "",
@@ -116,7 +121,8 @@ class OpenEnvTask:
 
 
 def ws_url(url: str) -> str:
-  """The WebSocket endpoint of a server URL: http(s)://h:p -> ws(s)://h:p/ws; a ws(s):// URL without a path gets /ws.
+  """The WebSocket endpoint of a server URL: http(s)://h:p -> ws(s)://h:p/ws; a URL with a path (behind a proxy:
+  http://h/prefix/ws) keeps it, only its scheme changed.
 
   Raises:
     ValueError: a URL of another scheme (naming `config.env.openenv.url`).
@@ -144,7 +150,12 @@ class Session:
   """
 
   def __init__(self, url: str, timeout_s: float):
-    from websockets.sync.client import connect
+    try:
+      from websockets.sync.client import connect
+    except ImportError:
+      raise spec.EnvironmentUnavailable(
+        'the openenv environment\'s client needs websockets: pip install "jaxcredit[openenv]"'
+      ) from None
 
     self.url, self.timeout_s = ws_url(url), float(timeout_s)
     self._stack = contextlib.ExitStack()
@@ -175,7 +186,15 @@ class Session:
     if kind == "error":
       detail = data.get("message", data) if isinstance(data, dict) else data
       code = data.get("code", "") if isinstance(data, dict) else ""
-      raise OpenEnvError(f"{message['type']}: the server answered an error{f' ({code})' if code else ''}: {detail}")
+      hint = ""
+      if code == "CAPACITY_REACHED":
+        hint = (
+          " (the server allows fewer sessions than there are rollouts in flight: rollout.prompts_per_step x "
+          "rollout.group_size in training, eval.batch_size in evals; raise its max_concurrent_envs)"
+        )
+      raise OpenEnvError(
+        f"{message['type']}: the server answered an error{f' ({code})' if code else ''}: {detail}{hint}"
+      )
     if kind != "observation" or not isinstance(data, dict) or not isinstance(data.get("observation"), dict):
       raise OpenEnvError(f"{message['type']}: expected an observation, the server answered {str(answer)[:200]}")
     done = data.get("done", False)
@@ -199,7 +218,8 @@ class Session:
       return
     try:
       ws.send(json.dumps({"type": "close"}))
-    except Exception:  # noqa: BLE001, S110 - the session is over either way
+      ws.recv(timeout=2.0)  # the server closes its side: a clean close, no abnormal-closure traceback in its log
+    except Exception:  # noqa: BLE001, S110 - the session is over either way (ConnectionClosedOK expected)
       pass
     try:
       self._stack.close()

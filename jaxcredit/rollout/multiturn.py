@@ -122,55 +122,57 @@ def run_rollouts(
   budget = sampling_params.max_new_tokens
   # The cache lives as long as this call (the session is local): another call starts from a fresh one.
   session = sampler.session() if hasattr(sampler, "session") else None
-  for turn in range(max_turns):
-    active = [i for i in range(len(envs)) if not done[i]]
-    for i in list(active):
-      if len(builders[i]) + budget > max_len:
-        done[i], finish[i] = True, "length"
-        active.remove(i)
-    if not active:
-      break
-    if on_turn is not None:
-      on_turn(turn, len(active))
-    key, sub = jax.random.split(key)
-    # The sampler pads the shrinking set of active rows to its batch buckets, bounding compiles. Its session keeps
-    # each rollout's KV cache across turns: only the observation tokens added since the last turn are prefilled.
-    histories = [builders[i].tokens for i in active]
-    if session is not None:
-      out = session.generate(histories, sampling_params, sub, decode_text=tok.decode, ids=active)
-    else:
-      out = sampler.generate(histories, sampling_params, sub, decode_text=tok.decode)
-    texts = []
-    for j, i in enumerate(active):
-      ids, logp = out.tokens[j], out.logprobs[j]
-      builders[i].append_action(ids, [float(x) for x in logp])
-      texts.append(action_text(tok, ids, sampling_params.stop_token_ids))  # tags the tokenizer marks special kept
-      messages[i].append({"role": "assistant", "content": texts[-1]})
-    results = _step_all([envs[i] for i in active], texts, step_workers)
-    for j, i in enumerate(active):
-      ids, reason, result = out.tokens[j], out.finish_reasons[j], results[j]
-      info = episode.trainer_info(result, envs[i])
-      tool_calls[i] = int(info[episode.TOOL_CALLS])
-      tool_errors[i] = int(info[episode.TOOL_ERRORS])
-      if result.done:
-        done[i] = True
-        finish[i] = _finish_reason(info, reason)
-        continue
-      if turn == max_turns - 1:
-        done[i], finish[i] = True, "tool_budget"
-        continue
-      emitted_eos = bool(ids) and ids[-1] == tok.eos_id
-      role = getattr(result, "role", "tool")
-      if role == "user":
-        builders[i].next_unit()
-      observation = clean_text(result.observation)
-      messages[i].append({"role": role, "content": observation})
-      builders[i].append_context(fmt.observation_ids(tok, observation, emitted_eos, role))
-      builders[i].mark_boundary()
-  for env in envs:
-    close = getattr(env, "close", None)
-    if close is not None:
-      close()
+  try:
+    for turn in range(max_turns):
+      active = [i for i in range(len(envs)) if not done[i]]
+      for i in list(active):
+        if len(builders[i]) + budget > max_len:
+          done[i], finish[i] = True, "length"
+          active.remove(i)
+      if not active:
+        break
+      if on_turn is not None:
+        on_turn(turn, len(active))
+      key, sub = jax.random.split(key)
+      # The sampler pads the shrinking set of active rows to its batch buckets, bounding compiles. Its session keeps
+      # each rollout's KV cache across turns: only the observation tokens added since the last turn are prefilled.
+      histories = [builders[i].tokens for i in active]
+      if session is not None:
+        out = session.generate(histories, sampling_params, sub, decode_text=tok.decode, ids=active)
+      else:
+        out = sampler.generate(histories, sampling_params, sub, decode_text=tok.decode)
+      texts = []
+      for j, i in enumerate(active):
+        ids, logp = out.tokens[j], out.logprobs[j]
+        builders[i].append_action(ids, [float(x) for x in logp])
+        texts.append(action_text(tok, ids, sampling_params.stop_token_ids))  # tags the tokenizer marks special kept
+        messages[i].append({"role": "assistant", "content": texts[-1]})
+      results = _step_all([envs[i] for i in active], texts, step_workers)
+      for j, i in enumerate(active):
+        ids, reason, result = out.tokens[j], out.finish_reasons[j], results[j]
+        info = episode.trainer_info(result, envs[i])
+        tool_calls[i] = int(info[episode.TOOL_CALLS])
+        tool_errors[i] = int(info[episode.TOOL_ERRORS])
+        if result.done:
+          done[i] = True
+          finish[i] = _finish_reason(info, reason)
+          continue
+        if turn == max_turns - 1:
+          done[i], finish[i] = True, "tool_budget"
+          continue
+        emitted_eos = bool(ids) and ids[-1] == tok.eos_id
+        role = getattr(result, "role", "tool")
+        if role == "user":
+          builders[i].next_unit()
+        observation = clean_text(result.observation)
+        messages[i].append({"role": role, "content": observation})
+        builders[i].append_context(fmt.observation_ids(tok, observation, emitted_eos, role))
+        builders[i].mark_boundary()
+  finally:  # an environment's sessions end with its rollout, also when a step raised
+    for env in envs:
+      close = getattr(env, "close", None)
+      if close is not None:
+        close()
   return [
     RolloutResult(
       builder=builders[i],

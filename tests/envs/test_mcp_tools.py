@@ -75,6 +75,7 @@ def test_tools_listed_calls_run_and_errors_are_observations(test_server):
     t0 = time.time()
     text, ok = servers.call("slow", {"seconds": 10})
     assert not ok and text == "error: slow did not answer within 3 s" and time.time() - t0 < 8
+    assert servers.call("echo", {"text": "next"}) == ("next", True)  # the cancelled call holds nothing up
     text, ok = servers.call("die", {})
     assert not ok and text.startswith("error: die: ")
     time.sleep(0.5)
@@ -126,6 +127,19 @@ def test_an_episode_calls_the_calculator_server_and_is_verified():
     assert wrong.step(tool_calls.render_answer("7")).done and wrong.reward() == 0.0
     assert env.gold_answer_text(task) == tool_calls.render_answer(task.answer)
     assert task.answer in env.privileged_info(task)
+  finally:
+    env.close()
+
+
+def test_the_exact_verifier_and_its_teachers_read_the_answer_as_written():
+  env = _env(verifier="exact")
+  try:
+    task = env.make_tasks("train", 1, 0)[0]
+    assert env.gold_answer_text(task) == tool_calls.render_answer(task.answer)
+    assert env.privileged_info(task) == f"The final answer is {tool_calls.render_answer(task.answer)}"
+    episode = env.make_env(task)
+    episode.step(tool_calls.render_answer(f" {task.answer} "))
+    assert episode.reward() == 1.0
   finally:
     env.close()
 
