@@ -82,7 +82,12 @@ def test_held_out_rollouts_take_the_environments_eval_turn_cap(monkeypatch):
   key = jax.random.key(0)
   for eval_cap in (168, None):
     run.env = types.SimpleNamespace(
-      make_env=lambda t: None, initial_messages=lambda t: [], stop_strings=(), max_turns=16, eval_max_turns=eval_cap
+      make_env=lambda t: None,
+      initial_messages=lambda t: [],
+      stop_strings=(),
+      max_turns=16,
+      eval_max_turns=eval_cap,
+      step_workers=1,
     )
     run_lib.sample_rollouts(run, [0], key, held_out=True)
     run_lib.sample_rollouts(run, [0], key)
