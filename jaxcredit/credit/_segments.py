@@ -1,13 +1,12 @@
-"""Per-unit table look-ups and sums along the token axis, fast under vmap.
+"""Per-unit table look-ups along the token axis, fast under vmap.
 
-`jax.vmap` turns `table_U[ids_L]` and `zeros(U).at[ids_L].add(x_L)` into gathers and scatters with batch
-dimensions, which XLA lowers by materialising an index array that pairs every token with its batch position
-(on CPU that index build costs several times the gather or scatter itself). These helpers carry their own
-batching rule instead: the batch axes are folded into the unit axis (row b's unit u becomes b * U + u), so a
-batch of any depth is one flat, unbatched gather or scatter.
+`jax.vmap` turns `table_U[ids_L]` into a gather with batch dimensions, which XLA lowers by materialising an index
+array that pairs every token with its batch position (on CPU that index build costs several times the gather
+itself). `lookup` carries its own batching rule instead: the batch axes are folded into the unit axis (row b's unit
+u becomes b * U + u), so a batch of any depth is one flat, unbatched gather.
 
-They are for credit weights, which are constants of the loss: inputs are stop-gradient'ed (custom_vmap
-functions have no reverse-mode rule).
+It is for credit weights, which are constants of the loss: inputs are stop-gradient'ed (custom_vmap functions
+have no reverse-mode rule).
 """
 
 from __future__ import annotations
@@ -46,23 +45,3 @@ def lookup(table_U: Array, ids_L: Array) -> Array:
   """table_U[clip(ids_L, 0, U - 1)] (stop-gradient). U must be >= 1."""
   num_units = table_U.shape[-1]
   return _lookup(lax.stop_gradient(table_U), jnp.clip(ids_L, 0, num_units - 1))
-
-
-@jax.custom_batching.custom_vmap
-def _unit_sums(values_L: Array, unit_L: Array, zeros_U: Array) -> Array:
-  return zeros_U.at[unit_L].add(values_L, mode="drop")
-
-
-@_unit_sums.def_vmap
-def _unit_sums_vmap(axis_size, in_batched, values, unit, zeros):
-  values, unit, zeros = _batched(axis_size, (values, unit, zeros), in_batched)
-  num_units = zeros.shape[-1]
-  flat = jnp.where(unit < num_units, unit + _row_offsets(axis_size, num_units, unit.ndim), zeros.size)
-  sums = _unit_sums(values.reshape(-1), flat.reshape(-1), zeros.reshape(-1))
-  return sums.reshape(zeros.shape), True
-
-
-def unit_sums(values_L: Array, ids_L: Array, inside_L: Array, num_units: int) -> Array:
-  """[U] sums of values_L over the tokens with inside_L and ids_L == u (stop-gradient)."""
-  unit_L = jnp.where(inside_L, ids_L, num_units)  # out of range: the scatter drops it
-  return _unit_sums(lax.stop_gradient(values_L), unit_L, jnp.zeros((num_units,), values_L.dtype))

@@ -50,10 +50,10 @@ class ChatFormat:
   after_user: str = ""
 
   @classmethod
-  def from_tokenizer(cls, tok: ChatTokenizerLike, tool_role: str = "tool") -> "ChatFormat":
+  def from_tokenizer(cls, tok: ChatTokenizerLike) -> "ChatFormat":
     after_assistant, after_tool = _around_message(
       tok,
-      {"role": tool_role, "content": _TOOL},
+      {"role": "tool", "content": _TOOL},
       "the chat template does not render assistant and tool message contents verbatim; "
       "token-in/token-out rollouts need a template that does",
     )
@@ -96,10 +96,6 @@ class ChatFormat:
     if policy_emitted_eos and head.startswith(self.eos_text):
       head = head[len(self.eos_text) :]
     return encode_with_plain_spans(tok, head + content + tail, [(len(head), len(head) + len(content))])
-
-  def closing_text(self, policy_emitted_eos: bool) -> str:
-    """Text that closes a final assistant message (used in demonstrations)."""
-    return "" if policy_emitted_eos else self.eos_text
 
 
 def _around_message(tok: ChatTokenizerLike, message: dict, error: str) -> tuple[str, str]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 import jax
 
@@ -83,7 +83,6 @@ def run_rollouts(
   *,
   max_turns: int,
   max_len: int,
-  on_turn: Callable[[int, int], None] | None = None,
   step_workers: int = 1,
 ) -> list[RolloutResult]:
   """Samples one rollout per environment, up to `max_turns` assistant turns each.
@@ -99,7 +98,6 @@ def run_rollouts(
     key: PRNG key; split per turn.
     max_turns: T, the most assistant messages a rollout may have.
     max_len: the sampler's capacity; a rollout that cannot fit another turn ends with finish "length".
-    on_turn: optional callback(turn, active_rollouts) for progress display.
     step_workers: the environments of one turn step on this many threads (`EnvSpec.step_workers`: environments
       that wait on a server); 1 steps them in order. Each environment's `close()`, where it has one, is called
       when its rollout ends.
@@ -131,8 +129,6 @@ def run_rollouts(
           active.remove(i)
       if not active:
         break
-      if on_turn is not None:
-        on_turn(turn, len(active))
       key, sub = jax.random.split(key)
       # The sampler pads the shrinking set of active rows to its batch buckets, bounding compiles. Its session keeps
       # each rollout's KV cache across turns: only the observation tokens added since the last turn are prefilled.

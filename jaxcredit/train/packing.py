@@ -190,8 +190,3 @@ def pack_if_short(
     rows_multiple=rows_multiple,
     slot_bucket=slot_bucket,
   )
-
-
-def is_packed(batch: dict) -> bool:
-  """Whether an update batch has the packed layout (`pack_update_batch`)."""
-  return "slots_BxK" in batch
