@@ -33,9 +33,11 @@ arithmetic). Writes, under `--out`:
 
 Every stage resumes: a finished stage is skipped, an interrupted run resumes from its checkpoint. Each run records
 its wall time (`testbed_run.json`, `run_seconds` in the summary); `total_seconds` is the last invocation's time.
-`--merge FILE` joins the methods of an earlier testbed.json into the summary, so a comparison can grow across
-sessions: refused unless the settings, the environment and the warm start's success are equal and every seed both
-ran has the same held-out curve (rerun one seed of a method the file holds to show that the runs repeat).
+`--merge FILE` joins the runs of an earlier testbed.json into the summary, so a comparison can grow across
+sessions seed by seed: testbed.json keeps every run's record (`runs`: its curves, diagnostics and the CPU it ran on),
+a method's seeds are the union of both, and the join is refused unless the settings, the environment and the warm
+start's success are equal and every seed both ran has the same held-out and training curves (rerun one seed of a
+method the file holds to show that the runs repeat).
 
   python benchmarks/testbed_compare.py --out runs/testbed                       # the comparison (not yet timed)
   python benchmarks/testbed_compare.py --out runs/testbed --stage warm          # vocabulary, policy and warm start
@@ -778,7 +780,8 @@ def run_one(args, label: str, seed: int, model: str) -> str:
   trainer.train(c)
   seconds = time.time() - t0
   with open(os.path.join(workdir, RUN_SECONDS_FILE), "w") as f:  # this run's wall time, evals and compiles included
-    json.dump({"seconds": seconds, "load_avg_1m": os.getloadavg()[0]}, f)
+    machine = {**cpu_info(), "xla_flags": os.environ.get("XLA_FLAGS", "")}  # the CPU whose rounding the run has
+    json.dump({"seconds": seconds, "load_avg_1m": os.getloadavg()[0], "machine": machine}, f)
   print(f"[testbed] {label} seed {seed}: {seconds:.0f} s")
   return workdir
 
@@ -793,6 +796,15 @@ def run_seconds(workdir: str) -> float | None:
     return None
   with open(path) as f:
     return float(json.load(f)["seconds"])
+
+
+def run_machine(workdir: str) -> dict | None:
+  """The CPU the run in `workdir` ran on as `run_one` recorded it (None for a run made before it did)."""
+  path = os.path.join(workdir, RUN_SECONDS_FILE)
+  if not os.path.isfile(path):
+    return None
+  with open(path) as f:
+    return json.load(f).get("machine")
 
 
 def _finished(workdir: str, steps: int) -> bool:
@@ -893,53 +905,96 @@ def steps_to_target(steps: list[int], values: list[float], target: float) -> int
   return next((s for s, v in zip(steps, values) if s > 0 and v >= target), None)
 
 
+def run_record(workdir: str, start: float, seed: int) -> dict:
+  """One finished run as the results file keeps it, enough to rebuild its method's summary without the run's folder
+  (the folders live under `--out`, outside the repository, and are lost with the machine):
+
+    seed          the run's seed (config.seed)
+    curve         {"steps", "success"}: held-out success at step 0 (the warm start's) and at every eval
+    train_curve   {"steps", "success"}: the sampled training rollouts' success at every RL step
+    rl_seconds    the RL steps' seconds (their step_s, evals excluded); run_seconds: the whole run's wall time
+    final_env     the last held-out eval's `env/...` metrics
+    diagnostics   {"steps", *DIAGNOSTICS}: per RL step (`diagnostics_curves`)
+    machine       the CPU it ran on ({"cpu_model", "cpu_isa", "xla_flags"}; None for a run made before runs
+                  recorded it)
+  """
+  steps, success = eval_curve(workdir, start)
+  train_steps, train_success, rl_seconds = train_curve(workdir)
+  return {
+    "seed": seed,
+    "curve": {"steps": steps, "success": success},
+    "train_curve": {"steps": train_steps, "success": train_success},
+    "rl_seconds": rl_seconds,
+    "run_seconds": run_seconds(workdir),
+    "final_env": final_env_metrics(workdir),
+    "diagnostics": diagnostics_curves(workdir),
+    "machine": run_machine(workdir),
+  }
+
+
+def method_summary(label: str, records: list[dict], start: float, target_gain: float, steps: int) -> dict:
+  """A method's entry of testbed.json from its runs' records (`run_record`, in seed order): finals, their mean and
+  spread, steps to `start + target_gain`, the training rollouts' first and last quarter, the seeds' mean
+  diagnostics, and the records themselves (`runs`)."""
+  target = start + target_gain
+  curves = [(r["curve"]["steps"], r["curve"]["success"]) for r in records]
+  finals = [v[-1] for _, v in curves]
+  reach = [steps_to_target(s, v, target) for s, v in curves]
+  hit = [r for r in reach if r is not None]
+  window = max(1, steps // 4)
+  first = [window_mean(r["train_curve"]["success"], window, last=False) for r in records]
+  last = [window_mean(r["train_curve"]["success"], window, last=True) for r in records]
+  return {
+    "method": RUNS[label][0],
+    "knobs": RUNS[label][1],
+    "settings": list(RUNS[label][2]) if len(RUNS[label]) > 2 else [],
+    "seeds": len(records),
+    "seeds_run": [r["seed"] for r in records],
+    "final_success_mean": float(np.mean(finals)),
+    "final_success_std": float(np.std(finals)),
+    "final_success": finals,
+    "steps_to_target": reach,
+    "steps_to_target_mean": float(np.mean(hit)) if hit else None,
+    "reached_target": f"{len(hit)}/{len(records)}",
+    "curves": [{"steps": s, "success": v} for s, v in curves],
+    # sampled training rollouts: less noisy than 64 greedy held-out questions, but on the train world
+    "train_window": window,
+    "train_success_first": _mean_or_none(first),
+    "train_success_last": _mean_or_none(last),
+    "train_curves": [r["train_curve"] for r in records],
+    "rl_seconds_mean": float(np.mean([r["rl_seconds"] for r in records])),
+    "run_seconds": [r["run_seconds"] for r in records],
+    # the held-out evals' environment metrics at the last step (e.g. env/chain_progress), mean over seeds
+    "final_env": _mean_dicts([r["final_env"] for r in records]),
+    # per RL step, mean over seeds: groups with an outcome contrast, tokens with a nonzero advantage, the dense
+    # term's share of the advantage's magnitude, the gradient norm (`DIAGNOSTICS`)
+    "diagnostics": mean_diagnostics([r["diagnostics"] for r in records]),
+    "runs": records,
+  }
+
+
 def summarize(
   args, start: float, workdirs: dict[str, list[str]], seconds: float, earlier: tuple[str, dict] | None = None
 ) -> dict:
   """Every method's curves, finals and steps to target from its runs' folders, written to `--out`/testbed.json (and
-  testbed.png). `seconds` is this invocation's time (`total_seconds`); each run's own wall time is `run_seconds`.
-  `earlier` = (path, an earlier testbed.json): its methods join this summary (see `merge_earlier`)."""
-  target = start + args.target_gain
-  methods = {}
+  testbed.png). `workdirs[label]` are the runs of `args.seeds`, in that order. `seconds` is this invocation's time
+  (`total_seconds`); each run's own wall time is `run_seconds`. `earlier` = (path, an earlier testbed.json): its
+  runs join this summary (see `merge_earlier`)."""
+  records = {}
   for label, dirs in workdirs.items():
-    curves = [eval_curve(w, start) for w in dirs]
-    finals = [v[-1] for _, v in curves]
-    reach = [steps_to_target(s, v, target) for s, v in curves]
-    hit = [r for r in reach if r is not None]
-    train = [train_curve(w) for w in dirs]
-    window = max(1, args.steps // 4)
-    first = [window_mean(v, window, last=False) for _, v, _ in train]
-    last = [window_mean(v, window, last=True) for _, v, _ in train]
-    methods[label] = {
-      "method": RUNS[label][0],
-      "knobs": RUNS[label][1],
-      "settings": list(RUNS[label][2]) if len(RUNS[label]) > 2 else [],
-      "seeds": len(dirs),
-      "seeds_run": None if None in [seed_of(w) for w in dirs] else [seed_of(w) for w in dirs],
-      "final_success_mean": float(np.mean(finals)),
-      "final_success_std": float(np.std(finals)),
-      "final_success": finals,
-      "steps_to_target": reach,
-      "steps_to_target_mean": float(np.mean(hit)) if hit else None,
-      "reached_target": f"{len(hit)}/{len(dirs)}",
-      "curves": [{"steps": s, "success": v} for s, v in curves],
-      # sampled training rollouts: less noisy than 64 greedy held-out questions, but on the train world
-      "train_window": window,
-      "train_success_first": _mean_or_none(first),
-      "train_success_last": _mean_or_none(last),
-      "train_curves": [{"steps": s, "success": v} for s, v, _ in train],
-      "rl_seconds_mean": float(np.mean([t for _, _, t in train])),
-      "run_seconds": [run_seconds(w) for w in dirs],
-      # the held-out evals' environment metrics at the last step (e.g. env/chain_progress), mean over seeds
-      "final_env": _mean_dicts([final_env_metrics(w) for w in dirs]),
-      # per RL step, mean over seeds: groups with an outcome contrast, tokens with a nonzero advantage, the dense
-      # term's share of the advantage's magnitude, the gradient norm (`DIAGNOSTICS`)
-      "diagnostics": mean_diagnostics([diagnostics_curves(w) for w in dirs]),
-    }
+    seeds = [seed_of(w) for w in dirs]
+    if None in seeds:  # folders not named by run_one: the seeds in the order the command gave them
+      seeds = list(args.seeds)[: len(dirs)]
+    records[label] = [run_record(w, start, seed) for w, seed in zip(dirs, seeds)]
   settings = comparison_settings(args)
-  merged = {}
+  methods, merged = {}, {}
   if earlier is not None:
-    methods, merged = merge_earlier(methods, settings, start, TASKS[args.task]["env_config"], *earlier)
+    records, methods, merged = merge_earlier(records, settings, start, TASKS[args.task]["env_config"], *earlier)
+  for label, recs in records.items():
+    methods[label] = method_summary(label, recs, start, args.target_gain, args.steps)
+  order = (list(earlier[1]["methods"]) if earlier else []) + list(records)
+  methods = {label: methods[label] for label in dict.fromkeys(order) if label in methods}
+  target = start + args.target_gain
   # Steps to reach GRPO's final held-out success (mean over its seeds), per seed: does a dense method get there sooner
   if "grpo" in methods:
     grpo_final = methods["grpo"]["final_success_mean"]
@@ -1009,48 +1064,59 @@ def check_mergeable(settings: dict, start: float, env: dict, path: str, earlier:
 
 
 def merge_earlier(
-  methods: dict, settings: dict, start: float, env: dict, path: str, earlier: dict
-) -> tuple[dict, dict[str, str]]:
-  """`methods` (this invocation's summaries by label) joined with those of an earlier testbed.json of the same
-  comparison, e.g. the results file of a run made before on this machine from the same commands.
+  records: dict[str, list[dict]], settings: dict, start: float, env: dict, path: str, earlier: dict
+) -> tuple[dict[str, list[dict]], dict[str, dict], dict[str, str]]:
+  """This invocation's run records (`run_record`, by label) joined with those of an earlier testbed.json of the same
+  comparison, e.g. the committed results file, so a comparison grows across sessions and machines seed by seed.
 
   The two are joined only when they are the same experiment down to the bit: equal settings (all but
-  `_MERGE_FREE_SETTINGS`), environment and warm-start success, and for every method both hold, every seed both ran
-  with equal held-out curves (a method run again from the same warm start on the same machine repeats bit for bit;
-  another machine's XLA kernels do not, docs/benchmarks.md "Reproducibility"). A method of the earlier file that
-  this invocation did not run, or ran on fewer seeds, is taken from it whole; one this invocation ran on every seed
-  the earlier file has is its own.
+  `_MERGE_FREE_SETTINGS`), environment and warm-start success, and every seed both ran with equal held-out and
+  training curves (a method run again from the same warm start repeats bit for bit where XLA's CPU code does;
+  docs/benchmarks.md "Reproducibility"). A method's runs are the union of both files' seeds. An earlier file written
+  before results kept each run's record (no `runs` entry) joins as before: its method whole, unless this invocation
+  ran every seed it has.
 
   Returns:
-    (the joined summaries, earlier methods first; {label: path} for the methods taken from the earlier file).
+    (the joined records by label, earlier labels first; summaries taken whole from an earlier file without records;
+    {label: path} for the methods with runs from the earlier file).
 
   Raises:
     ValueError: naming the setting, the warm start or the method and seed where the two differ.
   """
   check_mergeable(settings, start, env, path, earlier)
-  theirs = earlier["settings"]
-  their_seeds = list(theirs.get("seeds", []))
-  our_seeds = list(settings["seeds"])
-  joined, merged = {}, {}
-  for label in list(earlier["methods"]) + [m for m in methods if m not in earlier["methods"]]:
-    if label not in methods:
-      joined[label], merged[label] = earlier["methods"][label], path
+  their_seeds = list(earlier["settings"].get("seeds", []))
+  joined: dict[str, list[dict]] = {}
+  whole: dict[str, dict] = {}
+  merged: dict[str, str] = {}
+  for label in list(earlier["methods"]) + [m for m in records if m not in earlier["methods"]]:
+    ours = {r["seed"]: r for r in records.get(label, [])}
+    old = earlier["methods"].get(label)
+    if old is None:
+      joined[label] = list(ours.values())
       continue
-    if label not in earlier["methods"]:
-      joined[label] = methods[label]
-      continue
-    ours, old = methods[label], earlier["methods"][label]
-    for i, seed in enumerate(our_seeds):
-      if seed in their_seeds and ours["curves"][i] != old["curves"][their_seeds.index(seed)]:
+    theirs = (
+      {r["seed"]: r for r in old["runs"]}
+      if "runs" in old
+      else {seed: {"seed": seed, "curve": c} for seed, c in zip(old.get("seeds_run") or their_seeds, old["curves"])}
+    )
+    for seed in sorted(set(ours) & set(theirs)):
+      same = ours[seed]["curve"] == theirs[seed]["curve"]
+      if "runs" in old:
+        same = same and ours[seed]["train_curve"] == theirs[seed]["train_curve"]
+      if not same:
         raise ValueError(
-          f"--merge {path}: {label} seed {seed} ended another way here ({ours['curves'][i]['success']}) than there "
-          f"({old['curves'][their_seeds.index(seed)]['success']}): the runs do not repeat, so they cannot be joined"
+          f"--merge {path}: {label} seed {seed} ended another way here ({ours[seed]['curve']['success']}) than "
+          f"there ({theirs[seed]['curve']['success']}): the runs do not repeat, so they cannot be joined"
         )
-    if set(their_seeds) <= set(our_seeds):
-      joined[label] = ours
+    if "runs" in old:
+      joined[label] = [{**theirs, **ours}[seed] for seed in sorted(set(theirs) | set(ours))]
+      if set(theirs) - set(ours):
+        merged[label] = path
+    elif ours and set(theirs) <= set(ours):
+      joined[label] = list(ours.values())
     else:
-      joined[label], merged[label] = old, path
-  return joined, merged
+      whole[label], merged[label] = old, path
+  return joined, whole, merged
 
 
 def final_env_metrics(workdir: str) -> dict[str, float]:
@@ -1146,8 +1212,9 @@ def main(argv=None):
     "--merge",
     default=None,
     metavar="TESTBED_JSON",
-    help="join the methods of an earlier testbed.json of the same comparison (e.g. benchmarks/results/"
-    "testbed_chain.json) into this summary; refused unless settings, warm start and shared seeds' curves are equal",
+    help="join the runs of an earlier testbed.json of the same comparison (e.g. benchmarks/results/"
+    "testbed_chain.json) into this summary, seed by seed; refused unless settings, warm start and shared seeds' "
+    "curves are equal",
   )
   ap.add_argument("--steps", type=int, default=30, help="RL steps per run")
   ap.add_argument("--eval-every", type=int, default=5)

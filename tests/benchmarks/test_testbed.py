@@ -279,6 +279,56 @@ def test_merge_joins_an_earlier_results_file_only_when_the_runs_repeat(testbed, 
     testbed.summarize(args(tmp_path / "b", [0]), 0.25, here, seconds=2.0, earlier=("old.json", earlier))
 
 
+def test_merge_grows_a_method_seed_by_seed_from_the_earlier_files_run_records(testbed, tmp_path):
+  """A comparison too long for one session grows across sessions: the results file keeps every run's record, and a
+  later invocation's seeds join the file's (the shared ones must repeat), the summary recomputed over the union."""
+
+  def args(out, seeds):
+    return types.SimpleNamespace(
+      out=str(out), target_gain=0.1, seeds=seeds, prompts=2, group=4, steps=4, progress=False, task="search", lr=1e-4
+    )
+
+  def run(name, final, contrast):
+    w = tmp_path / name
+    w.mkdir(parents=True)
+    rows = [
+      {"phase": "rl", "step": s, "success_rate": 0.25, "step_s": 1.0, "contrast_group_frac": contrast}
+      for s in (1, 2, 3, 4)
+    ]
+    rows.append({"phase": "eval", "step": 4, "success_rate": final, "env/chain_progress": final})
+    (w / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (w / testbed.RUN_SECONDS_FILE).write_text(json.dumps({"seconds": 9.0, "machine": {"cpu_model": name}}))
+    return str(w)
+
+  (tmp_path / "a").mkdir()
+  (tmp_path / "b").mkdir()
+  first = testbed.summarize(
+    args(tmp_path / "a", [0, 1]), 0.1, {"grpo": [run("a/grpo_seed0", 0.5, 0.25), run("a/grpo_seed1", 0.3, 0.5)]}, 1.0
+  )
+  saved = json.loads(json.dumps(first))  # as the committed file reads back
+  assert [r["machine"]["cpu_model"] for r in saved["methods"]["grpo"]["runs"]] == ["a/grpo_seed0", "a/grpo_seed1"]
+  # A later session: seed 0 again (it repeats) and seed 2, on another machine.
+  later = {"grpo": [run("b/grpo_seed0", 0.5, 0.25), run("b/grpo_seed2", 0.7, 1.0)]}
+  result = testbed.summarize(args(tmp_path / "b", [0, 2]), 0.1, later, 2.0, earlier=("file.json", saved))
+  g = result["methods"]["grpo"]
+  assert g["seeds_run"] == [0, 1, 2] and g["final_success"] == [0.5, 0.3, 0.7]
+  assert g["final_success_mean"] == pytest.approx(0.5)
+  assert g["diagnostics"]["contrast_group_frac"] == pytest.approx([0.5833333] * 4)
+  assert g["final_env"]["env/chain_progress"] == pytest.approx(0.5)
+  assert [r["machine"]["cpu_model"] for r in g["runs"]] == ["b/grpo_seed0", "a/grpo_seed1", "b/grpo_seed2"]
+  assert result["merged_from"] == {"grpo": "file.json"}
+  # A seed that does not repeat is refused, naming it.
+  with pytest.raises(ValueError, match="grpo seed 0 ended another way here"):
+    testbed.summarize(
+      args(tmp_path / "b", [0]), 0.1, {"grpo": [run("c/grpo_seed0", 0.6, 0.25)]}, 2.0, earlier=("file.json", saved)
+    )
+  # A file written before runs kept their records joins as before: the method whole unless every seed ran again.
+  old = json.loads(json.dumps(first))
+  del old["methods"]["grpo"]["runs"]
+  result = testbed.summarize(args(tmp_path / "b", [0, 2]), 0.1, later, 2.0, earlier=("old.json", old))
+  assert result["methods"]["grpo"]["final_success"] == [0.5, 0.3]
+
+
 def test_warm_summary_reads_losses_and_every_warm_start_eval(testbed, tmp_path):
   rows = [{"phase": "sft", "step": i + 1, "loss": 5.0 - 0.1 * i, "step_s": 0.5 + (i == 3)} for i in range(40)]
   rows.append(
