@@ -16,7 +16,7 @@ from jaxcredit import sharding
 from jaxcredit.envs import ENVS
 from jaxcredit.models.config import REMAT_POLICIES
 from jaxcredit.train.loss import AGGREGATIONS, KL_ESTIMATORS
-from jaxcredit.train.method_checks import check_knobs, check_reads
+from jaxcredit.train.method_checks import check_knobs, check_reads, knob_owner, method_knobs
 from jaxcredit.train.methods import METHODS
 
 # The teacher budgets live with the passes that spend them; re-exported here, where the config keys are.
@@ -24,16 +24,14 @@ from jaxcredit.train.passes import TEACHER_CONTEXT_SLACK, teacher_budgets  # noq
 from jaxcredit.train.step import LOSS_TERMS, OPTIMIZERS
 
 DEFAULT_CONTEXT_WRAPPER = "\n\nReference (not visible to the assistant being trained): {context}"
-# Knobs whose values are one of a few strings, wherever a method has them.
+# Methods' own knobs whose values are one of a few strings, wherever a method has them (a pass declares its own:
+# `Pass.choices`).
 _KNOB_CHOICES = {
   "scale": ("group", "none"),
   "dense_norm": ("group_rms", "none"),
-  "gold_reduce": ("sum", "mean"),
   "value": ("log_ratio", "raw_delta"),
   "std": ("population", "sample"),
   "state_key": ("observation", "history"),
-  "fallback": ("gold", "skip"),
-  "teacher_context": ("per_unit", "all"),
 }
 
 
@@ -254,8 +252,9 @@ def base_config() -> ml_collections.ConfigDict:
   # One node per method with its knobs, named as the credit functions' arguments (docs/credit.md):
   # --config.credit.trace.alpha_turn=0.5, --config.credit.crest.lam=0.5, ... Only the chosen method's node must match
   # on resume.
-  for name, method in METHODS.items():
-    c.credit[name] = ml_collections.ConfigDict(dict(method.knobs))
+  # A method's node holds its passes' knobs too (`method_checks.method_knobs`).
+  for name in METHODS:
+    c.credit[name] = ml_collections.ConfigDict(method_knobs(name))
 
   # The teacher of the dense methods' passes (docs/teacher-passes.md).
   c.teacher = ml_collections.ConfigDict()
@@ -576,11 +575,24 @@ def teacher_source(c: ml_collections.ConfigDict) -> str:
 
 
 def _validate_knobs(c: ml_collections.ConfigDict) -> None:
-  """The chosen method's knobs: types, strings among their choices, no knob the method lacks, the row's own checks
-  (`Method.validate`), then every value through the credit functions' own range checks (`method_checks.check_knobs`)."""
+  """The chosen method's knobs (its own and its passes', `method_checks.method_knobs`): none missing, none it lacks,
+  types, strings among their choices, the passes' own checks (`Pass.validate`) and the row's (`Method.validate`), then
+  every value through the credit functions' own range checks (`method_checks.check_knobs`)."""
+  from jaxcredit.train.passes import PASSES
+
   name = c.credit.method
-  defaults = METHODS[name].knobs
-  for key, v in c.credit[name].items():
+  defaults = method_knobs(name)
+  k = c.credit[name]
+  for key, default in defaults.items():
+    if key not in k:
+      raise ValueError(
+        f"config.credit.{name}.{key} is missing: it is {knob_owner(name, key)} (default {default!r}); a method's "
+        f"config node holds its own knobs and those of the passes it runs"
+      )
+  choices = dict(_KNOB_CHOICES)
+  for p in METHODS[name].passes:
+    choices.update(PASSES[p].choices)
+  for key, v in k.items():
     if key not in defaults:
       raise ValueError(f"config.credit.{name}.{key} is not a knob of {name}; its knobs: {sorted(defaults)}")
     if isinstance(defaults[key], bool):
@@ -593,9 +605,8 @@ def _validate_knobs(c: ml_collections.ConfigDict) -> None:
         raise ValueError(f"config.credit.{name}.{key} = {v!r}: must be a number")
       if isinstance(defaults[key], int) and not isinstance(v, int):
         raise ValueError(f"config.credit.{name}.{key} = {v!r}: must be an int")
-    elif key in _KNOB_CHOICES and v not in _KNOB_CHOICES[key]:
-      raise ValueError(f"config.credit.{name}.{key} = {v!r}: must be one of {_KNOB_CHOICES[key]}")
-  k = c.credit[name]
+    elif key in choices and v not in choices[key]:
+      raise ValueError(f"config.credit.{name}.{key} = {v!r}: must be one of {choices[key]}")
   for key in ("distill_coef", "dense_coef"):
     if key in k and not (math.isfinite(k[key]) and k[key] >= 0):
       raise ValueError(
@@ -610,19 +621,9 @@ def _validate_knobs(c: ml_collections.ConfigDict) -> None:
         f"config.credit.{name}.{cap} = {k[cap]!r}: must be > 0 (the largest ratio of the {term} term's gradient "
         f"norm to the other terms'; inf: no cap)"
       )
-  if "skill_max_tokens" in k and not 1 <= k.skill_max_tokens < c.sampling.max_len:
-    raise ValueError(
-      f"config.credit.{name}.skill_max_tokens must be in [1, sampling.max_len = "
-      f"{c.sampling.max_len}), got {k.skill_max_tokens}"
-    )
-  if k.get("skill_template"):
-    try:
-      k.skill_template.format(task="", transcript="", outcome="")
-    except Exception as e:  # KeyError, IndexError, AttributeError, ValueError: any template str.format refuses
-      raise ValueError(
-        f"config.credit.{name}.skill_template may use only {{task}}, {{transcript}} and "
-        f"{{outcome}}: {e!r} in {k.skill_template!r}"
-      ) from None
-  if METHODS[name].validate is not None:  # the row's own checks (its passes' knobs), naming the config key
+  for p in dict.fromkeys(METHODS[name].passes):  # each pass's own checks of its knobs, naming the config key
+    if PASSES[p].validate is not None:
+      PASSES[p].validate(k, c, name)
+  if METHODS[name].validate is not None:  # the row's own checks, naming the config key
     METHODS[name].validate(k, c)
   check_knobs(name, k)

@@ -1,5 +1,6 @@
 """The checks of a `METHODS` row that run when a run is configured (`config.validate`), before any model loads.
 
+    method_knobs(name)         # its config node's defaults: its passes' knobs, then its own
     check_reads(name)          # its declarations agree: passes exist, every read is some earlier pass's write
     check_knobs(name, knobs)   # its advantage function runs on a 2-rollout trajectory with these knobs
 
@@ -12,13 +13,33 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
-import jax
 import numpy as np
 
-from jaxcredit import credit
 from jaxcredit.train.methods import METHODS
 from jaxcredit.train.passes import PASSES, split_read
 from jaxcredit.trajectory import Trajectory
+
+
+def method_knobs(name: str) -> dict[str, Any]:
+  """The defaults of `config.credit.<name>`: the knobs of the passes method `name` runs (`Pass.knobs`, in its
+  `passes` order), then its own (`Method.knobs`, which may set its default for a pass's knob).
+
+  A pass that is not a `PASSES` row adds none (`check_reads` refuses it, naming it, when the method is chosen).
+  """
+  method = METHODS[name]
+  knobs: dict[str, Any] = {}
+  for p in method.passes:
+    knobs.update(PASSES[p].knobs if p in PASSES else {})
+  knobs.update(method.knobs)
+  return knobs
+
+
+def knob_owner(name: str, knob: str) -> str:
+  """Who declares knob `knob` of method `name`: "its own knob" or "a knob of its pass 'p'" (for error messages)."""
+  for p in METHODS[name].passes:
+    if p in PASSES and knob in PASSES[p].knobs:
+      return f"a knob of its pass {p!r}"
+  return "its own knob"
 
 
 def check_reads(name: str) -> None:
@@ -165,10 +186,6 @@ def check_knobs(name: str, knobs: Mapping[str, Any]) -> None:
     # a fresh process (CrEST alone 4.6 s, on every command that validates), against 3 s jitted.
     out = method.advantages(traj, knobs)
     arrays = out.batch_arrays()  # refuses loss_arrays of a wrong key or shape, by name
-    if "success_threshold" in knobs:  # read by the peer pass (HSD), not by the advantage function
-      credit.hsd_select_peers(
-        traj.rewards_B, traj.sample_mask_B, jax.random.key(0), success_threshold=knobs["success_threshold"]
-      )
   except UndeclaredReadError:
     raise
   except (ValueError, TypeError) as e:

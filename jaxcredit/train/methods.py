@@ -95,7 +95,9 @@ class Method:
 
   Attributes:
     advantages: (trajectory with `passes` filled, knobs mapping) -> `MethodOutput`.
-    knobs: default knobs, `config.credit.<name>.*`.
+    knobs: the method's own knobs with their defaults; its config node `config.credit.<name>` holds these and the
+      knobs of its passes (`Pass.knobs`; `method_checks.method_knobs`). A key here that a pass declares too sets
+      this method's default for it.
     passes: names in `jaxcredit.train.passes.PASSES` to run before `advantages`, in order.
     loss_terms: extra loss terms in `jaxcredit.train.step.LOSS_TERMS` ("distill"); the PPO-clip term is always
       there and the KL term when `config.loss.kl_coef > 0`.
@@ -105,8 +107,8 @@ class Method:
     min_group_size: the smallest `config.rollout.group_size` it can use (2 for a group baseline).
     summary: one line for `docs` and errors.
     validate: (knobs, config) -> None, the row's own checks of the knobs its credit functions do not read (its
-      passes' and its filter's), run by `config.validate` before `check_knobs`; raises ValueError naming
-      `config.credit.<name>.<knob>`. None: the credit functions' checks are all.
+      filter's; its passes check theirs, `Pass.validate`), run by `config.validate` before `check_knobs`; raises
+      ValueError naming `config.credit.<name>.<knob>`. None: the credit functions' checks are all.
     reads: the pass outputs `advantages` reads, as "pass_name/key" strings (`traj.passes[pass_name][key]`); each
       must be in the `writes` of a pass in `passes` (`jaxcredit.train.passes.Pass`). `config.validate` refuses a
       method that reads a key none of its passes writes (`check_reads`), and `check_knobs` one that reads a key it
@@ -515,7 +517,6 @@ def gear_v0(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
 
 
 SGCD_MIXED_GROUPS = ("skip", "keep")
-SGCD_TEMPLATE_FIELDS = ("task", "success", "failure")
 
 
 def _sgcd(traj: Trajectory, k: Mapping[str, Any], weights: Callable, knobs: dict, low: float, high: float):
@@ -583,34 +584,6 @@ def sgcd_v0(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
   return _sgcd(traj, k, credit.sgcd_v0_token_weights, knobs, k["w_min"], k["w_max"])
 
 
-def sgcd_validate(k: Mapping[str, Any], c) -> None:
-  """The knobs of SGCD's summary pass (`passes.sibling_summary`), which no credit function reads.
-
-  Raises:
-    ValueError: naming `config.credit.<sgcd|sgcd_v0>.summarizer` when it is not a string,
-      `config.credit.<sgcd|sgcd_v0>.summary_max_tokens` outside [1, sampling.max_len) or a
-      `config.credit.<sgcd|sgcd_v0>.summary_template` that uses a field other than {task}, {success} and {failure}.
-  """
-  name = c.credit.method  # sgcd or sgcd_v0
-  if not isinstance(k["summarizer"], str):
-    raise ValueError(
-      f"config.credit.{name}.summarizer = {k['summarizer']!r}: must be '' (the teacher), 'policy', 'reference' "
-      f"or a checkpoint (a .gguf file, a Hugging Face or converted folder, 'smollm2')"
-    )
-  n, max_len = k["summary_max_tokens"], c.sampling.max_len
-  if not 1 <= n < max_len:
-    raise ValueError(f"config.credit.{name}.summary_max_tokens = {n!r}: must be in [1, sampling.max_len = {max_len})")
-  template = k["summary_template"]
-  if template:
-    try:
-      template.format(**{f: "" for f in SGCD_TEMPLATE_FIELDS})
-    except Exception as e:  # KeyError, IndexError, AttributeError, ValueError: any template str.format refuses
-      raise ValueError(
-        f"config.credit.{name}.summary_template = {template!r}: may use only {{task}}, {{success}} and {{failure}} "
-        f"({e!r})"
-      ) from None
-
-
 def hsd_validate(k: Mapping[str, Any], c) -> None:
   """HSD's own checks: beta a finite number >= 0 (the reference KL's weight; the paper's 0.001); the teacher is the
   policy (the loss reads the teacher's hidden states against the policy's current head, which is that teacher's
@@ -660,7 +633,7 @@ METHODS: dict[str, Method] = {
     summary="episode + step-group advantages at shared anchor states",
   ),
   # TRACE's scorer is always the frozen reference (the gold_answer pass), never config.teacher.source. The knobs
-  # are the paper's symbols with its defaults (arXiv 2607.13988); gold_reduce="mean" scores ℓ̄, the mean per-token
+  # are the paper's symbols with its defaults (arXiv 2607.13988); its pass's gold_reduce="mean" scores ℓ̄, the mean per-token
   # log-prob. value="raw_delta", td_horizon=1, terminal_scale=0, std="sample", dense_norm="group_rms",
   # gold_reduce="sum" and alpha_turn=beta is this library's v1 TRACE (not the paper's raw-delta ablation, which changes
   # only value="raw_delta").
@@ -677,7 +650,6 @@ METHODS: dict[str, Method] = {
       std="population",
       dense_norm="none",
       eps=1e-6,
-      gold_reduce="mean",
     ),
     ("gold_answer",),
     teacher=None,
@@ -689,7 +661,7 @@ METHODS: dict[str, Method] = {
   # unit sees the whole session's ground truth). docs/methods/crest.md.
   "crest": Method(
     crest,
-    dict(_OUTCOME, lam=0.3, clip_eps=0.28, tau=2.0, rho=0.5, direction_gate=True, teacher_context="per_unit"),
+    dict(_OUTCOME, lam=0.3, clip_eps=0.28, tau=2.0, rho=0.5, direction_gate=True),
     ("teacher_privileged",),
     teacher="reference",
     reads=_reads("teacher_privileged", "logp_BxL", "valid_B"),
@@ -706,8 +678,6 @@ METHODS: dict[str, Method] = {
       # cap it was about six times GRPO's whole gradient and the policy fell below its warm start on both
       # long-horizon testbeds (docs/methods/toolopd.md). inf: no cap (the earlier reading).
       distill_max_grad_ratio=0.5,
-      skill_max_tokens=48,
-      skill_template="",
     ),
     ("hindsight_skill", "teacher_plain", "teacher_skill"),
     ("distill",),
@@ -722,7 +692,7 @@ METHODS: dict[str, Method] = {
   # reward term (docs/methods/hsd.md). A math/code paper; its use on tool-use rollouts is this library's extension.
   "hsd": Method(
     hsd,
-    dict(beta=0.001, success_threshold=0.5, fallback="gold"),
+    dict(beta=0.001),
     ("teacher_peer_states",),
     ("vocab_kl", "reference_kl"),
     reads=_reads("teacher_peer_states", "logp_BxL", "valid_B", "peer_B", "hidden_BxLxD"),
@@ -731,7 +701,7 @@ METHODS: dict[str, Method] = {
   ),
   "hsd_grpo": Method(
     hsd_grpo,
-    dict(_OUTCOME, clip=1.0, dense_coef=0.1, success_threshold=0.5, fallback="gold"),
+    dict(_OUTCOME, clip=1.0, dense_coef=0.1),
     ("teacher_peer",),
     reads=_reads("teacher_peer", "logp_BxL", "valid_B", "peer_B"),
     summary="HSD, this library's earlier reading (GRPO plus a clipped sampled-token log-ratio to the peer teacher)",
@@ -767,13 +737,9 @@ METHODS: dict[str, Method] = {
       entropy_coef=1.0,
       salience="max",
       mixed_groups="skip",
-      summary_max_tokens=64,
-      summary_template="",
-      summarizer="",  # "": the teacher writes the summary (a stand-in for the paper's external LLM); or a checkpoint
     ),
     ("sibling_summary", "teacher_sibling"),
     summary="GRPO amplified, at most c-fold, where a teacher shown how successful and failed siblings differ departs",
-    validate=sgcd_validate,
     reads=_reads("teacher_sibling", "logp_BxL", "divergence_BxL", "entropy_BxL", "valid_B")
     + _reads("sibling_summary", "mixed_B", "summary_tokens_B"),
   ),
@@ -786,13 +752,9 @@ METHODS: dict[str, Method] = {
       w_min=0.5,
       w_max=2.0,
       mixed_groups="skip",
-      summary_max_tokens=64,
-      summary_template="",
-      summarizer="",
     ),
     ("sibling_summary", "teacher_sibling"),
     summary="SGCD, this library's earlier reading (weights in [w_min, w_max] of mean 1: some tokens shrunk)",
-    validate=sgcd_validate,
     variant_of="sgcd",
     reads=_reads("teacher_sibling", "logp_BxL", "divergence_BxL", "entropy_BxL", "valid_B")
     + _reads("sibling_summary", "mixed_B", "summary_tokens_B"),

@@ -28,7 +28,8 @@ Teacher passes also return `context_cut_tokens_B` (int32, the tokens cut from ea
 fraction of rollouts cut) and `pass/<name>/context_cut_tokens`, and the first cut of a run is warned about.
 
 Adding a pass is one function `(PassContext, Trajectory) -> dict` and one row, `Pass(fn, writes=(...))`, that declares
-every key the function returns (`valid_B` and `reasons` included) and the earlier passes' outputs it reads; methods
+every key the function returns (`valid_B` and `reasons` included), the earlier passes' outputs it reads and the knobs
+it reads with their defaults and checks (`knobs`, `choices`, `validate`: knobs of every method that runs it); methods
 declare the keys they read (`Method.reads`), and `config.validate` refuses a method that reads a key none of its
 passes writes (docs/extending.md).
 """
@@ -231,9 +232,16 @@ class Pass:
     env_fields: the `EnvSpec` fields the pass calls that an environment may lack (`gold_answer_text`,
       `privileged_info`); a method running the pass on an environment without them is refused at start-up
       (`jaxcredit.train.run.check_env_fields`).
+    knobs: the knobs the pass reads (`ctx.knobs[...]`) with their defaults. They are knobs of every method that runs
+      the pass: its config node `config.credit.<method>` holds them (`method_checks.method_knobs`; a method's own
+      row may give another default), and `config.validate` refuses a node without one, naming the pass.
+    choices: {knob: the values it may take} for the string knobs among `knobs`.
+    validate: (knobs, config, method name) -> None, raising ValueError that names `config.credit.<method>.<knob>`,
+      for checks `choices` cannot say (ranges, templates); run by `config.validate`.
 
   Raises:
-    ValueError: at construction, `writes` without `valid_B` or `reasons`, or a `reads` entry not "pass/key".
+    ValueError: at construction, `writes` without `valid_B` or `reasons`, a `reads` entry not "pass/key", or a
+      `choices` entry for a knob the pass does not declare or whose default is not among its choices.
   """
 
   fn: Callable[[PassContext, Trajectory], dict]
@@ -241,10 +249,21 @@ class Pass:
   reads: tuple[str, ...] = ()
   summary: str = ""
   env_fields: tuple[str, ...] = ()
+  knobs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  choices: Mapping[str, tuple] = dataclasses.field(default_factory=dict)
+  validate: Callable[[Mapping[str, Any], Any, str], None] | None = None
 
   def __post_init__(self):
     object.__setattr__(self, "writes", tuple(self.writes))
     object.__setattr__(self, "reads", tuple(self.reads))
+    object.__setattr__(self, "knobs", dict(self.knobs))
+    object.__setattr__(self, "choices", {k: tuple(v) for k, v in dict(self.choices).items()})
+    for knob, allowed in self.choices.items():
+      if knob not in self.knobs or self.knobs[knob] not in allowed:
+        raise ValueError(
+          f"a Pass of {getattr(self.fn, '__name__', self.fn)!r}: choices for {knob!r} need the knob in `knobs` with "
+          f"a default among {allowed}"
+        )
     missing = [k for k in REQUIRED_OUTPUTS if k not in self.writes]
     if missing:
       raise ValueError(f"a Pass of {getattr(self.fn, '__name__', self.fn)!r} must declare {missing} in `writes`")
@@ -454,7 +473,7 @@ def teacher_privileged(ctx: PassContext, traj: Trajectory) -> dict:
   Raises:
     ValueError: for a `credit.crest.teacher_context` other than "per_unit" or "all" (naming the key).
   """
-  mode = ctx.knobs.get("teacher_context", "all")
+  mode = ctx.knobs["teacher_context"]
   if mode not in ("per_unit", "all"):
     raise ValueError(f"config.credit.crest.teacher_context must be 'per_unit' or 'all', got {mode!r}")
   if mode == "all":
@@ -481,9 +500,6 @@ def teacher_peer(ctx: PassContext, traj: Trajectory, *, hidden: bool = False) ->
   (the `teacher_peer_states` row, HSD's full-vocabulary distillation), the teacher's hidden states too.
   """
   k = ctx.knobs
-  if k["fallback"] not in ("gold", "skip"):
-    method = ctx.config.credit.method  # hsd or hsd_grpo
-    raise ValueError(f"config.credit.{method}.fallback must be 'gold' or 'skip', got {k['fallback']!r}")
   idx_PxG = group_index(traj.group_ids_B)
   keys = jax.random.split(ctx.key, idx_PxG.shape[0])
   select = jax.jit(
@@ -614,7 +630,7 @@ the policy / the frozen reference. Any other value is a checkpoint, loaded as `m
 
 def summarizer_model(ctx: PassContext) -> str:
   """The key in `ctx.models` of the model that writes SGCD's credit reference (`credit.<method>.summarizer`)."""
-  source = ctx.knobs.get("summarizer", "")
+  source = ctx.knobs["summarizer"]
   if source == "":
     return ctx.teacher
   return source if source in ("policy", "reference") else "summarizer"
@@ -714,20 +730,97 @@ _TEACHER = ("logp_BxL", "entropy_BxL", "valid_B", "reasons", "context_cut_tokens
 """What every teacher pass writes (`run_teacher`); a divergence pass adds `_DIVERGENCE`."""
 _DIVERGENCE = ("divergence_BxL", "student_entropy_BxL")
 
+
+def _check_skill_knobs(k: Mapping[str, Any], c, method: str) -> None:
+  """hindsight_skill's knobs: `skill_max_tokens` in [1, sampling.max_len) (the skill is generated within the
+  sampler's budget) and a `skill_template` that uses only {task}, {transcript} and {outcome}."""
+  n, max_len = k["skill_max_tokens"], c.sampling.max_len
+  if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n < max_len:
+    raise ValueError(f"config.credit.{method}.skill_max_tokens = {n!r}: must be in [1, sampling.max_len = {max_len})")
+  _check_template(k, "skill_template", SKILL_TEMPLATE_FIELDS, method)
+
+
+def _check_summary_knobs(k: Mapping[str, Any], c, method: str) -> None:
+  """sibling_summary's knobs: `summarizer` a string, `summary_max_tokens` in [1, sampling.max_len), a
+  `summary_template` that uses only {task}, {success} and {failure}."""
+  if not isinstance(k["summarizer"], str):
+    raise ValueError(
+      f"config.credit.{method}.summarizer = {k['summarizer']!r}: must be '' (the teacher), 'policy', 'reference' "
+      f"or a checkpoint (a .gguf file, a Hugging Face or converted folder, 'smollm2')"
+    )
+  n, max_len = k["summary_max_tokens"], c.sampling.max_len
+  if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n < max_len:
+    raise ValueError(f"config.credit.{method}.summary_max_tokens = {n!r}: must be in [1, sampling.max_len = {max_len})")
+  _check_template(k, "summary_template", SIBLING_TEMPLATE_FIELDS, method)
+
+
+def _check_template(k: Mapping[str, Any], knob: str, fields: tuple[str, ...], method: str) -> None:
+  template = k[knob]
+  if not isinstance(template, str):
+    raise ValueError(f"config.credit.{method}.{knob} = {template!r}: must be a string ('' for the default)")
+  if template:
+    try:
+      template.format(**{f: "" for f in fields})
+    except Exception as e:  # KeyError, IndexError, AttributeError, ValueError: any template str.format refuses
+      named = ", ".join("{" + f + "}" for f in fields)
+      raise ValueError(f"config.credit.{method}.{knob} = {template!r}: may use only {named} ({e!r})") from None
+
+
+def _check_peer_knobs(k: Mapping[str, Any], c, method: str) -> None:
+  """teacher_peer's `success_threshold` through the peer selection's own range check (credit.hsd_select_peers)."""
+  try:
+    credit.hsd_select_peers(
+      np.asarray([1.0, 0.0]), np.ones(2, bool), jax.random.key(0), success_threshold=k["success_threshold"]
+    )
+  except (ValueError, TypeError) as e:
+    raise ValueError(f"config.credit.{method}.success_threshold = {k['success_threshold']!r}: {e}") from None
+
+
+SKILL_TEMPLATE_FIELDS = ("task", "transcript", "outcome")
+SIBLING_TEMPLATE_FIELDS = ("task", "success", "failure")
+_PEER_KNOBS = {"success_threshold": 0.5, "fallback": "gold"}  # a peer succeeded at reward >= the threshold
+
 PASSES: dict[str, Pass] = {
   "gold_answer": Pass(
-    gold_answer, ("gold_logp_BxT1", "boundary_mask_BxT1", "valid_B", "reasons"), env_fields=("gold_answer_text",)
+    gold_answer,
+    ("gold_logp_BxT1", "boundary_mask_BxT1", "valid_B", "reasons"),
+    env_fields=("gold_answer_text",),
+    # "mean": TRACE's l-bar, the mean per-token log-prob of the gold answer (arXiv 2607.13988); "sum": v1's
+    knobs={"gold_reduce": "mean"},
+    choices={"gold_reduce": ("sum", "mean")},
   ),
   "teacher_plain": Pass(teacher_plain, _TEACHER),
-  "teacher_privileged": Pass(teacher_privileged, _TEACHER, env_fields=("gold_answer_text", "privileged_info")),
-  "teacher_peer": Pass(teacher_peer, _TEACHER + ("peer_B",), env_fields=("gold_answer_text",)),
+  "teacher_privileged": Pass(
+    teacher_privileged,
+    _TEACHER,
+    env_fields=("gold_answer_text", "privileged_info"),
+    # "per_unit": each unit sees the ground truth of the units before it (CrEST, App. C.1); "all": the whole session's
+    knobs={"teacher_context": "per_unit"},
+    choices={"teacher_context": ("per_unit", "all")},
+  ),
+  "teacher_peer": Pass(
+    teacher_peer,
+    _TEACHER + ("peer_B",),
+    env_fields=("gold_answer_text",),
+    knobs=_PEER_KNOBS,
+    choices={"fallback": ("gold", "skip")},
+    validate=_check_peer_knobs,
+  ),
   "teacher_peer_states": Pass(
     functools.partial(teacher_peer, hidden=True),
     _TEACHER + ("peer_B", "hidden_BxLxD"),
     summary="teacher_peer with the teacher's hidden states (its whole distribution at each action token)",
     env_fields=("gold_answer_text",),
+    knobs=_PEER_KNOBS,
+    choices={"fallback": ("gold", "skip")},
+    validate=_check_peer_knobs,
   ),
-  "hindsight_skill": Pass(hindsight_skill, ("skills", "skill_tokens_B", "success_B", "valid_B", "reasons")),
+  "hindsight_skill": Pass(
+    hindsight_skill,
+    ("skills", "skill_tokens_B", "success_B", "valid_B", "reasons"),
+    knobs={"skill_max_tokens": 48, "skill_template": ""},  # "": DEFAULT_SKILL_TEMPLATE
+    validate=_check_skill_knobs,
+  ),
   "teacher_skill": Pass(
     teacher_skill, _TEACHER, reads=("hindsight_skill/skills", "hindsight_skill/valid_B", "hindsight_skill/reasons")
   ),
@@ -735,6 +828,10 @@ PASSES: dict[str, Pass] = {
   "sibling_summary": Pass(
     sibling_summary,
     ("summaries", "summary_tokens_B", "siblings_Bx2", "mixed_B", "success_B", "valid_B", "reasons"),
+    # summarizer "": the teacher writes the summary (a stand-in for SGCD's external LLM); or "policy", "reference",
+    # a checkpoint. summary_template "": DEFAULT_SIBLING_TEMPLATE.
+    knobs={"summary_max_tokens": 64, "summary_template": "", "summarizer": ""},
+    validate=_check_summary_knobs,
   ),
   "teacher_sibling": Pass(
     teacher_sibling,

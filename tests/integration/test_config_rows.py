@@ -1,6 +1,6 @@
 """One config file that adds a pass (a `PASSES` row), a loss term (a `LOSS_TERMS` row, weighted by a knob of the
 method and reading a per-token array the method returns) and a method that reads the new pass's output and has a
-string knob (a `METHODS` row): `jaxcredit train --config that_file.py` trains it a step,
+string knob (a `METHODS` row); the pass's own knob is in the method's config node: `jaxcredit train --config that_file.py` trains it a step,
 and `jaxcredit viz` on the run, with the rows no longer registered, loads the file again (config.json's
 `config_file`) and writes the method's page."""
 
@@ -27,11 +27,11 @@ from jaxcredit.train.step import LOSS_TERMS, LossTerm
 
 
 def action_share(ctx, traj):
-  """A pass without a model: each action token's share of its rollout's action tokens."""
+  """A pass without a model: each action token's share of its rollout's action tokens, to the power of its knob."""
   act = traj.action_mask_BxL.astype(np.float32)
   n = act.sum(axis=1)
   return {
-    "share_BxL": act / np.maximum(n, 1.0)[:, None],
+    "share_BxL": (act / np.maximum(n, 1.0)[:, None]) ** ctx.knobs["share_power"],
     "valid_B": n > 0,
     "reasons": ["" if k > 0 else "no_action" for k in n],
   }
@@ -60,7 +60,15 @@ def check_spread(knobs, config):
     raise ValueError(f"config.credit.shared_reward.spread = {knobs['spread']!r}: must be 'even' or 'share'")
 
 
-PASSES["action_share"] = Pass(action_share, writes=("share_BxL", "valid_B", "reasons"))
+def check_power(knobs, config, method):
+  if not knobs["share_power"] > 0:
+    raise ValueError(f"config.credit.{method}.share_power = {knobs['share_power']!r}: must be > 0")
+
+
+# The pass declares its knob: every method that runs it has it in its config node.
+PASSES["action_share"] = Pass(
+  action_share, writes=("share_BxL", "valid_B", "reasons"), knobs={"share_power": 1.0}, validate=check_power
+)
 LOSS_TERMS["anchor"] = LossTerm(anchor, None, lambda c: "token-mean", ("anchor_weight_BxL",), knob="anchor_coef")
 METHODS["shared_reward"] = Method(
   shared_reward,
@@ -108,9 +116,14 @@ def test_a_config_file_adds_a_pass_a_loss_term_and_a_method_that_viz_opens(tiny,
     log_rollouts_every=1,
     log_rollouts_count=2,
   )
-  # The string knob is a config key; a value the row's own check refuses is refused before any work.
+  # The string knob is a config key; a value the row's own check refuses is refused before any work, and so is
+  # a value of the pass's knob, which the method's node holds without the method declaring it.
   bad = cli.main(["jaxcredit", "train", "--config", str(path), *overrides, "--config.credit.shared_reward.spread=x"])
   assert bad == 2 and "config.credit.shared_reward.spread = 'x'" in capsys.readouterr().err
+  bad = cli.main(
+    ["jaxcredit", "train", "--config", str(path), *overrides, "--config.credit.shared_reward.share_power=-1.0"]
+  )
+  assert bad == 2 and "config.credit.shared_reward.share_power = -1.0: must be > 0" in capsys.readouterr().err
   assert not os.path.exists(os.path.join(w, "config.json"))
   args = ["jaxcredit", "train", "--config", str(path), *overrides, "--config.credit.shared_reward.spread=share"]
   assert cli.main(args) == 0, capsys.readouterr().err

@@ -152,9 +152,10 @@ def test_every_numeric_key_out_of_its_range_is_refused_naming_key_and_value(key,
 def _delegated_numeric_keys():
   """(method or environment, node key, key, value) of every numeric method knob and environment key."""
   from jaxcredit.envs import ENVS
+  from jaxcredit.train.method_checks import method_knobs
   from jaxcredit.train.methods import METHODS
 
-  rows = [("credit", m, k, v) for m, row in METHODS.items() for k, v in dict(row.knobs).items()]
+  rows = [("credit", m, k, v) for m in METHODS for k, v in method_knobs(m).items()]
   rows += [("env", e, k, v) for e, row in ENVS.items() for k, v in dict(row.defaults).items()]
   return [r for r in rows if isinstance(r[3], (int, float)) and not isinstance(r[3], bool)]
 

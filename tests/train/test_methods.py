@@ -403,3 +403,46 @@ def test_the_steps_credit_diagnostics():
   assert d["nonzero_adv_token_frac"] == 1.0
   # |A_grpo| = 0.5 / (the sample std 1/√2) = 1/√2 on the 10 tokens of group 1, 0 on group 0; the dense 0.25 on all 20.
   assert d["dense_adv_share"] == pytest.approx(0.25 * 20 / (10 / np.sqrt(2) + 0.25 * 20), rel=1e-5)
+
+
+def test_a_method_reusing_a_pass_gets_its_knobs_and_a_node_without_one_is_refused_naming_the_pass(monkeypatch):
+  """Pass knobs live on the pass row: a new method that runs the peer pass has `fallback` and `success_threshold` in
+  its config node without declaring them, its values are checked by the pass's choices, and a node that lacks one
+  (a row registered after the config was built, its node written by hand) is refused by `validate`, naming the knob
+  and the pass, instead of a KeyError at the first RL step."""
+  from jaxcredit.train.config import validate
+  from jaxcredit.train.methods import Method, MethodOutput
+  from jaxcredit.train.passes import PASSES
+
+  def peer_gap(traj, knobs):
+    return MethodOutput(np.zeros(traj.tokens_BxL.shape, np.float32))
+
+  monkeypatch.setitem(
+    METHODS, "peer_gap", Method(peer_gap, {"margin": 0.1}, ("teacher_peer",), summary="a method reusing a pass")
+  )
+  c = base_config()
+  c.credit.method = "peer_gap"
+  assert dict(c.credit.peer_gap) == {"success_threshold": 0.5, "fallback": "gold", "margin": 0.1}
+  assert PASSES["teacher_peer"].knobs == {"success_threshold": 0.5, "fallback": "gold"}
+  validate(c)
+  c.credit.peer_gap.fallback = "nothing"
+  with pytest.raises(
+    ValueError, match=r"config.credit.peer_gap.fallback = 'nothing': must be one of \('gold', 'skip'\)"
+  ):
+    validate(c)
+  c.credit.peer_gap.fallback = "gold"
+  c.credit.peer_gap.success_threshold = float("nan")
+  with pytest.raises(ValueError, match="config.credit.peer_gap.success_threshold = nan"):
+    validate(c)
+  import ml_collections
+
+  c.credit.peer_gap = ml_collections.ConfigDict({"margin": 0.1, "success_threshold": 0.5})  # written by hand
+  with pytest.raises(
+    ValueError,
+    match=r"config.credit.peer_gap.fallback is missing: it is a knob of its pass "
+    r"'teacher_peer' \(default 'gold'\)",
+  ):
+    validate(c)
+  # A method's own row may set its default for a pass's knob (CrEST's per-unit context is the pass's default).
+  monkeypatch.setitem(METHODS, "peer_skip", Method(peer_gap, {"fallback": "skip"}, ("teacher_peer",), summary="x"))
+  assert base_config().credit.peer_skip.fallback == "skip"
