@@ -1035,6 +1035,10 @@ def summarize(
 # must be equal.
 _MERGE_FREE_SETTINGS = ("stage", "methods", "seeds", "policy", "merge")
 
+# Settings added after results files were written, with the value those files' runs had (an earlier file without the
+# key reads as holding it): the runs before --xla-cpu-isa ran with the host's vector extensions.
+ADDED_SETTINGS = {"xla_cpu_isa": ""}
+
 
 def comparison_settings(args) -> dict:
   """The command line as testbed.json records it (`settings`): every argument but where the files go (--out) and
@@ -1046,7 +1050,8 @@ def check_mergeable(settings: dict, start: float, env: dict, path: str, earlier:
   """Refuses (ValueError naming what differs) an earlier testbed.json that is not this comparison: other settings
   (all but `_MERGE_FREE_SETTINGS`), environment or warm-start success. Checked before any RL run, and again with the
   runs' curves by `merge_earlier`."""
-  theirs = earlier.get("settings", {})
+  theirs = {**ADDED_SETTINGS, **earlier.get("settings", {})}
+  settings = {**ADDED_SETTINGS, **settings}
   for key in sorted(set(settings) | set(theirs)):
     if key not in _MERGE_FREE_SETTINGS and settings.get(key) != theirs.get(key):
       raise ValueError(f"--merge {path}: setting {key!r} is {theirs.get(key)!r} there and {settings.get(key)!r} here")
@@ -1197,6 +1202,15 @@ def table(result: dict) -> str:
   return "\n".join(lines)
 
 
+def pin_cpu_isa(isa: str) -> None:
+  """Adds --xla_cpu_max_isa=`isa` to XLA_FLAGS (unless set there already) before this process first compiles: XLA's
+  CPU code follows the host's vector extensions, so the same run rounds differently, then samples differently, on a
+  CPU with AVX-512 than on one with AVX2 (docs/benchmarks.md, "Reproducibility"). '' leaves the host's."""
+  flags = os.environ.get("XLA_FLAGS", "")
+  if isa and "--xla_cpu_max_isa" not in flags:  # read when XLA's CPU backend starts: this process's first compile
+    os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_max_isa={isa}".strip()
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--out", default="runs/testbed")
@@ -1294,6 +1308,12 @@ def main(argv=None):
   ap.add_argument("--read-lr", type=float, default=1e-3, help="the reading curriculum's learning rate (constant)")
   ap.add_argument("--progress", action="store_true", help="tqdm bars inside each run")
   ap.add_argument(
+    "--xla-cpu-isa",
+    default="AVX2",
+    help="the vector extensions XLA's CPU code may use (--xla_cpu_max_isa), so that x86 CPUs with them round alike "
+    "and runs repeat across machines; '' for the host's own (the committed files before issue 51)",
+  )
+  ap.add_argument(
     "--set",
     action="append",
     default=[],
@@ -1338,6 +1358,7 @@ def main(argv=None):
   if unknown:
     ap.error(f"--methods: unknown {unknown}; known: {list(RUNS)}")
   os.makedirs(args.out, exist_ok=True)
+  pin_cpu_isa(args.xla_cpu_isa)
   t0 = time.time()
   policy = args.policy or build_policy(os.path.join(args.out, "policy_init"), args)
   if args.copy_steps:

@@ -492,3 +492,16 @@ def test_difference_from_grpo_is_paired_by_seed_with_a_t_interval(testbed):
   assert w["paired_seeds"] == 0 and w["diff"] == pytest.approx(0.1) and w["ci95"][0] < 0.1 < w["ci95"][1]
   assert testbed.difference_from(grpo, {"final_success": [0.5], "seeds_run": [0]}) is None
   assert testbed.seed_of("runs/x/runs/trace_k0_seed12") == 12
+
+
+def test_the_testbed_pins_xlas_cpu_vector_extensions_unless_told(testbed, monkeypatch):
+  """Runs repeat across x86 CPUs only where XLA's CPU code uses the same vector extensions: --xla-cpu-isa (AVX2 by
+  default) becomes --xla_cpu_max_isa in XLA_FLAGS, beside the flags there; one already there, or '', is kept."""
+  monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+  testbed.pin_cpu_isa("AVX2")
+  assert os.environ["XLA_FLAGS"] == "--xla_force_host_platform_device_count=2 --xla_cpu_max_isa=AVX2"
+  testbed.pin_cpu_isa("AVX512")
+  assert os.environ["XLA_FLAGS"].count("--xla_cpu_max_isa") == 1
+  monkeypatch.delenv("XLA_FLAGS")
+  testbed.pin_cpu_isa("")
+  assert "XLA_FLAGS" not in os.environ
