@@ -117,8 +117,8 @@ class Trajectory:
     unit_ids_BxL: int32 verified-unit index of each action token, -1 elsewhere.
     unit_rewards_BxU: float32 per-unit verified rewards (U = 1: the outcome reward).
     unit_mask_BxU: bool, True on the units each rollout reached.
-    passes: outputs of the passes a method ran, by pass name, each a dict of arrays (e.g.
-      `passes["teacher"]["logp_BxL"]`); empty until the trainer runs them.
+    passes: outputs of the passes a method ran, by pass name, each its pass row's output class
+      (`jaxcredit.train.pass_outputs`, e.g. `passes["teacher_plain"].logp_BxL`); empty until the trainer runs them.
   """
 
   tokens_BxL: np.ndarray
@@ -145,6 +145,11 @@ class Trajectory:
   @property
   def max_turns(self) -> int:
     return int(self.turn_mask_BxT.shape[1])
+
+  def axis_sizes(self) -> dict[str, int]:
+    """{"B": rollouts, "L": tokens, "T": turns, "T1": boundaries}: the sizes pass outputs' declared axes take."""
+    b, length = self.tokens_BxL.shape
+    return {"B": int(b), "L": int(length), "T": self.max_turns, "T1": int(self.boundary_mask_BxT1.shape[1])}
 
 
 def pad_length(n: int, bucket: int) -> int:

@@ -16,7 +16,7 @@ from jaxcredit import sharding
 from jaxcredit.envs import ENVS
 from jaxcredit.models.config import REMAT_POLICIES
 from jaxcredit.train.loss import AGGREGATIONS, KL_ESTIMATORS
-from jaxcredit.train.method_checks import check_knobs, check_reads, knob_owner, method_knobs
+from jaxcredit.train.method_checks import check_knobs, check_passes, knob_owner, method_knobs
 from jaxcredit.train.methods import METHODS
 
 # The teacher budgets live with the passes that spend them; re-exported here, where the config keys are.
@@ -428,12 +428,12 @@ def load_config_file(spec: str) -> ml_collections.ConfigDict:
 
 def validate(c: ml_collections.ConfigDict) -> None:
   """Checks values a user can get wrong, before any command (train, sft, credit, plan, viz) does work: every numeric
-  key against its range (`RANGES`), the choices, the chosen method's declarations (`method_checks.check_reads`: the pass
-  outputs it reads are written by its passes) and knobs, and the keys that must agree.
+  key against its range (`RANGES`), the choices, the chosen method's passes (`method_checks.check_passes`: they exist
+  and run after the passes whose outputs they read) and knobs (its own and its passes'), and the keys that must agree.
 
   Raises:
     ValueError: naming the config key and its value ("config.train.length_bucket = 0: must be an int >= 1"), or the
-      method, the pass output it reads and the passes it runs when no pass of it writes that output.
+      method and the pass it runs that is unknown or runs before a pass it reads.
   """
   check_ranges(c)
   sharding.resolve_rules(dict(c.sharding_rules))
@@ -467,8 +467,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
       raise ValueError(f"config.mesh.{axis} is not a mesh axis; known: {sharding.MESH_AXES}")
   if c.credit.method not in METHODS:
     raise ValueError(f"config.credit.method = {c.credit.method!r}: must be one of {tuple(METHODS)}")
-  # The row's declarations agree: every pass output the method reads is written by one of its passes.
-  check_reads(c.credit.method)
+  # The row's passes exist and run after the passes whose outputs they read.
+  check_passes(c.credit.method)
   _validate_engine(c)
   if c.env.name not in ENVS:
     raise ValueError(f"config.env.name = {c.env.name!r}: must be one of {sorted(ENVS)}")

@@ -10,6 +10,7 @@ import re
 import numpy as np
 
 from jaxcredit.rollout import jsonl as jsonl_lib
+from jaxcredit.train import pass_outputs
 from jaxcredit.train.methods import METHODS
 from jaxcredit.train.run import Run
 from jaxcredit.viz import page as viz_page
@@ -96,37 +97,31 @@ def export_rollouts(
 
 
 def pass_outputs_of(traj, i: int) -> dict:
-  """Rollout i's share of every pass output (`traj.passes[name][key]`), as JSON values (`rollout_values`)."""
-  return {name: rollout_values(outputs, i, traj) for name, outputs in traj.passes.items()}
+  """Rollout i's share of every pass output (`traj.passes[name]`, cut by its class's declared axes:
+  `PassOutput.rollout_values`), as JSON values."""
+  tokens, turns = int(traj.token_mask_BxL[i].sum()), int(traj.turn_mask_BxT[i].sum())
+  return {name: output.rollout_values(i, turns=turns, tokens=tokens) for name, output in traj.passes.items()}
+
+
+_SUFFIX_AXES = {"_BxLxD": ("B", "L", "D"), "_BxT1": ("B", "T1"), "_BxL": ("B", "L"), "_BxT": ("B", "T"), "_B": ("B",)}
 
 
 def rollout_values(outputs: dict, i: int, traj) -> dict:
-  """Rollout i's share of `outputs` (pass outputs or `MethodOutput.details`), as JSON values: row i of each array or
-  list with one entry per rollout, per-token rows (`*_BxL`) cut to the rollout's tokens, per-turn rows (`*_BxT`) to
-  its turns and per-boundary rows (`*_BxT1`) to its turns + 1, non-finite numbers as None. Values that are not per
-  rollout, and vectors per token (`*_BxLxD`: hidden states), are left out."""
-  b, n = traj.tokens_BxL.shape[0], int(traj.token_mask_BxL[i].sum())
-  turns = int(traj.turn_mask_BxT[i].sum())
-  cut = {"_BxL": n, "_BxT": turns, "_BxT1": turns + 1}
-  row: dict = {}
+  """Rollout i's share of `MethodOutput.details` as JSON values (`pass_outputs.rollout_values`), each entry's axes
+  read from its shape suffix (`*_BxL` per token, cut to the rollout's tokens; `*_BxT` per turn; `*_BxT1` per
+  boundary; `*_B` per rollout); a list of one entry per rollout is per rollout; other values, and vectors per token
+  (`*_BxLxD`), are left out."""
+  b = traj.batch_size
+  axes = {}
   for key, value in outputs.items():
     if isinstance(value, (list, tuple)) and len(value) == b:
-      v = value[i]
-      row[key] = v if isinstance(v, (str, int, float, bool, type(None))) else str(v)
-      continue
-    array = np.asarray(value) if isinstance(value, np.ndarray) or hasattr(value, "shape") else None
-    if array is None or array.ndim == 0 or array.shape[0] != b or key.endswith("_BxLxD"):
-      continue  # not per rollout; or a vector per token (HSD's teacher hidden states), never for the viewer
-    x = array[i]
-    suffix = next((s for s in ("_BxT1", "_BxL", "_BxT") if key.endswith(s)), None)
-    if suffix is not None and x.ndim >= 1:
-      x = x[: cut[suffix]]
-    if np.issubdtype(x.dtype, np.floating):
-      x = np.where(np.isfinite(x), x, np.nan).astype(np.float64)
-      row[key] = np.where(np.isnan(x), None, x).tolist() if x.ndim else (float(x) if np.isfinite(x) else None)
-    else:
-      row[key] = x.tolist()
-  return row
+      axes[key] = ("B",)
+    elif np.ndim(value) >= 1 and np.shape(value)[0] == b:
+      axes[key] = next(
+        (ax for suffix, ax in _SUFFIX_AXES.items() if key.endswith(suffix)), ("B",) + ("?",) * (np.ndim(value) - 1)
+      )
+  tokens, turns = int(traj.token_mask_BxL[i].sum()), int(traj.turn_mask_BxT[i].sum())
+  return pass_outputs.rollout_values(outputs, axes, i, turns=turns, tokens=tokens)
 
 
 def task_id_of(task) -> str | None:

@@ -5,8 +5,9 @@
     out = method.advantages(traj, config.credit[config.credit.method])  # -> MethodOutput
     loss = PPO-clip(out.adv_BxL) + Σ the method's loss terms             # jaxcredit.train.step
 
-A method is a `Method` record: the passes it needs and the pass outputs it reads ("pass_name/key", checked against
-the passes' declared `writes` by `config.validate`), a function from (trajectory with pass outputs, its knobs) to
+A method is a `Method` record: the passes it needs (it reads their outputs as their declared classes,
+`pass_outputs.read_output`; `config.validate` runs it on stand-ins of them), a function from (trajectory with pass
+outputs, its knobs) to
 token advantages, the knobs' defaults (they become `config.credit.<name>.*`, with the credit functions' own
 argument names) and the extra loss terms it adds. Adding a method is one function and one row; the trainer never
 names a method.
@@ -28,6 +29,16 @@ import jax
 import numpy as np
 
 from jaxcredit import credit
+from jaxcredit.train.pass_outputs import (
+  DivergenceOutput,
+  GoldAnswerOutput,
+  PeerStatesOutput,
+  PeerTeacherOutput,
+  SiblingSummaryOutput,
+  SkillOutput,
+  TeacherOutput,
+  read_output,
+)
 from jaxcredit.trajectory import Trajectory, group_index
 
 
@@ -98,7 +109,9 @@ class Method:
     knobs: the method's own knobs with their defaults; its config node `config.credit.<name>` holds these and the
       knobs of its passes (`Pass.knobs`; `method_checks.method_knobs`). A key here that a pass declares too sets
       this method's default for it.
-    passes: names in `jaxcredit.train.passes.PASSES` to run before `advantages`, in order.
+    passes: names in `jaxcredit.train.passes.PASSES` to run before `advantages`, in order; `advantages` reads their
+      outputs as their rows' classes (`pass_outputs.read_output(traj, name, TeacherOutput)`), and `config.validate`
+      runs it on stand-ins of exactly those (`method_checks.check_knobs`).
     loss_terms: extra loss terms in `jaxcredit.train.step.LOSS_TERMS` ("distill"); the PPO-clip term is always
       there and the KL term when `config.loss.kl_coef > 0`.
     teacher: the default `config.teacher.source` of its teacher passes ("policy", "reference", "" when it needs a
@@ -109,10 +122,6 @@ class Method:
     validate: (knobs, config) -> None, the row's own checks of the knobs its credit functions do not read (its
       filter's; its passes check theirs, `Pass.validate`), run by `config.validate` before `check_knobs`; raises
       ValueError naming `config.credit.<name>.<knob>`. None: the credit functions' checks are all.
-    reads: the pass outputs `advantages` reads, as "pass_name/key" strings (`traj.passes[pass_name][key]`); each
-      must be in the `writes` of a pass in `passes` (`jaxcredit.train.passes.Pass`). `config.validate` refuses a
-      method that reads a key none of its passes writes (`check_reads`), and `check_knobs` one that reads a key it
-      did not declare.
     variant_of: "" for a method of its own; the name of the row whose earlier or alternative reading this row keeps
       (`gear_v0` of `gear`, `hsd_grpo` of `hsd`): it differs in its credit function, its knobs or (hsd_grpo) the
       pass outputs and loss terms it needs.
@@ -126,13 +135,11 @@ class Method:
   min_group_size: int = 2
   summary: str = ""
   validate: Callable[[Mapping[str, Any], Any], None] | None = None
-  reads: tuple[str, ...] = ()
   variant_of: str = ""
 
   def __post_init__(self):
     object.__setattr__(self, "passes", tuple(self.passes))
     object.__setattr__(self, "loss_terms", tuple(self.loss_terms))
-    object.__setattr__(self, "reads", tuple(self.reads))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -184,16 +191,16 @@ def _action_mean(x_BxL: np.ndarray, mask_BxL: np.ndarray) -> float:
   return float(x_BxL[mask_BxL].mean()) if mask_BxL.any() else 0.0
 
 
-def pass_valid(traj: Trajectory, name: str) -> np.ndarray:
-  """valid_B of pass `name`, and-ed with the sample mask."""
-  return np.asarray(traj.passes[name]["valid_B"], bool) & traj.sample_mask_B
+def pass_valid(traj: Trajectory, output) -> np.ndarray:
+  """valid_B of a pass's output, and-ed with the sample mask."""
+  return np.asarray(output.valid_B, bool) & traj.sample_mask_B
 
 
-def _teacher_gap(traj: Trajectory, name: str) -> float | None:
+def _teacher_gap(traj: Trajectory, teacher: TeacherOutput) -> float | None:
   """Mean teacher - policy log-prob of the sampled tokens over the pass's valid rollouts (nats); None (not logged)
   when the pass dropped every rollout."""
-  m = traj.action_mask_BxL & pass_valid(traj, name)[:, None]
-  return _action_mean(traj.passes[name]["logp_BxL"] - traj.behavior_logp_BxL, m) if m.any() else None
+  m = traj.action_mask_BxL & pass_valid(traj, teacher)[:, None]
+  return _action_mean(teacher.logp_BxL - traj.behavior_logp_BxL, m) if m.any() else None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -287,8 +294,8 @@ _TRACE_TURN = _TRACE_VALUE + ("td_horizon", "td_gamma", "terminal_scale")
 def trace(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
   """TRACE (arXiv 2607.13988): the outcome advantage plus alpha_turn times the K-step TD turn credit of the frozen
   reference's log-ratio state values of the gold answer, with a terminal fill (credit.trace_advantages)."""
-  gold = traj.passes["gold_answer"]
-  gold_T1, bmask_T1 = gold["gold_logp_BxT1"], gold["boundary_mask_BxT1"]
+  gold = read_output(traj, "gold_answer", GoldAnswerOutput)
+  gold_T1, bmask_T1 = gold.gold_logp_BxT1, gold.boundary_mask_BxT1
   turn = per_group(
     credit.trace_advantages,
     _pick(k, "alpha_out", "alpha_turn", "std", "dense_norm", "eps", *_TRACE_TURN),
@@ -327,10 +334,10 @@ def trace(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
   )
 
 
-def _teacher_or_nan(traj: Trajectory, name: str, key: str) -> np.ndarray:
-  """The pass's array with NaN on its invalid rollouts (the credit functions then skip them, never read 0)."""
-  valid = pass_valid(traj, name)
-  return np.where(valid[:, None], traj.passes[name][key], np.nan).astype(np.float32)
+def _teacher_or_nan(traj: Trajectory, output, x_BxL: np.ndarray) -> np.ndarray:
+  """A pass's per-token array with NaN on the pass's invalid rollouts (the credit functions then skip them, never
+  read 0)."""
+  return np.where(pass_valid(traj, output)[:, None], x_BxL, np.nan).astype(np.float32)
 
 
 def crest(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
@@ -345,8 +352,8 @@ def crest(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
     traj.unit_mask_BxU,
     traj.sample_mask_B,
   )
-  name = "teacher_privileged"
-  teacher_logp = _teacher_or_nan(traj, name, "logp_BxL")
+  teacher = read_output(traj, "teacher_privileged", TeacherOutput)
+  teacher_logp = _teacher_or_nan(traj, teacher, teacher.logp_BxL)
   policy_logp = np.asarray(traj.behavior_logp_BxL, np.float32)
   w = per_rollout(
     credit.crest_token_weights,
@@ -359,7 +366,7 @@ def crest(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
   )
   unit_tok = per_rollout(credit.turn_to_token, {}, unit_adv, traj.unit_ids_BxL, traj.action_mask_BxL)
   adv = unit_tok * w
-  act = traj.action_mask_BxL & pass_valid(traj, name)[:, None]
+  act = traj.action_mask_BxL & pass_valid(traj, teacher)[:, None]
   # The direction gate of Eq. 7 as crest_token_weights computes it: sign(A_u) · Δ_i > 0 on finite log-probs.
   finite = np.isfinite(teacher_logp) & np.isfinite(policy_logp)
   with np.errstate(invalid="ignore"):
@@ -368,7 +375,7 @@ def crest(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
   return MethodOutput(
     adv.astype(np.float32),
     metrics={
-      "teacher_policy_gap": _teacher_gap(traj, name),
+      "teacher_policy_gap": _teacher_gap(traj, teacher),
       "crest_direction_gate_frac": _action_mean(gate.astype(np.float32), act),
       "crest_weight_std": float(w[act].std()) if act.any() else 0.0,
     },
@@ -382,10 +389,11 @@ def crest(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
 def toolopd(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
   """ToolOPD: GRPO plus a distillation term toward the skilled teacher, weighted by outcome-aware hindsight credit."""
   seq = _outcome(traj, k["scale"], k["eps"])
-  valid = pass_valid(traj, "teacher_skill") & pass_valid(traj, "teacher_plain")
-  skill = traj.passes["teacher_skill"]["logp_BxL"]
-  base = traj.passes["teacher_plain"]["logp_BxL"]
-  success = traj.passes["hindsight_skill"]["success_B"]
+  skilled = read_output(traj, "teacher_skill", TeacherOutput)
+  plain = read_output(traj, "teacher_plain", TeacherOutput)
+  skills = read_output(traj, "hindsight_skill", SkillOutput)
+  valid = pass_valid(traj, skilled) & pass_valid(traj, plain)
+  skill, base, success = skilled.logp_BxL, plain.logp_BxL, skills.success_B
   w = per_rollout(
     credit.toolopd_token_weights, _pick(k, "max_credit", "normalize"), skill, base, success, traj.action_mask_BxL
   )
@@ -397,9 +405,9 @@ def toolopd(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
     distill_weight_BxL=w,
     distill_target_BxL=np.asarray(skill, np.float32),
     metrics={
-      "teacher_policy_gap": _teacher_gap(traj, "teacher_skill"),
+      "teacher_policy_gap": _teacher_gap(traj, skilled),
       "toolopd_credited_frac": _action_mean((w > 0).astype(np.float32), act),
-      "toolopd_skill_tokens": float(np.mean(traj.passes["hindsight_skill"]["skill_tokens_B"])),
+      "toolopd_skill_tokens": float(np.mean(skills.skill_tokens_B)),
     },
     details={
       "distill_weight_BxL": np.where(act, w, np.nan),
@@ -414,19 +422,19 @@ def hsd(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
   self-teacher at every action token of a rollout whose pass is valid (loss term "vocab_kl", reading the pass's
   hidden states), plus beta KL to the reference ("reference_kl"). The paper's diagnostic credit, the teacher's minus
   the policy's log-prob of the sampled token, is shown in the viewer."""
-  name = "teacher_peer_states"
-  valid = pass_valid(traj, name)
+  teacher = read_output(traj, "teacher_peer_states", PeerStatesOutput)
+  valid = pass_valid(traj, teacher)
   act = traj.action_mask_BxL & valid[:, None]
-  gap = np.where(act, traj.passes[name]["logp_BxL"] - traj.behavior_logp_BxL, np.nan)
+  gap = np.where(act, teacher.logp_BxL - traj.behavior_logp_BxL, np.nan)
   return MethodOutput(
     np.zeros(traj.action_mask_BxL.shape, np.float32),
     loss_arrays={
-      "teacher_hidden_BxLxD": np.asarray(traj.passes[name]["hidden_BxLxD"], np.float32),
+      "teacher_hidden_BxLxD": np.asarray(teacher.hidden_BxLxD, np.float32),
       "vocab_kl_weight_BxL": act.astype(np.float32),
     },
     metrics={
-      "teacher_policy_gap": _teacher_gap(traj, name),
-      "hsd_peers_found_frac": float(np.mean(np.asarray(traj.passes[name]["peer_B"]) >= 0)),
+      "teacher_policy_gap": _teacher_gap(traj, teacher),
+      "hsd_peers_found_frac": float(np.mean(np.asarray(teacher.peer_B) >= 0)),
       "hsd_distilled_frac": float(np.mean(valid)),
     },
     details={"teacher_gap_BxL": gap.astype(np.float32)},
@@ -437,11 +445,11 @@ def hsd_grpo(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
   """HSD, this library's earlier reading: GRPO plus dense_coef * the clipped log-ratio of the peer-conditioned
   self-teacher to the policy (credit.hsd_token_advantages)."""
   seq = _outcome(traj, k["scale"], k["eps"])
-  name = "teacher_peer"
+  teacher = read_output(traj, "teacher_peer", PeerTeacherOutput)
   a = per_rollout(
     credit.hsd_token_advantages,
     _pick(k, "clip"),
-    _teacher_or_nan(traj, name, "logp_BxL"),
+    _teacher_or_nan(traj, teacher, teacher.logp_BxL),
     traj.behavior_logp_BxL,
     traj.action_mask_BxL,
   )
@@ -450,8 +458,8 @@ def hsd_grpo(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
     adv.astype(np.float32),
     seq[:, None] * traj.turn_mask_BxT,
     metrics={
-      "teacher_policy_gap": _teacher_gap(traj, name),
-      "hsd_peers_found_frac": float(np.mean(np.asarray(traj.passes[name]["peer_B"]) >= 0)),
+      "teacher_policy_gap": _teacher_gap(traj, teacher),
+      "hsd_peers_found_frac": float(np.mean(np.asarray(teacher.peer_B) >= 0)),
     },
     details={"dense_advantage_BxL": np.where(traj.action_mask_BxL, k["dense_coef"] * a, np.nan)},
   )
@@ -461,10 +469,10 @@ def _gear_features(traj: Trajectory) -> tuple[np.ndarray, np.ndarray, np.ndarray
   """(valid_B, divergence_BxL, student entropy_BxL) of the teacher_divergence pass: an invalid pass reads as
   divergence 0 everywhere, so GEAR equals GRPO for that rollout (docs/methods/gear.md). The segments follow the
   policy's own entropy (the student's)."""
-  name = "teacher_divergence"
-  valid = pass_valid(traj, name)
-  div = np.where(valid[:, None], traj.passes[name]["divergence_BxL"], 0.0).astype(np.float32)
-  return valid, div, np.asarray(traj.passes[name]["student_entropy_BxL"], np.float32)
+  teacher = read_output(traj, "teacher_divergence", DivergenceOutput)
+  valid = pass_valid(traj, teacher)
+  div = np.where(valid[:, None], teacher.divergence_BxL, 0.0).astype(np.float32)
+  return valid, div, np.asarray(teacher.student_entropy_BxL, np.float32)
 
 
 def _gear_output(traj, seq, adv, seg_start, div, valid, details) -> MethodOutput:
@@ -525,13 +533,13 @@ def _sgcd(traj: Trajectory, k: Mapping[str, Any], weights: Callable, knobs: dict
   if k["mixed_groups"] not in SGCD_MIXED_GROUPS:
     raise ValueError(f"sgcd: knob `mixed_groups` must be one of {SGCD_MIXED_GROUPS}, got {k['mixed_groups']!r}.")
   seq = _outcome(traj, k["scale"], k["eps"])
-  name = "teacher_sibling"
-  valid = pass_valid(traj, name)
-  div = _teacher_or_nan(traj, name, "divergence_BxL")
-  ent = _teacher_or_nan(traj, name, "entropy_BxL")
+  teacher = read_output(traj, "teacher_sibling", DivergenceOutput)
+  summaries = read_output(traj, "sibling_summary", SiblingSummaryOutput)
+  valid = pass_valid(traj, teacher)
+  div = _teacher_or_nan(traj, teacher, teacher.divergence_BxL)
+  ent = _teacher_or_nan(traj, teacher, teacher.entropy_BxL)
   w = per_rollout(weights, knobs, div, ent, traj.action_mask_BxL)
-  summaries = traj.passes["sibling_summary"]
-  mixed = np.asarray(summaries["mixed_B"], bool)
+  mixed = np.asarray(summaries.mixed_B, bool)
   groups = np.asarray(traj.group_ids_B)
   unmixed = len(set(groups[~mixed].tolist()))
   skip = k["mixed_groups"] == "skip"
@@ -541,7 +549,7 @@ def _sgcd(traj: Trajectory, k: Mapping[str, Any], weights: Callable, knobs: dict
     (_on_actions(seq, traj) * w).astype(np.float32),
     seq[:, None] * traj.turn_mask_BxT,
     metrics={
-      "teacher_policy_gap": _teacher_gap(traj, name),
+      "teacher_policy_gap": _teacher_gap(traj, teacher),
       "sgcd_mixed_groups": len(set(groups.tolist())) - unmixed,
       "sgcd_groups_skipped": unmixed if skip else 0,
       "sgcd_divergence_mean": _action_mean(np.nan_to_num(div), act),
@@ -551,7 +559,7 @@ def _sgcd(traj: Trajectory, k: Mapping[str, Any], weights: Callable, knobs: dict
       "sgcd_weight_clipped_frac": _action_mean((at_min | at_max).astype(np.float32), act),
       "sgcd_weight_at_min_frac": _action_mean(at_min.astype(np.float32), act),
       "sgcd_weight_at_max_frac": _action_mean(at_max.astype(np.float32), act),
-      "sgcd_summary_tokens": float(np.mean(np.asarray(summaries["summary_tokens_B"])[mixed])) if mixed.any() else 0.0,
+      "sgcd_summary_tokens": float(np.mean(np.asarray(summaries.summary_tokens_B)[mixed])) if mixed.any() else 0.0,
     },
     details={
       "credit_weight_BxL": np.where(act, w, np.nan),
@@ -606,20 +614,13 @@ def hsd_validate(k: Mapping[str, Any], c) -> None:
 
 def opd(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
   """On-policy distillation: token advantage = teacher - policy log-prob of the sampled token."""
-  name = "teacher_plain"
-  a = per_rollout(
-    credit.opd_token_advantages, {}, traj.passes[name]["logp_BxL"], traj.behavior_logp_BxL, traj.action_mask_BxL
-  )
-  adv = np.where(pass_valid(traj, name)[:, None], a, 0.0).astype(np.float32)
-  return MethodOutput(adv, metrics={"teacher_policy_gap": _teacher_gap(traj, name)})
+  teacher = read_output(traj, "teacher_plain", TeacherOutput)
+  a = per_rollout(credit.opd_token_advantages, {}, teacher.logp_BxL, traj.behavior_logp_BxL, traj.action_mask_BxL)
+  adv = np.where(pass_valid(traj, teacher)[:, None], a, 0.0).astype(np.float32)
+  return MethodOutput(adv, metrics={"teacher_policy_gap": _teacher_gap(traj, teacher)})
 
 
 _OUTCOME = {"scale": "group", "eps": 1e-6}
-
-
-def _reads(pass_name: str, *keys: str) -> tuple[str, ...]:
-  """("pass_name/key", ...) for `Method.reads`."""
-  return tuple(f"{pass_name}/{k}" for k in keys)
 
 
 METHODS: dict[str, Method] = {
@@ -653,7 +654,6 @@ METHODS: dict[str, Method] = {
     ),
     ("gold_answer",),
     teacher=None,
-    reads=("gold_answer/gold_logp_BxT1", "gold_answer/boundary_mask_BxT1"),
     summary="outcome + K-step TD turn credit of the reference's log-ratio gold-answer state values",
   ),
   # CrEST as published (arXiv 2608.13179): its knob defaults, and its teacher the fixed initial model (the frozen
@@ -664,7 +664,6 @@ METHODS: dict[str, Method] = {
     dict(_OUTCOME, lam=0.3, clip_eps=0.28, tau=2.0, rho=0.5, direction_gate=True),
     ("teacher_privileged",),
     teacher="reference",
-    reads=_reads("teacher_privileged", "logp_BxL", "valid_B"),
     summary="verified unit advantages, bounded fixed-teacher amplification of the tokens it agrees on",
   ),
   "toolopd": Method(
@@ -682,9 +681,6 @@ METHODS: dict[str, Method] = {
     ("hindsight_skill", "teacher_plain", "teacher_skill"),
     ("distill",),
     teacher="reference",
-    reads=_reads("teacher_plain", "logp_BxL", "valid_B")
-    + _reads("teacher_skill", "logp_BxL", "valid_B")
-    + _reads("hindsight_skill", "success_B", "skill_tokens_B"),
     summary="GRPO + hindsight-skill-weighted distillation",
   ),
   # HSD (arXiv 2606.15576) from its summaries: the full-vocabulary KL(teacher || student) to the current policy shown
@@ -695,7 +691,6 @@ METHODS: dict[str, Method] = {
     dict(beta=0.001),
     ("teacher_peer_states",),
     ("vocab_kl", "reference_kl"),
-    reads=_reads("teacher_peer_states", "logp_BxL", "valid_B", "peer_B", "hidden_BxLxD"),
     summary="full-vocabulary distillation from the policy shown a successful peer and the gold answer",
     validate=hsd_validate,
   ),
@@ -703,7 +698,6 @@ METHODS: dict[str, Method] = {
     hsd_grpo,
     dict(_OUTCOME, clip=1.0, dense_coef=0.1),
     ("teacher_peer",),
-    reads=_reads("teacher_peer", "logp_BxL", "valid_B", "peer_B"),
     summary="HSD, this library's earlier reading (GRPO plus a clipped sampled-token log-ratio to the peer teacher)",
     variant_of="hsd",
   ),
@@ -714,14 +708,12 @@ METHODS: dict[str, Method] = {
     gear,
     dict(_OUTCOME, alpha=0.2, lambda_kl=0.1, lambda_h=1.5, min_divergence=1e-6),
     ("teacher_divergence",),
-    reads=_reads("teacher_divergence", "divergence_BxL", "student_entropy_BxL", "valid_B"),
     summary="sign-aware weights of divergence-anchored segments rescale the GRPO advantage",
   ),
   "gear_v0": Method(
     gear_v0,
     dict(_OUTCOME, alpha=1.0, k_sigma=2.0, tau_low=0.1, entropy_floor=1.0, normalize=True),
     ("teacher_divergence",),
-    reads=_reads("teacher_divergence", "divergence_BxL", "student_entropy_BxL", "valid_B"),
     summary="GEAR, this library's earlier reading (not sign-aware, weights of mean 1)",
     variant_of="gear",
   ),
@@ -740,8 +732,6 @@ METHODS: dict[str, Method] = {
     ),
     ("sibling_summary", "teacher_sibling"),
     summary="GRPO amplified, at most c-fold, where a teacher shown how successful and failed siblings differ departs",
-    reads=_reads("teacher_sibling", "logp_BxL", "divergence_BxL", "entropy_BxL", "valid_B")
-    + _reads("sibling_summary", "mixed_B", "summary_tokens_B"),
   ),
   "sgcd_v0": Method(
     sgcd_v0,
@@ -756,8 +746,6 @@ METHODS: dict[str, Method] = {
     ("sibling_summary", "teacher_sibling"),
     summary="SGCD, this library's earlier reading (weights in [w_min, w_max] of mean 1: some tokens shrunk)",
     variant_of="sgcd",
-    reads=_reads("teacher_sibling", "logp_BxL", "divergence_BxL", "entropy_BxL", "valid_B")
-    + _reads("sibling_summary", "mixed_B", "summary_tokens_B"),
   ),
   "opd": Method(
     opd,
@@ -766,6 +754,5 @@ METHODS: dict[str, Method] = {
     teacher="",
     min_group_size=1,
     summary="on-policy distillation from a teacher checkpoint",
-    reads=_reads("teacher_plain", "logp_BxL", "valid_B"),
   ),
 }

@@ -1,37 +1,38 @@
 """`PASSES`: the extra forward passes dense methods need, as one table.
 
     traj.passes[name] = PASSES[name](ctx, traj)      for name in METHODS[config.credit.method].passes
-    check_outputs(name, traj.passes[name])          # the keys it returned are its row's `writes`
+    traj.passes[name].check_axes(...)              # its arrays have its output class's declared axes
 
-Each pass returns a dict of numpy arrays aligned to the trajectory, always with `valid_B` (bool) and `reasons`
-(one string per rollout: "" when valid, else why the pass could not be made: "no_context", "over_budget",
-"non_finite", "no_boundary", "empty_skill", "no_peer", "not_mixed", "empty_summary"); the methods also drop
+Each pass returns its row's output class (`jaxcredit.train.pass_outputs`: a dataclass whose fields carry their
+axes), numpy arrays aligned to the trajectory, always with `valid_B` (bool) and `reasons` (one string per rollout:
+"" when valid, else why the pass could not be made: "no_context", "over_budget", "non_finite", "no_boundary",
+"empty_skill", "no_peer", "not_mixed", "empty_summary"); the methods also drop
 rollouts whose `sample_mask_B` is False. A rollout whose pass is invalid loses only its dense term
 (the method falls back to its outcome term); it never reads log p = 0 as a score. Gradients never flow through a
 pass. Who the teacher is, what context it sees and how the context is inserted: docs/teacher-passes.md.
 
-| pass | teacher | context | outputs |
+| pass | teacher | context | output |
 |---|---|---|---|
-| gold_answer | reference | none: scores the gold answer at every boundary (packed) | gold_logp_BxT1, boundary_mask_BxT1 |
-| teacher_plain | config.teacher.source | none (the rollout's own prompt) | logp_BxL, entropy_BxL |
-| teacher_privileged | config.teacher.source | per unit, the ground truth of the units before it (CrEST) | logp_BxL, entropy_BxL |
-| teacher_peer | config.teacher.source | a successful peer's transcript + gold answer | logp_BxL, entropy_BxL, peer_B |
-| teacher_peer_states | config.teacher.source | as teacher_peer | + hidden_BxLxD (its final hidden states) |
-| hindsight_skill | config.teacher.source | writes a skill from task, transcript and outcome | skills, skill_tokens_B, success_B |
-| teacher_skill | config.teacher.source | the rollout's hindsight skill | logp_BxL, entropy_BxL |
-| teacher_divergence | config.teacher.source | the environment's verified ground truth | + divergence_BxL (vs the policy) |
-| sibling_summary | config.teacher.source | writes a step-wise credit reference from a successful and a failed sibling | summaries, summary_tokens_B, siblings_Bx2, mixed_B, success_B |
-| teacher_sibling | config.teacher.source | its group's sibling summary (SGCD) | + divergence_BxL (vs the policy) |
+| gold_answer | reference | none: scores the gold answer at every boundary (packed) | GoldAnswerOutput: gold_logp_BxT1, boundary_mask_BxT1 |
+| teacher_plain | config.teacher.source | none (the rollout's own prompt) | TeacherOutput: logp_BxL, entropy_BxL |
+| teacher_privileged | config.teacher.source | per unit, the ground truth of the units before it (CrEST) | TeacherOutput |
+| teacher_peer | config.teacher.source | a successful peer's transcript + gold answer | PeerTeacherOutput: + peer_B |
+| teacher_peer_states | config.teacher.source | as teacher_peer | PeerStatesOutput: + hidden_BxLxD (its final hidden states) |
+| hindsight_skill | config.teacher.source | writes a skill from task, transcript and outcome | SkillOutput: skills, skill_tokens_B, success_B |
+| teacher_skill | config.teacher.source | the rollout's hindsight skill | TeacherOutput |
+| teacher_divergence | config.teacher.source | the environment's verified ground truth | DivergenceOutput: + divergence_BxL (vs the policy) |
+| sibling_summary | config.teacher.source | writes a step-wise credit reference from a successful and a failed sibling | SiblingSummaryOutput: summaries, summary_tokens_B, siblings_Bx2, mixed_B, success_B |
+| teacher_sibling | config.teacher.source | its group's sibling summary (SGCD) | DivergenceOutput |
 
 Teacher passes also return `context_cut_tokens_B` (int32, the tokens cut from each rollout's context to fit
 `config.teacher.max_context_tokens`, `config.teacher_budgets`): `pass_metrics` logs `pass/<name>/context_cut` (the
 fraction of rollouts cut) and `pass/<name>/context_cut_tokens`, and the first cut of a run is warned about.
 
-Adding a pass is one function `(PassContext, Trajectory) -> dict` and one row, `Pass(fn, writes=(...))`, that declares
-every key the function returns (`valid_B` and `reasons` included), the earlier passes' outputs it reads and the knobs
-it reads with their defaults and checks (`knobs`, `choices`, `validate`: knobs of every method that runs it); methods
-declare the keys they read (`Method.reads`), and `config.validate` refuses a method that reads a key none of its
-passes writes (docs/extending.md).
+Adding a pass is one function `(PassContext, Trajectory) -> output` and one row, `Pass(fn, OutputClass)`, that
+declares the class it returns (a `PassOutput` subclass), the passes whose outputs it reads (`after`) and the knobs it
+reads with their defaults and checks (`knobs`, `choices`, `validate`: knobs of every method that runs it); a method
+reads an output as its class (`pass_outputs.read_output`), and `config.validate` runs the method on stand-in outputs
+of its passes' classes, refusing a read of a pass it does not run (docs/extending.md).
 """
 
 from __future__ import annotations
@@ -53,6 +54,17 @@ from jaxcredit.sampling import SamplingParams
 from jaxcredit.scoring import teacher as teacher_lib
 from jaxcredit.scoring.gold import score_gold_answers_packed
 from jaxcredit.train import step as step_lib
+from jaxcredit.train.pass_outputs import (
+  DivergenceOutput,
+  GoldAnswerOutput,
+  PassOutput,
+  PeerStatesOutput,
+  PeerTeacherOutput,
+  SiblingSummaryOutput,
+  SkillOutput,
+  TeacherOutput,
+  read_output,
+)
 from jaxcredit.trajectory import Trajectory, group_index
 
 log = logging.getLogger(__name__)
@@ -197,37 +209,31 @@ def _reasons_count(reasons: Sequence[str]) -> dict[str, int]:
   return out
 
 
-def pass_metrics(name: str, outputs: Mapping[str, Any], seconds: float) -> dict:
+def pass_metrics(name: str, output: PassOutput, seconds: float) -> dict:
   """`pass/<name>/seconds`, `pass/<name>/dropped` and `pass/<name>/dropped_<reason>` for metrics.jsonl."""
-  row = {f"pass/{name}/seconds": seconds, f"pass/{name}/dropped": int(np.sum(~np.asarray(outputs["valid_B"])))}
-  for reason, n in _reasons_count(outputs["reasons"]).items():
+  row = {f"pass/{name}/seconds": seconds, f"pass/{name}/dropped": int(np.sum(~np.asarray(output.valid_B)))}
+  for reason, n in _reasons_count(output.reasons).items():
     row[f"pass/{name}/dropped_{reason}"] = n
-  if "context_cut_tokens_B" in outputs:  # teacher passes: contexts cut to fit teacher.max_context_tokens
-    cut = np.asarray(outputs["context_cut_tokens_B"])
+  if isinstance(output, TeacherOutput):  # teacher passes: contexts cut to fit teacher.max_context_tokens
+    cut = np.asarray(output.context_cut_tokens_B)
     row[f"pass/{name}/context_cut"] = float(np.mean(cut > 0)) if cut.size else 0.0
     row[f"pass/{name}/context_cut_tokens"] = int(cut.sum())
   return row
 
 
-REQUIRED_OUTPUTS = ("valid_B", "reasons")
-"""The keys every pass writes: which rollouts it could score, and why not (per rollout)."""
-
-
 @dataclasses.dataclass(frozen=True)
 class Pass:
-  """One row of `PASSES`: the pass function and what it declares it writes (and reads of earlier passes).
+  """One row of `PASSES`: the pass function, the output class it returns, and the passes and knobs it reads.
 
-  Calling the row calls the function: `PASSES[name](ctx, traj)` -> its output dict.
+  Calling the row calls the function: `PASSES[name](ctx, traj)` -> its output, refused unless it is an `output`.
 
   Attributes:
-    fn: (PassContext, Trajectory) -> dict of outputs, `traj.passes[name]` (arrays with leading axis B named by
-      their shape suffix, `*_BxL` per token, `*_BxT1` per boundary, `*_B` per rollout; lists of one string per
-      rollout).
-    writes: the keys of that dict, all of them and no other; `valid_B` and `reasons` included (`REQUIRED_OUTPUTS`).
-      A method reads only keys its passes write (`Method.reads`, checked by `config.validate`); the trainer refuses
-      a pass whose outputs differ from `writes` (`check_outputs`).
-    reads: "pass_name/key" outputs of passes that run before this one (teacher_skill reads hindsight_skill's
-      skills); `config.validate` refuses a method whose passes do not write them earlier in its `passes`.
+    fn: (PassContext, Trajectory) -> an `output` instance, stored as `traj.passes[name]`.
+    output: its `pass_outputs.PassOutput` subclass, whose fields carry their axes: what methods read
+      (`pass_outputs.read_output`), what the trainer checks the arrays' shapes against (`PassOutput.check_axes`)
+      and what `jaxcredit credit` exports per rollout.
+    after: passes whose outputs it reads (`traj.passes[...]`); `config.validate` refuses a method that does not run
+      them before it (teacher_skill reads hindsight_skill's skills).
     summary: one line for docs and errors.
     env_fields: the `EnvSpec` fields the pass calls that an environment may lack (`gold_answer_text`,
       `privileged_info`); a method running the pass on an environment without them is refused at start-up
@@ -240,13 +246,13 @@ class Pass:
       for checks `choices` cannot say (ranges, templates); run by `config.validate`.
 
   Raises:
-    ValueError: at construction, `writes` without `valid_B` or `reasons`, a `reads` entry not "pass/key", or a
-      `choices` entry for a knob the pass does not declare or whose default is not among its choices.
+    ValueError: at construction, an `output` that is not a PassOutput subclass, or a `choices` entry for a knob the
+      pass does not declare or whose default is not among its choices.
   """
 
-  fn: Callable[[PassContext, Trajectory], dict]
-  writes: tuple[str, ...]
-  reads: tuple[str, ...] = ()
+  fn: Callable[[PassContext, Trajectory], PassOutput]
+  output: type[PassOutput]
+  after: tuple[str, ...] = ()
   summary: str = ""
   env_fields: tuple[str, ...] = ()
   knobs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
@@ -254,62 +260,33 @@ class Pass:
   validate: Callable[[Mapping[str, Any], Any, str], None] | None = None
 
   def __post_init__(self):
-    object.__setattr__(self, "writes", tuple(self.writes))
-    object.__setattr__(self, "reads", tuple(self.reads))
+    who = getattr(self.fn, "__name__", self.fn)
+    if not (isinstance(self.output, type) and issubclass(self.output, PassOutput)):
+      raise ValueError(f"a Pass of {who!r}: output must be a PassOutput subclass, got {self.output!r}")
+    object.__setattr__(self, "after", tuple(self.after))
     object.__setattr__(self, "knobs", dict(self.knobs))
     object.__setattr__(self, "choices", {k: tuple(v) for k, v in dict(self.choices).items()})
     for knob, allowed in self.choices.items():
       if knob not in self.knobs or self.knobs[knob] not in allowed:
         raise ValueError(
-          f"a Pass of {getattr(self.fn, '__name__', self.fn)!r}: choices for {knob!r} need the knob in `knobs` with "
-          f"a default among {allowed}"
+          f"a Pass of {who!r}: choices for {knob!r} need the knob in `knobs` with a default among {allowed}"
         )
-    missing = [k for k in REQUIRED_OUTPUTS if k not in self.writes]
-    if missing:
-      raise ValueError(f"a Pass of {getattr(self.fn, '__name__', self.fn)!r} must declare {missing} in `writes`")
-    for r in self.reads:
-      split_read(r, who=f"Pass {getattr(self.fn, '__name__', self.fn)!r}")
 
-  def __call__(self, ctx: PassContext, traj: Trajectory) -> dict:
-    return self.fn(ctx, traj)
-
-
-def split_read(read: str, *, who: str) -> tuple[str, str]:
-  """("pass_name", "key") of a declared read "pass_name/key".
-
-  Raises:
-    ValueError: naming `who` and the entry, when it is not a string of two non-empty parts joined by one "/".
-  """
-  parts = read.split("/") if isinstance(read, str) else []
-  if len(parts) != 2 or not all(parts):
-    raise ValueError(f"{who}: a read must be 'pass_name/key', got {read!r}")
-  return parts[0], parts[1]
-
-
-def check_outputs(name: str, outputs: Mapping[str, Any]) -> None:
-  """Refuses outputs of pass `name` that differ from what its row declares (`Pass.writes`).
-
-  Raises:
-    ValueError: naming the pass, the keys it returned without declaring them and the declared keys it did not
-      return; also for outputs that are not a dict.
-  """
-  declared = PASSES[name].writes
-  if not isinstance(outputs, Mapping):
-    raise ValueError(f"pass {name!r} returned {type(outputs).__name__}, not a dict of its outputs {list(declared)}")
-  extra = sorted(k for k in outputs if k not in declared)
-  missing = [k for k in declared if k not in outputs]
-  if extra or missing:
-    raise ValueError(
-      f"pass {name!r} returned outputs that differ from its PASSES row's `writes` {list(declared)}: "
-      f"undeclared {extra}, missing {missing}. Declare every key the pass returns (Pass(fn, writes=...))."
-    )
+  def __call__(self, ctx: PassContext, traj: Trajectory) -> PassOutput:
+    out = self.fn(ctx, traj)
+    if not isinstance(out, self.output):
+      raise ValueError(
+        f"pass {getattr(self.fn, '__name__', self.fn)!r} returned {type(out).__name__}, not its row's output "
+        f"{self.output.__name__}"
+      )
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # The passes.
 
 
-def gold_answer(ctx: PassContext, traj: Trajectory) -> dict:
+def gold_answer(ctx: PassContext, traj: Trajectory) -> GoldAnswerOutput:
   """TRACE: log p_ref(y* | s_t) at every boundary, all boundaries of a rollout in one packed forward."""
   ref = ctx.models["reference"]
   gold_ids = [encode_plain(ctx.tok, ctx.env.gold_answer_text(t)) + [ctx.tok.eos_id] for t in ctx.tasks]
@@ -323,12 +300,9 @@ def gold_answer(ctx: PassContext, traj: Trajectory) -> dict:
     length_bucket=ctx.config.train.length_bucket,
   )
   valid = mask[:, 0].copy()  # without s_0 TRACE has no dense term for the rollout
-  return {
-    "gold_logp_BxT1": gold,
-    "boundary_mask_BxT1": mask,
-    "valid_B": valid,
-    "reasons": ["" if v else "no_boundary" for v in valid],
-  }
+  return GoldAnswerOutput(
+    gold_logp_BxT1=gold, boundary_mask_BxT1=mask, valid_B=valid, reasons=["" if v else "no_boundary" for v in valid]
+  )
 
 
 def _cut(ctx: PassContext, text: str, budget: int) -> tuple[str, int]:
@@ -383,8 +357,9 @@ def run_teacher(
   context_cut_B: np.ndarray | None = None,
   insertions: Sequence | None = None,
   hidden: bool = False,
-) -> dict:
-  """The teacher's log-probs and entropies (and divergence from the policy) on the rollouts' own action tokens,
+) -> dict[str, Any]:
+  """The fields of a teacher pass's output (`TeacherOutput`'s; with `divergence`, `DivergenceOutput`'s; with `hidden`,
+  also hidden_BxLxD): the teacher's log-probs and entropies (and divergence from the policy) on the rollouts' own action tokens,
   with each rollout's prompt replaced by `prompts[b]` (None: no context, the pass is invalid for it) and
   `insertions[b]` put into its continuation (`teacher_lib.build_teacher_batch`); `context_cut_B` (tokens cut from
   each context, default 0) is returned as `context_cut_tokens_B`; with `hidden`, also the teacher's final hidden
@@ -405,9 +380,9 @@ def run_teacher(
   return dict(result.arrays(), reasons=result.reasons, context_cut_tokens_B=cut)
 
 
-def teacher_plain(ctx: PassContext, traj: Trajectory) -> dict:
+def teacher_plain(ctx: PassContext, traj: Trajectory) -> TeacherOutput:
   """The teacher on the rollout as it is (OPD; ToolOPD's base pass)."""
-  return run_teacher(ctx, traj, teacher_lib.rollout_prompt_ids(traj))
+  return TeacherOutput(**run_teacher(ctx, traj, teacher_lib.rollout_prompt_ids(traj)))
 
 
 def unit_contexts(ctx: PassContext, traj: Trajectory) -> tuple[list, list, np.ndarray, list[str]]:
@@ -462,36 +437,29 @@ def unit_contexts(ctx: PassContext, traj: Trajectory) -> tuple[list, list, np.nd
   return prompts, insertions, cut_B, reasons
 
 
-def teacher_privileged(ctx: PassContext, traj: Trajectory) -> dict:
+def teacher_privileged(ctx: PassContext, traj: Trajectory) -> TeacherOutput:
   """The teacher shown the environment's verified ground truth (CrEST; arXiv 2608.13179, App. C.1): per unit, the
   ground truth of the units before it (`unit_contexts`, the default `crest.teacher_context="per_unit"`), or every
   unit the whole session's (`"all"`: `env.privileged_info` in the initial prompt).
 
-  Returns:
-    `run_teacher`'s dict: logp_BxL, entropy_BxL (float32 [B, L]), valid_B, reasons, context_cut_tokens_B (int32).
-
-  Raises:
-    ValueError: for a `credit.crest.teacher_context` other than "per_unit" or "all" (naming the key).
+  `teacher_context` is one of the pass's choices (checked by `config.validate`).
   """
-  mode = ctx.knobs["teacher_context"]
-  if mode not in ("per_unit", "all"):
-    raise ValueError(f"config.credit.crest.teacher_context must be 'per_unit' or 'all', got {mode!r}")
-  if mode == "all":
+  if ctx.knobs["teacher_context"] == "all":
     prompts, cut_B = _teacher_prompts(ctx, [ctx.env.privileged_info(t) for t in ctx.tasks])
-    return run_teacher(ctx, traj, prompts, context_cut_B=cut_B)
+    return TeacherOutput(**run_teacher(ctx, traj, prompts, context_cut_B=cut_B))
   prompts, insertions, cut_B, why = unit_contexts(ctx, traj)
   out = run_teacher(ctx, traj, prompts, context_cut_B=cut_B, insertions=insertions)
   out["reasons"] = [w if (w and r == "no_context") else r for w, r in zip(why, out["reasons"])]
-  return out
+  return TeacherOutput(**out)
 
 
-def teacher_divergence(ctx: PassContext, traj: Trajectory) -> dict:
+def teacher_divergence(ctx: PassContext, traj: Trajectory) -> DivergenceOutput:
   """The ground-truth-conditioned teacher, with the full-vocabulary reverse KL from the policy (GEAR)."""
   prompts, cut_B = _teacher_prompts(ctx, [ctx.env.privileged_info(t) for t in ctx.tasks])
-  return run_teacher(ctx, traj, prompts, divergence=True, context_cut_B=cut_B)
+  return DivergenceOutput(**run_teacher(ctx, traj, prompts, divergence=True, context_cut_B=cut_B))
 
 
-def teacher_peer(ctx: PassContext, traj: Trajectory, *, hidden: bool = False) -> dict:
+def teacher_peer(ctx: PassContext, traj: Trajectory, *, hidden: bool = False) -> PeerTeacherOutput:
   """The teacher shown a successful peer rollout of the same group, whole (its transcript is cut only when it exceeds
   `teacher.max_context_tokens`, derived by default to hold a whole rollout), then the gold answer (HSD).
 
@@ -524,8 +492,7 @@ def teacher_peer(ctx: PassContext, traj: Trajectory, *, hidden: bool = False) ->
   prompts, cut_B = _teacher_prompts(ctx, contexts)
   out = run_teacher(ctx, traj, prompts, context_cut_B=cut_B, hidden=hidden)
   out["reasons"] = ["no_peer" if (c is None and r == "no_context") else r for c, r in zip(contexts, out["reasons"])]
-  out["peer_B"] = peer_B
-  return out
+  return (PeerStatesOutput if hidden else PeerTeacherOutput)(**out, peer_B=peer_B)
 
 
 def teacher_notes(
@@ -545,7 +512,7 @@ def teacher_notes(
   return [action_text(tok, ids, params.stop_token_ids).strip() for ids in out.tokens], [len(ids) for ids in out.tokens]
 
 
-def hindsight_skill(ctx: PassContext, traj: Trajectory) -> dict:
+def hindsight_skill(ctx: PassContext, traj: Trajectory) -> SkillOutput:
   """ToolOPD's hindsight skills: the teacher writes one or two sentences of advice from the task, the rollout's
   transcript and its outcome; greedy, at most `skill_max_tokens` tokens, batched over the rollouts.
 
@@ -575,26 +542,22 @@ def hindsight_skill(ctx: PassContext, traj: Trajectory) -> dict:
     lengths.append(n if fit else 0)
     reasons.append("" if text else ("over_budget" if not fit else "empty_skill"))
   valid = np.asarray([not r for r in reasons], bool)
-  return {
-    "skills": skills,
-    "skill_tokens_B": np.asarray(lengths, np.int32),
-    "success_B": success,
-    "valid_B": valid,
-    "reasons": reasons,
-  }
+  return SkillOutput(
+    skills=skills, skill_tokens_B=np.asarray(lengths, np.int32), success_B=success, valid_B=valid, reasons=reasons
+  )
 
 
-def teacher_skill(ctx: PassContext, traj: Trajectory) -> dict:
+def teacher_skill(ctx: PassContext, traj: Trajectory) -> TeacherOutput:
   """The teacher shown the rollout's own hindsight skill (ToolOPD); needs `hindsight_skill` first."""
-  skills = traj.passes["hindsight_skill"]
-  contexts = [s if v else None for s, v in zip(skills["skills"], skills["valid_B"])]
+  skills = read_output(traj, "hindsight_skill", SkillOutput)
+  contexts = [s if v else None for s, v in zip(skills.skills, skills.valid_B)]
   prompts, cut_B = _teacher_prompts(ctx, contexts)
   out = run_teacher(ctx, traj, prompts, context_cut_B=cut_B)
   # A rollout without a skill is dropped for the skill's reason (empty_skill, over_budget), not "no_context".
   out["reasons"] = [
-    sr if (c is None and r == "no_context") else r for c, r, sr in zip(contexts, out["reasons"], skills["reasons"])
+    sr if (c is None and r == "no_context") else r for c, r, sr in zip(contexts, out["reasons"], skills.reasons)
   ]
-  return out
+  return TeacherOutput(**out)
 
 
 def sibling_pairs(success_B: np.ndarray, valid_B: np.ndarray, group_ids_B: np.ndarray, key: jax.Array) -> np.ndarray:
@@ -643,7 +606,7 @@ DEFAULT_SIBLING_TEMPLATE = (
 )
 
 
-def sibling_summary(ctx: PassContext, traj: Trajectory) -> dict:
+def sibling_summary(ctx: PassContext, traj: Trajectory) -> SiblingSummaryOutput:
   """SGCD's step-wise credit reference: for each group with both outcomes, the summariser (`summarizer_model`: the
   teacher by default, as a stand-in for the paper's external LLM, or the checkpoint `credit.<method>.summarizer`
   names) compares a successful and a failed sibling (`sibling_pairs`) and writes which steps decided the outcome
@@ -700,35 +663,30 @@ def sibling_summary(ctx: PassContext, traj: Trajectory) -> dict:
     for i in rows:
       summaries[i], lengths[i] = text, n if fit else 0
       reasons[i] = "" if text else ("over_budget" if not fit else "empty_summary")
-  return {
-    "summaries": summaries,
-    "summary_tokens_B": lengths,
-    "siblings_Bx2": pairs,
-    "mixed_B": mixed,
-    "success_B": success,
-    "valid_B": np.asarray([not r for r in reasons], bool),
-    "reasons": reasons,
-  }
+  return SiblingSummaryOutput(
+    summaries=summaries,
+    summary_tokens_B=lengths,
+    siblings_Bx2=pairs,
+    mixed_B=mixed,
+    success_B=success,
+    valid_B=np.asarray([not r for r in reasons], bool),
+    reasons=reasons,
+  )
 
 
-def teacher_sibling(ctx: PassContext, traj: Trajectory) -> dict:
+def teacher_sibling(ctx: PassContext, traj: Trajectory) -> DivergenceOutput:
   """The teacher shown its group's sibling-contrast summary (SGCD; needs `sibling_summary` first), with the
   full-vocabulary reverse KL from the policy, which sees no summary: the dense divergence and the teacher's entropy
   that `credit.sgcd_token_weights` reads."""
-  summary = traj.passes["sibling_summary"]
-  contexts = [s if v else None for s, v in zip(summary["summaries"], summary["valid_B"])]
+  summary = read_output(traj, "sibling_summary", SiblingSummaryOutput)
+  contexts = [s if v else None for s, v in zip(summary.summaries, summary.valid_B)]
   prompts, cut_B = _teacher_prompts(ctx, contexts)
   out = run_teacher(ctx, traj, prompts, divergence=True, context_cut_B=cut_B)
   # A rollout without a summary is dropped for the summary's reason (not_mixed, empty_summary), not "no_context".
   out["reasons"] = [
-    sr if (c is None and r == "no_context") else r for c, r, sr in zip(contexts, out["reasons"], summary["reasons"])
+    sr if (c is None and r == "no_context") else r for c, r, sr in zip(contexts, out["reasons"], summary.reasons)
   ]
-  return out
-
-
-_TEACHER = ("logp_BxL", "entropy_BxL", "valid_B", "reasons", "context_cut_tokens_B")
-"""What every teacher pass writes (`run_teacher`); a divergence pass adds `_DIVERGENCE`."""
-_DIVERGENCE = ("divergence_BxL", "student_entropy_BxL")
+  return DivergenceOutput(**out)
 
 
 def _check_skill_knobs(k: Mapping[str, Any], c, method: str) -> None:
@@ -783,16 +741,16 @@ _PEER_KNOBS = {"success_threshold": 0.5, "fallback": "gold"}  # a peer succeeded
 PASSES: dict[str, Pass] = {
   "gold_answer": Pass(
     gold_answer,
-    ("gold_logp_BxT1", "boundary_mask_BxT1", "valid_B", "reasons"),
+    GoldAnswerOutput,
     env_fields=("gold_answer_text",),
     # "mean": TRACE's l-bar, the mean per-token log-prob of the gold answer (arXiv 2607.13988); "sum": v1's
     knobs={"gold_reduce": "mean"},
     choices={"gold_reduce": ("sum", "mean")},
   ),
-  "teacher_plain": Pass(teacher_plain, _TEACHER),
+  "teacher_plain": Pass(teacher_plain, TeacherOutput),
   "teacher_privileged": Pass(
     teacher_privileged,
-    _TEACHER,
+    TeacherOutput,
     env_fields=("gold_answer_text", "privileged_info"),
     # "per_unit": each unit sees the ground truth of the units before it (CrEST, App. C.1); "all": the whole session's
     knobs={"teacher_context": "per_unit"},
@@ -800,7 +758,7 @@ PASSES: dict[str, Pass] = {
   ),
   "teacher_peer": Pass(
     teacher_peer,
-    _TEACHER + ("peer_B",),
+    PeerTeacherOutput,
     env_fields=("gold_answer_text",),
     knobs=_PEER_KNOBS,
     choices={"fallback": ("gold", "skip")},
@@ -808,7 +766,7 @@ PASSES: dict[str, Pass] = {
   ),
   "teacher_peer_states": Pass(
     functools.partial(teacher_peer, hidden=True),
-    _TEACHER + ("peer_B", "hidden_BxLxD"),
+    PeerStatesOutput,
     summary="teacher_peer with the teacher's hidden states (its whole distribution at each action token)",
     env_fields=("gold_answer_text",),
     knobs=_PEER_KNOBS,
@@ -817,25 +775,19 @@ PASSES: dict[str, Pass] = {
   ),
   "hindsight_skill": Pass(
     hindsight_skill,
-    ("skills", "skill_tokens_B", "success_B", "valid_B", "reasons"),
+    SkillOutput,
     knobs={"skill_max_tokens": 48, "skill_template": ""},  # "": DEFAULT_SKILL_TEMPLATE
     validate=_check_skill_knobs,
   ),
-  "teacher_skill": Pass(
-    teacher_skill, _TEACHER, reads=("hindsight_skill/skills", "hindsight_skill/valid_B", "hindsight_skill/reasons")
-  ),
-  "teacher_divergence": Pass(teacher_divergence, _TEACHER + _DIVERGENCE, env_fields=("privileged_info",)),
+  "teacher_skill": Pass(teacher_skill, TeacherOutput, after=("hindsight_skill",)),
+  "teacher_divergence": Pass(teacher_divergence, DivergenceOutput, env_fields=("privileged_info",)),
   "sibling_summary": Pass(
     sibling_summary,
-    ("summaries", "summary_tokens_B", "siblings_Bx2", "mixed_B", "success_B", "valid_B", "reasons"),
+    SiblingSummaryOutput,
     # summarizer "": the teacher writes the summary (a stand-in for SGCD's external LLM); or "policy", "reference",
     # a checkpoint. summary_template "": DEFAULT_SIBLING_TEMPLATE.
     knobs={"summary_max_tokens": 64, "summary_template": "", "summarizer": ""},
     validate=_check_summary_knobs,
   ),
-  "teacher_sibling": Pass(
-    teacher_sibling,
-    _TEACHER + _DIVERGENCE,
-    reads=("sibling_summary/summaries", "sibling_summary/valid_B", "sibling_summary/reasons"),
-  ),
+  "teacher_sibling": Pass(teacher_sibling, DivergenceOutput, after=("sibling_summary",)),
 }

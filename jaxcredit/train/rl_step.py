@@ -44,8 +44,8 @@ def run_passes(run: Run, traj, results, tasks, params, ref_params, key) -> dict:
   """Runs the chosen method's passes in order, filling `traj.passes`; returns their metrics.
 
   Raises:
-    ValueError: a pass returned keys its `PASSES` row does not declare, or missed one it declares
-      (`passes.check_outputs`, naming the pass and the keys).
+    ValueError: a pass returned another class than its `PASSES` row's output, or arrays whose shapes are not that
+      class's declared axes (`PassOutput.check_axes`, naming the pass and the field).
   """
   c = run.config
   method = METHODS[c.credit.method]
@@ -76,10 +76,10 @@ def run_passes(run: Run, traj, results, tasks, params, ref_params, key) -> dict:
   try:
     for name in method.passes:
       t0 = time.time()
-      outputs = passes_lib.PASSES[name](ctx, traj)
-      passes_lib.check_outputs(name, outputs)
-      traj.passes[name] = outputs
-      row.update(passes_lib.pass_metrics(name, traj.passes[name], time.time() - t0))
+      output = passes_lib.PASSES[name](ctx, traj)
+      output.check_axes(traj.axis_sizes(), name)
+      traj.passes[name] = output
+      row.update(passes_lib.pass_metrics(name, output, time.time() - t0))
   finally:
     for lock in held:  # a pass that sampled with the policy's sampler held it until now
       lock.release()

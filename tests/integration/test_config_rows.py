@@ -18,23 +18,31 @@ from jaxcredit.train.step import LOSS_TERMS
 from tests.fixtures.tiny_run import metrics_rows, tiny_run_overrides
 
 CONFIG_FILE = '''
+import dataclasses
+
 import numpy as np
 
 from jaxcredit.train.config import base_config
 from jaxcredit.train.methods import METHODS, Method, MethodOutput
+from jaxcredit.train.pass_outputs import PassOutput, output_field, read_output
 from jaxcredit.train.passes import PASSES, Pass
 from jaxcredit.train.step import LOSS_TERMS, LossTerm
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ShareOutput(PassOutput):
+  share_BxL: np.ndarray = output_field("B", "L")  # each action token's share of its rollout's action tokens
 
 
 def action_share(ctx, traj):
   """A pass without a model: each action token's share of its rollout's action tokens, to the power of its knob."""
   act = traj.action_mask_BxL.astype(np.float32)
   n = act.sum(axis=1)
-  return {
-    "share_BxL": (act / np.maximum(n, 1.0)[:, None]) ** ctx.knobs["share_power"],
-    "valid_B": n > 0,
-    "reasons": ["" if k > 0 else "no_action" for k in n],
-  }
+  return ShareOutput(
+    share_BxL=(act / np.maximum(n, 1.0)[:, None]) ** ctx.knobs["share_power"],
+    valid_B=n > 0,
+    reasons=["" if k > 0 else "no_action" for k in n],
+  )
 
 
 def anchor(logp_BxL, mb, cfg):
@@ -44,9 +52,9 @@ def anchor(logp_BxL, mb, cfg):
 
 def shared_reward(traj, knobs):
   seq = traj.rewards_B - knobs["baseline"]
-  out = traj.passes["action_share"]
-  spread = out["share_BxL"] if knobs["spread"] == "share" else traj.action_mask_BxL.astype(np.float32)
-  adv = np.where(np.asarray(out["valid_B"])[:, None], seq[:, None] * spread, 0.0).astype(np.float32)
+  out = read_output(traj, "action_share", ShareOutput)
+  spread = out.share_BxL if knobs["spread"] == "share" else traj.action_mask_BxL.astype(np.float32)
+  adv = np.where(np.asarray(out.valid_B)[:, None], seq[:, None] * spread, 0.0).astype(np.float32)
   return MethodOutput(
     adv,
     metrics={"share_spread": knobs["spread"] == "share"},
@@ -66,9 +74,7 @@ def check_power(knobs, config, method):
 
 
 # The pass declares its knob: every method that runs it has it in its config node.
-PASSES["action_share"] = Pass(
-  action_share, writes=("share_BxL", "valid_B", "reasons"), knobs={"share_power": 1.0}, validate=check_power
-)
+PASSES["action_share"] = Pass(action_share, ShareOutput, knobs={"share_power": 1.0}, validate=check_power)
 LOSS_TERMS["anchor"] = LossTerm(anchor, None, lambda c: "token-mean", ("anchor_weight_BxL",), knob="anchor_coef")
 METHODS["shared_reward"] = Method(
   shared_reward,
@@ -78,7 +84,6 @@ METHODS["shared_reward"] = Method(
   teacher=None,
   summary="reward minus a baseline, spread by each token's share",
   validate=check_spread,
-  reads=("action_share/share_BxL", "action_share/valid_B"),
 )
 
 

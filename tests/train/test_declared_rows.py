@@ -1,6 +1,8 @@
-"""Rows that declare what they need (issue 33): `Pass.writes` / `Pass.reads` and `Method.reads`, checked where a
-run is configured (`config.validate`, `method_checks.check_reads`, `method_checks.check_knobs`) and where the trainer stores a
-pass's outputs (`passes.check_outputs`); and `report.register_rows` for a run whose rows a config file adds."""
+"""Rows that declare what they need (issues 33, 55): each pass's output class (`Pass.output`, fields with their
+axes) and the passes it reads (`Pass.after`); a method reads its passes' outputs as their classes. Checked where a
+run is configured (`config.validate`: `method_checks.check_passes`, `method_checks.check_knobs` on stand-in outputs)
+and where the trainer stores a pass's output (`Pass.__call__`, `PassOutput.check_axes`); and `report.register_rows`
+for a run whose rows a config file adds."""
 
 import dataclasses
 
@@ -10,9 +12,10 @@ import pytest
 from jaxcredit.train import config as config_lib
 from jaxcredit.train import passes as passes_lib
 from jaxcredit.train import report
-from jaxcredit.train.method_checks import check_knobs, check_reads
+from jaxcredit.train.method_checks import check_knobs, check_passes
 from jaxcredit.train.methods import METHODS, Method, MethodOutput
-from jaxcredit.train.passes import PASSES, Pass, check_outputs
+from jaxcredit.train.pass_outputs import PassOutput, TeacherOutput, output_field, read_output
+from jaxcredit.train.passes import PASSES, Pass
 
 
 def _config(method: str):
@@ -26,63 +29,94 @@ def _zero(traj, knobs):
 
 
 @pytest.mark.parametrize("name", sorted(METHODS))
-def test_every_shipped_method_declares_what_it_reads(name):
-  """Each read is written by one of its passes, and its advantage function reads nothing else (the fake
-  trajectory of check_knobs holds the declared outputs and refuses an undeclared read)."""
-  check_reads(name)
+def test_every_shipped_method_runs_on_stand_ins_of_its_passes_outputs(name):
+  """Each method's passes exist and are ordered, and its advantage function runs on stand-ins of exactly its passes'
+  output classes (a read of a pass it does not run, or of a field the class lacks, would be refused)."""
+  check_passes(name)
   check_knobs(name, _config(name).credit[name])
-  for r in METHODS[name].reads:
-    pass_name, key = r.split("/")
-    assert pass_name in METHODS[name].passes and key in PASSES[pass_name].writes
 
 
-def test_a_method_reading_an_output_no_pass_writes_is_refused_by_validate(monkeypatch):
-  monkeypatch.setitem(
-    METHODS, "reads_nothing_written", Method(_zero, {}, ("teacher_plain",), reads=("teacher_plain/score_BxL",))
-  )
-  with pytest.raises(ValueError, match=r"method 'reads_nothing_written' reads teacher_plain/score_BxL.*teacher_plain"):
-    config_lib.validate(_config("reads_nothing_written"))
+def _reads_score(traj, knobs):
+  teacher = read_output(traj, "teacher_plain", TeacherOutput)
+  return MethodOutput(np.asarray(teacher.score_BxL, np.float32))
+
+
+def test_a_method_reading_a_field_its_pass_does_not_declare_is_refused_by_validate(monkeypatch):
+  monkeypatch.setitem(METHODS, "reads_score", Method(_reads_score, {}, ("teacher_plain",), teacher="reference"))
+  with pytest.raises(ValueError, match=r"method 'reads_score' reads a field .*'TeacherOutput' object has no attribute"):
+    config_lib.validate(_config("reads_score"))
+
+
+def _reads_gold(traj, knobs):
+  read_output(traj, "gold_answer", PassOutput)
+  return _zero(traj, knobs)
 
 
 def test_a_read_of_a_pass_the_method_does_not_run_or_an_unknown_pass_is_refused(monkeypatch):
-  monkeypatch.setitem(METHODS, "other_pass", Method(_zero, {}, ("teacher_plain",), reads=("gold_answer/valid_B",)))
-  with pytest.raises(ValueError, match=r"'other_pass' reads gold_answer/valid_B, but 'gold_answer' is not among"):
+  monkeypatch.setitem(METHODS, "other_pass", Method(_reads_gold, {}, ("teacher_plain",), teacher="reference"))
+  with pytest.raises(ValueError, match=r"method 'other_pass' reads the output of pass 'gold_answer', which is not"):
     config_lib.validate(_config("other_pass"))
   monkeypatch.setitem(METHODS, "no_such_pass", Method(_zero, {}, ("nope",)))
   with pytest.raises(ValueError, match=r"'no_such_pass' runs pass\(es\) \['nope'\], which are not PASSES rows"):
     config_lib.validate(_config("no_such_pass"))
 
 
+def test_reading_a_pass_as_another_class_is_refused(monkeypatch):
+  def reads_as_gold(traj, knobs):
+    from jaxcredit.train.pass_outputs import GoldAnswerOutput
+
+    read_output(traj, "teacher_plain", GoldAnswerOutput)
+    return _zero(traj, knobs)
+
+  monkeypatch.setitem(METHODS, "as_gold", Method(reads_as_gold, {}, ("teacher_plain",), teacher="reference"))
+  with pytest.raises(ValueError, match=r"reads pass 'teacher_plain' as GoldAnswerOutput, but that pass outputs Teach"):
+    config_lib.validate(_config("as_gold"))
+
+
 def test_a_pass_whose_input_pass_runs_later_is_refused(monkeypatch):
   gear = METHODS["gear"]
   monkeypatch.setitem(METHODS, "skill_first", dataclasses.replace(gear, passes=("teacher_skill", "hindsight_skill")))
-  with pytest.raises(ValueError, match=r"pass 'teacher_skill' reads hindsight_skill/skills, which no pass before it"):
-    check_reads("skill_first")
+  with pytest.raises(ValueError, match=r"its pass 'teacher_skill' reads the output of 'hindsight_skill', which it"):
+    check_passes("skill_first")
 
 
-def test_an_undeclared_read_is_refused_when_the_knobs_are_checked(monkeypatch):
-  gear = METHODS["gear"]
-  monkeypatch.setitem(METHODS, "gear_quiet", dataclasses.replace(gear, reads=("teacher_divergence/valid_B",)))
-  with pytest.raises(ValueError, match=r"'gear_quiet' reads teacher_divergence/divergence_BxL, which its METHODS row"):
-    config_lib.validate(_config("gear_quiet"))
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ScoreOutput(PassOutput):
+  score_BxL: np.ndarray = output_field("B", "L")
 
 
-def test_pass_outputs_must_be_what_the_row_writes(monkeypatch):
-  monkeypatch.setitem(PASSES, "probe", Pass(lambda ctx, traj: {}, ("score_BxL", "valid_B", "reasons")))
-  good = {"score_BxL": np.zeros((2, 4)), "valid_B": np.ones(2, bool), "reasons": ["", ""]}
-  check_outputs("probe", good)
-  with pytest.raises(ValueError, match=r"pass 'probe'.*undeclared \['extra_B'\], missing \[\]"):
-    check_outputs("probe", dict(good, extra_B=np.zeros(2)))
-  with pytest.raises(ValueError, match=r"pass 'probe'.*undeclared \[\], missing \['score_BxL'\]"):
-    check_outputs("probe", {k: v for k, v in good.items() if k != "score_BxL"})
-  assert PASSES["probe"](None, None) == {}  # a row is called as its function
+def test_a_pass_returns_its_rows_class_with_its_declared_axes(monkeypatch):
+  good = ScoreOutput(score_BxL=np.zeros((2, 4)), valid_B=np.ones(2, bool), reasons=["", ""])
+  monkeypatch.setitem(PASSES, "probe", Pass(lambda ctx, traj: good, ScoreOutput))
+  assert PASSES["probe"](None, None) is good  # a row is called as its function
+  good.check_axes({"B": 2, "L": 4, "T1": 3}, "probe")
+  with pytest.raises(ValueError, match=r"pass 'probe': its output's score_BxL has shape \(2, 5\), but its declared "):
+    dataclasses.replace(good, score_BxL=np.zeros((2, 5))).check_axes({"B": 2, "L": 4}, "probe")
+  with pytest.raises(ValueError, match=r"pass 'probe': its output's reasons has shape \(3,\)"):
+    dataclasses.replace(good, reasons=["", "", ""]).check_axes({"B": 2, "L": 4}, "probe")
+  teacher = TeacherOutput.stand_in({"B": 2, "L": 4})
+  monkeypatch.setitem(PASSES, "wrong", Pass(lambda ctx, traj: teacher, ScoreOutput))
+  with pytest.raises(ValueError, match=r"returned TeacherOutput, not its row's output ScoreOutput"):
+    PASSES["wrong"](None, None)
 
 
-def test_a_pass_row_must_declare_valid_B_and_reasons_and_reads_as_pass_slash_key():
-  with pytest.raises(ValueError, match=r"must declare \['reasons'\]"):
-    Pass(lambda ctx, traj: {}, ("valid_B",))
-  with pytest.raises(ValueError, match=r"a read must be 'pass_name/key', got 'skills'"):
-    Pass(lambda ctx, traj: {}, ("valid_B", "reasons"), reads=("skills",))
+def test_a_pass_row_declares_an_output_class_and_its_knobs_choices():
+  with pytest.raises(ValueError, match=r"output must be a PassOutput subclass"):
+    Pass(lambda ctx, traj: {}, ("valid_B", "reasons"))
+  with pytest.raises(ValueError, match=r"choices for 'mode' need the knob in `knobs` with a default among"):
+    Pass(lambda ctx, traj: None, ScoreOutput, knobs={"mode": "x"}, choices={"mode": ("a", "b")})
+  with pytest.raises(ValueError, match=r"axes start with 'B'"):
+    output_field("L")
+
+
+def test_stand_ins_follow_the_declared_axes_and_values():
+  from jaxcredit.train.pass_outputs import PeerStatesOutput, SiblingSummaryOutput
+
+  peer = PeerStatesOutput.stand_in({"B": 2, "L": 5})
+  assert peer.hidden_BxLxD.shape == (2, 5, 4) and peer.peer_B.tolist() == [-1, -1] and peer.valid_B.all()
+  summary = SiblingSummaryOutput.stand_in({"B": 4, "L": 5})
+  assert summary.success_B.tolist() == [True, False, True, False] and summary.siblings_Bx2.shape == (4, 2)
+  assert summary.summaries == ["s"] * 4 and summary.reasons == [""] * 4
 
 
 def test_the_teacher_budgets_stay_reachable_from_the_config_module():

@@ -1,11 +1,22 @@
 """METHODS: each method's advantage function on a small trajectory, with its pass outputs filled by hand."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from jaxcredit import credit
 from jaxcredit.train.config import base_config
 from jaxcredit.train.methods import METHODS, gigpo_state_ids
+from jaxcredit.train.pass_outputs import (
+  DivergenceOutput,
+  GoldAnswerOutput,
+  PeerStatesOutput,
+  PeerTeacherOutput,
+  SiblingSummaryOutput,
+  SkillOutput,
+  TeacherOutput,
+)
 from jaxcredit.trajectory import RolloutBuilder, pack
 
 B, L = 4, 16
@@ -30,15 +41,30 @@ def _knobs(method, **kw):
 
 
 def _teacher(traj, logp=None, entropy=None, valid=None, **extra):
+  """A teacher pass's output: TeacherOutput, or the subclass whose fields `extra` holds."""
   b = traj.batch_size
-  out = {
+  fields = {
     "logp_BxL": np.where(traj.action_mask_BxL, traj.behavior_logp_BxL if logp is None else logp, 0.0),
     "entropy_BxL": np.where(traj.action_mask_BxL, 0.5 if entropy is None else entropy, 0.0),
+    "context_cut_tokens_B": np.zeros(b, np.int32),
     "valid_B": np.ones(b, bool) if valid is None else np.asarray(valid),
     "reasons": [""] * b,
   }
-  out.update(extra)
-  return out
+  if "divergence_BxL" in extra:
+    extra.setdefault("student_entropy_BxL", np.zeros(traj.tokens_BxL.shape, np.float32))
+    return DivergenceOutput(**fields, **extra)
+  if "hidden_BxLxD" in extra:
+    return PeerStatesOutput(**fields, **extra)
+  if "peer_B" in extra:
+    return PeerTeacherOutput(**fields, **extra)
+  return TeacherOutput(**fields, **extra)
+
+
+def _gold(traj, gold):
+  b = traj.batch_size
+  return GoldAnswerOutput(
+    gold_logp_BxT1=gold, boundary_mask_BxT1=traj.boundary_mask_BxT1.copy(), valid_B=np.ones(b, bool), reasons=[""] * b
+  )
 
 
 GRPO = np.asarray([1.5, -0.5, -0.5, -0.5])
@@ -76,12 +102,7 @@ def test_trace_adds_the_turn_credit_of_the_papers_defaults():
   traj = _traj()
   gold = np.tile(np.asarray([[-5.0, -3.0, 0.0, 0.0]], np.float32), (4, 1))
   gold[1, 1] = -5.0  # rollout 1's tool call did not help: δ = 0
-  traj.passes["gold_answer"] = {
-    "gold_logp_BxT1": gold,
-    "boundary_mask_BxT1": traj.boundary_mask_BxT1.copy(),
-    "valid_B": np.ones(4, bool),
-    "reasons": [""] * 4,
-  }
+  traj.passes["gold_answer"] = _gold(traj, gold)
   out = METHODS["trace"].advantages(traj, _knobs("trace"))
   a_out = (np.asarray([1.0, 0.0, 0.0, 0.0]) - 0.25) / (np.sqrt(0.25 * 0.75) + 1e-6)
   delta = np.log(5.1 / 3.1)
@@ -128,13 +149,13 @@ def test_toolopd_weights_only_valid_rollouts_and_keeps_grpo_advantage():
   traj = _traj()
   base = traj.behavior_logp_BxL
   skill = np.where(traj.action_mask_BxL, base + 0.5, 0.0)
-  traj.passes["hindsight_skill"] = {
-    "skills": ["s"] * 4,
-    "skill_tokens_B": np.full(4, 3),
-    "valid_B": np.ones(4, bool),
-    "success_B": np.asarray([True, False, False, False]),
-    "reasons": [""] * 4,
-  }
+  traj.passes["hindsight_skill"] = SkillOutput(
+    skills=["s"] * 4,
+    skill_tokens_B=np.full(4, 3),
+    valid_B=np.ones(4, bool),
+    success_B=np.asarray([True, False, False, False]),
+    reasons=[""] * 4,
+  )
   traj.passes["teacher_plain"] = _teacher(traj, logp=base)
   traj.passes["teacher_skill"] = _teacher(traj, logp=skill, valid=[True, True, False, True])
   out = METHODS["toolopd"].advantages(traj, _knobs("toolopd"))
@@ -212,7 +233,7 @@ def test_gear_weights_a_spike_by_the_sign_of_the_advantage():
   np.testing.assert_allclose(out.details["token_weight_BxL"][0][first], 0.8, rtol=1e-5)
   # The policy grows unsure right after the spike (entropy 2.0 > 1.5 · 1.0): the segment is the spike alone.
   ent[:, first + 1] = 2.0
-  traj.passes["teacher_divergence"]["student_entropy_BxL"] = ent
+  traj.passes["teacher_divergence"] = dataclasses.replace(traj.passes["teacher_divergence"], student_entropy_BxL=ent)
   out = METHODS["gear"].advantages(traj, _knobs("gear"))
   assert out.metrics["gear_segment_tokens_per_rollout"] == 1.0
 
@@ -231,7 +252,9 @@ def test_gear_v0_redistributes_toward_a_spike():
   assert out.metrics["gear_segment_tokens_per_rollout"] == 1.0  # the policy is sure: the segment is the spike
   # An unsure policy (its entropy above the floor) extends the segment over the turn; the teacher's entropy
   # (5.0 above) never enters.
-  traj.passes["teacher_divergence"]["student_entropy_BxL"] = np.where(traj.action_mask_BxL, 2.0, 0.0)
+  traj.passes["teacher_divergence"] = dataclasses.replace(
+    traj.passes["teacher_divergence"], student_entropy_BxL=np.where(traj.action_mask_BxL, 2.0, 0.0)
+  )
   out = METHODS["gear_v0"].advantages(traj, _knobs("gear_v0", k_sigma=1.0))
   assert out.metrics["gear_segment_tokens_per_rollout"] == 2.0
 
@@ -241,15 +264,15 @@ def _sgcd_traj():
   from the student on rollout 0's first action token only (2 nats) and agrees with rollout 1 everywhere."""
   traj = _traj(rewards=(1.0, 0.0, 0.0, 0.0), group_ids=(0, 0, 1, 1))
   mixed = np.asarray([True, True, False, False])
-  traj.passes["sibling_summary"] = {
-    "summaries": ["step 1 decided it", "step 1 decided it", "", ""],
-    "summary_tokens_B": np.asarray([5, 5, 0, 0], np.int32),
-    "siblings_Bx2": np.asarray([[0, 1], [0, 1], [-1, -1], [-1, -1]], np.int32),
-    "mixed_B": mixed,
-    "success_B": np.asarray([True, False, False, False]),
-    "valid_B": mixed,
-    "reasons": ["", "", "not_mixed", "not_mixed"],
-  }
+  traj.passes["sibling_summary"] = SiblingSummaryOutput(
+    summaries=["step 1 decided it", "step 1 decided it", "", ""],
+    summary_tokens_B=np.asarray([5, 5, 0, 0], np.int32),
+    siblings_Bx2=np.asarray([[0, 1], [0, 1], [-1, -1], [-1, -1]], np.int32),
+    mixed_B=mixed,
+    success_B=np.asarray([True, False, False, False]),
+    valid_B=mixed,
+    reasons=["", "", "not_mixed", "not_mixed"],
+  )
   div = np.zeros((B, L), np.float32)
   div[0, np.flatnonzero(traj.action_mask_BxL[0])[0]] = 2.0
   traj.passes["teacher_sibling"] = _teacher(traj, entropy=0.0, valid=mixed, divergence_BxL=div)
@@ -370,12 +393,7 @@ def test_every_step_of_a_turn_level_method_carries_its_own_advantage(name):
   traj = _traj(rewards=(1.0, 0.0, 1.0, 0.0))
   if name == "trace":
     gold = np.tile(np.asarray([[-5.0, -3.0, 0.0, 0.0]], np.float32), (4, 1))
-    traj.passes["gold_answer"] = {
-      "gold_logp_BxT1": gold,
-      "boundary_mask_BxT1": traj.boundary_mask_BxT1.copy(),
-      "valid_B": np.ones(4, bool),
-      "reasons": [""] * 4,
-    }
+    traj.passes["gold_answer"] = _gold(traj, gold)
   if name == "crest":
     traj.passes["teacher_privileged"] = _teacher(traj)
   out = METHODS[name].advantages(traj, _knobs(name))

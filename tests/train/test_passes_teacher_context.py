@@ -41,7 +41,10 @@ class RecordingFns:
     def run(params, batch, traj, student_params):
       self.batches.append(batch)
       z = np.zeros(traj.tokens_BxL.shape, np.float32)
-      return tp.TeacherPassResult(z, z, None, batch.valid_B.copy(), list(batch.reasons))
+      with_student = None if student is None else z  # a divergence pass: the policy's divergence and entropy too
+      return tp.TeacherPassResult(
+        z, z, with_student, batch.valid_B.copy(), list(batch.reasons), student_entropy_BxL=with_student
+      )
 
     return run
 
@@ -151,11 +154,11 @@ def test_hsd_teacher_holds_the_whole_peer_transcript_under_the_default_config(to
   long_peer = "<tool_call>" + " ".join(f"step{k}" for k in range(60)) + "</tool_call>"  # 425 tokens (1 per byte)
   ctx, traj, out, peer_text = _hsd_batch(tok, config, long_peer)
   assert len(encode_plain(tok, peer_text)) > 400  # far over the old 128-token budget
-  assert out["peer_B"].tolist() == [1, -1] and out["valid_B"].tolist() == [True, True]
+  assert out.peer_B.tolist() == [1, -1] and out.valid_B.tolist() == [True, True]
   batch = ctx.fns.batches[0]
   prompt = tok.decode(batch.tokens_BxS[0, : batch.teacher_prompt_len_B[0]].tolist())
   assert f"A successful attempt at this task:\n{peer_text}\nThe correct final answer: {GOLD}" in prompt
-  assert out["context_cut_tokens_B"].tolist() == [0, 0]
+  assert out.context_cut_tokens_B.tolist() == [0, 0]
   row = passes_lib.pass_metrics("teacher_peer", out, 0.1)
   assert row["pass/teacher_peer/context_cut"] == 0.0 and row["pass/teacher_peer/context_cut_tokens"] == 0
 
@@ -170,7 +173,7 @@ def test_a_forced_cut_is_counted_and_warned_once(tok, caplog):
     passes_lib.teacher_peer(ctx, traj)  # a second step of the same run: no second warning
   full = f"A successful attempt at this task:\n{peer_text}\nThe correct final answer: {GOLD}"
   # one token per byte: the peer's context keeps its last 128 tokens; the fallback (gold only) is not cut
-  assert out["context_cut_tokens_B"].tolist() == [len(encode_plain(tok, full)) - 128, 0]
+  assert out.context_cut_tokens_B.tolist() == [len(encode_plain(tok, full)) - 128, 0]
   prompt = tok.decode(ctx.fns.batches[0].tokens_BxS[0, : ctx.fns.batches[0].teacher_prompt_len_B[0]].tolist())
   assert full[-128:] in prompt and full[-129:] not in prompt
   row = passes_lib.pass_metrics("teacher_peer", out, 0.1)
@@ -214,7 +217,7 @@ def _crest(tok, mode, units=True):
 
 def test_crest_unit_contexts_are_mapped_token_for_token(tok):
   traj, batch, out = _crest(tok, "per_unit")
-  assert out["valid_B"].tolist() == [True] and out["context_cut_tokens_B"].tolist() == [0]
+  assert out.valid_B.tolist() == [True] and out.context_cut_tokens_B.tolist() == [0]
   n, pl = int(traj.token_mask_BxL[0].sum()), int(traj.prompt_len_B[0])
   pos = batch.teacher_pos_BxL[0]
   seq = batch.tokens_BxS[0]
@@ -245,7 +248,7 @@ def test_crest_all_and_outcome_only_contexts(tok):
   one offset; an outcome-only verifier (U = 1): the one unit sees the gold answer."""
   traj, batch, out = _crest(tok, "all")
   prompt = tok.decode(batch.tokens_BxS[0, : batch.teacher_prompt_len_B[0]].tolist())
-  assert "\n".join(UNIT_GT) in prompt and out["valid_B"].tolist() == [True]
+  assert "\n".join(UNIT_GT) in prompt and out.valid_B.tolist() == [True]
   pl, n = int(traj.prompt_len_B[0]), int(traj.token_mask_BxL[0].sum())
   assert np.all(batch.teacher_pos_BxL[0, pl:n] == np.arange(pl, n) + batch.offset_B[0]) and batch.offset_B[0] > 0
   traj, batch, out = _crest(tok, "per_unit", units=False)
@@ -300,11 +303,11 @@ def test_sgcd_summary_compares_a_successful_and_a_failed_sibling_and_conditions_
   sampler = StubSampler(tok, "Calling the calculator decided it.")
   ctx.sampler_for = lambda model: sampler
   out = passes_lib.sibling_summary(ctx, traj)
-  assert out["mixed_B"].tolist() == [True, True, False, False]
-  assert out["siblings_Bx2"].tolist() == [[1, 0], [1, 0], [-1, -1], [-1, -1]]
-  assert out["summaries"] == ["Calling the calculator decided it."] * 2 + ["", ""]
-  assert out["reasons"] == ["", "", "not_mixed", "not_mixed"] and out["valid_B"].tolist() == [True, True, False, False]
-  assert out["summary_tokens_B"].tolist() == [35, 35, 0, 0]  # 34 bytes and the stop token
+  assert out.mixed_B.tolist() == [True, True, False, False]
+  assert out.siblings_Bx2.tolist() == [[1, 0], [1, 0], [-1, -1], [-1, -1]]
+  assert out.summaries == ["Calling the calculator decided it."] * 2 + ["", ""]
+  assert out.reasons == ["", "", "not_mixed", "not_mixed"] and out.valid_B.tolist() == [True, True, False, False]
+  assert out.summary_tokens_B.tolist() == [35, 35, 0, 0]  # 34 bytes and the stop token
   # One generation for the one mixed group: greedy, at most summary_max_tokens, both transcripts whole.
   assert len(sampler.prompts) == 1 and sampler.params.max_new_tokens == 24 and sampler.params.top_p < 1e-3
   prompt = tok.decode(sampler.prompts[0])
@@ -314,7 +317,7 @@ def test_sgcd_summary_compares_a_successful_and_a_failed_sibling_and_conditions_
 
   traj.passes["sibling_summary"] = out
   teacher = passes_lib.teacher_sibling(ctx, traj)
-  assert teacher["reasons"] == ["", "", "not_mixed", "not_mixed"]
+  assert teacher.reasons == ["", "", "not_mixed", "not_mixed"]
   batch = ctx.fns.batches[0]
   for i in (0, 1):  # both siblings (and any other rollout of the group) are scored with the group's summary
     text = tok.decode(batch.tokens_BxS[i, : batch.teacher_prompt_len_B[i]].tolist())
@@ -329,10 +332,10 @@ def test_sgcd_summary_that_cannot_fit_or_comes_out_empty_is_dropped_by_reason(to
   config.credit.sgcd.summary_max_tokens = config.sampling.max_len - 8  # no room left for the prompt
   ctx, traj, _ = _sgcd_batch(tok, config)
   ctx.sampler_for = lambda model: StubSampler(tok, "advice")
-  assert passes_lib.sibling_summary(ctx, traj)["reasons"][:2] == ["over_budget"] * 2
+  assert passes_lib.sibling_summary(ctx, traj).reasons[:2] == ["over_budget"] * 2
   config.credit.sgcd.summary_max_tokens = 24
   ctx.sampler_for = lambda model: StubSampler(tok, "")
-  assert passes_lib.sibling_summary(ctx, traj)["reasons"][:2] == ["empty_summary"] * 2
+  assert passes_lib.sibling_summary(ctx, traj).reasons[:2] == ["empty_summary"] * 2
 
 
 @pytest.mark.parametrize(
@@ -353,7 +356,7 @@ def test_sgcd_summarizer_knob_picks_the_model_that_writes_the_reference(tok, sum
   sampler = StubSampler(tok, "advice")
   ctx.sampler_for = lambda model: asked.append(model) or sampler
   out = passes_lib.sibling_summary(ctx, traj)
-  assert out["summaries"][:2] == ["advice"] * 2
+  assert out.summaries[:2] == ["advice"] * 2
   assert len(asked) == 1 and asked[0] is ctx.models[writer]
   assert passes_lib.summarizer_model(ctx) == writer and ctx.teacher == "reference"
 
