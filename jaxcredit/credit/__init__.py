@@ -7,6 +7,7 @@ over leading axes; under `jax.jit`, pass knobs (keyword-only arguments) as stati
 Shape letters: P prompts (groups), G rollouts per group, T turns, U verified units (user turns), L tokens.
 """
 
+from jaxcredit.credit._checks import KnobError
 from jaxcredit.credit.crest import crest_advantages
 from jaxcredit.credit.crest import crest_token_weights
 from jaxcredit.credit.crest import crest_turn_advantages
@@ -31,6 +32,7 @@ from jaxcredit.credit.trace import trace_td_rewards
 from jaxcredit.credit.trace import trace_turn_rewards
 
 __all__ = (
+  "KnobError",
   "grpo_advantages",
   "rloo_advantages",
   "turn_to_token",

@@ -97,11 +97,27 @@ class Shapes:
     return x if x.dtype == jnp.bool_ else x != 0
 
 
+_NO_VALUE = object()
+
+
+class KnobError(ValueError):
+  """A knob outside its function's range: `str(e)` is "<fn>: knob `<knob>` <rule>, got <value>.", and the parts are
+  attributes (`fn`, `knob`, `rule`, `value`), so a caller can say it by its own name for the knob (the trainer says
+  `config.credit.<method>.<knob> = <value>: <rule>`)."""
+
+  def __init__(self, fn: str, knob: str, rule: str, value: Any = _NO_VALUE):
+    self.fn, self.knob, self.rule, self.value = fn, knob, rule, value
+    got = "" if value is _NO_VALUE else f", got {value!r}"
+    super().__init__(f"{fn}: knob `{knob}` {rule}{got}.")
+
+
 def _static(fn: str, name: str, value: Any) -> None:
   if isinstance(value, jax.core.Tracer):
-    raise ValueError(
-      f"{fn}: knob `{name}` must be a static Python value, got a traced array; pass it through "
-      f"`static_argnames` or `functools.partial` when you jit or vmap."
+    raise KnobError(
+      fn,
+      name,
+      "must be a static Python value, got a traced array; pass it through `static_argnames` or `functools.partial` "
+      "when you jit or vmap",
     )
 
 
@@ -119,21 +135,21 @@ def knob_float(
   """Returns `value` as a Python float after checking it is a static, ordered, in-range scalar."""
   _static(fn, name, value)
   if isinstance(value, (str, bytes)) or np.ndim(value) != 0:
-    raise ValueError(f"{fn}: knob `{name}` must be a real scalar, got {value!r}.")
+    raise KnobError(fn, name, "must be a real scalar", value)
   try:
     v = float(value)
   except (TypeError, ValueError) as e:
-    raise ValueError(f"{fn}: knob `{name}` must be a real scalar, got {value!r}.") from e
+    raise KnobError(fn, name, "must be a real scalar", value) from e
   if math.isnan(v) or (math.isinf(v) and not allow_inf):
-    raise ValueError(f"{fn}: knob `{name}` must be finite, got {v}.")
+    raise KnobError(fn, name, "must be finite", v)
   if gt is not None and not v > gt:
-    raise ValueError(f"{fn}: knob `{name}` must be > {gt}, got {v}.")
+    raise KnobError(fn, name, f"must be > {gt}", v)
   if ge is not None and not v >= ge:
-    raise ValueError(f"{fn}: knob `{name}` must be >= {ge}, got {v}.")
+    raise KnobError(fn, name, f"must be >= {ge}", v)
   if lt is not None and not v < lt:
-    raise ValueError(f"{fn}: knob `{name}` must be < {lt}, got {v}.")
+    raise KnobError(fn, name, f"must be < {lt}", v)
   if le is not None and not v <= le:
-    raise ValueError(f"{fn}: knob `{name}` must be <= {le}, got {v}.")
+    raise KnobError(fn, name, f"must be <= {le}", v)
   return v
 
 
@@ -141,14 +157,14 @@ def knob_choice(fn: str, name: str, value: Any, choices: Iterable[str]) -> str:
   _static(fn, name, value)
   choices = tuple(choices)
   if not isinstance(value, str) or value not in choices:
-    raise ValueError(f"{fn}: knob `{name}` must be one of {choices}, got {value!r}.")
+    raise KnobError(fn, name, f"must be one of {choices}", value)
   return value
 
 
 def knob_bool(fn: str, name: str, value: Any) -> bool:
   _static(fn, name, value)
   if not isinstance(value, (bool, np.bool_)):
-    raise ValueError(f"{fn}: knob `{name}` must be a Python bool, got {value!r}.")
+    raise KnobError(fn, name, "must be a Python bool", value)
   return bool(value)
 
 
@@ -156,7 +172,7 @@ def knob_int(fn: str, name: str, value: Any, *, ge: int | None = None) -> int:
   """Returns `value` as a Python int after checking it is a static integer (not a bool) in range."""
   _static(fn, name, value)
   if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-    raise ValueError(f"{fn}: knob `{name}` must be a Python int, got {value!r}.")
+    raise KnobError(fn, name, "must be a Python int", value)
   if ge is not None and value < ge:
-    raise ValueError(f"{fn}: knob `{name}` must be >= {ge}, got {value}.")
+    raise KnobError(fn, name, f"must be >= {ge}", value)
   return int(value)

@@ -71,7 +71,7 @@ def gigpo_advantages(
   fn = "gigpo_advantages"
   gamma = _checks.knob_float(fn, "gamma", gamma, ge=0.0)
   if gamma > 1.0:
-    raise ValueError(f"{fn}: knob `gamma` must be in [0, 1], got {gamma}.")
+    raise _checks.KnobError(fn, "gamma", "must be in [0, 1]", gamma)
   omega = _checks.knob_float(fn, "omega", omega, ge=0.0)
   scale, eps = outcome.check_normalise_knobs(fn, scale, eps)
   shapes = _checks.Shapes(fn)

@@ -10,10 +10,9 @@ method does not return is refused here, naming the config key, not at the run's 
 
 from __future__ import annotations
 
-import re
 from typing import Any, Mapping
 
-
+from jaxcredit import credit
 from jaxcredit.train.methods import METHODS
 from jaxcredit.train.pass_outputs import PassReadError
 from jaxcredit.train.passes import PASSES
@@ -97,7 +96,7 @@ def check_knobs(name: str, knobs: Mapping[str, Any]) -> None:
   except AttributeError as e:  # a field its pass's output class does not declare
     raise ValueError(f"method {name!r} reads a field its passes' outputs do not declare: {e}") from None
   except (ValueError, TypeError) as e:
-    raise ValueError(knob_error_message(name, knobs, str(e))) from None
+    raise ValueError(knob_error_message(name, knobs, e)) from None
   from jaxcredit.train.step import LOSS_TERMS, TRAINER_ARRAYS  # imports the model layers: only here
 
   for term in method.loss_terms:
@@ -110,14 +109,10 @@ def check_knobs(name: str, knobs: Mapping[str, Any]) -> None:
       )
 
 
-_KNOB_ERROR = re.compile(r"^(?P<fn>\w+): knob `(?P<knob>\w+)` (?P<rule>.*?)(?:, got [^,]*?)?\.?$", re.DOTALL)
-
-
-def knob_error_message(name: str, knobs: Mapping[str, Any], message: str) -> str:
-  """A credit function's knob error (`grpo_advantages: knob `eps` must be > 0.0, got -1.0.`) said with the config
-  key and value the user set (`config.credit.grpo.eps = -1.0: must be > 0.0`); any other message is prefixed with
-  `config.credit.<name>: `."""
-  m = _KNOB_ERROR.match(message)
-  if m and m["knob"] in knobs:
-    return f"config.credit.{name}.{m['knob']} = {knobs[m['knob']]!r}: {m['rule']}"
-  return f"config.credit.{name}: {message}"
+def knob_error_message(name: str, knobs: Mapping[str, Any], error: Exception) -> str:
+  """A credit function's knob error (`credit.KnobError`: `grpo_advantages: knob `eps` must be > 0.0, got -1.0.`) said
+  with the config key and value the user set (`config.credit.grpo.eps = -1.0: must be > 0.0`); any other error's
+  message is prefixed with `config.credit.<name>: `."""
+  if isinstance(error, credit.KnobError) and error.knob in knobs:
+    return f"config.credit.{name}.{error.knob} = {knobs[error.knob]!r}: {error.rule}"
+  return f"config.credit.{name}: {error}"

@@ -531,7 +531,7 @@ def _sgcd(traj: Trajectory, k: Mapping[str, Any], weights: Callable, knobs: dict
   """SGCD's shared body: GRPO's token advantages times the weights `weights(div, ent, action, **knobs)` of the
   teacher_sibling pass, dynamic sampling by `mixed_groups`, metrics with the weights' bounds [low, high]."""
   if k["mixed_groups"] not in SGCD_MIXED_GROUPS:
-    raise ValueError(f"sgcd: knob `mixed_groups` must be one of {SGCD_MIXED_GROUPS}, got {k['mixed_groups']!r}.")
+    raise credit.KnobError("sgcd", "mixed_groups", f"must be one of {SGCD_MIXED_GROUPS}", k["mixed_groups"])
   seq = _outcome(traj, k["scale"], k["eps"])
   teacher = read_output(traj, "teacher_sibling", DivergenceOutput)
   summaries = read_output(traj, "sibling_summary", SiblingSummaryOutput)

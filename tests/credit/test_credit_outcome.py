@@ -192,3 +192,25 @@ def test_empty_group_is_refused_by_name():
     _credit.grpo_advantages(jnp.zeros((0,)))
   with _pytest.raises(ValueError, match="empty group axis"):
     _credit.rloo_advantages(jnp.zeros((0,)))
+
+
+def test_a_knob_out_of_range_is_a_knob_error_naming_the_knob_its_rule_and_value():
+  """`credit.KnobError` carries the knob's name, rule and value (a caller says them in its own terms: the trainer
+  as `config.credit.<method>.<knob> = <value>: <rule>`); it is a ValueError with the function's message."""
+  from jaxcredit import credit
+
+  with pytest.raises(credit.KnobError) as info:
+    credit.grpo_advantages(np.asarray([1.0, 0.0], np.float32), eps=-1.0)
+  e = info.value
+  assert isinstance(e, ValueError) and (e.fn, e.knob, e.rule, e.value) == (
+    "grpo_advantages",
+    "eps",
+    "must be > 0.0",
+    -1.0,
+  )
+  assert str(e) == "grpo_advantages: knob `eps` must be > 0.0, got -1.0."
+  with pytest.raises(credit.KnobError, match=r"knob `gamma` must be in \[0, 1\], got 1.5") as info:
+    credit.gigpo_advantages(
+      np.zeros(2, np.float32), np.zeros((2, 1), np.int32), np.ones((2, 1), bool), np.ones(2, bool), gamma=1.5
+    )
+  assert info.value.knob == "gamma"
