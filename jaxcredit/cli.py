@@ -341,8 +341,10 @@ def _initialize_distributed() -> str | None:
 
 def _last_checkpoint(workdir: str) -> str:
   """Where a rerun of the same command resumes from, in words."""
+  from jaxcredit.train.checkpoint import saved_steps
+
   directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
-  steps = sorted(int(n) for n in (os.listdir(directory) if os.path.isdir(directory) else []) if n.isdigit())
+  steps = saved_steps(workdir)
   if not steps:
     return f"no checkpoint yet in {directory}; a rerun starts over"
   return (

@@ -19,6 +19,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from jaxcredit import multihost, trees
+from jaxcredit.atomic_files import write_json_atomic
 
 # Keys that only change how long a run is, how often it logs / checkpoints / evaluates, where it goes, or where an
 # environment's server is.
@@ -175,10 +176,14 @@ def check_or_write_identity(workdir: str, identity: dict, *, write: bool = True)
 
 
 def _atomic_write_json(path: str, obj: Any) -> None:
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    json.dump(obj, f, indent=2, sort_keys=True)
-  os.replace(tmp, path)
+  write_json_atomic(path, obj, indent=2, sort_keys=True)
+
+
+def saved_steps(workdir: str) -> list[int]:
+  """The RL steps of the checkpoints saved in `workdir`/checkpoints (0: the warm start), ascending; [] when none.
+  Reads the folder only (no checkpoint manager is made, nothing is created)."""
+  folder = os.path.join(workdir, "checkpoints")
+  return sorted(int(n) for n in (os.listdir(folder) if os.path.isdir(folder) else []) if n.isdigit())
 
 
 class Checkpointer:

@@ -39,6 +39,7 @@ from flax import nnx
 from tqdm.auto import tqdm
 
 from jaxcredit import multihost, output_lock, sharding, trees
+from jaxcredit.atomic_files import write_json_atomic
 from jaxcredit.envs import EnvSpec, make_env_spec
 from jaxcredit.models import load_tokenizer, resolve_source
 from jaxcredit.models.decoder import param_logical_axes
@@ -49,10 +50,10 @@ from jaxcredit.rollout.multiturn import RolloutResult
 from jaxcredit.train import checkpoint as ckpt_lib
 from jaxcredit.train import export
 from jaxcredit.train import heldout as heldout_lib
-from jaxcredit.train.heldout import Z95, wilson_interval  # noqa: F401 - re-exported (jaxcredit.train.evaluate's API)
 from jaxcredit.train import run as run_lib
 from jaxcredit.train import step as step_lib
 from jaxcredit.train.engines import build_engine
+from jaxcredit.train.heldout import Z95, wilson_interval  # noqa: F401 - re-exported (jaxcredit.train.evaluate's API)
 
 BOOTSTRAP_RESAMPLES = 1000
 """Resamples of the tasks for the intervals of the environment's own metrics (percentile bootstrap, seed 0)."""
@@ -420,11 +421,7 @@ def check_resumable(out_dir: str, header: dict) -> bool:
 
 
 def _atomic_write_json(path: str, obj) -> None:
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    json.dump(obj, f, indent=1)
-    f.write("\n")
-  os.replace(tmp, path)
+  write_json_atomic(path, obj, indent=1)
 
 
 def read_done(path: str, vocab_size: int) -> list[dict]:

@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from jaxcredit.atomic_files import write_text_atomic
+
 # A panel appears only when the run logged the metric (the method-specific ones come from METHODS' functions).
 PLOTTED = (
   "reward_mean",
@@ -99,10 +101,7 @@ class MetricsWriter:
     rows = self.rows()
     keep = [r for r in rows if not (r.get("phase") == phase and r.get("step", 0) > step)]
     if len(keep) != len(rows):
-      tmp = self.path + ".tmp"
-      with open(tmp, "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in keep)
-      os.replace(tmp, self.path)
+      write_text_atomic(self.path, "".join(json.dumps(r) + "\n" for r in keep))
     return len(rows) - len(keep)
 
   def close(self) -> None:

@@ -36,6 +36,7 @@ import numpy as np
 from flax import nnx
 
 from jaxcredit import multihost, sharding
+from jaxcredit.atomic_files import write_json_atomic
 from jaxcredit.models.config import ModelConfig
 from jaxcredit.models.decoder import Decoder, param_logical_axes
 from jaxcredit.topology import CHIPS, DEVICE_KINDS, parse_mesh, parse_topology, peak_flops_per_chip  # noqa: F401
@@ -415,10 +416,7 @@ def _write_memo(path: str | None, measured: Mapping[str, Any]) -> None:
   if not path:
     return
   os.makedirs(os.path.dirname(path), exist_ok=True)
-  tmp = f"{path}.{os.getpid()}.tmp"
-  with open(tmp, "w") as f:
-    json.dump({**measured, "flops": str(measured["flops"])}, f)  # NaN as a string: valid JSON
-  os.replace(tmp, path)
+  write_json_atomic(path, {**measured, "flops": str(measured["flops"])}, indent=None)  # NaN as a string: valid JSON
 
 
 def _report(

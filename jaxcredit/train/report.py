@@ -21,6 +21,7 @@ from jaxcredit.models import load_tokenizer, resolve_source
 from jaxcredit.rollout import jsonl as jsonl_lib
 from jaxcredit.train import config as config_lib
 from jaxcredit.train import offline_credit
+from jaxcredit.train.checkpoint import saved_steps
 from jaxcredit.train.methods import METHODS
 from jaxcredit.viz import page
 
@@ -153,7 +154,7 @@ def view_samples(
   unknown = [m for m in methods if m not in METHODS]
   if unknown:
     raise ValueError(f"unknown method(s) {unknown}; known: {sorted(METHODS)}")
-  latest = _latest_checkpoint(workdir)
+  latest = max(saved_steps(workdir), default=None)
   credited, notes, peer_ids = {}, {}, {}
   for name in methods:
     if name == trained and step is not None and all("advantages" in r for r in records):
@@ -196,14 +197,6 @@ def view_samples(
   except (TypeError, AttributeError, KeyError) as e:  # metadata.passes / credit_details of another layout
     raise ValueError(f"{path}: a record's pass outputs or credit details have an unexpected layout ({e!r})") from None
   return {"index": index, "rollouts": len(records), "step": step, "methods": list(methods)}
-
-
-def _latest_checkpoint(workdir: str) -> int | None:
-  folder = os.path.join(workdir, "checkpoints")
-  if not os.path.isdir(folder):
-    return None
-  steps = [int(d) for d in os.listdir(folder) if d.isdigit()]
-  return max(steps) if steps else None
 
 
 def _batch_size(records, step: int) -> int:

@@ -25,6 +25,8 @@ import os
 import re
 from typing import Any, Callable, Mapping, Sequence
 
+from jaxcredit.atomic_files import write_text_atomic
+
 # Per-token series shown on hover, by key (pass outputs and method details): label.
 HOVER = {
   "logp_BxL": "teacher log-prob",
@@ -442,10 +444,7 @@ def write_pages(out_dir: str, views: Sequence[Mapping[str, Any]], **index_kwargs
 
 
 def _write(path: str, text: str) -> None:
-  tmp = path + ".tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
-    f.write(text)
-  os.replace(tmp, path)
+  write_text_atomic(path, text)
 
 
 def write_rollout_pages(
