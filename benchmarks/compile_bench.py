@@ -22,7 +22,7 @@ import json, sys, time
 import jax, jax.numpy as jnp
 from flax import nnx
 from jaxcredit.models import Decoder, ModelConfig
-from jaxcredit.sampling.logprobs import sequence_logprobs
+from jaxcredit.models.logprobs import sequence_logprobs
 
 a = json.loads(sys.argv[1])
 cfg = ModelConfig(vocab_size=a["vocab"], hidden_size=a["hidden"], intermediate_size=a["intermediate"],

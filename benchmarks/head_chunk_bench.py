@@ -54,7 +54,7 @@ def main(argv=None):
 
   import jax
 
-  from jaxcredit.sampling.logprobs import chunked_logprobs_and_entropies
+  from jaxcredit.models.logprobs import chunked_logprobs_and_entropies
 
   k = jax.random.split(jax.random.key(0), 3)
   h = jax.random.normal(k[0], (b, l, d)) * 0.5

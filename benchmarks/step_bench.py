@@ -75,7 +75,7 @@ def _parts(graphdef, params, rest, tokens) -> dict:
   import jax.numpy as jnp
   from flax import nnx
 
-  from jaxcredit.sampling.logprobs import sequence_logprobs
+  from jaxcredit.models.logprobs import sequence_logprobs
 
   ids = jnp.asarray(tokens)
   mask = jnp.ones(ids.shape, bool)

@@ -253,7 +253,7 @@ def _train(command: str, args: list[str]) -> int:
       return 2
   from jaxcredit.envs.spec import EnvironmentUnavailable
   from jaxcredit.output_lock import OutputBusyError
-  from jaxcredit.sampling.vllm_engine import EngineError
+  from jaxcredit.train.engines import EngineError
   from jaxcredit.train import stopping, trainer
   from jaxcredit.train.checkpoint import WorkdirRefused
 
@@ -548,7 +548,7 @@ def _eval(command: str, args: list[str]) -> int:
     return _fail(command, f"--out {out} is a file; give a folder")
   from jaxcredit.envs.spec import EnvironmentUnavailable
   from jaxcredit.output_lock import OutputBusyError
-  from jaxcredit.sampling.vllm_engine import EngineError
+  from jaxcredit.train.engines import EngineError
   from jaxcredit.train import evaluate
 
   try:

@@ -4,7 +4,7 @@ every rollout's continuation) and `scoring/gold.py` (TRACE's gold scoring: a rol
 of the gold answer per boundary) and `scoring/teacher.action_slots` (a teacher pass: each rollout a row of its own,
 its action positions scored) build their rows with `PackedRow` and lay them out with `lay_out_rows`; the model
 reads the layout through `Decoder.hidden_states(positions_BxL=, segment_ids_BxL=, prefix_limit_BxL=)` and scores
-the slots (`sampling.logprobs.packed_slot_logprobs`).
+the slots (`models.logprobs.packed_slot_logprobs`).
 
 A row, slot by slot:
 

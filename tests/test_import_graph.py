@@ -1,6 +1,7 @@
 """The package's import graph, read from the source (every `import`, at module level or inside a function): no
 circle, and layers depend downward only, `credit/` (jax only) <- the middle layer (models, sampling, scoring, envs,
-rollout and the top-level modules) <- `train/`, `viz/` <- `cli.py`."""
+rollout and the top-level modules) <- `train/`, `viz/` <- `cli.py`; inside the middle layer, the arrows its parts
+may not draw (`MIDDLE_FORBIDDEN`)."""
 
 import ast
 import pathlib
@@ -8,6 +9,24 @@ import pathlib
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LAYERS = {"credit": 0, "train": 2, "viz": 2, "cli": 3}
 """Layer of each part of jaxcredit (the first name below `jaxcredit.`); every other part is layer 1."""
+
+
+MIDDLE_FORBIDDEN = {
+  # the model families, their layers, checkpoints and log-probs: what the rest runs, so it runs none of them
+  "models": {"sampling", "scoring", "envs", "rollout"},
+  # generation (the sampler, the vLLM engine) and the passes' scoring both run models, neither runs the other
+  "sampling": {"scoring", "envs", "rollout"},
+  "scoring": {"sampling", "envs", "rollout"},
+  # environments are text in, text out: no model, sampler or scorer
+  "envs": {"models", "sampling", "scoring", "rollout"},
+  # the rollout loop drives a sampler it is handed and an environment: it imports no model or scorer
+  "rollout": {"models", "sampling", "scoring"},
+}
+"""Middle-layer part -> the middle-layer parts it may not import (the top-level modules, `trajectory`, `sharding`,
+`plain_text`, ..., are shared by all)."""
+
+CLI_FORBIDDEN = {"sampling", "scoring", "rollout"}
+"""The CLI reaches engines, scorers and the rollout loop through `train/` (its tables), never directly."""
 
 
 def _modules() -> dict[str, pathlib.Path]:
@@ -98,3 +117,34 @@ def test_layers_depend_downward_only():
     if _layer(d) > _layer(m) or (_layer(m) == 0 and _layer(d) != 0)
   ]
   assert upward == []
+
+
+def _part(module: str) -> str:
+  parts = module.split(".")
+  return parts[1] if len(parts) > 1 else ""
+
+
+def _forbidden_arrows(graph: dict[str, set[str]]) -> list[str]:
+  return [
+    f"{m} -> {d}"
+    for m, targets in graph.items()
+    for d in sorted(targets)
+    if _part(d) in MIDDLE_FORBIDDEN.get(_part(m), set()) or (_part(m) == "cli" and _part(d) in CLI_FORBIDDEN)
+  ]
+
+
+def test_the_middle_layers_parts_and_the_cli_draw_only_allowed_arrows():
+  assert _forbidden_arrows(import_graph()) == []
+
+
+def test_the_part_rules_see_the_arrows_that_were_drawn_before():
+  """The two arrows the coarse layers let pass before issue 55: the teacher pass importing the sampler's log-probs
+  (now `models.logprobs`) and the CLI importing the vLLM engine (now through `train.engines`)."""
+  before = {
+    "jaxcredit.scoring.teacher": {"jaxcredit.sampling.logprobs", "jaxcredit.trajectory"},
+    "jaxcredit.cli": {"jaxcredit.sampling.vllm_engine", "jaxcredit.train.engines"},
+  }
+  assert _forbidden_arrows(before) == [
+    "jaxcredit.scoring.teacher -> jaxcredit.sampling.logprobs",
+    "jaxcredit.cli -> jaxcredit.sampling.vllm_engine",
+  ]

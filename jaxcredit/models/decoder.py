@@ -478,7 +478,7 @@ class Decoder(nnx.Module):
 
   def output_head_DxV(self) -> jax.Array:
     """The output projection as [D, V] in the compute dtype: lm_head, or the transposed embedding table when tied
-    (for heads computed outside `logits`, such as the chunked log-probs of `jaxcredit.sampling.logprobs`)."""
+    (for heads computed outside `logits`, such as the chunked log-probs of `jaxcredit.models.logprobs`)."""
     if self.lm_head is None:
       return compute_params(self.cfg, self.embedding[...]).T
     return compute_params(self.cfg, self.lm_head[...])

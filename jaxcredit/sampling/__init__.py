@@ -1,6 +1,6 @@
 """Batched generation with a KV cache, and the log-probs the sampler records and the trainer recomputes."""
 
-from jaxcredit.sampling.logprobs import (
+from jaxcredit.models.logprobs import (
   chunked_logprobs_and_entropies,
   logprobs_from_logits,
   sequence_logprobs,

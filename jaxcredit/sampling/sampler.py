@@ -37,7 +37,7 @@ from flax import nnx
 
 from jaxcredit.models.decoder import compute_params
 from jaxcredit.models.kv_cache import KVCache, init_cache
-from jaxcredit.sampling.logprobs import temperature_log_softmax
+from jaxcredit.models.logprobs import temperature_log_softmax
 
 FINISH_STOP_TOKEN = "stop_token"
 FINISH_STOP_STRING = "stop_string"

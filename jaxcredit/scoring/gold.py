@@ -229,7 +229,7 @@ def score_gold_answers_packed(
   itself only (segment k, prefix limit boundary_pos[b, t]), at positions boundary_pos[b, t] + j: exactly the
   context of the separate row prefix_t + y*. Its first token is predicted from the prefix slot
   boundary_pos[b, t] - 1 (the generation prompt's last token), its later tokens from the copy's own previous
-  token (see `jaxcredit.sampling.logprobs.packed_slot_logprobs`). Equal to `score_gold_answers` up to float
+  token (see `jaxcredit.models.logprobs.packed_slot_logprobs`). Equal to `score_gold_answers` up to float
   rounding (1e-4 in float32, tested). Cost: about one forward of the rollout plus (T+1)·|y*| tokens, and the
   output head on the gold tokens only, against (T+1) forwards of growing prefixes.
 
@@ -240,7 +240,7 @@ def score_gold_answers_packed(
   Args:
     packed_logp_fn: (tokens_NxL, token_mask_NxL, positions_NxL, segment_ids_NxL, prefix_limit_NxL, slots_NxG) ->
       logp_NxG float32: for each slot, log p_ref(tokens[n, slot] | the slots it attends to), in nats (0 where
-      it attends to none before itself); e.g. `jaxcredit.sampling.logprobs.packed_slot_logprobs` at
+      it attends to none before itself); e.g. `jaxcredit.models.logprobs.packed_slot_logprobs` at
       temperature 1 around the reference model. The segment mask is that of `Decoder.hidden_states`.
     traj: the batch of rollouts (uses tokens, boundary_pos and boundary_mask).
     gold_ids: for each rollout, the token ids of the gold answer message (lengths may differ).

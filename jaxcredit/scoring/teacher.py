@@ -53,7 +53,7 @@ from flax import nnx
 
 from jaxcredit import multihost
 from jaxcredit.packed_rows import PackedRow, lay_out_rows
-from jaxcredit.sampling.logprobs import chunked_logprobs_and_entropies, chunked_reverse_kl
+from jaxcredit.models.logprobs import chunked_logprobs_and_entropies, chunked_reverse_kl
 from jaxcredit.plain_text import encode_chat, encode_plain
 from jaxcredit.trajectory import Trajectory, pad_length
 

@@ -5,7 +5,7 @@ while the learner runs this step's passes, credit and update.
   for step in range(s, S + 1):
     sampled = pipeline.take(step)            # this step's rollouts (gathered over processes)
     params, ... = learn_step(run, params, ..., sampled, ...)
-    pipeline.publish(params, step)           # the sampler's next weights; schedules step + k + 1
+    pipeline.publish(params)                 # the sampler's next weights; schedules step + k + 1
   pipeline.close()
 
 Versions. `Run.policy_version` counts parameter updates (one per RL step). Step N's update starts from version

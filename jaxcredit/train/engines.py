@@ -25,6 +25,7 @@ from flax import nnx
 from jaxcredit import multihost, trees
 from jaxcredit.sampling import Sampler
 from jaxcredit.sampling.engine import ENGINE_MEMBERS, RolloutEngine, missing_engine_members
+from jaxcredit.sampling.vllm_engine import EngineError  # noqa: F401  (the CLI says an engine's failure in one line)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,7 +7,7 @@ per position) on every slot, although the loss reads only the action tokens. `pa
 per row, the group's longest common prefix once (segment 0) followed by each rollout's continuation (segments
 1, 2, ...), which attends to the prefix and to itself (`jaxcredit.models.attention.packed_attention_mask`, with
 `prefix_limit` the prefix length), at the RoPE positions it has in its own rollout. The loss then scores the K
-action slots of each row with `jaxcredit.sampling.logprobs.packed_slot_logprobs`. Every scored token keeps exactly
+action slots of each row with `jaxcredit.models.logprobs.packed_slot_logprobs`. Every scored token keeps exactly
 its context, so log-probs, losses and gradients equal the unpacked ones up to float summation order
 (tests/train/test_packing.py); on the quickstart the update runs on 35-40% of the slots
 (docs/benchmarks.md, "Packing the update"). The rows are built and laid out by `jaxcredit.packed_rows`, the layout

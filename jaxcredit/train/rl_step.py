@@ -430,7 +430,8 @@ def metrics_row(run: Run, sampled: StepRollouts, traj, out, m: dict, seconds: di
   if sampled.policy_version is not None:  # how many updates behind the sampling weights were (rollout.max_staleness)
     row["policy_staleness"] = run.policy_version - 1 - sampled.policy_version
   row.update(sampled.resample_stats)
-  row.update(sampled.timing)  # prefill_tokens, decode_tokens, extends, rebuilds of this step's rollouts
+  # sampler_sync_s, rollout_gather_s; with async rollouts also learner_wait_s, sampler_idle_s (async_rollouts.py)
+  row.update(sampled.timing)
   if traj.unit_mask_BxU.shape[1] > 1:
     row["units_mean"] = float(traj.unit_mask_BxU.sum(1).mean())
     row["unit_reward_mean"] = float(traj.unit_rewards_BxU[traj.unit_mask_BxU].mean())

@@ -21,7 +21,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from jaxcredit import sharding
-from jaxcredit.sampling.logprobs import (
+from jaxcredit.models.logprobs import (
   chunked_logprobs_and_entropies,
   chunked_reverse_kl,
   packed_slot_logprobs,
@@ -216,7 +216,7 @@ def vocab_kl_term(logp_BxL, mb: dict, cfg: PolicyLossConfig, *, student):
   with h_teacher = `teacher_hidden_BxLxD` (the teacher's final hidden state that predicted the token, from the
   pass), W the current output head (stop-gradient on the teacher's side), h_t the student's hidden state
   (`student` = (h_BxLxD, head_DxV), `predictor_hidden_states`) and T the sampling temperature. Computed chunked over
-  the vocabulary (`sampling.logprobs.chunked_reverse_kl` with the teacher as its first model), so no [B, L, V] array
+  the vocabulary (`models.logprobs.chunked_reverse_kl` with the teacher as its first model), so no [B, L, V] array
   exists; the gradient flows into the student only."""
   h_BxLxD, head_DxV = student
   teacher_BxLxD = jax.lax.stop_gradient(mb["teacher_hidden_BxLxD"].astype(h_BxLxD.dtype))

@@ -13,7 +13,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jaxcredit.sampling.logprobs import chunked_reverse_kl
+from jaxcredit.models.logprobs import chunked_reverse_kl
 
 
 def reverse_kl64(zs_LxV, zt_LxV):

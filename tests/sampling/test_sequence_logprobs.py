@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxcredit.sampling import logprobs_from_logits
+from jaxcredit.models.logprobs import logprobs_from_logits
 from tests.sampling.sampling_reference import CFG, MAX_LEN, PAD_ID, full_logprobs, pack_left
 
 

@@ -12,7 +12,7 @@ from flax import nnx
 
 from jaxcredit.models.config import ModelConfig
 from jaxcredit.models.decoder import Decoder
-from jaxcredit.sampling.logprobs import chunked_reverse_kl, sequence_logprobs, sequence_logprobs_and_entropies
+from jaxcredit.models.logprobs import chunked_reverse_kl, sequence_logprobs, sequence_logprobs_and_entropies
 from jaxcredit.scoring import teacher as tp
 from jaxcredit.trajectory import RolloutBuilder, pack, pad_length
 

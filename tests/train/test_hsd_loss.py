@@ -10,7 +10,7 @@ from flax import nnx
 
 from jaxcredit import credit
 from jaxcredit.models.decoder import Decoder
-from jaxcredit.sampling.logprobs import predictor_hidden_states, sequence_logprobs
+from jaxcredit.models.logprobs import predictor_hidden_states, sequence_logprobs
 from jaxcredit.train import packing
 from jaxcredit.train import step as step_lib
 
@@ -156,7 +156,7 @@ def test_library_form_matches_the_trainer_and_its_gradient_is_p_minus_q():
   np.testing.assert_allclose(np.asarray(g_s), np.where(action[:, None], (p - q) / T, 0.0), atol=1e-5)
   assert not np.asarray(g_t).any()
   # The chunked trainer form on one-hot "hidden states" with the logits as the head: the same numbers.
-  from jaxcredit.sampling.logprobs import chunked_reverse_kl
+  from jaxcredit.models.logprobs import chunked_reverse_kl
 
   eye = np.eye(6, dtype=np.float32)[None]
   chunked = chunked_reverse_kl(eye, teacher, eye, student, T, vocab_chunk=16)  # eye @ head = the logits
