@@ -222,7 +222,7 @@ def pack(
     unit_rewards_bu[i, : len(unit_rewards[i])] = unit_rewards[i]
     unit_mask[i, : len(unit_rewards[i])] = True
   rewards_b = np.asarray(rewards, np.float32)
-  sample_mask = action_mask.any(axis=1)
+  sample_mask = np.asarray(action_mask.any(axis=1), bool)
   return Trajectory(
     tokens_BxL=tokens,
     token_mask_BxL=token_mask,

@@ -201,9 +201,9 @@ class TeacherBatch:
 
 
 def unit_context_insertions(
-  tokens: Sequence[int],
-  action_mask: Sequence[bool],
-  unit_ids: Sequence[int],
+  tokens: Sequence[int] | np.ndarray,
+  action_mask: Sequence[bool] | np.ndarray,
+  unit_ids: Sequence[int] | np.ndarray,
   unit_contexts: Mapping[int, Sequence[int]],
   anchor_ids: Sequence[int],
 ) -> list[tuple[int, list[int]]] | None:

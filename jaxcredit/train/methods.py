@@ -85,7 +85,7 @@ class MethodOutput:
     from jaxcredit.train.step import reserved_batch_keys  # the update batch's own arrays (imports the model layers)
 
     out = {"adv_BxL": self.adv_BxL}
-    if self.distill_weight_BxL is not None:
+    if self.distill_weight_BxL is not None and self.distill_target_BxL is not None:
       out.update(distill_weight_BxL=self.distill_weight_BxL, distill_target_BxL=self.distill_target_BxL)
     for key, value in self.loss_arrays.items():
       if key in reserved_batch_keys() or not key.endswith(("_BxL", "_BxLxD")):
@@ -620,7 +620,7 @@ def opd(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
   return MethodOutput(adv, metrics={"teacher_policy_gap": _teacher_gap(traj, teacher)})
 
 
-_OUTCOME = {"scale": "group", "eps": 1e-6}
+_OUTCOME: dict[str, Any] = {"scale": "group", "eps": 1e-6}
 
 
 METHODS: dict[str, Method] = {

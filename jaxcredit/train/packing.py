@@ -116,25 +116,26 @@ def pack_update_batch(
   for g in dict.fromkeys(groups[kept].tolist()):
     members = [i for i in kept if groups[i] == g]
     p = _common_prefix([tokens[i, : lengths[i]] for i in members])
-    row, used = [], p
+    in_row: list[int] = []
+    used = p
     for i in members:
       extra = int(lengths[i]) - p
-      if row and used + extra > cap:
-        rows.append((p, members[0], row))
-        row, used = [], p
-      row.append(i)
+      if in_row and used + extra > cap:
+        rows.append((p, members[0], in_row))
+        in_row, used = [], p
+      in_row.append(i)
       used += extra
-    rows.append((p, members[0], row))
+    rows.append((p, members[0], in_row))
 
   packed, scored_slots = [], []  # per row: the PackedRow, and (rollout, its scored positions) per segment
   for p, source, members in rows:
-    row, segments = PackedRow(tokens[source, :p]), []
+    packed_row, segments = PackedRow(tokens[source, :p]), []
     for i in members:
-      at = row.append(tokens[i, p : lengths[i]], p, p)
+      at = packed_row.append(tokens[i, p : lengths[i]], p, p)
       t = np.flatnonzero(scored[i])
-      row.score(np.where(t < p, t, at + t - p))
+      packed_row.score(np.where(t < p, t, at + t - p))
       segments.append((i, t))
-    packed.append(row)
+    packed.append(packed_row)
     scored_slots.append(segments)
   laid = lay_out_rows(
     packed,

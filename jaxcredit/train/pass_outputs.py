@@ -122,7 +122,8 @@ def rollout_values(
       x = x[: cut[ax[1]]]
     if np.issubdtype(x.dtype, np.floating):
       x = np.where(np.isfinite(x), x, np.nan).astype(np.float64)
-      row[key] = np.where(np.isnan(x), None, x).tolist() if x.ndim else (float(x) if np.isfinite(x) else None)
+      none = np.asarray(None, dtype=object)
+      row[key] = np.where(np.isnan(x), none, x).tolist() if x.ndim else (float(x) if np.isfinite(x) else None)
     else:
       row[key] = x.tolist()
   return row

@@ -333,7 +333,8 @@ def _teacher_prompts(ctx: PassContext, contexts: Sequence[str | None]) -> tuple[
   tokens cut from each context to fit the context budget."""
   t = ctx.config.teacher
   budget, _ = teacher_budgets(ctx.config)
-  prompts, cut_B = [], np.zeros(len(contexts), np.int32)
+  prompts: list[list[int] | None] = []
+  cut_B = np.zeros(len(contexts), np.int32)
   for i, (task, c) in enumerate(zip(ctx.tasks, contexts)):
     if c is None:
       prompts.append(None)
@@ -407,11 +408,11 @@ def unit_contexts(ctx: PassContext, traj: Trajectory) -> tuple[list, list, np.nd
   budget, _ = teacher_budgets(ctx.config)
   wrapper = ctx.config.teacher.context_wrapper
   if ctx.env.unit_privileged_info is None:
-    prompts, cut_B = _teacher_prompts(ctx, [ctx.env.gold_answer_text(t) for t in ctx.tasks])
-    return prompts, [None] * traj.batch_size, cut_B, [""] * traj.batch_size
+    gold_prompts, gold_cut_B = _teacher_prompts(ctx, [ctx.env.gold_answer_text(t) for t in ctx.tasks])
+    return gold_prompts, [None] * traj.batch_size, gold_cut_B, [""] * traj.batch_size
   fmt = ChatFormat.from_tokenizer(ctx.tok)
   anchor = encode_with_plain_spans(ctx.tok, fmt.after_user, [])
-  prompts = teacher_lib.rollout_prompt_ids(traj)
+  prompts: list[list[int] | None] = list(teacher_lib.rollout_prompt_ids(traj))
   insertions, reasons, cut_B = [], [], np.zeros(traj.batch_size, np.int32)
   for i, task in enumerate(ctx.tasks):
     n = int(np.asarray(traj.token_mask_BxL[i]).sum())
@@ -643,8 +644,8 @@ def sibling_summary(ctx: PassContext, traj: Trajectory) -> SiblingSummaryOutput:
     question = next(m["content"] for m in reversed(ctx.env.initial_messages(task)) if m["role"] == "user")
     empty = encode_chat(tok, [{"role": "user", "content": template.format(task=question, success="", failure="")}])
     room = (budget - len(empty)) // 2
-    ids = {"success": good, "failure": bad}
-    ids = {field: encode_plain(tok, transcript(ctx.results[i].messages)) for field, i in ids.items()}
+    rows_of = {"success": good, "failure": bad}
+    ids = {field: encode_plain(tok, transcript(ctx.results[i].messages)) for field, i in rows_of.items()}
     for _ in range(4):  # the texts join the template in fewer or more tokens than apart: cut again by the excess
       texts = {field: tok.decode(x[-room:]) if room > 0 else "" for field, x in ids.items()}
       prompt = encode_chat(tok, [{"role": "user", "content": template.format(task=question, **texts)}])
@@ -661,7 +662,7 @@ def sibling_summary(ctx: PassContext, traj: Trajectory) -> SiblingSummaryOutput:
   for rows, text, n, fit in zip(members.values(), *notes, fits):
     text = text if fit else ""
     for i in rows:
-      summaries[i], lengths[i] = text, n if fit else 0
+      summaries[i], lengths[i] = text, (n if fit else 0)
       reasons[i] = "" if text else ("over_budget" if not fit else "empty_summary")
   return SiblingSummaryOutput(
     summaries=summaries,

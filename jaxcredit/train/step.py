@@ -256,7 +256,10 @@ class LossTerm:
 
   def weight(self, cfg: PolicyLossConfig) -> float:
     """The term's coefficient under `cfg`."""
-    return cfg.weight(self.knob) if self.coef is None else self.coef(cfg)
+    if self.coef is not None:
+      return self.coef(cfg)
+    assert self.knob is not None  # __post_init__ refuses coef=None without a knob
+    return cfg.weight(self.knob)
 
 
 LOSS_TERMS: dict[str, LossTerm] = {
