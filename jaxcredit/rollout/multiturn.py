@@ -40,7 +40,7 @@ class RolloutResult:
   messages: list[dict] = dataclasses.field(default_factory=list)  # the prompt, then each assistant/tool message
 
 
-def transcript(messages: Sequence[dict]) -> str:
+def transcript(messages: Sequence[Mapping[str, Any]]) -> str:
   """The assistant and tool messages of a rollout as plain text ("assistant: ...", "tool: ..."), one per line."""
   return "\n".join(f"{m['role']}: {m['content']}" for m in messages if m["role"] in ("assistant", "tool"))
 

@@ -25,8 +25,12 @@ class RolloutEngine(Protocol):
       the first update or when unknown.
   """
 
-  stats: Mapping[str, int]
   version: int | None
+
+  @property
+  def stats(self) -> Mapping[str, int]:
+    """Counters summed over calls (read-only here; an engine may keep them in any mapping)."""
+    ...
 
   def generate(
     self,
@@ -77,15 +81,18 @@ class SessionEngine(RolloutEngine, Protocol):
     ...
 
 
-# The members a rollout engine must have: RolloutEngine's methods, then its attributes.
-ENGINE_MEMBERS = tuple(n for n in vars(RolloutEngine) if not n.startswith("_") and callable(vars(RolloutEngine)[n]))
+# The members a rollout engine must have: RolloutEngine's methods, then its attributes (properties and annotated).
+_ENGINE_METHODS = tuple(
+  n for n, v in vars(RolloutEngine).items() if not n.startswith("_") and callable(v) and not isinstance(v, property)
+)
+ENGINE_MEMBERS = _ENGINE_METHODS + tuple(n for n, v in vars(RolloutEngine).items() if isinstance(v, property))
 ENGINE_MEMBERS += tuple(RolloutEngine.__annotations__)
 
 
 def missing_engine_members(engine: Any) -> list[str]:
   """The members of `RolloutEngine` that `engine` lacks (a method that is not callable counts as missing), in
   `ENGINE_MEMBERS` order; [] when it is one."""
-  methods = set(ENGINE_MEMBERS) - set(RolloutEngine.__annotations__)
+  methods = set(_ENGINE_METHODS)
   return [
     name
     for name in ENGINE_MEMBERS

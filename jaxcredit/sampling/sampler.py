@@ -28,7 +28,7 @@ import collections
 import dataclasses
 import functools
 import math
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -448,7 +448,7 @@ class Sampler:
 
   def generate(
     self,
-    prompts: list[list[int]],
+    prompts: Sequence[Sequence[int]],
     params: SamplingParams,
     key: jax.Array,
     *,

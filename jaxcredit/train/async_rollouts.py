@@ -40,6 +40,7 @@ import collections
 import dataclasses
 import threading
 import time
+from typing import Any
 
 import jax
 from flax import nnx
@@ -93,7 +94,8 @@ class RolloutPipeline:
     self._data_states: dict[int, dict] = {}
     self._error: tuple[int, BaseException] | None = None  # (the step being sampled, what it raised)
     self._stopping = False
-    self._model, self._version = None, None
+    self._model: Any = None
+    self._version: int | None = None
     self.sampler_idle_s = 0.0  # time the thread waited for weights or work (sampler idle)
     self._scheduled = first_step - 1
     self.publish(params)
@@ -183,7 +185,9 @@ class RolloutPipeline:
     while True:
       t_idle = time.time()
       with self._cond:
-        while not self._stopping and not (self._jobs and self._version >= self._jobs[0].min_version):
+        while not self._stopping and not (
+          self._jobs and self._version is not None and self._version >= self._jobs[0].min_version
+        ):
           self._cond.wait()
         if self._stopping:
           return

@@ -419,6 +419,8 @@ def load_config_file(spec: str) -> ml_collections.ConfigDict:
     raise ValueError(f"config file {path} not found")
   name = "jaxcredit_config_" + "".join(ch if ch.isalnum() else "_" for ch in os.path.abspath(path))
   module_spec = importlib.util.spec_from_file_location(name, path)
+  if module_spec is None or module_spec.loader is None:
+    raise ValueError(f"config file {path} cannot be loaded as a Python module")
   module = importlib.util.module_from_spec(module_spec)
   module_spec.loader.exec_module(module)
   if not hasattr(module, "get_config"):
@@ -571,7 +573,7 @@ def _validate_env_keys(c: ml_collections.ConfigDict) -> None:
 
 def teacher_source(c: ml_collections.ConfigDict) -> str:
   """`config.teacher.source`, or the chosen method's default teacher when it is ""."""
-  return c.teacher.source or METHODS[c.credit.method].teacher
+  return c.teacher.source or METHODS[c.credit.method].teacher or ""
 
 
 def _validate_knobs(c: ml_collections.ConfigDict) -> None:
@@ -622,8 +624,10 @@ def _validate_knobs(c: ml_collections.ConfigDict) -> None:
         f"norm to the other terms'; inf: no cap)"
       )
   for p in dict.fromkeys(METHODS[name].passes):  # each pass's own checks of its knobs, naming the config key
-    if PASSES[p].validate is not None:
-      PASSES[p].validate(k, c, name)
-  if METHODS[name].validate is not None:  # the row's own checks, naming the config key
-    METHODS[name].validate(k, c)
+    check_pass = PASSES[p].validate
+    if check_pass is not None:
+      check_pass(k, c, name)
+  check_method = METHODS[name].validate
+  if check_method is not None:  # the row's own checks, naming the config key
+    check_method(k, c)
   check_knobs(name, k)

@@ -127,7 +127,7 @@ def metric_table(env: EnvSpec, results_by_task: Sequence[Sequence[RolloutResult]
     "normal" | "bootstrap"}}; pass@K and mean@K only when K > 1.
   """
   n, k = len(results_by_task), len(results_by_task[0])
-  per_task = {
+  per_task: dict[str, list[list[Any]]] = {
     "success_rate": [[env.is_success(r.reward) for r in rs] for rs in results_by_task],
     "answered_frac": [[r.finish == "answer" for r in rs] for rs in results_by_task],
     "tool_calls": [[r.tool_calls for r in rs] for rs in results_by_task],
@@ -244,12 +244,13 @@ def parse_model(source: str) -> tuple[str, int | None] | None:
 IDENTITY_SAMPLE_BYTES = 1 << 20
 
 
-def weights_identity(path: str) -> str:
+def weights_identity(path: str | os.PathLike) -> str:
   """A sha256 (hex) naming the files at `path` (one file, or a folder's files recursively, in name order): each one's
   relative name, size and modification time, and its first and last `IDENTITY_SAMPLE_BYTES`. Replacing or rewriting
   the weights changes it; reading whole multi-GB files to hash them is avoided. A path that is no file or folder (a
   Hub id not yet resolved) is named by itself."""
   h = hashlib.sha256()
+  path = os.fspath(path)
   if os.path.isfile(path):
     files = [("", path)]
   elif os.path.isdir(path):
@@ -302,7 +303,7 @@ def load_model(config: ml_collections.ConfigDict, source: str | None, mesh) -> t
     ckpt = ckpt_lib.Checkpointer(workdir[0])
     steps = sorted(ckpt.manager.all_steps())
     step = steps[-1] if workdir[1] is None and steps else workdir[1]
-    if step not in steps:
+    if step is None or step not in steps:
       raise ValueError(
         f"--model {source}: {os.path.join(workdir[0], 'checkpoints')} has no checkpoint of RL step {step}; "
         f"its steps: {steps or 'none'}"
@@ -337,7 +338,7 @@ def load_model(config: ml_collections.ConfigDict, source: str | None, mesh) -> t
   rules = sharding.resolve_rules(dict(config.sharding_rules))
   params = jax.device_put(params, sharding.param_shardings(params, mesh, param_logical_axes(model.cfg), rules))
   if workdir is not None:
-    params = ckpt.restore_params(step, params)
+    params = ckpt.restore_params(int(info["step"]), params)
   return nnx.merge(graphdef, params, rest), tok, info
 
 

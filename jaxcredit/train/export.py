@@ -112,7 +112,7 @@ def rollout_values(outputs: dict, i: int, traj) -> dict:
   boundary; `*_B` per rollout); a list of one entry per rollout is per rollout; other values, and vectors per token
   (`*_BxLxD`), are left out."""
   b = traj.batch_size
-  axes = {}
+  axes: dict[str, tuple[str, ...]] = {}
   for key, value in outputs.items():
     if isinstance(value, (list, tuple)) and len(value) == b:
       axes[key] = ("B",)

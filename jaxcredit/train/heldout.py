@@ -13,7 +13,7 @@ import numpy as np
 from jaxcredit import multihost
 from jaxcredit.envs import EnvSpec
 from jaxcredit.rollout.multiturn import RolloutResult
-from jaxcredit.train.run import Run, progress_bar, sample_rollouts, sampling_model
+from jaxcredit.train.run import Run, SamplingRun, progress_bar, sample_rollouts, sampling_model
 
 Z95 = 1.959963984540054
 """The standard normal quantile of 0.975: a two-sided 95% interval."""
@@ -52,14 +52,14 @@ def eval_key(offset: int) -> jax.Array:
   return jax.random.fold_in(jax.random.key(0), offset)
 
 
-def sample_eval_batch(run: Run, tasks, offset: int, *, greedy: bool) -> list[RolloutResult]:
+def sample_eval_batch(run: SamplingRun, tasks, offset: int, *, greedy: bool) -> list[RolloutResult]:
   """One batch of held-out rollouts, one per task of `tasks` (the batch starting at rollout `offset` of the eval),
   by the parameters the sampler holds: greedy, or at the rollouts' temperature and top-p with `eval_key(offset)`.
   `run` needs only `config`, `env`, `tok`, `fmt` and `sampler` (`jaxcredit eval` passes its own)."""
   return sample_rollouts(run, tasks, eval_key(offset), greedy=greedy, held_out=True)
 
 
-def eval_summaries(run: Run, results) -> list[tuple[bool, int, int, bool]]:
+def eval_summaries(run: SamplingRun, results) -> list[tuple[bool, int, int, bool]]:
   """Per rollout: (success, tool calls, assistant turns, answered), what `eval_metrics` averages."""
   return [(run.env.is_success(r.reward), r.tool_calls, r.builder.num_turns, r.finish == "answer") for r in results]
 
@@ -100,7 +100,7 @@ def evaluate(run: Run, params, stage: str, step: int, *, sft_step: int | None = 
     run.sampler.update_model(model, version=run.policy_version)
     for i in progress_bar(run.config, iterable=range(0, len(mine), bs), desc=f"eval {stage}", leave=False):
       results += sample_eval_batch(run, mine[i : i + bs], i, greedy=bool(run.config.eval.greedy))
-  summaries = sum(multihost.allgather_objects(eval_summaries(run, results)), [])
+  summaries: list = sum(multihost.allgather_objects(eval_summaries(run, results)), [])
   env_rows = multihost.allgather_objects(rollout_env_metrics(run, results) if results else {})
   m = {"stage": stage, **eval_metrics(summaries, env_rows), "seconds": time.time() - t0}
   if sft_step is not None:

@@ -4,6 +4,7 @@ passes run with the config's models and its advantages attached (`credit_file`, 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import jax
 import ml_collections
@@ -12,7 +13,6 @@ from jaxcredit import sharding
 from jaxcredit.envs import make_env_spec
 from jaxcredit.models import load_tokenizer, resolve_source
 from jaxcredit.rollout import jsonl as jsonl_lib
-from jaxcredit.rollout.multiturn import RolloutResult
 from jaxcredit.train import config as config_lib
 from jaxcredit.train.export import pass_outputs_of, rollout_values, task_id_of
 from jaxcredit.train.methods import METHODS
@@ -55,7 +55,8 @@ def tasks_of_records(env, tasks: list, records: list[dict], *, source: str, need
       without task_id whose prompt is no task's (or is two different tasks' prompt), naming the file and the
       rollout.
   """
-  by_id, by_prompt = {}, {}
+  by_id: dict[str, Any] = {}
+  by_prompt: dict[Any, Any] = {}
   for t in tasks:
     tid = task_id_of(t)
     if tid is not None:
@@ -167,14 +168,14 @@ def credit_records(
       dup = r["rollout_id"] if r["rollout_id"] in seen else dup
       seen.add(r["rollout_id"])
     raise ValueError(f"{in_path}: rollout_id {dup!r} appears more than once (rollout ids must be unique)")
-  longest = max(turns, key=turns.get)
+  longest = max(turns, key=lambda rollout_id: turns[rollout_id])
   if turns[longest] > max(env.max_turns, MAX_CREDIT_TURNS):
     raise ValueError(
       f"{in_path}: rollout {longest!r} has num_turns={turns[longest]}, more than the environment's "
       f"max_turns ({env.max_turns}) and the {MAX_CREDIT_TURNS} a credit run accepts"
     )
   max_turns = max(env.max_turns, turns[longest])
-  sizes = {}
+  sizes: dict[Any, int] = {}
   for r in records:
     sizes[r["group_id"]] = sizes.get(r["group_id"], 0) + 1
   small = {g: n for g, n in sizes.items() if n < method.min_group_size}
@@ -190,11 +191,8 @@ def credit_records(
       f"{c.credit.method} needs groups of one size; in {in_path} group {g!r} has {n} rollouts but group {g0!r} has "
       f"{n0} (every group needs the same number of rollouts)"
     )
-  if method.passes:
-    run = build(c, write_config=False)
-    pad_id = run.tok.pad_id
-  else:
-    run, pad_id = None, 0
+  run = build(c, write_config=False) if method.passes else None  # the passes' models, tokenizer and tasks
+  pad_id = run.tok.pad_id if run is not None else 0
   try:
     traj, groups = jsonl_lib.records_to_trajectory(
       records,
@@ -206,22 +204,10 @@ def credit_records(
   except ValueError as e:
     raise ValueError(f"{in_path}: {e}") from None
   traj, _ = drop_invalid_behavior_logp(traj)  # null behavior log-probs (engine_invalid_logp_tokens), as in training
-  if method.passes:
+  if run is not None:
     tasks = tasks_of_records(
       run.env, list(run.train_tasks) + list(run.eval_tasks), records, source=in_path, need=f"{c.credit.method}'s passes"
     )
-    results = [
-      RolloutResult(
-        builder=b,
-        env=None,
-        reward=float(r["reward"]),
-        finish=r.get("finish") or "",
-        tool_calls=0,
-        tool_errors=0,
-        messages=list(r.get("messages") or []),
-      )
-      for r, b in zip(records, builders)
-    ]
     params, ref_params = run.params, run.params
     latest = run.ckpt.latest_step()
     if latest is not None:
@@ -229,7 +215,9 @@ def credit_records(
     if run.ckpt.has_reference():
       ref_params = run.ckpt.restore_reference(reference_copy(run, run.params))
     with sharding.use_rules(run.rules):
-      run_passes(run, traj, results, tasks, params, ref_params, jax.random.key(c.seed))
+      messages = [list(r.get("messages") or []) for r in records]
+      rewards = [float(r["reward"]) for r in records]
+      run_passes(run, traj, messages, rewards, tasks, params, ref_params, jax.random.key(c.seed))
   out = method.advantages(traj, c.credit[c.credit.method])
   credited = jsonl_lib.attach_credit(records, out.adv_BxL, out.turn_adv_BxT, method=c.credit.method)
   if details:

@@ -131,7 +131,8 @@ class PassContext:
     tok: the tokenizer (shared by policy and every teacher).
     env: the `EnvSpec`.
     tasks: one task per rollout.
-    results: one `RolloutResult` per rollout (messages, env).
+    messages: one chat per rollout, its whole conversation (the transcripts a teacher is shown).
+    rewards: one outcome reward per rollout, as the environment gave it (`env.is_success` reads it).
     key: PRNG key of this step's passes.
     models: "policy", "reference" and, when `config.teacher.source` names a checkpoint, "checkpoint"; when
       `config.credit.<method>.summarizer` names one, "summarizer".
@@ -145,7 +146,8 @@ class PassContext:
   tok: Any
   env: Any
   tasks: Sequence[Any]
-  results: Sequence[Any]
+  messages: Sequence[Sequence[Mapping[str, Any]]]
+  rewards: Sequence[float]
   key: jax.Array
   models: dict
   teacher: str
@@ -485,8 +487,7 @@ def teacher_peer(ctx: PassContext, traj: Trajectory, *, hidden: bool = False) ->
     gold = ctx.env.gold_answer_text(task)
     if peer_B[i] >= 0:
       contexts.append(
-        f"A successful attempt at this task:\n{transcript(ctx.results[peer_B[i]].messages)}\n"
-        f"The correct final answer: {gold}"
+        f"A successful attempt at this task:\n{transcript(ctx.messages[peer_B[i]])}\nThe correct final answer: {gold}"
       )
     else:
       contexts.append(f"The correct final answer: {gold}" if k["fallback"] == "gold" else None)
@@ -524,14 +525,14 @@ def hindsight_skill(ctx: PassContext, traj: Trajectory) -> SkillOutput:
   template = k["skill_template"] or DEFAULT_SKILL_TEMPLATE
   max_new = int(k["skill_max_tokens"])
   budget = int(ctx.config.sampling.max_len) - max_new
-  success = np.asarray([bool(ctx.env.is_success(r.reward)) for r in ctx.results])
+  success = np.asarray([bool(ctx.env.is_success(r)) for r in ctx.rewards])
   prompts, fits = [], []
-  for task, res, ok in zip(ctx.tasks, ctx.results, success):
+  for task, messages, ok in zip(ctx.tasks, ctx.messages, success):
     question = next(m["content"] for m in reversed(ctx.env.initial_messages(task)) if m["role"] == "user")
     fill = dict(task=question, outcome="success" if ok else "failure")
     empty = encode_chat(tok, [{"role": "user", "content": template.format(transcript="", **fill)}])
     room = budget - len(empty)
-    ids = encode_plain(tok, transcript(res.messages))
+    ids = encode_plain(tok, transcript(messages))
     text = tok.decode(ids[-room:]) if room > 0 else ""
     prompt = encode_chat(tok, [{"role": "user", "content": template.format(transcript=text, **fill)}])
     fits.append(room > 0 and len(prompt) <= budget)
@@ -632,7 +633,7 @@ def sibling_summary(ctx: PassContext, traj: Trajectory) -> SiblingSummaryOutput:
   template = k["summary_template"] or DEFAULT_SIBLING_TEMPLATE
   max_new = int(k["summary_max_tokens"])
   budget = int(ctx.config.sampling.max_len) - max_new
-  success = np.asarray([bool(ctx.env.is_success(r.reward)) for r in ctx.results])
+  success = np.asarray([bool(ctx.env.is_success(r)) for r in ctx.rewards])
   pairs = sibling_pairs(success, traj.sample_mask_B, traj.group_ids_B, jax.random.fold_in(ctx.key, 1))
   mixed = pairs[:, 0] >= 0
   members: dict[tuple[int, int], list[int]] = {}
@@ -645,7 +646,7 @@ def sibling_summary(ctx: PassContext, traj: Trajectory) -> SiblingSummaryOutput:
     empty = encode_chat(tok, [{"role": "user", "content": template.format(task=question, success="", failure="")}])
     room = (budget - len(empty)) // 2
     rows_of = {"success": good, "failure": bad}
-    ids = {field: encode_plain(tok, transcript(ctx.results[i].messages)) for field, i in rows_of.items()}
+    ids = {field: encode_plain(tok, transcript(ctx.messages[i])) for field, i in rows_of.items()}
     for _ in range(4):  # the texts join the template in fewer or more tokens than apart: cut again by the excess
       texts = {field: tok.decode(x[-room:]) if room > 0 else "" for field, x in ids.items()}
       prompt = encode_chat(tok, [{"role": "user", "content": template.format(task=question, **texts)}])
@@ -656,17 +657,17 @@ def sibling_summary(ctx: PassContext, traj: Trajectory) -> SiblingSummaryOutput:
     fits.append(room > 0 and len(prompt) <= budget)
     prompts.append(prompt[-budget:] if budget > 0 else prompt[:1])
   summaries = [""] * traj.batch_size
-  lengths = np.zeros(traj.batch_size, np.int32)
+  lengths = [0] * traj.batch_size
   reasons = ["not_mixed"] * traj.batch_size
-  notes = teacher_notes(ctx, prompts, max_new, summarizer_model(ctx)) if prompts else ([], [])
-  for rows, text, n, fit in zip(members.values(), *notes, fits):
+  written, generated = teacher_notes(ctx, prompts, max_new, summarizer_model(ctx)) if prompts else ([], [])
+  for rows, text, n, fit in zip(members.values(), written, generated, fits):
     text = text if fit else ""
-    for i in rows:
-      summaries[i], lengths[i] = text, (n if fit else 0)
-      reasons[i] = "" if text else ("over_budget" if not fit else "empty_summary")
+    for row in rows:
+      summaries[row], lengths[row] = text, (n if fit else 0)
+      reasons[row] = "" if text else ("over_budget" if not fit else "empty_summary")
   return SiblingSummaryOutput(
     summaries=summaries,
-    summary_tokens_B=lengths,
+    summary_tokens_B=np.asarray(lengths, np.int32),
     siblings_Bx2=pairs,
     mixed_B=mixed,
     success_B=success,

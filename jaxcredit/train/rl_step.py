@@ -40,8 +40,9 @@ from jaxcredit.train.update import (
 from jaxcredit.trajectory import group_index, pack
 
 
-def run_passes(run: Run, traj, results, tasks, params, ref_params, key) -> dict:
-  """Runs the chosen method's passes in order, filling `traj.passes`; returns their metrics.
+def run_passes(run: Run, traj, messages, rewards, tasks, params, ref_params, key) -> dict:
+  """Runs the chosen method's passes in order on the rollouts of `traj` (`messages`: each rollout's chat, `rewards`:
+  its outcome reward, `tasks`: its task), filling `traj.passes`; returns their metrics.
 
   Raises:
     ValueError: a pass returned another class than its `PASSES` row's output, or arrays whose shapes are not that
@@ -58,14 +59,15 @@ def run_passes(run: Run, traj, results, tasks, params, ref_params, key) -> dict:
   if run.summarizer is not None:
     models["summarizer"] = run.summarizer
   source = config_lib.teacher_source(c)
-  held = []
+  held: list = []  # the sampler locks a pass took (released below)
   ctx = passes_lib.PassContext(
     config=c,
     knobs=c.credit[c.credit.method],
     tok=run.tok,
     env=run.env,
     tasks=tasks,
-    results=results,
+    messages=messages,
+    rewards=rewards,
     key=key,
     models=models,
     teacher=source if source in ("policy", "reference") else "checkpoint",
@@ -262,7 +264,7 @@ def resample_tied_groups(run: Run, params, data, key, sampled: StepRollouts) -> 
       sampled.tasks[rows] = extra.tasks[new]
       sampled.results[rows] = extra.results[new]
       sampled.processes[rows] = extra.processes[new]
-      if sampled.unit_rewards is not None:
+      if sampled.unit_rewards is not None and extra.unit_rewards is not None:
         sampled.unit_rewards[rows] = extra.unit_rewards[new]
       replaced += 1
     tied = tied[len(fresh) :]
@@ -306,7 +308,16 @@ def learn_step(
     )
   traj, invalid_row = drop_invalid_behavior_logp(traj)
   t1 = time.time()
-  pass_row = run_passes(run, traj, sampled.results, sampled.tasks, params, ref_params, jax.random.fold_in(key, 1))
+  pass_row = run_passes(
+    run,
+    traj,
+    [r.messages for r in sampled.results],
+    [r.reward for r in sampled.results],
+    sampled.tasks,
+    params,
+    ref_params,
+    jax.random.fold_in(key, 1),
+  )
   t_passes = time.time() - t1
   out = METHODS[c.credit.method].advantages(traj, c.credit[c.credit.method])
   if out.keep_B is not None:  # a method's own filter (SGCD's dynamic sampling): its dropped rollouts leave the loss
@@ -476,7 +487,7 @@ def export_step_rollouts(run: Run, sampled: StepRollouts, traj, out, rl_step: in
   and the sample the viewer reads (whole groups, with pass outputs and credit details) to
   `workdir/rollout_samples/step_N.jsonl` every `log_rollouts_every` steps (`export_rollouts`)."""
   c = run.config
-  exports = []  # (folder, rows, with_passes)
+  exports: list[tuple[str, list[int] | None, bool]] = []  # (folder, rows (None: all), with_passes)
   if c.rollout.export_jsonl:
     exports.append(("rollouts", None, False))
   if c.log_rollouts_every and rl_step % c.log_rollouts_every == 0:

@@ -9,7 +9,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 import grain
 import jax
@@ -26,6 +26,7 @@ from jaxcredit.models.tokenizer import tokenizer_mismatch
 from jaxcredit.rollout.chat_format import ChatFormat
 from jaxcredit.rollout.multiturn import run_rollouts
 from jaxcredit.sampling import Sampler, SamplingParams
+from jaxcredit.sampling.engine import RolloutEngine
 from jaxcredit.train import checkpoint as ckpt_lib
 from jaxcredit.train import config as config_lib
 from jaxcredit.train import metrics as metrics_lib
@@ -49,7 +50,7 @@ class Run:
   rest: Any
   params: Any  # the trained parameters (master weights), in model_cfg.param_dtype
   params_shardings: Any
-  sampler: Sampler
+  sampler: RolloutEngine  # config.rollout.engine's: the in-process Sampler, or a vLLM server's client
   env: EnvSpec
   train_tasks: list
   eval_tasks: list
@@ -130,7 +131,7 @@ def model_overrides(cfg, config: ml_collections.ConfigDict):
   return dataclasses.replace(cfg, **model_overrides_dict(config))
 
 
-def load_policy(source: str, config: ml_collections.ConfigDict, mesh, *, cache_dir: str | None = None):
+def load_policy(source: str | os.PathLike, config: ml_collections.ConfigDict, mesh, *, cache_dir: str | None = None):
   """The policy model at `source` (a resolved path, `jaxcredit.models.resolve_source`) as `config.model` sets it up:
   computing in `model.compute_dtype` with parameters stored in `model.param_dtype`, sharded onto `mesh`, with the
   config's numerics (`model_overrides_dict`). Raises what `jaxcredit.models.load` raises."""
@@ -271,7 +272,7 @@ def check_generation_room(config: ml_collections.ConfigDict, env, tok, *task_lis
   return longest
 
 
-def report_unwinnable(env, split_tasks: dict[str, Sequence]) -> dict[str, dict[str, int]]:
+def report_unwinnable(env, split_tasks: Mapping[str, Sequence]) -> dict[str, dict[str, int]]:
   """Prints, per split, how many tasks ground-truth play cannot finish under the environment's caps and why (its
   `unwinnable`), e.g. "[jaxcredit] caps: 213 of 716 train tasks cannot be finished by ground-truth play (71: miss_func:
   more assistant turns than max_turns=8; ...)": such tasks can never pay, in training or in an evaluation.
@@ -386,7 +387,18 @@ def data_iterator(num_tasks: int, batch: int, seed: int):
   return iter(ds.to_iter_dataset())
 
 
-def rollout_sampling_params(run: Run, *, greedy: bool = False) -> SamplingParams:
+class SamplingRun(Protocol):
+  """What sampling rollouts reads of a run (`sample_rollouts`, the held-out evals): a training `Run`, or `jaxcredit
+  eval`'s `EvalRun`."""
+
+  config: Any
+  env: EnvSpec
+  tok: Any
+  fmt: ChatFormat
+  sampler: Any
+
+
+def rollout_sampling_params(run: SamplingRun, *, greedy: bool = False) -> SamplingParams:
   s = run.config.sampling
   return SamplingParams(
     temperature=1.0 if greedy else s.temperature,
@@ -397,7 +409,7 @@ def rollout_sampling_params(run: Run, *, greedy: bool = False) -> SamplingParams
   )
 
 
-def sample_rollouts(run: Run, tasks, key, *, greedy=False, held_out=False):
+def sample_rollouts(run: SamplingRun, tasks, key, *, greedy=False, held_out=False):
   """Rollouts of `tasks` by the parameters the sampler holds (bound with `run.sampler.update_model(
   sampling_model(run, params))`, collective with several processes; sampling itself is process-local). Held-out
   rollouts take the environment's `eval_max_turns` when it has one (its evaluation protocol's turn cap)."""

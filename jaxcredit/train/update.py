@@ -163,11 +163,11 @@ def loss_config_of(c: ml_collections.ConfigDict) -> step_lib.PolicyLossConfig:
   the gradient caps its terms name (`LossTerm.cap_knob`, e.g. ToolOPD's `distill_max_grad_ratio`)."""
   method = METHODS[c.credit.method]
   knobs = c.credit[c.credit.method]
-  weights = {
-    step_lib.LOSS_TERMS[t].knob: float(knobs[step_lib.LOSS_TERMS[t].knob])
-    for t in method.loss_terms
-    if step_lib.LOSS_TERMS[t].knob
-  }
+  weights: dict[str, float] = {}
+  for t in method.loss_terms:
+    knob = step_lib.LOSS_TERMS[t].knob
+    if knob:
+      weights[knob] = float(knobs[knob])
   caps = tuple(
     (t, float(knobs[step_lib.LOSS_TERMS[t].cap_knob]))
     for t in method.loss_terms

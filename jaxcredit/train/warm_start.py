@@ -66,12 +66,13 @@ def warm_start(run: Run, params, stop: StopRequests | None = None) -> Any:
   else:
     start = 0
     params = jax.tree_util.tree_map(jnp.copy, params)  # the update donates its input
+  demonstration = run.env.demonstration
+  if demonstration is None:  # build() refuses a warm start on such an environment first
+    raise ValueError(f"environment {c.env.name!r} has no demonstrations for a warm start; set config.sft.steps=0")
   bar = progress_bar(c, total=c.sft.steps, initial=start, desc="warm start")
   for s in range(start + 1, c.sft.steps + 1):
     t0 = time.time()
-    demos = [
-      build_demonstration(run.tok, run.fmt, run.env.demonstration(run.train_tasks[int(i)], rng)) for i in next(data)
-    ]
+    demos = [build_demonstration(run.tok, run.fmt, demonstration(run.train_tasks[int(i)], rng)) for i in next(data)]
     traj = pack(
       demos,
       [0.0] * len(demos),
@@ -110,7 +111,7 @@ def warm_start(run: Run, params, stop: StopRequests | None = None) -> Any:
       meta = {"sft_step": s, "data_state": data.get_state(), "rng_state": rng.bit_generator.state, "phase": "sft"}
       run.ckpt.save_warm_start(s, params, opt_state, meta)
     warm_start_eval(run, params, s)
-    if stopped:
+    if signum is not None:
       bar.close()
       run.writer.close()
       raise TrainingStopped(signum, s, run.ckpt.warm_start_dir, phase="warm-start")

@@ -2,83 +2,16 @@
 staleness, errors, a server that dies while starting. `tests/engines/test_vllm_server.py` runs a real
 vLLM server."""
 
-import http.server
-import json
 import sys
-import threading
 
 import jax
 import numpy as np
 import pytest
 
 from jaxcredit.models import hf
-from jaxcredit.models.decoder import param_shapes
 from jaxcredit.sampling import SamplingParams
 from jaxcredit.sampling.vllm_engine import EngineError, VLLMEngine, free_port, launch_server, served_models
-from tests.fixtures.tiny_model import tiny_decoder_config
-
-CFG = tiny_decoder_config(hidden_size=16, intermediate_size=32, num_heads=2, num_kv_heads=1)
-
-
-def random_params(seed=0):
-  rng = np.random.default_rng(seed)
-  return {name: rng.standard_normal(shape).astype(np.float32) for name, shape in param_shapes(CFG).items()}
-
-
-class FakeServer:
-  """/v1/models, /v1/completions (tokens from the seed), /collective_rpc and /reset_prefix_cache, recorded."""
-
-  def __init__(self, model="policy", stop_reason=None, finish="stop", logprobs=(-0.5, -1.5, -0.25)):
-    self.requests = []
-    outer = self
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-      def log_message(self, *args):
-        pass
-
-      def _send(self, obj):
-        raw = json.dumps(obj).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(raw)))
-        self.end_headers()
-        self.wfile.write(raw)
-
-      def do_GET(self):
-        outer.requests.append((self.path, None))
-        self._send({"object": "list", "data": [{"id": model}]})
-
-      def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"null")
-        outer.requests.append((self.path, body))
-        if self.path == "/v1/completions":
-          ids = [body["seed"] % 50, len(body["prompt"]), 2]
-          self._send(
-            {
-              "choices": [
-                {
-                  "logprobs": {"tokens": [f"token_id:{i}" for i in ids], "token_logprobs": list(logprobs)},
-                  "finish_reason": finish,
-                  "stop_reason": stop_reason,
-                }
-              ]
-            }
-          )
-        elif self.path == "/reset_prefix_cache":
-          self._send({"success": True})
-        else:
-          self._send({"results": [None]})
-
-    self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-    threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-  def paths(self, path):
-    return [body for p, body in self.requests if p == path]
-
-  def close(self):
-    self.server.shutdown()
-    self.server.server_close()
+from tests.fixtures.fake_vllm import CFG, FakeServer, make_engine, random_params
 
 
 @pytest.fixture
@@ -86,11 +19,6 @@ def fake():
   server = FakeServer()
   yield server
   server.close()
-
-
-def make_engine(url, tmp_path, params=None):
-  params = random_params() if params is None else params
-  return VLLMEngine(url, "policy", CFG, tmp_path / "weights", lambda model: params)
 
 
 def test_generate_sends_token_ids_with_a_seed_per_row_and_parses_ids_and_logprobs(fake, tmp_path):

@@ -15,7 +15,7 @@ from jaxcredit.sampling.vllm_engine import VLLMEngine
 from jaxcredit.train import config as config_lib
 from jaxcredit.train.engines import ENGINES, Engine, build_engine
 from tests.fixtures.tiny_model import tiny_decoder_config
-from tests.sampling.test_vllm_engine import FakeServer, make_engine
+from tests.fixtures.fake_vllm import FakeServer, make_engine
 
 
 def _tiny_model():

@@ -12,7 +12,7 @@ from jaxcredit.models.decoder import Decoder
 from jaxcredit.train import loss as loss_lib
 from jaxcredit.train import step as step_lib
 from jaxcredit.train.packing import pack_if_short, pack_update_batch
-from tests.train.test_ppo_updates import CFG  # the tiny untied decoder of the update tests
+from tests.fixtures.tiny_model import tiny_decoder_config
 
 
 def rollout_batch(seed=0, groups=3, group_size=3, length=24):
@@ -121,7 +121,7 @@ def test_an_action_on_padding_is_refused():
 
 
 def _loss_and_grads(batch, cfg, num_micro):
-  model = Decoder(CFG, rngs=nnx.Rngs(0))
+  model = Decoder(tiny_decoder_config(tie_word_embeddings=False), rngs=nnx.Rngs(0))  # as the update tests' model
   graphdef, params, rest = step_lib.split_model(model)
   arrays = {k: v for k, v in batch.items() if k != "group_ids_B"}
   fn = jax.jit(lambda p, b: step_lib.loss_and_grads(step_lib.pg_token_loss, graphdef, p, rest, b, cfg, num_micro))

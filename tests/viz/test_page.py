@@ -7,11 +7,7 @@ import re
 import pytest
 
 from jaxcredit.viz import page
-
-
-def byte_decode(ids):
-  """A byte-level 'tokenizer': token id = one UTF-8 byte, as byte-level BPE splits characters."""
-  return bytes(ids).decode("utf-8", errors="replace")
+from tests.fixtures.viewer_records import byte_decode, credited, record
 
 
 def test_token_pieces_give_a_split_character_to_the_token_that_completes_it():
@@ -24,30 +20,6 @@ def test_token_pieces_give_a_split_character_to_the_token_that_completes_it():
   assert pieces[2:4] == ["", "é"] and pieces[4:7] == ["", "", "€"]
   # A sequence that ends inside a character keeps the replacement character rather than dropping tokens.
   assert page.token_pieces(byte_decode, ids[:3]) == ["a", " ", "\ufffd"]
-
-
-def record(rollout_id="r0", n=8):
-  return {
-    "rollout_id": rollout_id,
-    "group_id": 0,
-    "task_id": "t0",
-    "token_ids": list(range(100, 100 + n)),
-    "action_mask": [0, 0, 1, 1, 0, 1, 1, 1][:n],
-    "turn_ids": [-1, -1, 0, 0, -1, 1, 1, 1][:n],
-    "behavior_logprobs": [0, 0, -0.5, -1.0, 0, -0.1, -2.0, -0.3][:n],
-    "boundaries": [2, 5],
-    "prompt_len": 2,
-    "reward": 1.0,
-    "finish": "answer",
-    "num_turns": 2,
-    "messages": [
-      {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "calc", "arguments": '{"x": 1}'}}]}
-    ],
-  }
-
-
-def credited(adv, **meta):
-  return {"advantages": adv, "turn_advantages": [0.5, -0.25], "metadata": meta}
 
 
 def test_rollout_view_collects_hover_series_charts_marks_and_texts():

@@ -5,7 +5,7 @@ chart, the hover card. A trained run's pages are opened by tests/integration/tes
 from jaxcredit.viz import page
 
 from tests.viz.browser import check_viewer_page
-from tests.viz.test_page import byte_decode, credited, record
+from tests.fixtures.viewer_records import byte_decode, credited, record
 
 
 def test_a_page_with_three_methods(browser, tmp_path):
