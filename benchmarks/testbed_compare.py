@@ -81,6 +81,12 @@ built on it; from a right input 0.75, by the all-right rate). On 256 tasks by th
 so N = 300 (testbed_chain_long_warm.json); session_long 0.012 at 300 steps, below the band (requests right from a
 right input, env/session_request_success_given_right_input, 0.60: inside 40-80%; testbed_session_long_warm_300.json),
 so 600 is tried next, in `--out runs/ss2`.
+  Pinned (2026-12-07): those runs were lost with their machine before they were committed, and the next machine (an
+Intel Xeon with AVX-512) did not repeat the AMD EPYC's warm start (0.012 at 300 steps against 0.027). Since then
+every stage runs with XLA's CPU code pinned to AVX2 (`--xla-cpu-isa`, default AVX2), the warm-start rule is applied
+again under it, and the comparison is a new one (`--out runs/cs1p_N`): chain_long 0.012 at 300 steps, 0.059 at 600,
+so N = 600 (benchmarks/results/testbed_chain_long_warm_pinned.json, with a fingerprint of losses a rerun on another
+CPU must equal). Runs from different sessions join seed by seed (`--merge`, the results file's run records).
   Runs (30 RL steps of 4 prompts x 8 rollouts, lr 1e-4, the final eval on 256 fixed tasks, sampled with fixed keys):
 chains grpo, grpo_progress (the control: GRPO paid the fraction of the chain reached), trace, trace_k0,
 trace_raw_delta, gigpo; sessions grpo, grpo_partial (the control: GRPO paid the fraction of requests right), crest,
@@ -94,9 +100,14 @@ other row is descriptive (3 seeds: its difference and interval are reported, not
 runs are not counted. The summary's `vs_grpo` holds each difference and interval; `diagnostics` the per-step share
 of groups with an outcome contrast, of tokens with a nonzero advantage, the dense term's share and the gradient norm.
 
-  python benchmarks/testbed_compare.py --task chain_long --out runs/cs1 --policy runs/ch1/policy_copy --sft-steps N \
-      --sft-lr 1e-3 --sft-eval-every 300 --eval-tasks 256 --seeds 0,1,2,3,4 --steps 30 --eval-every 10 --prompts 4 \
-      --group 8 --lr 1e-4 --methods grpo,grpo_progress,trace
+  python benchmarks/testbed_compare.py --task chain --out runs/ch1p --stage policy --copy-steps 400 \
+      --copy-small-fraction 0
+  python benchmarks/testbed_compare.py --task chain_long --out runs/cs1p_600 --policy runs/ch1p/policy_copy \
+      --sft-steps 600 --sft-lr 1e-3 --sft-eval-every 300 --eval-tasks 256 --seeds 0,1,2,3,4 --steps 30 \
+      --eval-every 10 --prompts 4 --group 8 --lr 1e-4 --methods grpo,grpo_progress,trace \
+      --merge benchmarks/results/testbed_chain_sparse.json
+  (a session runs a few seeds; `--seeds 1 --merge ...` then joins them to the file, which it refuses unless the
+  warm start and every shared seed's curves repeat; copy the new testbed.json over the file)
   (then --seeds 0,1,2 --methods trace_k0,trace_raw_delta,gigpo; and --task session_long --out runs/ss1 with
   grpo,grpo_partial,crest at seeds 0-4, crest_lam0,hsd,gear,sgcd,trace at seeds 0-2)
 
