@@ -49,9 +49,6 @@ class MethodOutput:
   Attributes:
     adv_BxL: float32 token advantages, 0 off action tokens and on invalid rollouts.
     turn_adv_BxT: float32 per-turn advantages where the method has them (for metrics), else None.
-    distill_weight_BxL: float32 per-token weights of the distillation loss term (methods whose `loss_terms`
-      include "distill"), else None.
-    distill_target_BxL: float32 teacher log-probs of the sampled tokens the distillation term pulls toward.
     metrics: scalars for metrics.jsonl (method-specific: gate-open fraction, spikes per rollout, ...).
     details: per-rollout intermediate values for the credit viewer and the rollout samples (`jaxcredit viz`),
       numpy arrays with leading axis B named by their shape suffix (`*_BxL` per token, `*_BxT` per turn, `*_BxT1`
@@ -61,14 +58,13 @@ class MethodOutput:
       dynamic sampling drops groups without both outcomes) sets False on the rollouts it drops; the trainer takes
       them out of the loss and its token counts, as it does rollouts without action tokens.
     loss_arrays: float32 [B, L] per-token arrays (or [B, L, D], named `*_BxLxD`: HSD's teacher hidden states)
-      that a loss term reads, by its batch key (`LossTerm.batch_keys`, e.g. {"anchor_weight_BxL": ...}); they join
-      the update batch as the distillation arrays do (packed with the rest, read at the scored slots).
+      that the method's loss terms read, by their batch keys (`LossTerm.batch_keys`: ToolOPD's distillation
+      weights and targets, HSD's teacher hidden states, {"anchor_weight_BxL": ...}); they join the update batch
+      (packed with the rest, read at the scored slots).
   """
 
   adv_BxL: np.ndarray
   turn_adv_BxT: np.ndarray | None = None
-  distill_weight_BxL: np.ndarray | None = None
-  distill_target_BxL: np.ndarray | None = None
   metrics: dict = dataclasses.field(default_factory=dict)
   details: dict = dataclasses.field(default_factory=dict)
   keep_B: np.ndarray | None = None
@@ -79,14 +75,12 @@ class MethodOutput:
 
     Raises:
       ValueError: a `loss_arrays` entry whose key is one of the update batch's own arrays (tokens, masks,
-        advantages, distillation, reference and behaviour log-probs, the packed layout) or not `*_BxL` /
+        advantages, reference and behaviour log-probs, the packed layout) or not `*_BxL` /
         `*_BxLxD`, or whose shape is not the advantages' [B, L] (with a trailing axis for `*_BxLxD`).
     """
     from jaxcredit.train.step import reserved_batch_keys  # the update batch's own arrays (imports the model layers)
 
     out = {"adv_BxL": self.adv_BxL}
-    if self.distill_weight_BxL is not None and self.distill_target_BxL is not None:
-      out.update(distill_weight_BxL=self.distill_weight_BxL, distill_target_BxL=self.distill_target_BxL)
     for key, value in self.loss_arrays.items():
       if key in reserved_batch_keys() or not key.endswith(("_BxL", "_BxLxD")):
         raise ValueError(f"MethodOutput.loss_arrays: {key!r} must be a new per-token key ending in _BxL or _BxLxD")
@@ -402,8 +396,7 @@ def toolopd(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
   return MethodOutput(
     _on_actions(seq, traj),
     seq[:, None] * traj.turn_mask_BxT,
-    distill_weight_BxL=w,
-    distill_target_BxL=np.asarray(skill, np.float32),
+    loss_arrays={"distill_weight_BxL": w, "distill_target_BxL": np.asarray(skill, np.float32)},
     metrics={
       "teacher_policy_gap": _teacher_gap(traj, skilled),
       "toolopd_credited_frac": _action_mean((w > 0).astype(np.float32), act),

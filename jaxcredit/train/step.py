@@ -44,9 +44,8 @@ class PolicyLossConfig:
   kl_estimator: str = "k3"
   temperature: float = 1.0
   terms: tuple[str, ...] = ("policy",)  # LOSS_TERMS names; "kl" joins when kl_coef > 0
-  distill_coef: float = 0.0
-  # The weights of loss terms that tables add (a `LossTerm.knob` that names no field here), as (knob, weight) pairs
-  # set from the method's knobs (`jaxcredit.train.update.loss_config_of`); `weight(knob)` reads either kind.
+  # The weights of the loss terms a method declares (each its `LossTerm.knob`: ToolOPD's distill_coef, HSD's beta, a
+  # term a config file adds), as (knob, weight) pairs set from the method's knobs (`update.loss_config_of`).
   knob_weights: tuple[tuple[str, float], ...] = ()
   # Loss terms whose gradient is capped relative to the rest's: (term, ratio) pairs, the term's gradient scaled so
   # that its norm is at most ratio times the norm of the other terms' gradient (`loss_and_grads`); set from a term's
@@ -75,29 +74,23 @@ class PolicyLossConfig:
         raise ValueError(f"PolicyLossConfig.grad_caps holds (loss term, ratio) pairs, got {pair!r}")
       if isinstance(pair[1], bool) or not isinstance(pair[1], (int, float)) or not pair[1] > 0:
         raise ValueError(f"the gradient cap of loss term {pair[0]!r} must be a ratio > 0 (inf: none), got {pair[1]!r}")
-    fields = {f.name for f in dataclasses.fields(self)}
     for pair in self.knob_weights:
       if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str)):
         raise ValueError(f"PolicyLossConfig.knob_weights holds (knob name, weight) pairs, got {pair!r}")
-      if pair[0] in fields:
-        raise ValueError(f"PolicyLossConfig.knob_weights: {pair[0]!r} is a field of its own; set it there")
       if isinstance(pair[1], bool) or not isinstance(pair[1], (int, float)) or not math.isfinite(pair[1]):
         raise ValueError(
           f"PolicyLossConfig.knob_weights: the weight of {pair[0]!r} must be a finite number, got {pair[1]!r}"
         )
 
   def weight(self, knob: str) -> float:
-    """A loss term's weight by the name of its knob (`LossTerm.knob`): the field of that name, else the entry of
-    `knob_weights`.
+    """A loss term's weight by the name of its knob (`LossTerm.knob`), from `knob_weights`.
 
     Raises:
-      KeyError: naming the knob when neither holds it (a method that declares the term must have the knob).
+      KeyError: naming the knob when `knob_weights` lacks it (a method that declares the term must have the knob).
     """
-    if knob in {f.name for f in dataclasses.fields(self)}:
-      return float(getattr(self, knob))
     weights = dict(self.knob_weights)
     if knob not in weights:
-      raise KeyError(f"no loss weight {knob!r}: neither a PolicyLossConfig field nor in knob_weights {sorted(weights)}")
+      raise KeyError(f"no loss weight {knob!r} in knob_weights {sorted(weights)}")
     return float(weights[knob])
 
 
@@ -234,8 +227,10 @@ def nll_term(logp_BxL, mb: dict, cfg: PolicyLossConfig):
 class LossTerm:
   """One row of `LOSS_TERMS`: the per-token function, its coefficient and its aggregation, read from the config.
 
-  `coef` None: the weight is the method's knob `knob` (`PolicyLossConfig.weight(knob)`), so a term added from a
-  config file gets its own weight knob without a new `PolicyLossConfig` field (docs/extending.md).
+  The weight has one of two sources, by who turns the term on: a term a method declares (`Method.loss_terms`) is
+  weighted by a knob of that method (`knob`, `coef` None: `PolicyLossConfig.weight(knob)`, set from the method's
+  node by `update.loss_config_of`), shipped or added from a config file alike (docs/extending.md); the trainer's own
+  terms (the policy term, the reference KL of `loss.kl_coef`, the warm start's cross-entropy) have `coef`.
   """
 
   fn: Callable
@@ -267,7 +262,7 @@ LOSS_TERMS: dict[str, LossTerm] = {
   "kl": LossTerm(kl_term, lambda c: c.kl_coef, lambda c: c.aggregation, ("ref_logp_BxL",)),
   "distill": LossTerm(
     distill_term,
-    lambda c: c.distill_coef,
+    None,
     lambda c: "token-mean",
     ("distill_weight_BxL", "distill_target_BxL"),
     knob="distill_coef",
@@ -278,7 +273,7 @@ LOSS_TERMS: dict[str, LossTerm] = {
   # rollout's tokens and then over the rollouts (1/|o_i|, 1/G), and beta KL to the reference, weighted by its knob.
   "vocab_kl": LossTerm(
     vocab_kl_term,
-    lambda c: 1.0,
+    lambda c: 1.0,  # HSD's distillation, unweighted (its paper's); the per-token weights are the method's arrays
     lambda c: "seq-mean-token-mean",
     ("teacher_hidden_BxLxD", "vocab_kl_weight_BxL"),
     reads_hidden=True,
@@ -321,14 +316,9 @@ tokens: `rl_step.loss_batch`), not the method."""
 
 
 def reserved_batch_keys() -> frozenset[str]:
-  """The update batch's arrays that the trainer or a built-in loss term fills (`BATCH_ARRAYS`, `PACKED_ARRAYS`, the
-  built-in terms' `batch_keys`): a method's `MethodOutput.loss_arrays` may not replace them."""
-  builtin = ("policy", "kl", "distill", "nll")  # the rows below them read arrays a method gives (loss_arrays)
-  return (
-    frozenset(BATCH_ARRAYS)
-    | frozenset(PACKED_ARRAYS)
-    | {k for t in builtin if t in LOSS_TERMS for k in LOSS_TERMS[t].batch_keys}
-  )
+  """The update batch's arrays that the trainer fills (`BATCH_ARRAYS`, `PACKED_ARRAYS`, `TRAINER_ARRAYS`, the
+  advantages): a method's `MethodOutput.loss_arrays` (the arrays its loss terms read) may not replace them."""
+  return frozenset(BATCH_ARRAYS) | frozenset(PACKED_ARRAYS) | TRAINER_ARRAYS | {"adv_BxL"}
 
 
 def update_batch_layout(cfg: PolicyLossConfig, *, packed: bool, behavior_weights: bool) -> dict[str, tuple[str, str]]:

@@ -5,7 +5,6 @@ of mini-batch updates (`ppo_updates`)."""
 from __future__ import annotations
 
 import copy
-import dataclasses
 import functools
 from typing import Callable
 
@@ -173,8 +172,6 @@ def loss_config_of(c: ml_collections.ConfigDict) -> step_lib.PolicyLossConfig:
     for t in method.loss_terms
     if step_lib.LOSS_TERMS[t].cap_knob and step_lib.LOSS_TERMS[t].cap_knob in knobs
   )
-  fields = {f.name for f in dataclasses.fields(step_lib.PolicyLossConfig)}
-  own = tuple(sorted((k, v) for k, v in weights.items() if k not in fields))  # knobs of terms that tables added
   return step_lib.PolicyLossConfig(
     eps_low=c.loss.eps_low,
     eps_high=c.loss.eps_high,
@@ -184,7 +181,6 @@ def loss_config_of(c: ml_collections.ConfigDict) -> step_lib.PolicyLossConfig:
     temperature=c.sampling.temperature,
     terms=("policy",) + method.loss_terms,
     max_len=c.sampling.max_len,
-    knob_weights=own,
+    knob_weights=tuple(sorted(weights.items())),
     grad_caps=caps,
-    **{k: v for k, v in weights.items() if k in fields},
   )

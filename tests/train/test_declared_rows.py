@@ -134,7 +134,7 @@ def test_a_run_of_an_unregistered_method_without_a_config_file_is_said_so():
 
 def test_a_loss_term_added_as_a_row_takes_its_weight_from_the_methods_knob(monkeypatch):
   """A `LOSS_TERMS` row with coef=None and knob="anchor_coef": the method's knob sets its weight, with no
-  `PolicyLossConfig` field of that name (it travels in `knob_weights`); a negative or missing weight is refused."""
+  `PolicyLossConfig` field (it travels in `knob_weights`, as ToolOPD's distill_coef does); a negative or missing weight is refused."""
   from jaxcredit.train import update
   from jaxcredit.train.step import LOSS_TERMS, LossTerm, PolicyLossConfig
 
@@ -146,7 +146,9 @@ def test_a_loss_term_added_as_a_row_takes_its_weight_from_the_methods_knob(monke
   config_lib.validate(c)
   cfg = update.loss_config_of(c)
   assert cfg.terms == ("policy", "anchor") and cfg.knob_weights == (("anchor_coef", 0.4),)
-  assert term.weight(cfg) == 0.4 and cfg.weight("distill_coef") == 0.0  # a field is read as itself
+  assert term.weight(cfg) == 0.4
+  with pytest.raises(KeyError, match="no loss weight 'distill_coef'"):  # one source of weights: the method's knobs
+    cfg.weight("distill_coef")
   c.credit.anchored.anchor_coef = -0.1
   with pytest.raises(ValueError, match=r"config.credit.anchored.anchor_coef = -0.1: the 'anchor' loss term's weight"):
     config_lib.validate(c)
@@ -155,8 +157,7 @@ def test_a_loss_term_added_as_a_row_takes_its_weight_from_the_methods_knob(monke
     config_lib.validate(c)
   with pytest.raises(KeyError, match="no loss weight 'anchor_coef'"):
     term.weight(PolicyLossConfig())
-  with pytest.raises(ValueError, match="'distill_coef' is a field of its own"):
-    PolicyLossConfig(knob_weights=(("distill_coef", 1.0),))
+  assert PolicyLossConfig(knob_weights=(("distill_coef", 1.0),)).weight("distill_coef") == 1.0  # shipped alike
   with pytest.raises(ValueError, match="must be a finite number"):
     PolicyLossConfig(knob_weights=(("anchor_coef", float("nan")),))
   with pytest.raises(ValueError, match="coef=None reads the weight from a knob"):
@@ -172,7 +173,7 @@ def test_a_methods_loss_arrays_join_the_batch_and_bad_ones_are_refused_by_name()
   }
   with pytest.raises(ValueError, match=r"loss_arrays\['anchor_weight_BxL'\] has shape \(2, 4\), expected"):
     MethodOutput(adv, loss_arrays={"anchor_weight_BxL": weight[:, :4]}).batch_arrays()
-  for key in ("adv_BxL", "distill_weight_BxL", "tokens_BxL", "ref_logp_BxL", "anchor_weight"):
+  for key in ("adv_BxL", "tokens_BxL", "ref_logp_BxL", "slots_BxK", "anchor_weight"):
     with pytest.raises(ValueError, match=f"{key!r} must be a new per-token key"):
       MethodOutput(adv, loss_arrays={key: weight}).batch_arrays()
 

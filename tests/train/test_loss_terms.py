@@ -46,7 +46,7 @@ def _loss(setup, cfg, num_micro=1, batch=None):
 
 def test_distill_term_value_and_gradient(setup):
   graphdef, params, rest, batch = setup
-  cfg = step_lib.PolicyLossConfig(terms=("distill",), distill_coef=0.3, temperature=0.8)
+  cfg = step_lib.PolicyLossConfig(terms=("distill",), knob_weights=(("distill_coef", 0.3),), temperature=0.8)
   loss, grads, m = _loss(setup, cfg)
   logp_fn = step_lib.make_logp_fn(graphdef, rest, 0.8)
   logp = np.asarray(logp_fn(params, batch["tokens_BxL"], batch["token_mask_BxL"]))
@@ -78,12 +78,12 @@ def test_a_capped_term_contributes_at_most_its_ratio_of_the_other_terms_gradient
   per-term losses are the uncapped ones; micro-batches accumulate each part exactly."""
   graphdef, params, rest, batch = setup
   policy_only = step_lib.PolicyLossConfig(terms=("policy",))
-  distill_only = step_lib.PolicyLossConfig(terms=("distill",), distill_coef=5.0)
+  distill_only = step_lib.PolicyLossConfig(terms=("distill",), knob_weights=(("distill_coef", 5.0),))
   _, g_rest, _ = _loss(setup, policy_only)
   _, g_d, _ = _loss(setup, distill_only)
   n_rest, n_d = _norm(g_rest), _norm(g_d)
   assert n_d > 0.5 * n_rest  # a strong distillation: the cap binds at r = 0.5
-  both = dict(terms=("policy", "distill"), distill_coef=5.0)
+  both = dict(terms=("policy", "distill"), knob_weights=(("distill_coef", 5.0),))
   loss, grads, m = _loss(setup, step_lib.PolicyLossConfig(**both, grad_caps=(("distill", 0.5),)), num_micro)
   scale = 0.5 * n_rest / n_d
   for got, a, b in zip(*(jax.tree_util.tree_leaves(t) for t in (grads, g_rest, g_d))):
@@ -108,7 +108,9 @@ def test_grad_caps_refuse_a_bad_pair(caps):
 
 
 def test_terms_sum_and_micro_batches_are_exact(setup):
-  cfg = step_lib.PolicyLossConfig(terms=("policy", "distill"), distill_coef=0.5, aggregation="seq-mean-token-mean")
+  cfg = step_lib.PolicyLossConfig(
+    terms=("policy", "distill"), knob_weights=(("distill_coef", 0.5),), aggregation="seq-mean-token-mean"
+  )
   loss1, g1, m1 = _loss(setup, cfg, 1)
   loss2, g2, m2 = _loss(setup, cfg, 2)
   assert float(loss1) == pytest.approx(float(m1["loss_policy"]) + 0.5 * float(m1["loss_distill"]), rel=1e-6)
@@ -139,7 +141,7 @@ def test_kl_to_a_reference_equal_to_the_policy_is_zero_at_the_sampling_temperatu
 
 
 def test_a_term_whose_batch_array_is_missing_is_refused_by_name():
-  cfg = step_lib.PolicyLossConfig(terms=("policy", "distill"), distill_coef=0.1, kl_coef=0.1)
+  cfg = step_lib.PolicyLossConfig(terms=("policy", "distill"), knob_weights=(("distill_coef", 0.1),), kl_coef=0.1)
   with pytest.raises(ValueError, match=r"method 'x': loss term 'distill' needs \['distill_weight_BxL'"):
     step_lib.check_batch_keys({"adv_BxL": 1, "ref_logp_BxL": 1, "distill_target_BxL": 1}, cfg, who="method 'x'")
   with pytest.raises(ValueError, match=r"loss term 'kl' needs \['ref_logp_BxL'\]"):

@@ -160,10 +160,10 @@ def test_toolopd_weights_only_valid_rollouts_and_keeps_grpo_advantage():
   traj.passes["teacher_skill"] = _teacher(traj, logp=skill, valid=[True, True, False, True])
   out = METHODS["toolopd"].advantages(traj, _knobs("toolopd"))
   _assert_seq(out.adv_BxL, traj, GRPO)
-  w = out.distill_weight_BxL
+  w = out.loss_arrays["distill_weight_BxL"]
   assert np.all(w[0][traj.action_mask_BxL[0]] > 0)  # success, the skill raised every token: all credited
   assert np.all(w[1] == 0) and np.all(w[2] == 0)  # failure with raised tokens: no credit; invalid: none
-  np.testing.assert_array_equal(out.distill_target_BxL, skill)
+  np.testing.assert_array_equal(out.loss_arrays["distill_target_BxL"], skill)
   assert out.metrics["toolopd_credited_frac"] == pytest.approx(1 / 3)
 
 

@@ -142,7 +142,7 @@ _MICRO_SLOW = ("seq-mean-token-mean", "seq-mean-token-sum")
 def test_packed_loss_metrics_and_gradients_equal_the_unpacked_ones(aggregation, num_micro):
   batch = rollout_batch(seed=1, groups=2, group_size=4)
   cfg = step_lib.PolicyLossConfig(
-    aggregation=aggregation, kl_coef=0.1, terms=("policy", "distill"), distill_coef=0.5, max_len=40
+    aggregation=aggregation, kl_coef=0.1, terms=("policy", "distill"), knob_weights=(("distill_coef", 0.5),), max_len=40
   )
   packed = pack_update_batch(batch, length_bucket=8, slot_bucket=8, rows_multiple=num_micro, max_row_len=40)
   want_loss, want_grads, want_m = _loss_and_grads(batch, cfg, num_micro if num_micro == 1 else 2)
@@ -182,7 +182,7 @@ def test_the_packed_batch_holds_exactly_the_arrays_of_the_one_layout_table():
   """`step.update_batch_layout` is the batch `jaxcredit plan` lowers the update on: the packer's output has exactly
   its arrays (for the loss with the KL and distillation terms), each of its extent and dtype."""
   batch = rollout_batch()
-  cfg = step_lib.PolicyLossConfig(terms=("policy", "distill"), distill_coef=0.1, kl_coef=0.1)
+  cfg = step_lib.PolicyLossConfig(terms=("policy", "distill"), knob_weights=(("distill_coef", 0.1),), kl_coef=0.1)
   layout = step_lib.update_batch_layout(cfg, packed=True, behavior_weights=False)
   packed = pack_update_batch(batch, length_bucket=8, slot_bucket=8)
   assert set(packed) == set(layout)

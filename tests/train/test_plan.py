@@ -304,7 +304,9 @@ def test_the_planned_update_is_the_methods_loss_on_packed_rows():
 
   cfg = tiny_decoder_config(dtype="float32")
   mesh = sharding.make_mesh({"fsdp": 1}, jax.devices()[:1])
-  loss_cfg = step_lib.PolicyLossConfig(terms=("policy", "distill"), distill_coef=0.5, kl_coef=0.1, max_len=64)
+  loss_cfg = step_lib.PolicyLossConfig(
+    terms=("policy", "distill"), knob_weights=(("distill_coef", 0.5),), kl_coef=0.1, max_len=64
+  )
   update, (params, opt_state, batch) = plan.abstract_step(
     cfg, mesh, batch_size=2, seq_len=64, loss_cfg=loss_cfg, packed_slots=32, behavior_weights=True
   )
