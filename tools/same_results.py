@@ -1,0 +1,96 @@
+"""Do two checkouts train the same? Every method's tiny run (the test suite's tiny random policy on the quickstart
+task, `tests/fixtures/tiny_run.py`, 2 RL steps) in each checkout, then every key of every RL metrics row compared
+(timings left out). For a refactor that must not change results (issue 55).
+
+  git worktree add /tmp/before <commit>        # or git clone + checkout
+  python tools/same_results.py /tmp/before . --methods trace,crest,toolopd,hsd,hsd_grpo,sgcd,gear
+
+Prints one line per method ("same" or the first differences) and exits 1 when any differs. Each checkout runs in its
+own process with that checkout first on sys.path; the tiny GGUF and each checkout's conversion and XLA caches go to
+--work (default a temporary folder).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+_RUN = r"""
+import json, os, sys
+root, out, methods = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
+sys.path.insert(0, root)
+os.chdir(root)
+from tests.fixtures.tiny_model import CFG, random_params, write_gguf
+from tests.fixtures.tiny_run import TinyModel, metrics_rows, tiny_run_config
+from jaxcredit.train import trainer
+
+gguf = os.path.join(os.path.dirname(out), "tiny.gguf")
+if not os.path.isfile(gguf):
+  write_gguf(gguf, "llama", CFG, random_params(CFG))
+tiny = TinyModel(gguf, os.path.join(out, "converted"), os.path.join(out, "xla"))
+rows = {}
+for name in methods:
+  workdir = os.path.join(out, name)
+  c = tiny_run_config(name, workdir, tiny, teacher__max_len=2048, total_steps=2)
+  if c.credit.method == "toolopd":
+    c.credit.toolopd.skill_max_tokens = 4
+  if c.credit.method in ("sgcd", "sgcd_v0"):  # the tiny policy never succeeds: no group is mixed
+    c.credit[c.credit.method].summary_max_tokens = 4
+    c.credit[c.credit.method].mixed_groups = "keep"
+  trainer.train(c)
+  rows[name] = metrics_rows(workdir, "rl")
+with open(os.path.join(out, "rows.json"), "w") as f:
+  json.dump(rows, f)
+"""
+
+
+def timing(key: str) -> bool:
+  """Keys that measure time (they differ between any two runs)."""
+  return key.endswith("_s") or key.endswith("seconds") or "per_s" in key
+
+
+def differences(before: list[dict], after: list[dict]) -> list[str]:
+  """'step N key: before -> after' for every non-timing key whose value differs (rows in order)."""
+  out = []
+  if len(before) != len(after):
+    out.append(f"{len(before)} rows before, {len(after)} after")
+  for a, b in zip(before, after):
+    for key in sorted(set(a) | set(b)):
+      if not timing(key) and a.get(key, "<missing>") != b.get(key, "<missing>"):
+        out.append(f"step {a.get('step')} {key}: {a.get(key, '<missing>')!r} -> {b.get(key, '<missing>')!r}")
+  return out
+
+
+def main(argv=None) -> int:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap.add_argument("before", help="a checkout of the earlier code")
+  ap.add_argument("after", help="a checkout of the later code")
+  ap.add_argument("--methods", default="trace,crest,toolopd,hsd,hsd_grpo,sgcd,gear", help="configs/<name>.py names")
+  ap.add_argument("--work", default="", help="folder for the runs (default: a new temporary folder)")
+  args = ap.parse_args(argv)
+  work = args.work or tempfile.mkdtemp(prefix="same_results_")
+  rows = {}
+  for side, root in (("before", args.before), ("after", args.after)):
+    out = os.path.join(work, side)
+    os.makedirs(out, exist_ok=True)
+    proc = subprocess.run([sys.executable, "-c", _RUN, os.path.abspath(root), out, args.methods], text=True)
+    if proc.returncode != 0:
+      print(f"[same_results] the {side} checkout's runs failed (exit {proc.returncode})", file=sys.stderr)
+      return 2
+    with open(os.path.join(out, "rows.json")) as f:
+      rows[side] = json.load(f)
+  failed = False
+  for name in args.methods.split(","):
+    diff = differences(rows["before"][name], rows["after"][name])
+    keys = len(rows["after"][name][0]) if rows["after"][name] else 0
+    print(f"{name}: " + ("same" if not diff else "DIFFERS: " + "; ".join(diff[:5])) + f" ({keys} keys a row)")
+    failed |= bool(diff)
+  return 1 if failed else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
