@@ -609,11 +609,6 @@ def _validate_knobs(c: ml_collections.ConfigDict) -> None:
         raise ValueError(f"config.credit.{name}.{key} = {v!r}: must be an int")
     elif key in choices and v not in choices[key]:
       raise ValueError(f"config.credit.{name}.{key} = {v!r}: must be one of {choices[key]}")
-  for key in ("distill_coef", "dense_coef"):
-    if key in k and not (math.isfinite(k[key]) and k[key] >= 0):
-      raise ValueError(
-        f"config.credit.{name}.{key} = {k[key]!r}: must be a finite number >= 0 (a negative weight flips the term)"
-      )
   from jaxcredit.train.step import LOSS_TERMS  # the loss terms' table (imports the model layers: only here)
 
   for term in METHODS[name].loss_terms:  # a loss term's gradient cap (PolicyLossConfig.grad_caps): a ratio > 0

@@ -585,6 +585,17 @@ def sgcd_v0(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
   return _sgcd(traj, k, credit.sgcd_v0_token_weights, knobs, k["w_min"], k["w_max"])
 
 
+def hsd_grpo_validate(k: Mapping[str, Any], c) -> None:
+  """hsd_grpo's dense_coef, the weight of its dense term in the advantage (no credit function reads it): a finite
+  number >= 0 (a negative weight flips the term)."""
+  v = k["dense_coef"]
+  if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < float("inf"):
+    raise ValueError(
+      f"config.credit.{c.credit.method}.dense_coef = {v!r}: must be a finite number >= 0 (a negative weight flips the "
+      "term)"
+    )
+
+
 def hsd_validate(k: Mapping[str, Any], c) -> None:
   """HSD's own checks: beta a finite number >= 0 (the reference KL's weight; the paper's 0.001); the teacher is the
   policy (the loss reads the teacher's hidden states against the policy's current head, which is that teacher's
@@ -692,6 +703,7 @@ METHODS: dict[str, Method] = {
     dict(_OUTCOME, clip=1.0, dense_coef=0.1),
     ("teacher_peer",),
     summary="HSD, this library's earlier reading (GRPO plus a clipped sampled-token log-ratio to the peer teacher)",
+    validate=hsd_grpo_validate,
     variant_of="hsd",
   ),
   # GEAR (arXiv 2605.11853) from its summaries and captions: Table 2's defaults (lambda_H = 1.5, alpha = 0.2,

@@ -464,3 +464,24 @@ def test_a_method_reusing_a_pass_gets_its_knobs_and_a_node_without_one_is_refuse
   # A method's own row may set its default for a pass's knob (CrEST's per-unit context is the pass's default).
   monkeypatch.setitem(METHODS, "peer_skip", Method(peer_gap, {"fallback": "skip"}, ("teacher_peer",), summary="x"))
   assert base_config().credit.peer_skip.fallback == "skip"
+
+
+@pytest.mark.parametrize(
+  "method,key,value,message",
+  [
+    ("toolopd", "distill_coef", -0.1, "config.credit.toolopd.distill_coef = -0.1: the 'distill' loss term's weight"),
+    ("hsd_grpo", "dense_coef", -0.5, "config.credit.hsd_grpo.dense_coef = -0.5: must be a finite number >= 0"),
+    ("hsd_grpo", "dense_coef", float("inf"), "config.credit.hsd_grpo.dense_coef = inf: must be a finite number"),
+  ],
+)
+def test_a_weight_knob_is_checked_by_its_own_row_not_by_name_in_the_config_module(method, key, value, message):
+  """ToolOPD's distill_coef as its loss term's weight (the check every declared term's knob gets), hsd_grpo's
+  dense_coef by hsd_grpo's own row: config.py names neither."""
+  from jaxcredit.train.config import validate
+
+  c = base_config()
+  c.credit.method = method
+  c.credit[method][key] = value
+  with pytest.raises(ValueError) as info:
+    validate(c)
+  assert str(info.value).startswith(message)
