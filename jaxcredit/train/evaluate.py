@@ -32,7 +32,6 @@ import re
 import time
 from typing import Any, Sequence
 
-import jax
 import ml_collections
 import numpy as np
 from flax import nnx
@@ -42,7 +41,6 @@ from jaxcredit import multihost, output_lock, sharding, trees
 from jaxcredit.atomic_files import write_json_atomic
 from jaxcredit.envs import EnvSpec, make_env_spec
 from jaxcredit.models import load_tokenizer, resolve_source
-from jaxcredit.models.decoder import param_logical_axes
 from jaxcredit.models.tokenizer import tokenizer_mismatch
 from jaxcredit.rollout import jsonl as jsonl_lib
 from jaxcredit.rollout.chat_format import ChatFormat
@@ -51,7 +49,6 @@ from jaxcredit.train import checkpoint as ckpt_lib
 from jaxcredit.train import export
 from jaxcredit.train import heldout as heldout_lib
 from jaxcredit.train import run as run_lib
-from jaxcredit.train import step as step_lib
 from jaxcredit.train.engines import build_engine
 from jaxcredit.train.heldout import Z95, wilson_interval  # noqa: F401 - re-exported (jaxcredit.train.evaluate's API)
 
@@ -334,9 +331,7 @@ def load_model(config: ml_collections.ConfigDict, source: str | None, mesh) -> t
   if workdir is not None:
     info["identity"]["checkpoint"] = weights_identity(os.path.join(workdir[0], "checkpoints", str(step)))
   # Placed as the trainer places the policy (the config's sharding table), then a workdir's parameters into them.
-  graphdef, params, rest = step_lib.split_model(model)
-  rules = sharding.resolve_rules(dict(config.sharding_rules))
-  params = jax.device_put(params, sharding.param_shardings(params, mesh, param_logical_axes(model.cfg), rules))
+  graphdef, params, rest, _ = run_lib.place_params(model, mesh, sharding.resolve_rules(dict(config.sharding_rules)))
   if workdir is not None:
     params = ckpt.restore_params(int(info["step"]), params)
   return nnx.merge(graphdef, params, rest), tok, info

@@ -146,6 +146,15 @@ def load_policy(source: str | os.PathLike, config: ml_collections.ConfigDict, me
   return model
 
 
+def place_params(model, mesh, rules):
+  """`model` split into (graphdef, params, rest) with its parameters placed on `mesh` by the sharding table `rules`
+  (`sharding.resolve_rules`), and the parameters' shardings: how the policy, a frozen teacher and an evaluated model
+  are all put on the mesh."""
+  graphdef, params, rest = step_lib.split_model(model)
+  shardings = sharding.param_shardings(params, mesh, param_logical_axes(model.cfg), rules)
+  return graphdef, jax.device_put(params, shardings), rest, shardings
+
+
 def check_processes(config) -> None:
   """With several processes: each samples whole prompt groups (credit needs a group's rollouts together, and a
   group never spans processes), and the mesh must split into equal per-process sampling meshes.
@@ -208,9 +217,8 @@ def load_frozen_model(source: str, key: str, config, mesh, tok, policy_cfg) -> p
       f"({model.cfg.vocab_size} embedding rows); the policy's has {tok.vocab_size} "
       f"({policy_cfg.vocab_size} rows){f': {mismatch}' if mismatch else ''}. It must share the policy's tokenizer."
     )
-  graphdef, params, rest = step_lib.split_model(model)
   rules = sharding.resolve_rules(dict(config.teacher.sharding_rules))
-  params = jax.device_put(params, sharding.param_shardings(params, mesh, param_logical_axes(model.cfg), rules))
+  graphdef, params, rest, _ = place_params(model, mesh, rules)
   return passes_lib.Model(graphdef, rest, params, rules=rules)
 
 
@@ -338,9 +346,7 @@ def build(config: ml_collections.ConfigDict, *, write_config: bool = True) -> Ru
   identity = {"tokenizer": tok.content_digest()}
   if write_config:
     ckpt_lib.check_or_write_identity(config.workdir, identity, write=False)
-  graphdef, params, rest = step_lib.split_model(model)
-  p_sh = sharding.param_shardings(params, mesh, param_logical_axes(model.cfg), rules)
-  params = jax.device_put(params, p_sh)
+  graphdef, params, rest, p_sh = place_params(model, mesh, rules)
   local_mesh = None
   if jax.process_count() > 1:  # each process samples on its own devices, from its own copy of the policy
     local_mesh = sharding.make_mesh(
