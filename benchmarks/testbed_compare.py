@@ -1028,6 +1028,14 @@ def summarize(
     "settings": settings,
     "env": TASKS[args.task]["env_config"],
     "warm_start_success": start,
+    "eval_tasks": getattr(args, "eval_tasks", None),
+    # How starved the task is where RL starts: per method, the share of its first RL step's groups (sampled by the
+    # warm start) that hold an outcome contrast, mean over its seeds (issue 51: at most 0.3 for the starved chains).
+    "contrast_group_frac_first_step": {
+      label: m["diagnostics"]["contrast_group_frac"][0]
+      for label, m in methods.items()
+      if (m.get("diagnostics") or {}).get("contrast_group_frac")
+    },
     "target": target,
     "rollouts_per_step": args.prompts * args.group,
     "total_seconds": seconds,

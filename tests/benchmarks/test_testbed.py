@@ -314,6 +314,7 @@ def test_merge_grows_a_method_seed_by_seed_from_the_earlier_files_run_records(te
   assert g["seeds_run"] == [0, 1, 2] and g["final_success"] == [0.5, 0.3, 0.7]
   assert g["final_success_mean"] == pytest.approx(0.5)
   assert g["diagnostics"]["contrast_group_frac"] == pytest.approx([0.5833333] * 4)
+  assert result["contrast_group_frac_first_step"]["grpo"] == pytest.approx(0.5833333)
   assert g["final_env"]["env/chain_progress"] == pytest.approx(0.5)
   assert [r["machine"]["cpu_model"] for r in g["runs"]] == ["b/grpo_seed0", "a/grpo_seed1", "b/grpo_seed2"]
   assert result["merged_from"] == {"grpo": "file.json"}
