@@ -1160,44 +1160,70 @@ def _mean_or_none(values: list) -> float | None:
   return float(np.mean(values)) if values else None
 
 
+_DIAGNOSTIC_TITLES = {
+  "contrast_group_frac": "groups with an outcome contrast",
+  "nonzero_adv_token_frac": "action tokens with a nonzero advantage",
+  "dense_adv_share": "dense term's share of |advantage|",
+  "grad_norm": "gradient norm",
+}
+
+
 def plot(result: dict, path: str) -> None:
+  """testbed.png: held-out success (each method's mean over its seeds, band min..max) and the training rollouts'
+  success against RL step (and rollouts sampled, top axis); below, the per-step diagnostics (`DIAGNOSTICS`: mean over
+  seeds, trailing mean over steps/4), which say why a method learns or does not."""
   import matplotlib
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  fig, (ax, ax_train) = plt.subplots(1, 2, figsize=(13, 5))
+  fig = plt.figure(figsize=(16, 9))
+  grid = fig.add_gridspec(2, 4, height_ratios=[3, 2])
+  ax, ax_train = fig.add_subplot(grid[0, :2]), fig.add_subplot(grid[0, 2:])
+  ax_diag = {name: fig.add_subplot(grid[1, i]) for i, name in enumerate(DIAGNOSTICS)}
   for k, (label, m) in enumerate(result["methods"].items()):
     color = f"C{k % 10}"
     steps = m["curves"][0]["steps"]
     if any(c["steps"] != steps for c in m["curves"]):
       continue  # unequal curves (an unfinished run): left out rather than misaligned
     vals = np.asarray([c["success"] for c in m["curves"]])
-    ax.plot(steps, vals.mean(0), color=color, label=f"{label} ({m['final_success_mean']:.2f})", marker="o", ms=3)
+    ax.plot(
+      steps, vals.mean(0), color=color, label=f"{label} ({m['final_success_mean']:.2f}, {len(vals)} seeds)", marker="o"
+    )
     ax.fill_between(steps, vals.min(0), vals.max(0), color=color, alpha=0.12)
+    window = m.get("train_window", 1)
     train = m.get("train_curves") or []
     if train and all(c["steps"] == train[0]["steps"] for c in train) and train[0]["steps"]:
-      window = m.get("train_window", 1)
       mean = np.asarray([c["success"] for c in train]).mean(0)
       smooth = np.convolve(mean, np.ones(window) / window, mode="valid")  # trailing mean over `window` steps
       ax_train.plot(train[0]["steps"][window - 1 :], smooth, color=color, label=label)
+    diag = m.get("diagnostics") or {}
+    for name, a in ax_diag.items():
+      values = diag.get(name) or []
+      if values and None not in values and len(values) >= window:
+        smooth = np.convolve(np.asarray(values, float), np.ones(window) / window, mode="valid")
+        a.plot(diag["steps"][window - 1 :], smooth, color=color, label=label)
   ax.axhline(result["target"], color="gray", ls="--", lw=0.8, label=f"target {result['target']:.2f}")
   ax.set_xlabel("RL step")
   greedy = TASKS[result["settings"].get("task", "search")]["eval_greedy"]
   ax.set_ylabel(f"held-out success ({'greedy' if greedy else 'sampled, fixed keys'})")
   s = result["settings"]
-  ax.set_title(f"held-out: mean over {len(s['seeds'])} seeds, band min..max; {s['prompts']}x{s['group']} rollouts/step")
+  ax.set_title(f"held-out: mean over seeds, band min..max; {s['prompts']}x{s['group']} rollouts/step")
   ax.legend(fontsize=8)
   ax_train.set_xlabel("RL step")
   ax_train.set_ylabel("training rollouts' success (sampled)")
   ax_train.set_title("training rollouts: mean over seeds, trailing mean over steps/4")
   ax_train.legend(fontsize=8)
+  for name, a in ax_diag.items():
+    a.set_title(_DIAGNOSTIC_TITLES.get(name, name), fontsize=9)
+    a.set_xlabel("RL step", fontsize=8)
+    a.tick_params(labelsize=7)
   per_step = s["prompts"] * s["group"]
   for a in (ax, ax_train):  # the same curves against rollouts sampled (every step samples prompts x group)
     top = a.secondary_xaxis("top", functions=(lambda x: x * per_step, lambda r: r / per_step))
     top.set_xlabel("rollouts sampled")
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
+  fig.savefig(path, dpi=100)
   plt.close(fig)
 
 
