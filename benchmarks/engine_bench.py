@@ -58,7 +58,7 @@ def main():
   try:
     for r in range(args.rounds + 1):
       for engine, run in runs.items():
-        run.policy_version += 1  # a new version: the vLLM engine syncs its weights
+        run.state.policy_version += 1  # a new version: the vLLM engine syncs its weights
         tokens = seconds = sync = 0.0
         for k, prompt_ids in enumerate(steps):
           sampled = rl_step_lib.sample_step(run, run.params, prompt_ids, jax.random.fold_in(jax.random.key(r), k))

@@ -1,6 +1,7 @@
 """Do two checkouts train the same? Every method's tiny run (the test suite's tiny random policy on the quickstart
 task, `tests/fixtures/tiny_run.py`, 2 RL steps) in each checkout, then every key of every RL metrics row compared
-(timings left out). For a refactor that must not change results (issue 55).
+(timings left out), and every rollout file the runs export (`rollout.export_jsonl`, the viewer's samples with pass
+outputs and credit details) compared line by line. For a refactor that must not change results (issue 55).
 
   git worktree add /tmp/before <commit>        # or git clone + checkout
   python tools/same_results.py /tmp/before . --methods trace,crest,toolopd,hsd,hsd_grpo,sgcd,gear
@@ -32,7 +33,7 @@ gguf = os.path.join(os.path.dirname(out), "tiny.gguf")
 if not os.path.isfile(gguf):
   write_gguf(gguf, "llama", CFG, random_params(CFG))
 tiny = TinyModel(gguf, os.path.join(out, "converted"), os.path.join(out, "xla"))
-rows = {}
+rows, exports = {}, {}
 for name in methods:
   workdir = os.path.join(out, name)
   c = tiny_run_config(name, workdir, tiny, teacher__max_len=2048, total_steps=2)
@@ -41,10 +42,17 @@ for name in methods:
   if c.credit.method in ("sgcd", "sgcd_v0"):  # the tiny policy never succeeds: no group is mixed
     c.credit[c.credit.method].summary_max_tokens = 4
     c.credit[c.credit.method].mixed_groups = "keep"
+  c.rollout.export_jsonl = True
+  c.log_rollouts_every = 1
   trainer.train(c)
   rows[name] = metrics_rows(workdir, "rl")
+  exports[name] = {}
+  for folder in ("rollouts", "rollout_samples"):
+    for f in sorted(os.listdir(os.path.join(workdir, folder))):
+      with open(os.path.join(workdir, folder, f)) as fh:
+        exports[name][folder + "/" + f] = fh.read().splitlines()
 with open(os.path.join(out, "rows.json"), "w") as f:
-  json.dump(rows, f)
+  json.dump({"rows": rows, "exports": exports}, f)
 """
 
 
@@ -62,6 +70,20 @@ def differences(before: list[dict], after: list[dict]) -> list[str]:
     for key in sorted(set(a) | set(b)):
       if not timing(key) and a.get(key, "<missing>") != b.get(key, "<missing>"):
         out.append(f"step {a.get('step')} {key}: {a.get(key, '<missing>')!r} -> {b.get(key, '<missing>')!r}")
+  return out
+
+
+def export_differences(before: dict, after: dict) -> list[str]:
+  """'FILE line N differs' for every exported rollout file whose lines differ (or that one side lacks)."""
+  out = []
+  for path in sorted(set(before) | set(after)):
+    a, b = before.get(path), after.get(path)
+    if a is None or b is None:
+      out.append(f"{path} only {'after' if a is None else 'before'}")
+      continue
+    bad = [k for k, (x, y) in enumerate(zip(a, b)) if x != y]
+    if len(a) != len(b) or bad:
+      out.append(f"{path}: {len(a)} -> {len(b)} lines, line(s) {bad[:3]} differ")
   return out
 
 
@@ -85,9 +107,16 @@ def main(argv=None) -> int:
       rows[side] = json.load(f)
   failed = False
   for name in args.methods.split(","):
-    diff = differences(rows["before"][name], rows["after"][name])
-    keys = len(rows["after"][name][0]) if rows["after"][name] else 0
-    print(f"{name}: " + ("same" if not diff else "DIFFERS: " + "; ".join(diff[:5])) + f" ({keys} keys a row)")
+    before, after = rows["before"], rows["after"]
+    diff = differences(before["rows"][name], after["rows"][name])
+    diff += export_differences(before["exports"][name], after["exports"][name])
+    keys = len(after["rows"][name][0]) if after["rows"][name] else 0
+    lines = sum(len(v) for v in after["exports"][name].values())
+    print(
+      f"{name}: "
+      + ("same" if not diff else "DIFFERS: " + "; ".join(diff[:5]))
+      + f" ({keys} keys a row, {lines} exported lines)"
+    )
     failed |= bool(diff)
   return 1 if failed else 0
 

@@ -8,7 +8,7 @@ while the learner runs this step's passes, credit and update.
     pipeline.publish(params)                 # the sampler's next weights; schedules step + k + 1
   pipeline.close()
 
-Versions. `Run.policy_version` counts parameter updates (one per RL step). Step N's update starts from version
+Versions. `RunState.policy_version` counts parameter updates (one per RL step). Step N's update starts from version
 V(N) = V(s) + (N - s). Its rollouts are sampled with the newest published weights whose version is at least
 V(N) - k, so `policy_staleness` = V(N) - (the sampling version) is at most k; with k = 1 the rollouts of step N + 1
 are sampled while step N learns (one step off-policy). The sampler reads its own copy of the weights, made when
@@ -17,7 +17,7 @@ in the compute dtype.
 
 What runs where:
 - the rollout thread: binding its copy to the policy's sampler and sampling this process's share of a step's
-  groups (`rl_step.sample_local`), holding `run.sampler_lock` (evals and a pass that samples with the policy take
+  groups (`rl_step.sample_local`), holding `run.state.sampler_lock` (evals and a pass that samples with the policy take
   it too, so they wait for the rollouts in progress, and the thread waits for them);
 - the main thread, in program order on every process: drawing each step's prompts, copying published weights onto
   the sampler's devices (collective with several processes), gathering each step's rollouts over processes
@@ -72,7 +72,7 @@ class RolloutPipeline:
   Args:
     run: the training run (its sampler, tasks, environment and `sampler_lock`).
     data: the prompt iterator (`run.data_iterator`); only the main thread draws from it.
-    params: the weights the first step's update starts from (version `run.policy_version`).
+    params: the weights the first step's update starts from (version `run.state.policy_version`).
     first_step, last_step: the RL steps to sample (inclusive).
     depth: `rollout.async_depth`, >= 1.
 
@@ -87,7 +87,7 @@ class RolloutPipeline:
     self.depth = int(depth)
     self.first_step, self.last_step = int(first_step), int(last_step)
     self._data = data
-    self._first_version = int(run.policy_version)
+    self._first_version = int(run.state.policy_version)
     self._cond = threading.Condition()
     self._jobs: collections.deque[_Job] = collections.deque()
     self._results: dict[int, rl_step.LocalRollouts] = {}
@@ -109,11 +109,11 @@ class RolloutPipeline:
     return self._first_version + (step - self.first_step) - self.depth
 
   def publish(self, params) -> None:
-    """Hands the sampler the learner's weights at version `run.policy_version` (after an update) and schedules the
+    """Hands the sampler the learner's weights at version `run.state.policy_version` (after an update) and schedules the
     next step to sample. Main thread; collective with several processes."""
     model = sampler_copy(self.run, params)
     with self._cond:
-      self._model, self._version = model, int(self.run.policy_version)
+      self._model, self._version = model, int(self.run.state.policy_version)
       self._cond.notify_all()
     if self._scheduled >= self.first_step and self._scheduled < self.last_step:
       self._schedule(self._scheduled + 1)

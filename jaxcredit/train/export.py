@@ -10,6 +10,7 @@ import re
 import numpy as np
 
 from jaxcredit.rollout import jsonl as jsonl_lib
+from jaxcredit.step_types import Rollouts
 from jaxcredit.train import pass_outputs
 from jaxcredit.train.methods import METHODS
 from jaxcredit.train.run import Run
@@ -53,40 +54,43 @@ def sample_rows(group_ids_B, count: int) -> list[int]:
 def export_rollouts(
   run: Run,
   path: str,
-  results,
-  tasks,
-  traj,
+  rollouts: Rollouts,
   out,
   *,
   rollout_ids,
   rows=None,
   with_passes: bool = False,
-  processes=None,
-  policy_version: int | None = None,
 ) -> None:
-  """Writes rollouts as JSONL (jaxcredit/rollout/jsonl.py; docs/rollouts-jsonl.md), with the advantages computed for
-  them: one line per rollout, its group id the index of its prompt group. `rows`: which rollouts (default all);
-  `with_passes`: also every pass output of each rollout under metadata["passes"] (`pass_outputs_of`) and the
-  method's per-rollout details (TRACE's state values, GEAR's segments, ...) under metadata["credit_details"];
-  `processes`: the process that sampled each rollout, recorded as metadata["process"] when several did;
-  `policy_version`: the version of the weights that sampled them (`Run.policy_version`), metadata["policy_version"]."""
-  rows = range(len(results)) if rows is None else list(rows)
+  """Writes `rollouts` as JSONL (jaxcredit/rollout/jsonl.py; docs/rollouts-jsonl.md), with the advantages computed
+  for them (`out`, the method's `MethodOutput`): one line per rollout, its group id the index of its prompt group.
+  `rows`: which rollouts (default all); `with_passes`: also every pass output of each rollout under
+  metadata["passes"] (`pass_outputs_of`) and the method's per-rollout details (TRACE's state values, GEAR's
+  segments, ...) under metadata["credit_details"]. Each record's metadata holds its tool calls and errors, the
+  process that sampled it when several did, and the policy version that sampled it when known."""
+  traj = rollouts.traj
+  rows = range(rollouts.batch_size) if rows is None else list(rows)
+  several = len(set(rollouts.process_B.tolist())) > 1
   records = []
   for i in rows:
-    res, task = results[i], tasks[i]
+    task = rollouts.tasks[i]
     records.append(
       jsonl_lib.rollout_to_record(
-        res,
+        rollouts.builders[i],
         rollout_id=rollout_ids[i],
         group_id=int(traj.group_ids_B[i]),
+        reward=rollouts.rewards[i],
         unit_rewards=[float(x) for x in traj.unit_rewards_BxU[i][traj.unit_mask_BxU[i]]],
+        messages=rollouts.messages[i],
         task_id=task_id_of(task),
+        finish=rollouts.finish[i],
         tools=run.env.tools(task) if run.env.tools is not None else None,
         metadata={
+          "tool_calls": int(rollouts.tool_calls_B[i]),
+          "tool_errors": int(rollouts.tool_errors_B[i]),
           **({"passes": pass_outputs_of(traj, i)} if with_passes else {}),
           **({"credit_details": rollout_values(out.details, i, traj)} if with_passes and out.details else {}),
-          **({"process": int(processes[i])} if processes is not None and len(set(processes)) > 1 else {}),
-          **({"policy_version": int(policy_version)} if policy_version is not None else {}),
+          **({"process": int(rollouts.process_B[i])} if several else {}),
+          **({"policy_version": int(rollouts.policy_version)} if rollouts.policy_version is not None else {}),
         },
       )
     )

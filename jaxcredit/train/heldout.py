@@ -96,8 +96,8 @@ def evaluate(run: Run, params, stage: str, step: int, *, sft_step: int | None = 
   bs = run.config.eval.batch_size
   mine = run.eval_tasks[multihost.uneven_share(len(run.eval_tasks))]
   model = sampling_model(run, params)  # collective once; the batches below are local
-  with run.sampler_lock:  # the rollout thread of rollout.async_depth waits meanwhile
-    run.sampler.update_model(model, version=run.policy_version)
+  with run.state.sampler_lock:  # the rollout thread of rollout.async_depth waits meanwhile
+    run.sampler.update_model(model, version=run.state.policy_version)
     for i in progress_bar(run.config, iterable=range(0, len(mine), bs), desc=f"eval {stage}", leave=False):
       results += sample_eval_batch(run, mine[i : i + bs], i, greedy=bool(run.config.eval.greedy))
   summaries: list = sum(multihost.allgather_objects(eval_summaries(run, results)), [])

@@ -13,6 +13,7 @@ from jaxcredit import sharding
 from jaxcredit.envs import make_env_spec
 from jaxcredit.models import load_tokenizer, resolve_source
 from jaxcredit.rollout import jsonl as jsonl_lib
+from jaxcredit.step_types import Rollouts
 from jaxcredit.train import config as config_lib
 from jaxcredit.train.export import pass_outputs_of, rollout_values, task_id_of
 from jaxcredit.train.methods import METHODS
@@ -214,10 +215,9 @@ def credit_records(
       params = run.ckpt.restore_params(latest, run.params)
     if run.ckpt.has_reference():
       ref_params = run.ckpt.restore_reference(reference_copy(run, run.params))
+    rollouts = Rollouts.from_records(records, traj, builders, tasks)
     with sharding.use_rules(run.rules):
-      messages = [list(r.get("messages") or []) for r in records]
-      rewards = [float(r["reward"]) for r in records]
-      run_passes(run, traj, messages, rewards, tasks, params, ref_params, jax.random.key(c.seed))
+      run_passes(run, rollouts, params, ref_params, jax.random.key(c.seed))
   out = method.advantages(traj, c.credit[c.credit.method])
   credited = jsonl_lib.attach_credit(records, out.adv_BxL, out.turn_adv_BxT, method=c.credit.method)
   if details:

@@ -1,12 +1,12 @@
 """One RL step, in the order of its phases (`learn_step` reads the same way):
 
   sampled = sample_step(run, params, prompt_ids, key)      # group_size rollouts per prompt, gathered over processes
-  traj    = pack_rollouts(run, sampled)                     # the one trajectory layout (jaxcredit.trajectory)
-  run_passes(run, traj, ...)                                # the PASSES the method needs fill traj.passes
+  rollouts = pack_rollouts(run, sampled)                    # typed (jaxcredit.step_types): arrays + host fields
+  run_passes(run, rollouts, ...)                            # the PASSES the method needs fill rollouts.traj.passes
   out     = METHODS[method].advantages(traj, knobs)         # credit
   batch, _ = loss_batch(run, params, ref_params, traj, out, ref_logp)
   params, opt_state, m = ppo_updates(update, params, opt_state, batch, ...)
-  row     = metrics_row(run, sampled, traj, out, m, ...)    # then export_step_rollouts
+  row     = metrics_row(run, sampled, rollouts, out, m, ...)  # then export_step_rollouts
 
 `run_rl_step` is `sample_step` then `learn_step` (the rest, on given rollouts).
 """
@@ -21,6 +21,7 @@ import jax
 import numpy as np
 
 from jaxcredit import multihost
+from jaxcredit.step_types import Rollouts
 from jaxcredit.train import config as config_lib
 from jaxcredit.train import passes as passes_lib
 from jaxcredit.train import step as step_lib
@@ -37,12 +38,12 @@ from jaxcredit.train.update import (
   ppo_updates,
   update_batch,
 )
-from jaxcredit.trajectory import group_index, pack
+from jaxcredit.trajectory import group_index
 
 
-def run_passes(run: Run, traj, messages, rewards, tasks, params, ref_params, key) -> dict:
-  """Runs the chosen method's passes in order on the rollouts of `traj` (`messages`: each rollout's chat, `rewards`:
-  its outcome reward, `tasks`: its task), filling `traj.passes`; returns their metrics.
+def run_passes(run: Run, rollouts: Rollouts, params, ref_params, key) -> dict:
+  """Runs the chosen method's passes in order on `rollouts` (each reads the trajectory and each rollout's task,
+  chat and reward), filling `rollouts.traj.passes`; returns their metrics.
 
   Raises:
     ValueError: a pass returned another class than its `PASSES` row's output, or arrays whose shapes are not that
@@ -65,15 +66,16 @@ def run_passes(run: Run, traj, messages, rewards, tasks, params, ref_params, key
     knobs=c.credit[c.credit.method],
     tok=run.tok,
     env=run.env,
-    tasks=tasks,
-    messages=messages,
-    rewards=rewards,
+    tasks=rollouts.tasks,
+    messages=rollouts.messages,
+    rewards=rollouts.rewards,
     key=key,
     models=models,
     teacher=source if source in ("policy", "reference") else "checkpoint",
     fns=run.pass_fns,
     sampler_for=sampler_binder(run, held),
   )
+  traj = rollouts.traj
   row = {}
   try:
     for name in method.passes:
@@ -119,7 +121,7 @@ class StepRollouts:
   # sampler_sync_s: putting the policy's parameters into the sampler (with several processes, each process's copy);
   # rollout_gather_s: gathering every process's rollouts (0 with one process).
   timing: dict = dataclasses.field(default_factory=dict)
-  policy_version: int | None = None  # the version of the weights that sampled them (Run.policy_version)
+  policy_version: int | None = None  # the version of the weights that sampled them (RunState.policy_version)
   # rollout.resample_tied_groups: resample_rounds, resampled_groups, tied_groups_left ({} when off)
   resample_stats: dict = dataclasses.field(default_factory=dict)
 
@@ -141,14 +143,14 @@ class LocalRollouts:
 
 def sample_local(run: Run, model, prompt_ids, key, *, version: int | None) -> LocalRollouts:
   """Samples this process's contiguous share of the step's prompt groups (`group_size` rollouts each) with `model`
-  bound to the policy's sampler, holding `run.sampler_lock` (the rollout thread of `rollout.async_depth` and the
+  bound to the policy's sampler, holding `run.state.sampler_lock` (the rollout thread of `rollout.async_depth` and the
   evals share the sampler). Not collective: with several processes each process's key is folded with its index.
 
   Args:
     model: the policy as the sampler reads it (`run.sampling_model`).
     prompt_ids: the step's global batch of training task indices.
     key: the step's key.
-    version: the policy version of `model` (`Run.policy_version` when it was taken).
+    version: the policy version of `model` (`RunState.policy_version` when it was taken).
   """
   c = run.config
   g = c.rollout.group_size
@@ -158,7 +160,7 @@ def sample_local(run: Run, model, prompt_ids, key, *, version: int | None) -> Lo
   ]
   if jax.process_count() > 1:
     key = jax.random.fold_in(jax.random.fold_in(key, 2), jax.process_index())
-  with run.sampler_lock:
+  with run.state.sampler_lock:
     stats_before = dict(run.sampler.stats)
     run.sampler.update_model(model, version=version, max_staleness=c.rollout.max_staleness)
     sync_s = time.time() - t0
@@ -218,7 +220,7 @@ def sample_step(run: Run, params, prompt_ids, key) -> StepRollouts:
   t0 = time.time()
   model = sampling_model(run, params)
   build_s = time.time() - t0
-  local = sample_local(run, model, prompt_ids, key, version=run.policy_version)
+  local = sample_local(run, model, prompt_ids, key, version=run.state.policy_version)
   local.seconds += build_s
   local.sync_s += build_s
   return gather_rollouts(run, local)
@@ -296,40 +298,32 @@ def learn_step(
   c = run.config
   t0 = time.time() if t0 is None else t0
   key = jax.random.fold_in(run.key, rl_step)
-  traj = pack_rollouts(run, sampled)
-  if not traj.action_mask_BxL.any():
+  rollouts = pack_rollouts(run, sampled)
+  if not rollouts.traj.action_mask_BxL.any():
     # Every rollout ended before its first turn (a prompt with no room for sampling.max_new_tokens): nothing to learn
     # from, and a run that went on would report loss 0 and exit 0 (issue 54).
-    lengths = [len(r.builder) for r in sampled.results]
+    lengths = [len(b) for b in rollouts.builders]
     raise ValueError(
       f"RL step {rl_step}: none of its {len(lengths)} rollouts sampled an action token (their prompts run to "
       f"{max(lengths, default=0)} tokens; a turn needs its context plus config.sampling.max_new_tokens = "
       f"{c.sampling.max_new_tokens} within config.sampling.max_len = {c.sampling.max_len})"
     )
-  traj, invalid_row = drop_invalid_behavior_logp(traj)
+  traj, invalid_row = drop_invalid_behavior_logp(rollouts.traj)
+  rollouts = rollouts.with_traj(traj)
   t1 = time.time()
-  pass_row = run_passes(
-    run,
-    traj,
-    [r.messages for r in sampled.results],
-    [r.reward for r in sampled.results],
-    sampled.tasks,
-    params,
-    ref_params,
-    jax.random.fold_in(key, 1),
-  )
+  pass_row = run_passes(run, rollouts, params, ref_params, jax.random.fold_in(key, 1))
   t_passes = time.time() - t1
   out = METHODS[c.credit.method].advantages(traj, c.credit[c.credit.method])
   if out.keep_B is not None:  # a method's own filter (SGCD's dynamic sampling): its dropped rollouts leave the loss
     traj.sample_mask_B = traj.sample_mask_B & np.asarray(out.keep_B, bool)
   t_score = time.time() - t1
   t2 = time.time()
-  stale = sampled.policy_version is not None and sampled.policy_version < run.policy_version
+  stale = rollouts.policy_version is not None and rollouts.policy_version < run.state.policy_version
   batch, engine_row = loss_batch(run, params, ref_params, traj, out, ref_logp, off_policy=stale)
   # Their weights are bound again before their next use; the rollout thread of rollout.async_depth samples from
   # its own copy meanwhile, so the policy's sampler keeps it.
   own = run.sampler if c.rollout.async_depth == 0 else None
-  for sampler in (own, run.teacher_sampler, run.summarizer_sampler):
+  for sampler in (own, run.state.teacher_sampler, run.state.summarizer_sampler):
     if sampler is not None:
       sampler.release_weights()
   params, opt_state, m = ppo_updates(
@@ -343,36 +337,31 @@ def learn_step(
     seed=(c.seed, rl_step),
     pack=make_packer(run),
   )
-  run.policy_version += 1
+  run.state.policy_version += 1
   seconds = {"rollout_s": sampled.seconds, "passes_s": t_passes, "credit_s": t_score - t_passes, "score_s": t_score}
   seconds.update(update_s=time.time() - t2, step_s=time.time() - t0)
-  row = metrics_row(run, sampled, traj, out, m, seconds, {**engine_row, **invalid_row}, pass_row)
+  row = metrics_row(run, sampled, rollouts, out, m, seconds, {**engine_row, **invalid_row}, pass_row)
   if rl_step % c.log_every == 0:
     run.writer.write("rl", rl_step, row)
-  export_step_rollouts(run, sampled, traj, out, rl_step)
+  export_step_rollouts(run, rollouts, out, rl_step)
   return params, opt_state, row
 
 
-def pack_rollouts(run: Run, sampled: StepRollouts):
-  """The step's rollouts as one `jaxcredit.trajectory.Trajectory`: rollout k in group k // group_size, rewards and
-  per-unit verified rewards as sampled, turns up to the environment's `max_turns`. A rollout whose environment
-  failed (finish "env_error": its server errored or vanished) is left out (`sample_mask_B` False): its reward
-  says nothing about the policy."""
-  g = run.config.rollout.group_size
-  results = sampled.results
-  traj = pack(
-    [r.builder for r in results],
-    [r.reward for r in results],
-    [k // g for k in range(len(results))],
+def pack_rollouts(run: Run, sampled: StepRollouts) -> Rollouts:
+  """The step's rollouts as `Rollouts` (`Rollouts.from_results`): rollout k in group k // group_size, rewards and
+  per-unit verified rewards as sampled, turns up to the environment's `max_turns`, a rollout whose environment
+  failed left out of the loss."""
+  return Rollouts.from_results(
+    sampled.results,
+    sampled.tasks,
+    group_size=run.config.rollout.group_size,
     max_turns=run.env.max_turns,
     pad_id=run.tok.pad_id,
     length_bucket=run.config.train.length_bucket,
     unit_rewards=sampled.unit_rewards,
+    processes=sampled.processes,
+    policy_version=sampled.policy_version,
   )
-  env_failed = np.asarray([r.finish == "env_error" for r in results], bool)
-  if env_failed.any():
-    traj.sample_mask_B = traj.sample_mask_B & ~env_failed
-  return traj
 
 
 def loss_batch(run: Run, params, ref_params, traj, out, ref_logp, *, off_policy: bool = False) -> tuple[dict, dict]:
@@ -396,14 +385,16 @@ def loss_batch(run: Run, params, ref_params, traj, out, ref_logp, *, off_policy:
   return update_batch(traj, extra, behavior_logp), engine_row
 
 
-def metrics_row(run: Run, sampled: StepRollouts, traj, out, m: dict, seconds: dict, engine_row: dict, pass_row: dict):
+def metrics_row(
+  run: Run, sampled: StepRollouts, rollouts: Rollouts, out, m: dict, seconds: dict, engine_row: dict, pass_row: dict
+):
   """The RL step's row of metrics.jsonl (phase "rl"): rollouts (reward, success, turns, tool calls, answered),
   advantages over the action tokens, the updates' loss, clipping and gradient norm (`ppo_updates`' metrics `m`),
   tokens and throughput, the phases' `seconds` (rollout_s, passes_s, credit_s, score_s, update_s, step_s), the
-  environment's and the sampler's own metrics, `engine_row` (engine correction, dropped log-probs), staleness,
+  environment's and the sampler's own metrics (`sampled`: the step's, not the rollouts'), `engine_row` (engine correction, dropped log-probs), staleness,
   units, the method's own metrics and the passes' (`pass_row`). docs/getting-started.md's metrics table lists the keys."""
   c = run.config
-  results = sampled.results
+  traj = rollouts.traj
   act = traj.action_mask_BxL & traj.sample_mask_B[:, None]
   a = out.adv_BxL[act]
   tm = traj.turn_mask_BxT
@@ -411,11 +402,11 @@ def metrics_row(run: Run, sampled: StepRollouts, traj, out, m: dict, seconds: di
   row = {
     "method": c.credit.method,
     "reward_mean": float(np.mean(traj.rewards_B)),
-    "success_rate": float(np.mean([run.env.is_success(r.reward) for r in results])),
-    "mean_turns": float(np.mean([r.builder.num_turns for r in results])),
-    "tool_calls": float(np.mean([r.tool_calls for r in results])),
-    "tool_errors": float(np.mean([r.tool_errors for r in results])),
-    "answered_frac": float(np.mean([r.finish == "answer" for r in results])),
+    "success_rate": float(np.mean([run.env.is_success(r) for r in rollouts.rewards])),
+    "mean_turns": float(np.mean(rollouts.num_turns_B)),
+    "tool_calls": float(np.mean(rollouts.tool_calls_B)),
+    "tool_errors": float(np.mean(rollouts.tool_errors_B)),
+    "answered_frac": float(np.mean([f == "answer" for f in rollouts.finish])),
     "adv_mean": float(a.mean()) if a.size else 0.0,
     "adv_std": float(a.std()) if a.size else 0.0,
     "loss": float(m["loss"]),
@@ -438,8 +429,8 @@ def metrics_row(run: Run, sampled: StepRollouts, traj, out, m: dict, seconds: di
   row.update(sampled.env_metrics)
   row.update(sampled.sampler_stats)
   row.update(engine_row)
-  if sampled.policy_version is not None:  # how many updates behind the sampling weights were (rollout.max_staleness)
-    row["policy_staleness"] = run.policy_version - 1 - sampled.policy_version
+  if rollouts.policy_version is not None:  # how many updates behind the sampling weights were (rollout.max_staleness)
+    row["policy_staleness"] = run.state.policy_version - 1 - rollouts.policy_version
   row.update(sampled.resample_stats)
   # sampler_sync_s, rollout_gather_s; with async rollouts also learner_wait_s, sampler_idle_s (async_rollouts.py)
   row.update(sampled.timing)
@@ -482,7 +473,7 @@ def credit_diagnostics(traj, adv_BxL: np.ndarray) -> dict[str, float]:
   }
 
 
-def export_step_rollouts(run: Run, sampled: StepRollouts, traj, out, rl_step: int) -> None:
+def export_step_rollouts(run: Run, rollouts: Rollouts, out, rl_step: int) -> None:
   """On process 0: every rollout of the step to `workdir/rollouts/step_N.jsonl` when `rollout.export_jsonl` is on,
   and the sample the viewer reads (whole groups, with pass outputs and credit details) to
   `workdir/rollout_samples/step_N.jsonl` every `log_rollouts_every` steps (`export_rollouts`)."""
@@ -491,18 +482,14 @@ def export_step_rollouts(run: Run, sampled: StepRollouts, traj, out, rl_step: in
   if c.rollout.export_jsonl:
     exports.append(("rollouts", None, False))
   if c.log_rollouts_every and rl_step % c.log_rollouts_every == 0:
-    exports.append(("rollout_samples", sample_rows(traj.group_ids_B, c.log_rollouts_count), True))
+    exports.append(("rollout_samples", sample_rows(rollouts.traj.group_ids_B, c.log_rollouts_count), True))
   for folder, rows, with_passes in exports if jax.process_index() == 0 else ():
     export_rollouts(
       run,
       os.path.join(c.workdir, folder, f"step_{rl_step}.jsonl"),
-      sampled.results,
-      sampled.tasks,
-      traj,
+      rollouts,
       out,
-      rollout_ids=[f"step{rl_step}_{i}" for i in range(len(sampled.results))],
+      rollout_ids=[f"step{rl_step}_{i}" for i in range(rollouts.batch_size)],
       rows=rows,
       with_passes=with_passes,
-      processes=sampled.processes,
-      policy_version=sampled.policy_version,
     )

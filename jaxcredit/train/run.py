@@ -37,8 +37,24 @@ from jaxcredit.train.methods import METHODS
 
 
 @dataclasses.dataclass
+class RunState:
+  """What changes while a run trains (the rest of a `Run` is fixed once built)."""
+
+  # The number of parameter updates so far (warm-start steps and RL steps; saved with each checkpoint): the version
+  # a rollout engine's weights are compared against (config.rollout.max_staleness), in rollout exports.
+  policy_version: int = 0
+  # Held while the policy's sampler is bound and sampling: the rollout thread of rollout.async_depth, the evals and
+  # a pass that samples with the policy (a hindsight skill) share one sampler.
+  sampler_lock: Any = dataclasses.field(default_factory=threading.RLock)
+  teacher_sampler: Sampler | None = None  # built on first use, for hindsight skills from a teacher checkpoint
+  summarizer_sampler: Sampler | None = None  # built on first use, for SGCD's summariser checkpoint
+  policy_logp: Any = None  # jitted (params, tokens, mask) -> log-probs, built when an external engine samples
+
+
+@dataclasses.dataclass(frozen=True)
 class Run:
-  """Everything the loop needs, built once."""
+  """Everything the loop needs, built once (`build`) and never reassigned: the config, the mesh, the tokenizer, the
+  environment and its tasks, the models, the engine, the writers; what changes while it trains is `state`."""
 
   config: ml_collections.ConfigDict
   mesh: Any
@@ -59,20 +75,12 @@ class Run:
   writer: metrics_lib.MetricsWriter
   ckpt: ckpt_lib.Checkpointer
   key: jax.Array
-  teacher_sampler: Sampler | None = None  # built on first use, for hindsight skills from a teacher checkpoint
-  # SGCD's summariser checkpoint (config.credit.<method>.summarizer), when one is named, and its sampler.
+  # SGCD's summariser checkpoint (config.credit.<method>.summarizer), when one is named.
   summarizer: passes_lib.Model | None = None
-  summarizer_sampler: Sampler | None = None
   # With several processes: the mesh over this process's devices that its samplers run on (None with one process:
   # the sampler reads the training mesh's parameters directly).
   local_mesh: Any = None
-  # The number of parameter updates so far (warm-start steps and RL steps; saved with each checkpoint): the version
-  # a rollout engine's weights are compared against (config.rollout.max_staleness), in rollout exports.
-  policy_version: int = 0
-  policy_logp: Any = None  # jitted (params, tokens, mask) -> log-probs, built when an external engine samples
-  # Held while the policy's sampler is bound and sampling: the rollout thread of rollout.async_depth, the evals and
-  # a pass that samples with the policy (a hindsight skill) share one sampler.
-  sampler_lock: Any = dataclasses.field(default_factory=threading.RLock)
+  state: RunState = dataclasses.field(default_factory=lambda: RunState())  # what changes while it trains
 
   def close(self) -> None:
     """Stops what the run started outside this process (a launched rollout server, an environment's server)."""
@@ -395,13 +403,18 @@ def data_iterator(num_tasks: int, batch: int, seed: int):
 
 class SamplingRun(Protocol):
   """What sampling rollouts reads of a run (`sample_rollouts`, the held-out evals): a training `Run`, or `jaxcredit
-  eval`'s `EvalRun`."""
+  eval`'s `EvalRun` (read-only: a `Run` is frozen)."""
 
-  config: Any
-  env: EnvSpec
-  tok: Any
-  fmt: ChatFormat
-  sampler: Any
+  @property
+  def config(self) -> Any: ...
+  @property
+  def env(self) -> EnvSpec: ...
+  @property
+  def tok(self) -> Any: ...
+  @property
+  def fmt(self) -> ChatFormat: ...
+  @property
+  def sampler(self) -> Any: ...
 
 
 def rollout_sampling_params(run: SamplingRun, *, greedy: bool = False) -> SamplingParams:
@@ -446,7 +459,7 @@ def sampler_binder(run: Run, held: list | None = None):
   checkpoint. The next rollouts rebind the policy's sampler to the policy (`rollouts`). With several processes
   binding is collective, and each process samples on its own copy of the model.
 
-  Binding the policy's sampler takes `run.sampler_lock` (the rollout thread of `rollout.async_depth` samples with
+  Binding the policy's sampler takes `run.state.sampler_lock` (the rollout thread of `rollout.async_depth` samples with
   it) and appends the lock to `held`: the caller releases it when it is done with the sampler (`run_passes` does,
   after the passes)."""
 
@@ -454,8 +467,8 @@ def sampler_binder(run: Run, held: list | None = None):
     if model.graphdef is run.graphdef:
       policy_model = sampling_model(run, model.params, model.graphdef, model.rest)  # collective: outside the lock
       if held is not None and not held:
-        run.sampler_lock.acquire()
-        held.append(run.sampler_lock)
+        run.state.sampler_lock.acquire()
+        held.append(run.state.sampler_lock)
       run.sampler.update_model(policy_model)
       return run.sampler
     if run.local_mesh is None:
@@ -463,9 +476,9 @@ def sampler_binder(run: Run, held: list | None = None):
     else:  # each process generates every rollout's text (the same inputs, the same outputs) on its own devices
       merged = nnx.merge(model.graphdef, *multihost.local_copy((model.params, model.rest), run.local_mesh))
     attr = "summarizer_sampler" if model is run.summarizer else "teacher_sampler"  # one sampler per model
-    if getattr(run, attr) is None:
-      setattr(run, attr, make_jax_sampler(run.config, merged, run.tok))
-    getattr(run, attr).update_model(merged)
-    return getattr(run, attr)
+    if getattr(run.state, attr) is None:
+      setattr(run.state, attr, make_jax_sampler(run.config, merged, run.tok))
+    getattr(run.state, attr).update_model(merged)
+    return getattr(run.state, attr)
 
   return bind

@@ -247,7 +247,7 @@ def _save(run: Run, rl_step: int, params, opt_state, data_state: dict) -> None:
     "data_state": data_state,
     "phase": "rl",
     "seed": run.config.seed,
-    "policy_version": run.policy_version,
+    "policy_version": run.state.policy_version,
   }
   run.ckpt.save(rl_step, params, opt_state, meta)
 
@@ -259,7 +259,7 @@ def _resume(run: Run, latest: int, optimizer, opt_sh, data):
     latest, run.params, jax.jit(optimizer.init, out_shardings=opt_sh)(run.params)
   )
   rl_step = int(meta["rl_step"])
-  run.policy_version = int(meta.get("policy_version", rl_step))  # checkpoints before it was saved: RL steps
+  run.state.policy_version = int(meta.get("policy_version", rl_step))  # checkpoints before it was saved: RL steps
   data.set_state(meta["data_state"])
   dropped = run.writer.truncate_after("rl", rl_step) + run.writer.truncate_after("eval", rl_step)
   print(

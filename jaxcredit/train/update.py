@@ -138,9 +138,11 @@ def engine_correction(run: Run, params, traj):
     action tokens, nats), engine_is_weight_mean, engine_is_truncated_frac (tokens whose weight hit the cap).
   """
   c = run.config
-  if run.policy_logp is None:
-    run.policy_logp = step_lib.make_logp_fn(run.graphdef, run.rest, c.sampling.temperature)
-  trainer = np.asarray(multihost.to_host(run.policy_logp(params, traj.tokens_BxL, traj.token_mask_BxL)), np.float32)
+  if run.state.policy_logp is None:
+    run.state.policy_logp = step_lib.make_logp_fn(run.graphdef, run.rest, c.sampling.temperature)
+  trainer = np.asarray(
+    multihost.to_host(run.state.policy_logp(params, traj.tokens_BxL, traj.token_mask_BxL)), np.float32
+  )
   engine = np.asarray(traj.behavior_logp_BxL, np.float32)
   # A non-finite engine log-prob is no evidence of the engine's policy (`drop_invalid_behavior_logp`).
   act = traj.action_mask_BxL & traj.sample_mask_B[:, None] & np.isfinite(engine)

@@ -55,7 +55,7 @@ def warm_start(run: Run, params, stop: StopRequests | None = None) -> Any:
   start = run.ckpt.latest_warm_start_step()
   if start is not None:
     params, opt_state, meta = run.ckpt.restore_warm_start(start, params, opt_state)
-    run.policy_version = start  # one update per warm-start step
+    run.state.policy_version = start  # one update per warm-start step
     data.set_state(meta["data_state"])
     rng.bit_generator.state = meta["rng_state"]
     dropped = run.writer.truncate_after("sft", start)
@@ -90,7 +90,7 @@ def warm_start(run: Run, params, stop: StopRequests | None = None) -> Any:
       batch["action_mask_BxL"] = traj.token_mask_BxL & (np.cumsum(traj.token_mask_BxL, axis=1) > 1)
     n_tok = int(batch["action_mask_BxL"].sum())
     params, opt_state, m = update(params, opt_state, sharding.shard_batch(batch, run.mesh))
-    run.policy_version += 1
+    run.state.policy_version += 1
     m = jax.device_get(m)
     dt = time.time() - t0
     run.writer.write(

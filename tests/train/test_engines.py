@@ -56,7 +56,9 @@ def test_engine_correction_weights_gap_and_behaviour():
     sample_mask_B=np.array([True, True, False]),  # a pad row
     behavior_logp_BxL=engine,
   )
-  run = types.SimpleNamespace(config=c, graphdef=None, rest=None, policy_logp=lambda p, t, m: trainer_logp)
+  run = types.SimpleNamespace(
+    config=c, graphdef=None, rest=None, state=types.SimpleNamespace(policy_logp=lambda p, t, m: trainer_logp)
+  )
   behaviour, weight, row = update_lib.engine_correction(run, None, traj)
   act = traj.action_mask_BxL & traj.sample_mask_B[:, None]
   np.testing.assert_array_equal(behaviour[act], trainer_logp[act])
@@ -123,7 +125,9 @@ def test_a_token_without_an_engine_logprob_leaves_the_loss_and_the_gap_metrics(v
   c = config_lib.base_config()
   traj = _traj_with_one_missing_logp(value)
   trainer_logp = np.array([[-9.0, -0.9, -2.5, -0.4], [-9.0, -1.2, -2.0, -0.3]], np.float32)
-  run = types.SimpleNamespace(config=c, graphdef=None, rest=None, policy_logp=lambda p, t, m: trainer_logp)
+  run = types.SimpleNamespace(
+    config=c, graphdef=None, rest=None, state=types.SimpleNamespace(policy_logp=lambda p, t, m: trainer_logp)
+  )
   _, raw_weight, raw_row = update_lib.engine_correction(run, None, traj)  # even before the drop
   assert np.isfinite(raw_row["engine_logp_gap_mean"]) and raw_weight[0, 2] < c.loss.engine_is_cap
   kept, row = update_lib.drop_invalid_behavior_logp(traj)
