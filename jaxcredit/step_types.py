@@ -1,4 +1,5 @@
-"""The RL step's typed data, after sampling: `Rollouts`, the trajectory arrays with each rollout's host fields.
+"""The RL step's typed data, after sampling: `Rollouts` (the trajectory arrays with each rollout's host fields) and
+`LossInput` (what a method hands one of its loss terms: `DistillInput`, `VocabKLInput`).
 
 A leaf module (numpy and `jaxcredit.trajectory` only). The trainer builds one `Rollouts` per step from the sampled
 rollouts (`Rollouts.from_results`, after the gather over processes), `jaxcredit credit` builds one from JSONL
@@ -142,3 +143,55 @@ class Rollouts:
       process_B=np.asarray([int(m.get("process", 0)) for m in meta], np.int32),
       policy_version=None,
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class LossInput:
+  """The typed input of one loss term that a method feeds (`LossTerm.input` declares the class; the method returns
+  an instance in `MethodOutput.loss_inputs[term]`). Subclasses are frozen dataclasses whose fields are per-token
+  arrays named as the update batch holds them: `*_BxL` float32 [B, L], `*_BxLxD` float32 [B, L, D] (HSD's teacher
+  hidden states). They join the update batch and are packed with it (read at the scored slots).
+  """
+
+  @classmethod
+  def keys(cls) -> tuple[str, ...]:
+    """The update-batch keys the input fills: its field names."""
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+  def batch_arrays(self, shape_BxL: tuple[int, ...], *, term: str) -> dict[str, np.ndarray]:
+    """{field name: float32 array} for the update batch, each checked against the advantages' [B, L] shape.
+
+    Raises:
+      ValueError: a field whose shape is not `shape_BxL` (with a trailing axis D for `*_BxLxD`), naming the loss
+        term, the class and the field.
+    """
+    out = {}
+    want = tuple(shape_BxL)
+    for f in dataclasses.fields(self):
+      value = np.asarray(getattr(self, f.name), np.float32)
+      per_dim = f.name.endswith("_BxLxD")
+      if (value.ndim != 3 or value.shape[:2] != want) if per_dim else value.shape != want:
+        raise ValueError(
+          f"loss term {term!r}: {type(self).__name__}.{f.name} has shape {value.shape}, expected the advantages' "
+          f"{want}" + (" with a trailing axis D" if per_dim else "")
+        )
+      out[f.name] = value
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class DistillInput(LossInput):
+  """The "distill" term's input (ToolOPD): per action token, the weight of the distillation toward the teacher's
+  log-prob of the sampled token and that log-prob (nats)."""
+
+  distill_weight_BxL: np.ndarray
+  distill_target_BxL: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class VocabKLInput(LossInput):
+  """The "vocab_kl" term's input (HSD): the teacher's final hidden state that predicted each token ([B, L, D], the
+  policy's width) and the per-token weight of the full-vocabulary KL (1 on distilled action tokens, else 0)."""
+
+  teacher_hidden_BxLxD: np.ndarray
+  vocab_kl_weight_BxL: np.ndarray

@@ -73,8 +73,8 @@ def check_knobs(name: str, knobs: Mapping[str, Any]) -> None:
     ValueError: "config.credit.<name>.<knob> = <value>: must be ..." where the credit function's message names one
       of `knobs` (`<fn>: knob `<knob>` must be ..., got ...`; the knobs carry the functions' argument names), else
       "config.credit.<name>: " + its message; "method <name> reads ..." for a read of a pass it does not run or a
-      field its output lacks; a `MethodOutput.loss_arrays` entry of a wrong key or shape, or a loss term of the
-      method (`Method.loss_terms`) whose `batch_keys` the output does not hold, naming the method, term and key.
+      field its output lacks; "method <name>: loss term ..." for a declared loss term (`Method.loss_terms`) whose
+      typed input (`LossTerm.input`) the output lacks or holds misshapen, or an input for a term it does not declare.
   """
   from jaxcredit.trajectory import RolloutBuilder, pack
 
@@ -90,23 +90,18 @@ def check_knobs(name: str, knobs: Mapping[str, Any]) -> None:
     # Jitted, as in training: run eagerly, every primitive compiled on its own made this 15 s for the ten methods in
     # a fresh process (CrEST alone 4.6 s, on every command that validates), against 3 s jitted.
     out = method.advantages(traj, knobs)
-    arrays = out.batch_arrays()  # refuses loss_arrays of a wrong key or shape, by name
   except PassReadError as e:
     raise ValueError(f"method {name!r} {e}") from None
   except AttributeError as e:  # a field its pass's output class does not declare
     raise ValueError(f"method {name!r} reads a field its passes' outputs do not declare: {e}") from None
   except (ValueError, TypeError) as e:
     raise ValueError(knob_error_message(name, knobs, e)) from None
-  from jaxcredit.train.step import LOSS_TERMS, TRAINER_ARRAYS  # imports the model layers: only here
+  from jaxcredit.train.step import LOSS_TERMS, term_inputs  # imports the model layers: only here
 
-  for term in method.loss_terms:
-    keys = LOSS_TERMS[term].batch_keys if term in LOSS_TERMS else ()
-    missing = [k for k in keys if arrays.get(k) is None and k not in TRAINER_ARRAYS]
-    if missing:
-      raise ValueError(
-        f"method {name!r}: loss term {term!r} reads {missing}, which its advantage function does not return "
-        f"(MethodOutput.loss_arrays, or the distillation arrays)"
-      )
+  try:
+    out.batch_arrays(term_inputs(t for t in method.loss_terms if t in LOSS_TERMS))
+  except ValueError as e:
+    raise ValueError(f"method {name!r}: {e}") from None
 
 
 def knob_error_message(name: str, knobs: Mapping[str, Any], error: Exception) -> str:

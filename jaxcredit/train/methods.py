@@ -39,6 +39,7 @@ from jaxcredit.train.pass_outputs import (
   TeacherOutput,
   read_output,
 )
+from jaxcredit.step_types import DistillInput, LossInput, VocabKLInput
 from jaxcredit.trajectory import Trajectory, group_index
 
 
@@ -57,10 +58,9 @@ class MethodOutput:
     keep_B: bool, the rollouts the update trains on, or None: all of them. A method that filters groups (SGCD's
       dynamic sampling drops groups without both outcomes) sets False on the rollouts it drops; the trainer takes
       them out of the loss and its token counts, as it does rollouts without action tokens.
-    loss_arrays: float32 [B, L] per-token arrays (or [B, L, D], named `*_BxLxD`: HSD's teacher hidden states)
-      that the method's loss terms read, by their batch keys (`LossTerm.batch_keys`: ToolOPD's distillation
-      weights and targets, HSD's teacher hidden states, {"anchor_weight_BxL": ...}); they join the update batch
-      (packed with the rest, read at the scored slots).
+    loss_inputs: {loss term: its typed input} for each loss term the method declares (`Method.loss_terms`) that
+      reads arrays of the method (`LossTerm.input`, a `jaxcredit.step_types.LossInput`: ToolOPD's `DistillInput`,
+      HSD's `VocabKLInput`); their fields join the update batch (packed with the rest, read at the scored slots).
   """
 
   adv_BxL: np.ndarray
@@ -68,29 +68,33 @@ class MethodOutput:
   metrics: dict = dataclasses.field(default_factory=dict)
   details: dict = dataclasses.field(default_factory=dict)
   keep_B: np.ndarray | None = None
-  loss_arrays: dict = dataclasses.field(default_factory=dict)
+  loss_inputs: Mapping[str, LossInput] = dataclasses.field(default_factory=dict)
 
-  def batch_arrays(self) -> dict[str, np.ndarray]:
-    """The arrays the loss terms read, by batch key (`jaxcredit.train.step.LOSS_TERMS[...].batch_keys`).
+  def batch_arrays(self, inputs: Mapping[str, type[LossInput]]) -> dict[str, np.ndarray]:
+    """The update-batch arrays the method fills: the advantages and each declared term's input, by field name.
+
+    Args:
+      inputs: {loss term: its input class} for the method's declared terms that read one (`step.term_inputs`).
 
     Raises:
-      ValueError: a `loss_arrays` entry whose key is one of the update batch's own arrays (tokens, masks,
-        advantages, reference and behaviour log-probs, the packed layout) or not `*_BxL` /
-        `*_BxLxD`, or whose shape is not the advantages' [B, L] (with a trailing axis for `*_BxLxD`).
+      ValueError: a declared term whose input is missing or of another class, an input for a term the method does
+        not declare, or an input field of a shape other than the advantages' [B, L] (naming term, class, field).
     """
-    from jaxcredit.train.step import reserved_batch_keys  # the update batch's own arrays (imports the model layers)
-
     out = {"adv_BxL": self.adv_BxL}
-    for key, value in self.loss_arrays.items():
-      if key in reserved_batch_keys() or not key.endswith(("_BxL", "_BxLxD")):
-        raise ValueError(f"MethodOutput.loss_arrays: {key!r} must be a new per-token key ending in _BxL or _BxLxD")
-      shape, want = np.shape(value), np.shape(self.adv_BxL)
-      if shape != want if key.endswith("_BxL") else (len(shape) != 3 or shape[:2] != want):
+    for term, cls in inputs.items():
+      given = self.loss_inputs.get(term)
+      if not isinstance(given, cls):
         raise ValueError(
-          f"MethodOutput.loss_arrays[{key!r}] has shape {shape}, expected the advantages' {want}"
-          + ("" if key.endswith("_BxL") else " with a trailing axis D")
+          f"loss term {term!r} reads a {cls.__name__} (fields {list(cls.keys())}), and MethodOutput.loss_inputs"
+          f"[{term!r}] is {'missing' if given is None else type(given).__name__}"
         )
-      out[key] = value
+      out.update(given.batch_arrays(np.shape(self.adv_BxL), term=term))
+    undeclared = sorted(set(self.loss_inputs) - set(inputs))
+    if undeclared:
+      raise ValueError(
+        f"MethodOutput.loss_inputs holds {undeclared}: loss terms the method does not declare (Method.loss_terms) "
+        "or that read no input of the method"
+      )
     return out
 
 
@@ -396,7 +400,7 @@ def toolopd(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
   return MethodOutput(
     _on_actions(seq, traj),
     seq[:, None] * traj.turn_mask_BxT,
-    loss_arrays={"distill_weight_BxL": w, "distill_target_BxL": np.asarray(skill, np.float32)},
+    loss_inputs={"distill": DistillInput(w, np.asarray(skill, np.float32))},
     metrics={
       "teacher_policy_gap": _teacher_gap(traj, skilled),
       "toolopd_credited_frac": _action_mean((w > 0).astype(np.float32), act),
@@ -421,10 +425,7 @@ def hsd(traj: Trajectory, k: Mapping[str, Any]) -> MethodOutput:
   gap = np.where(act, teacher.logp_BxL - traj.behavior_logp_BxL, np.nan)
   return MethodOutput(
     np.zeros(traj.action_mask_BxL.shape, np.float32),
-    loss_arrays={
-      "teacher_hidden_BxLxD": np.asarray(teacher.hidden_BxLxD, np.float32),
-      "vocab_kl_weight_BxL": act.astype(np.float32),
-    },
+    loss_inputs={"vocab_kl": VocabKLInput(np.asarray(teacher.hidden_BxLxD, np.float32), act.astype(np.float32))},
     metrics={
       "teacher_policy_gap": _teacher_gap(traj, teacher),
       "hsd_peers_found_frac": float(np.mean(np.asarray(teacher.peer_B) >= 0)),

@@ -33,7 +33,6 @@ from jaxcredit.train.run import Run, sample_rollouts, sampler_binder, sampling_m
 from jaxcredit.train.update import (
   drop_invalid_behavior_logp,
   engine_correction,
-  loss_config_of,
   make_packer,
   ppo_updates,
   update_batch,
@@ -365,20 +364,22 @@ def pack_rollouts(run: Run, sampled: StepRollouts) -> Rollouts:
 
 
 def loss_batch(run: Run, params, ref_params, traj, out, ref_logp, *, off_policy: bool = False) -> tuple[dict, dict]:
-  """The update's batch (`update_batch`): the method's arrays (`MethodOutput.batch_arrays`), the reference's
-  log-probs when the KL term is on, and, for rollouts from an external engine or sampled with older weights than
-  `params` (`off_policy`: `rollout.async_depth`, or an engine's `rollout.max_staleness`), the trainer's own
-  behaviour log-probs under `params` and the truncated importance weights (`engine_correction`). Returns (batch,
-  the engine-correction metrics or {}).
+  """The update's batch (`update_batch`): the method's arrays (`MethodOutput.batch_arrays`: its advantages and its
+  loss terms' typed inputs), the reference's log-probs when the KL term is on, and, for rollouts from an external
+  engine or sampled with older weights than `params` (`off_policy`: `rollout.async_depth`, or an engine's
+  `rollout.max_staleness`), the trainer's own behaviour log-probs under `params` and the truncated importance
+  weights (`engine_correction`). Returns (batch, the engine-correction metrics or {}).
 
   Raises:
-    ValueError: the method's arrays miss a key a loss term reads (`step.check_batch_keys`), naming the method.
+    ValueError: a loss term's input missing or misshapen (`MethodOutput.batch_arrays`), naming the method.
   """
   c = run.config
-  extra = out.batch_arrays()
+  try:
+    extra = out.batch_arrays(step_lib.term_inputs(METHODS[c.credit.method].loss_terms))
+  except ValueError as e:
+    raise ValueError(f"method {c.credit.method!r}: {e}") from None
   if ref_logp is not None:
     extra["ref_logp_BxL"] = multihost.to_host(ref_logp(ref_params, traj.tokens_BxL, traj.token_mask_BxL))
-  step_lib.check_batch_keys(extra, loss_config_of(c), who=f"method {c.credit.method!r}")
   behavior_logp, engine_row = traj.behavior_logp_BxL, {}
   if ENGINES[c.rollout.engine].external or off_policy:
     behavior_logp, extra["behavior_weight_BxL"], engine_row = engine_correction(run, params, traj)

@@ -21,6 +21,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from jaxcredit import sharding
+from jaxcredit.step_types import DistillInput, LossInput, VocabKLInput
 from jaxcredit.models.logprobs import (
   chunked_logprobs_and_entropies,
   chunked_reverse_kl,
@@ -223,73 +224,6 @@ def nll_term(logp_BxL, mb: dict, cfg: PolicyLossConfig):
   return loss_lib.token_cross_entropy(logp_BxL), {"nll": -logp_BxL}
 
 
-@dataclasses.dataclass(frozen=True)
-class LossTerm:
-  """One row of `LOSS_TERMS`: the per-token function, its coefficient and its aggregation, read from the config.
-
-  The weight has one of two sources, by who turns the term on: a term a method declares (`Method.loss_terms`) is
-  weighted by a knob of that method (`knob`, `coef` None: `PolicyLossConfig.weight(knob)`, set from the method's
-  node by `update.loss_config_of`), shipped or added from a config file alike (docs/extending.md); the trainer's own
-  terms (the policy term, the reference KL of `loss.kl_coef`, the warm start's cross-entropy) have `coef`.
-  """
-
-  fn: Callable
-  coef: Callable[[PolicyLossConfig], float] | None
-  aggregation: Callable[[PolicyLossConfig], str]
-  batch_keys: tuple[str, ...] = ()
-  knob: str | None = None  # a method that declares the term sets its weight with this knob (one of its knobs)
-  # A method that declares the term caps its gradient with this knob: the largest ratio of its gradient's norm to
-  # the other terms' (PolicyLossConfig.grad_caps; inf: no cap).
-  cap_knob: str | None = None
-  # The term reads the student's whole predicted distribution: `fn(logp, mb, cfg, student=(h_BxLxD, head_DxV))`
-  # with the final hidden states that predict the scored tokens (`pg_token_loss`).
-  reads_hidden: bool = False
-
-  def __post_init__(self):
-    if self.coef is None and not self.knob:
-      raise ValueError("LossTerm: coef=None reads the weight from a knob; name it with knob=")
-
-  def weight(self, cfg: PolicyLossConfig) -> float:
-    """The term's coefficient under `cfg`."""
-    if self.coef is not None:
-      return self.coef(cfg)
-    assert self.knob is not None  # __post_init__ refuses coef=None without a knob
-    return cfg.weight(self.knob)
-
-
-LOSS_TERMS: dict[str, LossTerm] = {
-  "policy": LossTerm(policy_term, lambda c: 1.0, lambda c: c.aggregation, ("adv_BxL",)),
-  "kl": LossTerm(kl_term, lambda c: c.kl_coef, lambda c: c.aggregation, ("ref_logp_BxL",)),
-  "distill": LossTerm(
-    distill_term,
-    None,
-    lambda c: "token-mean",
-    ("distill_weight_BxL", "distill_target_BxL"),
-    knob="distill_coef",
-    cap_knob="distill_max_grad_ratio",
-  ),
-  "nll": LossTerm(nll_term, lambda c: 1.0, lambda c: "token-mean"),
-  # HSD (arXiv 2606.15576, summaries): the full-vocabulary KL to the peer-conditioned self-teacher, averaged over a
-  # rollout's tokens and then over the rollouts (1/|o_i|, 1/G), and beta KL to the reference, weighted by its knob.
-  "vocab_kl": LossTerm(
-    vocab_kl_term,
-    lambda c: 1.0,  # HSD's distillation, unweighted (its paper's); the per-token weights are the method's arrays
-    lambda c: "seq-mean-token-mean",
-    ("teacher_hidden_BxLxD", "vocab_kl_weight_BxL"),
-    reads_hidden=True,
-  ),
-  "reference_kl": LossTerm(reference_kl_term, None, lambda c: "seq-mean-token-mean", ("ref_logp_BxL",), knob="beta"),
-}
-
-
-def loss_terms(cfg: PolicyLossConfig) -> tuple[str, ...]:
-  """The active terms: `cfg.terms`, plus "kl" when `cfg.kl_coef > 0` and the policy term is on."""
-  terms = tuple(cfg.terms)
-  if cfg.kl_coef > 0 and "policy" in terms and "kl" not in terms:
-    terms += ("kl",)
-  return terms
-
-
 # The update batch, one table: each array's extent ("row": [B, L] token slots of a row; "scored": [B, L] unpacked or
 # [B, K] scored slots when packed; "rows": [B]) and dtype. `update_batch_layout` picks the arrays a loss reads;
 # `update.update_batch` and `packing.pack_update_batch` build them, `plan.abstract_step` lowers the update on them.
@@ -310,15 +244,107 @@ PACKED_ARRAYS: dict[str, tuple[str, str]] = {
 }
 
 
-TRAINER_ARRAYS = frozenset({"ref_logp_BxL"})
-"""Loss-term arrays the trainer fills whenever an active term reads them (the reference's log-probs of the sampled
-tokens: `rl_step.loss_batch`), not the method."""
+TRAINER_ARRAYS = frozenset({"adv_BxL", "ref_logp_BxL"})
+"""Loss-term arrays the trainer fills whenever an active term reads them (the method's advantages, the reference's
+log-probs of the sampled tokens: `rl_step.loss_batch`); a term's own input (`LossTerm.input`) is the method's."""
 
 
-def reserved_batch_keys() -> frozenset[str]:
-  """The update batch's arrays that the trainer fills (`BATCH_ARRAYS`, `PACKED_ARRAYS`, `TRAINER_ARRAYS`, the
-  advantages): a method's `MethodOutput.loss_arrays` (the arrays its loss terms read) may not replace them."""
-  return frozenset(BATCH_ARRAYS) | frozenset(PACKED_ARRAYS) | TRAINER_ARRAYS | {"adv_BxL"}
+@dataclasses.dataclass(frozen=True)
+class LossTerm:
+  """One row of `LOSS_TERMS`: the per-token function, its coefficient and its aggregation, read from the config.
+
+  The weight has one of two sources, by who turns the term on: a term a method declares (`Method.loss_terms`) is
+  weighted by a knob of that method (`knob`, `coef` None: `PolicyLossConfig.weight(knob)`, set from the method's
+  node by `update.loss_config_of`), shipped or added from a config file alike (docs/extending.md); the trainer's own
+  terms (the policy term, the reference KL of `loss.kl_coef`, the warm start's cross-entropy) have `coef`.
+  """
+
+  fn: Callable
+  coef: Callable[[PolicyLossConfig], float] | None
+  aggregation: Callable[[PolicyLossConfig], str]
+  trainer_arrays: tuple[str, ...] = ()  # what it reads that the trainer fills (`TRAINER_ARRAYS`)
+  # What it reads that the method fills: a `step_types.LossInput` subclass whose fields are batch keys; a method
+  # declaring the term returns one in `MethodOutput.loss_inputs[term]`.
+  input: type[LossInput] | None = None
+  knob: str | None = None  # a method that declares the term sets its weight with this knob (one of its knobs)
+  # A method that declares the term caps its gradient with this knob: the largest ratio of its gradient's norm to
+  # the other terms' (PolicyLossConfig.grad_caps; inf: no cap).
+  cap_knob: str | None = None
+  # The term reads the student's whole predicted distribution: `fn(logp, mb, cfg, student=(h_BxLxD, head_DxV))`
+  # with the final hidden states that predict the scored tokens (`pg_token_loss`).
+  reads_hidden: bool = False
+
+  def __post_init__(self):
+    if self.coef is None and not self.knob:
+      raise ValueError("LossTerm: coef=None reads the weight from a knob; name it with knob=")
+    unknown = sorted(set(self.trainer_arrays) - TRAINER_ARRAYS)
+    if unknown:
+      raise ValueError(
+        f"LossTerm: trainer_arrays {unknown} are not arrays the trainer fills ({sorted(TRAINER_ARRAYS)}); a "
+        "method's arrays are the fields of the term's input class (input=)"
+      )
+    if self.input is not None:
+      if not (
+        isinstance(self.input, type) and issubclass(self.input, LossInput) and dataclasses.is_dataclass(self.input)
+      ):
+        raise ValueError(f"LossTerm: input={self.input!r} must be a dataclass subclassing step_types.LossInput")
+      taken = set(BATCH_ARRAYS) | set(PACKED_ARRAYS) | TRAINER_ARRAYS
+      for key in self.input.keys():
+        if key in taken or not key.endswith(("_BxL", "_BxLxD")):
+          raise ValueError(
+            f"LossTerm: {self.input.__name__}.{key} must be a new per-token batch key ending in _BxL or _BxLxD "
+            "(not one of the trainer's arrays)"
+          )
+
+  @property
+  def batch_keys(self) -> tuple[str, ...]:
+    """Every update-batch array the term reads: the trainer's, then its input's fields."""
+    return tuple(self.trainer_arrays) + (self.input.keys() if self.input is not None else ())
+
+  def weight(self, cfg: PolicyLossConfig) -> float:
+    """The term's coefficient under `cfg`."""
+    if self.coef is not None:
+      return self.coef(cfg)
+    assert self.knob is not None  # __post_init__ refuses coef=None without a knob
+    return cfg.weight(self.knob)
+
+
+LOSS_TERMS: dict[str, LossTerm] = {
+  "policy": LossTerm(policy_term, lambda c: 1.0, lambda c: c.aggregation, ("adv_BxL",)),
+  "kl": LossTerm(kl_term, lambda c: c.kl_coef, lambda c: c.aggregation, ("ref_logp_BxL",)),
+  "distill": LossTerm(
+    distill_term,
+    None,
+    lambda c: "token-mean",
+    input=DistillInput,
+    knob="distill_coef",
+    cap_knob="distill_max_grad_ratio",
+  ),
+  "nll": LossTerm(nll_term, lambda c: 1.0, lambda c: "token-mean"),
+  # HSD (arXiv 2606.15576, summaries): the full-vocabulary KL to the peer-conditioned self-teacher, averaged over a
+  # rollout's tokens and then over the rollouts (1/|o_i|, 1/G), and beta KL to the reference, weighted by its knob.
+  "vocab_kl": LossTerm(
+    vocab_kl_term,
+    lambda c: 1.0,  # HSD's distillation, unweighted (its paper's); the per-token weights are the method's arrays
+    lambda c: "seq-mean-token-mean",
+    input=VocabKLInput,
+    reads_hidden=True,
+  ),
+  "reference_kl": LossTerm(reference_kl_term, None, lambda c: "seq-mean-token-mean", ("ref_logp_BxL",), knob="beta"),
+}
+
+
+def term_inputs(terms) -> dict[str, type[LossInput]]:
+  """{term: its input class} for those of `terms` (LOSS_TERMS names) that read an input of the method."""
+  return {t: cls for t in terms if (cls := LOSS_TERMS[t].input) is not None}
+
+
+def loss_terms(cfg: PolicyLossConfig) -> tuple[str, ...]:
+  """The active terms: `cfg.terms`, plus "kl" when `cfg.kl_coef > 0` and the policy term is on."""
+  terms = tuple(cfg.terms)
+  if cfg.kl_coef > 0 and "policy" in terms and "kl" not in terms:
+    terms += ("kl",)
+  return terms
 
 
 def update_batch_layout(cfg: PolicyLossConfig, *, packed: bool, behavior_weights: bool) -> dict[str, tuple[str, str]]:
@@ -334,18 +360,6 @@ def update_batch_layout(cfg: PolicyLossConfig, *, packed: bool, behavior_weights
   if packed:
     layout.update(PACKED_ARRAYS)
   return layout
-
-
-def check_batch_keys(arrays: dict, cfg: PolicyLossConfig, *, who: str) -> None:
-  """Refuses, naming the term and the key, a batch that lacks an array an active loss term reads.
-
-  Raises:
-    ValueError: e.g. a method that declares the "distill" term but returns no distillation weights.
-  """
-  for name in loss_terms(cfg):
-    missing = [k for k in LOSS_TERMS[name].batch_keys if arrays.get(k) is None]
-    if missing:
-      raise ValueError(f"{who}: loss term {name!r} needs {missing} in the batch, which it did not provide")
 
 
 def _scored_logp(graphdef, params, rest, mb: dict, temperature):

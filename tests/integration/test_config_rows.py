@@ -22,6 +22,7 @@ import dataclasses
 
 import numpy as np
 
+from jaxcredit.step_types import LossInput
 from jaxcredit.train.config import base_config
 from jaxcredit.train.methods import METHODS, Method, MethodOutput
 from jaxcredit.train.pass_outputs import PassOutput, output_field, read_output
@@ -45,6 +46,11 @@ def action_share(ctx, traj):
   )
 
 
+@dataclasses.dataclass(frozen=True)
+class AnchorInput(LossInput):
+  anchor_weight_BxL: np.ndarray  # the anchor's weight on each token (the method's)
+
+
 def anchor(logp_BxL, mb, cfg):
   """A likelihood anchor: pulls up the log-prob of each action token by the method's own per-token weight."""
   return -mb["anchor_weight_BxL"] * logp_BxL, {}
@@ -59,7 +65,7 @@ def shared_reward(traj, knobs):
     adv,
     metrics={"share_spread": knobs["spread"] == "share"},
     details={"share_BxL": spread},
-    loss_arrays={"anchor_weight_BxL": traj.action_mask_BxL.astype(np.float32)},
+    loss_inputs={"anchor": AnchorInput(traj.action_mask_BxL.astype(np.float32))},
   )
 
 
@@ -75,7 +81,7 @@ def check_power(knobs, config, method):
 
 # The pass declares its knob: every method that runs it has it in its config node.
 PASSES["action_share"] = Pass(action_share, ShareOutput, knobs={"share_power": 1.0}, validate=check_power)
-LOSS_TERMS["anchor"] = LossTerm(anchor, None, lambda c: "token-mean", ("anchor_weight_BxL",), knob="anchor_coef")
+LOSS_TERMS["anchor"] = LossTerm(anchor, None, lambda c: "token-mean", input=AnchorInput, knob="anchor_coef")
 METHODS["shared_reward"] = Method(
   shared_reward,
   knobs={"baseline": 0.5, "spread": "even", "anchor_coef": 0.1},  # anchor_coef: the anchor term's weight

@@ -9,6 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from jaxcredit.step_types import LossInput
 from jaxcredit.train import config as config_lib
 from jaxcredit.train import passes as passes_lib
 from jaxcredit.train import report
@@ -139,6 +140,8 @@ def test_a_loss_term_added_as_a_row_takes_its_weight_from_the_methods_knob(monke
   from jaxcredit.train.step import LOSS_TERMS, LossTerm, PolicyLossConfig
 
   term = LossTerm(lambda logp, mb, cfg: (-logp, {}), None, lambda c: "token-mean", ("adv_BxL",), knob="anchor_coef")
+  with pytest.raises(ValueError, match=r"trainer_arrays \['w_BxL'\] are not arrays the trainer fills"):
+    LossTerm(lambda logp, mb, cfg: (-logp, {}), None, lambda c: "token-mean", ("w_BxL",), knob="anchor_coef")
   monkeypatch.setitem(LOSS_TERMS, "anchor", term)
   monkeypatch.setitem(METHODS, "anchored", Method(_zero, {"anchor_coef": 0.25}, (), loss_terms=("anchor",)))
   c = _config("anchored")
@@ -164,35 +167,68 @@ def test_a_loss_term_added_as_a_row_takes_its_weight_from_the_methods_knob(monke
     LossTerm(lambda logp, mb, cfg: (logp, {}), None, lambda c: "token-mean")
 
 
-def test_a_methods_loss_arrays_join_the_batch_and_bad_ones_are_refused_by_name():
+@dataclasses.dataclass(frozen=True)
+class _AnchorInput(LossInput):
+  anchor_weight_BxL: np.ndarray
+
+
+def test_a_methods_loss_inputs_join_the_batch_and_bad_ones_are_refused_by_name():
   adv = np.zeros((2, 5), np.float32)
   weight = np.ones((2, 5), np.float32)
-  assert set(MethodOutput(adv, loss_arrays={"anchor_weight_BxL": weight}).batch_arrays()) == {
-    "adv_BxL",
-    "anchor_weight_BxL",
-  }
-  with pytest.raises(ValueError, match=r"loss_arrays\['anchor_weight_BxL'\] has shape \(2, 4\), expected"):
-    MethodOutput(adv, loss_arrays={"anchor_weight_BxL": weight[:, :4]}).batch_arrays()
-  for key in ("adv_BxL", "tokens_BxL", "ref_logp_BxL", "slots_BxK", "anchor_weight"):
-    with pytest.raises(ValueError, match=f"{key!r} must be a new per-token key"):
-      MethodOutput(adv, loss_arrays={key: weight}).batch_arrays()
+  declared = {"anchor": _AnchorInput}
+  arrays = MethodOutput(adv, loss_inputs={"anchor": _AnchorInput(weight)}).batch_arrays(declared)
+  assert set(arrays) == {"adv_BxL", "anchor_weight_BxL"} and arrays["anchor_weight_BxL"].dtype == np.float32
+  with pytest.raises(ValueError, match=r"_AnchorInput.anchor_weight_BxL has shape \(2, 4\), expected"):
+    MethodOutput(adv, loss_inputs={"anchor": _AnchorInput(weight[:, :4])}).batch_arrays(declared)
+  with pytest.raises(ValueError, match=r"loss term 'anchor' reads a _AnchorInput .* is missing"):
+    MethodOutput(adv).batch_arrays(declared)
+  with pytest.raises(ValueError, match=r"loss_inputs holds \['anchor'\]: loss terms the method does not declare"):
+    MethodOutput(adv, loss_inputs={"anchor": _AnchorInput(weight)}).batch_arrays({})
 
 
-def test_a_loss_terms_missing_or_misshapen_array_is_refused_when_the_run_is_configured(monkeypatch):
+def test_a_loss_terms_input_is_declared_with_new_per_token_keys():
+  """A term's input class is checked when the row is made: its fields are new `*_BxL` / `*_BxLxD` batch keys."""
+  from jaxcredit.train.step import LossTerm
+
+  def term(input_cls):
+    return LossTerm(lambda logp, mb, cfg: (-logp, {}), None, lambda c: "token-mean", input=input_cls, knob="w")
+
+  assert term(_AnchorInput).batch_keys == ("anchor_weight_BxL",)
+
+  @dataclasses.dataclass(frozen=True)
+  class Clash(LossInput):
+    tokens_BxL: np.ndarray
+
+  @dataclasses.dataclass(frozen=True)
+  class NoAxes(LossInput):
+    weight: np.ndarray
+
+  for bad, field in ((Clash, "tokens_BxL"), (NoAxes, "weight")):
+    with pytest.raises(ValueError, match=f"{bad.__name__}.{field} must be a new per-token batch key"):
+      term(bad)
+  with pytest.raises(ValueError, match="must be a dataclass subclassing step_types.LossInput"):
+    term(dict)
+
+
+def test_a_loss_terms_missing_or_misshapen_input_is_refused_when_the_run_is_configured(monkeypatch):
   """Before any model is loaded: `check_knobs` runs the method on its 2-rollout trajectory and checks its output
-  against its loss terms' `batch_keys`."""
+  against its loss terms' input classes."""
   from jaxcredit.train.step import LOSS_TERMS, LossTerm
 
-  term = LossTerm(lambda logp, mb, cfg: (-logp, {}), None, lambda c: "token-mean", ("w_BxL",), knob="w_coef")
+  @dataclasses.dataclass(frozen=True)
+  class WeightInput(LossInput):
+    w_BxL: np.ndarray
+
+  term = LossTerm(lambda logp, mb, cfg: (-logp, {}), None, lambda c: "token-mean", input=WeightInput, knob="w_coef")
   monkeypatch.setitem(LOSS_TERMS, "weighted", term)
 
   def short(traj, knobs):
     adv = np.zeros(traj.tokens_BxL.shape, np.float32)
-    return MethodOutput(adv, loss_arrays={"w_BxL": adv[:, :-1]})
+    return MethodOutput(adv, loss_inputs={"weighted": WeightInput(adv[:, :-1])})
 
   monkeypatch.setitem(METHODS, "misshapen", Method(short, {"w_coef": 1.0}, (), loss_terms=("weighted",)))
-  with pytest.raises(ValueError, match=r"config.credit.misshapen: MethodOutput.loss_arrays\['w_BxL'\] has shape"):
+  with pytest.raises(ValueError, match=r"method 'misshapen': loss term 'weighted': WeightInput.w_BxL has shape"):
     config_lib.validate(_config("misshapen"))
   monkeypatch.setitem(METHODS, "forgetful", Method(_zero, {"w_coef": 1.0}, (), loss_terms=("weighted",)))
-  with pytest.raises(ValueError, match=r"method 'forgetful': loss term 'weighted' reads \['w_BxL'\], which its"):
+  with pytest.raises(ValueError, match=r"method 'forgetful': loss term 'weighted' reads a WeightInput"):
     config_lib.validate(_config("forgetful"))

@@ -140,15 +140,15 @@ def test_kl_to_a_reference_equal_to_the_policy_is_zero_at_the_sampling_temperatu
   assert float(m1["loss_kl"]) > 1e-4
 
 
-def test_a_term_whose_batch_array_is_missing_is_refused_by_name():
+def test_the_batch_keys_of_the_shipped_terms_are_their_trainer_arrays_and_their_input_fields():
+  """What `update_batch_layout` and `jaxcredit plan` read: the trainer's arrays first, then the method's input."""
+  assert step_lib.LOSS_TERMS["distill"].batch_keys == ("distill_weight_BxL", "distill_target_BxL")
+  assert step_lib.LOSS_TERMS["vocab_kl"].batch_keys == ("teacher_hidden_BxLxD", "vocab_kl_weight_BxL")
+  assert step_lib.LOSS_TERMS["kl"].batch_keys == ("ref_logp_BxL",)
   cfg = step_lib.PolicyLossConfig(terms=("policy", "distill"), knob_weights=(("distill_coef", 0.1),), kl_coef=0.1)
-  with pytest.raises(ValueError, match=r"method 'x': loss term 'distill' needs \['distill_weight_BxL'"):
-    step_lib.check_batch_keys({"adv_BxL": 1, "ref_logp_BxL": 1, "distill_target_BxL": 1}, cfg, who="method 'x'")
-  with pytest.raises(ValueError, match=r"loss term 'kl' needs \['ref_logp_BxL'\]"):
-    step_lib.check_batch_keys({"adv_BxL": 1, "distill_weight_BxL": 1, "distill_target_BxL": 1}, cfg, who="m")
-  step_lib.check_batch_keys(
-    {"adv_BxL": 1, "ref_logp_BxL": 1, "distill_weight_BxL": 1, "distill_target_BxL": 1}, cfg, who="m"
-  )
+  layout = step_lib.update_batch_layout(cfg, packed=False, behavior_weights=False)
+  assert {"adv_BxL", "ref_logp_BxL", "distill_weight_BxL", "distill_target_BxL"} <= set(layout)
+  assert step_lib.term_inputs(("policy", "kl", "distill")) == {"distill": step_lib.DistillInput}
 
 
 def test_policy_term_is_weighted_per_token_by_the_engine_importance_weight(setup):

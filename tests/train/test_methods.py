@@ -5,6 +5,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from jaxcredit.step_types import VocabKLInput
 from jaxcredit import credit
 from jaxcredit.train.config import base_config
 from jaxcredit.train.methods import METHODS, gigpo_state_ids
@@ -160,10 +161,10 @@ def test_toolopd_weights_only_valid_rollouts_and_keeps_grpo_advantage():
   traj.passes["teacher_skill"] = _teacher(traj, logp=skill, valid=[True, True, False, True])
   out = METHODS["toolopd"].advantages(traj, _knobs("toolopd"))
   _assert_seq(out.adv_BxL, traj, GRPO)
-  w = out.loss_arrays["distill_weight_BxL"]
+  w = out.loss_inputs["distill"].distill_weight_BxL
   assert np.all(w[0][traj.action_mask_BxL[0]] > 0)  # success, the skill raised every token: all credited
   assert np.all(w[1] == 0) and np.all(w[2] == 0)  # failure with raised tokens: no credit; invalid: none
-  np.testing.assert_array_equal(out.loss_arrays["distill_target_BxL"], skill)
+  np.testing.assert_array_equal(out.loss_inputs["distill"].distill_target_BxL, skill)
   assert out.metrics["toolopd_credited_frac"] == pytest.approx(1 / 3)
 
 
@@ -192,7 +193,7 @@ def test_hsd_has_no_reward_term_and_distils_every_valid_rollout():
   )
   out = METHODS["hsd"].advantages(traj, _knobs("hsd"))
   assert not out.adv_BxL.any()
-  arrays = out.batch_arrays()
+  arrays = out.batch_arrays({"vocab_kl": VocabKLInput})
   np.testing.assert_array_equal(arrays["teacher_hidden_BxLxD"], hidden)
   want = traj.action_mask_BxL & np.asarray([True, True, True, False])[:, None] & traj.sample_mask_B[:, None]
   np.testing.assert_array_equal(arrays["vocab_kl_weight_BxL"], want.astype(np.float32))
