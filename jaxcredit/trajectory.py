@@ -13,6 +13,7 @@ Shape letters: B rollouts in the batch, L tokens (padded), T max turns (assistan
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import Sequence
 
@@ -240,6 +241,24 @@ def pack(
     unit_rewards_BxU=unit_rewards_bu,
     unit_mask_BxU=unit_mask,
   )
+
+
+def drop_invalid_behavior_logp(traj):
+  """Takes out of the loss the action tokens whose sampler log-prob is not finite: an engine that returned none
+  (vLLM's null, read as NaN) or a broken one. Such a token's log-ratio is meaningless; kept, it would get the
+  largest importance weight (`loss.engine_is_cap`) or make the loss NaN. The token stays in the context.
+
+  Returns:
+    (a shallow copy of `traj` with those tokens off `action_mask_BxL` and their `behavior_logp_BxL` 0.0,
+    {"engine_invalid_logp_tokens": how many there were}). `traj` itself is not changed.
+  """
+  act = traj.action_mask_BxL & traj.sample_mask_B[:, None]
+  invalid = act & ~np.isfinite(traj.behavior_logp_BxL)
+  kept = copy.copy(traj)
+  if invalid.any():
+    kept.action_mask_BxL = traj.action_mask_BxL & ~invalid
+    kept.behavior_logp_BxL = np.where(invalid, 0.0, traj.behavior_logp_BxL).astype(np.float32)
+  return kept, {"engine_invalid_logp_tokens": int(invalid.sum())}
 
 
 def group_index(group_ids_B: np.ndarray) -> np.ndarray:

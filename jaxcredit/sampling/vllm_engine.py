@@ -344,7 +344,7 @@ VLLM_LOGPROB_FLOOR = -9999.0
 
 def _logprob_or_nan(value) -> float:
   """A server log-prob as a float, NaN where there is none: null, a non-number, a non-finite value, or vLLM's -inf
-  sentinel (`VLLM_LOGPROB_FLOOR`); the trainer leaves such tokens out of the loss (`update.drop_invalid_behavior_logp`)
+  sentinel (`VLLM_LOGPROB_FLOOR`); the trainer leaves such tokens out of the loss (`trajectory.drop_invalid_behavior_logp`)
   instead of reading a sentinel as a real probability (it would get the largest importance weight)."""
   if value is None or isinstance(value, bool):
     return float("nan")

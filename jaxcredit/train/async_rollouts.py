@@ -30,7 +30,7 @@ records the iterator's state after step N's prompts, so rollouts in flight at a 
 sampled again from the same prompts and keys (with the resumed weights: a resumed run samples them with fresher
 weights than the run that stopped would have).
 
-The off-policy correction: `rl_step.loss_batch` treats rollouts whose sampling version is older than the step's as
+The off-policy correction: `update.loss_batch` treats rollouts whose sampling version is older than the step's as
 another engine's (decoupled PPO with the truncated importance weight; docs/engines.md).
 """
 

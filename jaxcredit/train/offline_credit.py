@@ -19,7 +19,7 @@ from jaxcredit.train.export import pass_outputs_of, rollout_values, task_id_of
 from jaxcredit.train.methods import METHODS
 from jaxcredit.train.rl_step import run_passes
 from jaxcredit.train.run import build, reference_copy
-from jaxcredit.train.update import drop_invalid_behavior_logp
+from jaxcredit.trajectory import drop_invalid_behavior_logp
 
 
 def _prompt_key(messages) -> str | None:

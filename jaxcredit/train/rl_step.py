@@ -1,12 +1,12 @@
 """One RL step, in the order of its phases (`learn_step` reads the same way):
 
-  sampled = sample_step(run, params, prompt_ids, key)      # group_size rollouts per prompt, gathered over processes
-  rollouts = pack_rollouts(run, sampled)                    # typed (jaxcredit.step_types): arrays + host fields
-  run_passes(run, rollouts, ...)                            # the PASSES the method needs fill rollouts.traj.passes
-  out     = METHODS[method].advantages(traj, knobs)         # credit
-  batch, _ = loss_batch(run, params, ref_params, traj, out, ref_logp)
+  sampled  = sample_step(run, params, prompt_ids, key)     # group_size rollouts per prompt, gathered over processes
+  rollouts = pack_rollouts(run, sampled)                   # typed (jaxcredit.step_types): arrays + host fields
+  run_passes(run, rollouts, ...)                           # the PASSES the method needs fill rollouts.traj.passes
+  out      = METHODS[method].advantages(traj, knobs)       # credit
+  batch, _ = loss_batch(run, params, ref_params, traj, out, ref_logp)  # update.py, as the next line
   params, opt_state, m = ppo_updates(update, params, opt_state, batch, ...)
-  row     = metrics_row(run, sampled, rollouts, out, m, ...)  # then export_step_rollouts
+  row      = metrics_row(run, sampled, rollouts, out, m, ...)  # then export_step_rollouts
 
 `run_rl_step` is `sample_step` then `learn_step` (the rest, on given rollouts).
 """
@@ -24,20 +24,12 @@ from jaxcredit import multihost
 from jaxcredit.step_types import Rollouts
 from jaxcredit.train import config as config_lib
 from jaxcredit.train import passes as passes_lib
-from jaxcredit.train import step as step_lib
-from jaxcredit.train.engines import ENGINES
 from jaxcredit.train.export import export_rollouts, sample_rows
 from jaxcredit.train.heldout import rollout_env_metrics
 from jaxcredit.train.methods import METHODS, outcome_advantages
 from jaxcredit.train.run import Run, sample_rollouts, sampler_binder, sampling_model
-from jaxcredit.train.update import (
-  drop_invalid_behavior_logp,
-  engine_correction,
-  make_packer,
-  ppo_updates,
-  update_batch,
-)
-from jaxcredit.trajectory import group_index
+from jaxcredit.train.update import loss_batch, make_packer, ppo_updates
+from jaxcredit.trajectory import drop_invalid_behavior_logp, group_index
 
 
 def run_passes(run: Run, rollouts: Rollouts, params, ref_params, key) -> dict:
@@ -361,29 +353,6 @@ def pack_rollouts(run: Run, sampled: StepRollouts) -> Rollouts:
     processes=sampled.processes,
     policy_version=sampled.policy_version,
   )
-
-
-def loss_batch(run: Run, params, ref_params, traj, out, ref_logp, *, off_policy: bool = False) -> tuple[dict, dict]:
-  """The update's batch (`update_batch`): the method's arrays (`MethodOutput.batch_arrays`: its advantages and its
-  loss terms' typed inputs), the reference's log-probs when the KL term is on, and, for rollouts from an external
-  engine or sampled with older weights than `params` (`off_policy`: `rollout.async_depth`, or an engine's
-  `rollout.max_staleness`), the trainer's own behaviour log-probs under `params` and the truncated importance
-  weights (`engine_correction`). Returns (batch, the engine-correction metrics or {}).
-
-  Raises:
-    ValueError: a loss term's input missing or misshapen (`MethodOutput.batch_arrays`), naming the method.
-  """
-  c = run.config
-  try:
-    extra = out.batch_arrays(step_lib.term_inputs(METHODS[c.credit.method].loss_terms))
-  except ValueError as e:
-    raise ValueError(f"method {c.credit.method!r}: {e}") from None
-  if ref_logp is not None:
-    extra["ref_logp_BxL"] = multihost.to_host(ref_logp(ref_params, traj.tokens_BxL, traj.token_mask_BxL))
-  behavior_logp, engine_row = traj.behavior_logp_BxL, {}
-  if ENGINES[c.rollout.engine].external or off_policy:
-    behavior_logp, extra["behavior_weight_BxL"], engine_row = engine_correction(run, params, traj)
-  return update_batch(traj, extra, behavior_logp), engine_row
 
 
 def metrics_row(

@@ -246,7 +246,7 @@ PACKED_ARRAYS: dict[str, tuple[str, str]] = {
 
 TRAINER_ARRAYS = frozenset({"adv_BxL", "ref_logp_BxL"})
 """Loss-term arrays the trainer fills whenever an active term reads them (the method's advantages, the reference's
-log-probs of the sampled tokens: `rl_step.loss_batch`); a term's own input (`LossTerm.input`) is the method's."""
+log-probs of the sampled tokens: `update.loss_batch`); a term's own input (`LossTerm.input`) is the method's."""
 
 
 @dataclasses.dataclass(frozen=True)

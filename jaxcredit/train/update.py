@@ -1,10 +1,9 @@
-"""The update of one RL step: the loss configuration of the method (`loss_config_of`), the batch the loss reads
-(`update_batch`), the engine's off-policy correction (`engine_correction`), packing (`make_packer`) and PPO's epochs
-of mini-batch updates (`ppo_updates`)."""
+"""The update of one RL step: the batch the loss reads (`loss_batch`: the method's arrays, the reference's log-probs,
+the engine's off-policy correction `engine_correction`, laid out by `update_batch`), the loss configuration of the
+method (`loss_config_of`), packing (`make_packer`) and PPO's epochs of mini-batch updates (`ppo_updates`)."""
 
 from __future__ import annotations
 
-import copy
 import functools
 from typing import Callable
 
@@ -15,6 +14,7 @@ import numpy as np
 from jaxcredit import multihost, sharding
 from jaxcredit.train import packing
 from jaxcredit.train import step as step_lib
+from jaxcredit.train.engines import ENGINES
 from jaxcredit.train.methods import METHODS
 from jaxcredit.train.run import Run
 
@@ -108,24 +108,6 @@ def update_batch(traj, extra: dict, behavior_logp_BxL=None) -> dict:
   }
 
 
-def drop_invalid_behavior_logp(traj):
-  """Takes out of the loss the action tokens whose sampler log-prob is not finite: an engine that returned none
-  (vLLM's null, read as NaN) or a broken one. Such a token's log-ratio is meaningless; kept, it would get the
-  largest importance weight (`loss.engine_is_cap`) or make the loss NaN. The token stays in the context.
-
-  Returns:
-    (a shallow copy of `traj` with those tokens off `action_mask_BxL` and their `behavior_logp_BxL` 0.0,
-    {"engine_invalid_logp_tokens": how many there were}). `traj` itself is not changed.
-  """
-  act = traj.action_mask_BxL & traj.sample_mask_B[:, None]
-  invalid = act & ~np.isfinite(traj.behavior_logp_BxL)
-  kept = copy.copy(traj)
-  if invalid.any():
-    kept.action_mask_BxL = traj.action_mask_BxL & ~invalid
-    kept.behavior_logp_BxL = np.where(invalid, 0.0, traj.behavior_logp_BxL).astype(np.float32)
-  return kept, {"engine_invalid_logp_tokens": int(invalid.sum())}
-
-
 def engine_correction(run: Run, params, traj):
   """For rollouts from an external engine (`engines.Engine.external`): the trainer's own log-probs of the sampled
   tokens under `params` (the weights before this step's update), the truncated importance weight
@@ -144,7 +126,7 @@ def engine_correction(run: Run, params, traj):
     multihost.to_host(run.state.policy_logp(params, traj.tokens_BxL, traj.token_mask_BxL)), np.float32
   )
   engine = np.asarray(traj.behavior_logp_BxL, np.float32)
-  # A non-finite engine log-prob is no evidence of the engine's policy (`drop_invalid_behavior_logp`).
+  # A non-finite engine log-prob is no evidence of the engine's policy (`trajectory.drop_invalid_behavior_logp`).
   act = traj.action_mask_BxL & traj.sample_mask_B[:, None] & np.isfinite(engine)
   log_ratio = np.where(act, trainer - engine, 0.0)
   cap = float(c.loss.engine_is_cap)
@@ -157,6 +139,29 @@ def engine_correction(run: Run, params, traj):
     "engine_is_truncated_frac": float((weight[act] >= cap).mean()) if gap.size else 0.0,
   }
   return np.where(act, trainer, engine).astype(np.float32), weight, row
+
+
+def loss_batch(run: Run, params, ref_params, traj, out, ref_logp, *, off_policy: bool = False) -> tuple[dict, dict]:
+  """The update's batch (`update_batch`): the method's arrays (`MethodOutput.batch_arrays`: its advantages and its
+  loss terms' typed inputs), the reference's log-probs when the KL term is on, and, for rollouts from an external
+  engine or sampled with older weights than `params` (`off_policy`: `rollout.async_depth`, or an engine's
+  `rollout.max_staleness`), the trainer's own behaviour log-probs under `params` and the truncated importance
+  weights (`engine_correction`). Returns (batch, the engine-correction metrics or {}).
+
+  Raises:
+    ValueError: a loss term's input missing or misshapen (`MethodOutput.batch_arrays`), naming the method.
+  """
+  c = run.config
+  try:
+    extra = out.batch_arrays(step_lib.term_inputs(METHODS[c.credit.method].loss_terms))
+  except ValueError as e:
+    raise ValueError(f"method {c.credit.method!r}: {e}") from None
+  if ref_logp is not None:
+    extra["ref_logp_BxL"] = multihost.to_host(ref_logp(ref_params, traj.tokens_BxL, traj.token_mask_BxL))
+  behavior_logp, engine_row = traj.behavior_logp_BxL, {}
+  if ENGINES[c.rollout.engine].external or off_policy:
+    behavior_logp, extra["behavior_weight_BxL"], engine_row = engine_correction(run, params, traj)
+  return update_batch(traj, extra, behavior_logp), engine_row
 
 
 def loss_config_of(c: ml_collections.ConfigDict) -> step_lib.PolicyLossConfig:

@@ -132,7 +132,7 @@ def test_save_hf_weights_refuses_missing_and_misshapen_parameters(tmp_path):
 def test_a_null_logprob_is_read_as_nan_not_minus_infinity(tmp_path):
   """Issue 35 case 11: vLLM returned a token without a log-prob (null); the adapter read it as -inf, which made the
   trainer's log-ratio +inf and gave the token the largest importance weight. It is NaN now: no log-prob, which
-  the trainer takes out of the loss (`jaxcredit.train.update.drop_invalid_behavior_logp`)."""
+  the trainer takes out of the loss (`jaxcredit.trajectory.drop_invalid_behavior_logp`)."""
   server = FakeServer(logprobs=(-0.5, None, -0.25))
   try:
     out = make_engine(server.url, tmp_path).generate([[1]], SamplingParams(max_new_tokens=3), jax.random.key(0))

@@ -5,6 +5,7 @@ import types
 import numpy as np
 import pytest
 
+from jaxcredit.trajectory import drop_invalid_behavior_logp
 from jaxcredit.train import config as config_lib
 from jaxcredit.train import update as update_lib
 from jaxcredit.train.engines import ENGINES
@@ -130,7 +131,7 @@ def test_a_token_without_an_engine_logprob_leaves_the_loss_and_the_gap_metrics(v
   )
   _, raw_weight, raw_row = update_lib.engine_correction(run, None, traj)  # even before the drop
   assert np.isfinite(raw_row["engine_logp_gap_mean"]) and raw_weight[0, 2] < c.loss.engine_is_cap
-  kept, row = update_lib.drop_invalid_behavior_logp(traj)
+  kept, row = drop_invalid_behavior_logp(traj)
   assert row == {"engine_invalid_logp_tokens": 1}
   ref = _traj_with_one_missing_logp(-2.0)
   ref.action_mask_BxL[0, 2] = False
@@ -160,6 +161,6 @@ def test_a_token_without_an_engine_logprob_leaves_the_loss_and_the_gap_metrics(v
 
 def test_finite_engine_logprobs_are_all_kept():
   traj = _traj_with_one_missing_logp(-2.0)
-  kept, row = update_lib.drop_invalid_behavior_logp(traj)
+  kept, row = drop_invalid_behavior_logp(traj)
   assert row == {"engine_invalid_logp_tokens": 0}
   np.testing.assert_array_equal(kept.action_mask_BxL, traj.action_mask_BxL)
