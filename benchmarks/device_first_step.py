@@ -54,9 +54,9 @@ MODULES = (
   # quickstart's environment.
   "jaxcredit.models",
   "jaxcredit.sampling",
-  "jaxcredit.train.step",
-  "jaxcredit.train.trainer",
-  "jaxcredit.train.async_rollouts",
+  "jaxcredit.train.loop.step",
+  "jaxcredit.train.commands.trainer",
+  "jaxcredit.train.loop.async_rollouts",
   "jaxcredit.envs.arithmetic",
   "jaxcredit.credit",
 )
@@ -81,7 +81,7 @@ def tiny_step() -> dict:
 
   from jaxcredit.models import Decoder, ModelConfig
   from jaxcredit.models.kv_cache import init_cache
-  from jaxcredit.train import step as step_lib
+  from jaxcredit.train.loop import step as step_lib
 
   cfg = ModelConfig(
     vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8

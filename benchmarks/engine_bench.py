@@ -46,8 +46,8 @@ def main():
 
   import jax
 
-  from jaxcredit.train import rl_step as rl_step_lib
-  from jaxcredit.train import run as run_lib
+  from jaxcredit.train.loop import rl_step as rl_step_lib
+  from jaxcredit.train.loop import run as run_lib
 
   machine = machine_info()
   root = tempfile.mkdtemp(prefix="engine_bench-")

@@ -42,8 +42,8 @@ def main():
   args = ap.parse_args()
 
   import jax
-  from jaxcredit.train import trainer
-  from jaxcredit.train.methods import METHODS
+  from jaxcredit.train.commands import trainer
+  from jaxcredit.train.tables.methods import METHODS
 
   shutil.rmtree(args.root, ignore_errors=True)
   warm = os.path.join(args.root, "warm_start")

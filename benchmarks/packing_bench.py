@@ -1,4 +1,4 @@
-"""The update's forward+backward on packed rows (`jaxcredit.train.packing`) against right-padded rollout rows.
+"""The update's forward+backward on packed rows (`jaxcredit.train.loop.packing`) against right-padded rollout rows.
 
 Synthetic rollout batches shaped like the two CPU workloads, a random model of each shape, float32:
   quickstart  SmolLM2-135M's shape (30 layers, 576 wide, 49,152 vocabulary), 2 prompts x 4 rollouts, a shared
@@ -47,7 +47,7 @@ WORKLOADS = {
 
 
 def rollout_batch(vocab: int, prompts: int, group: int, prompt: int, cont: tuple[int, int], seed: int = 0) -> dict:
-  """A right-padded update batch (`jaxcredit.train.update.update_batch`'s layout) of synthetic rollouts."""
+  """A right-padded update batch (`jaxcredit.train.loop.update.update_batch`'s layout) of synthetic rollouts."""
   from jaxcredit.trajectory import pad_length
 
   rng = np.random.default_rng(seed)
@@ -76,8 +76,8 @@ def run_workload(name: str, row_lens: list[int], repeats: int) -> dict:
 
   from jaxcredit.models.config import ModelConfig
   from jaxcredit.models.decoder import Decoder
-  from jaxcredit.train import step as step_lib
-  from jaxcredit.train.packing import pack_update_batch
+  from jaxcredit.train.loop import step as step_lib
+  from jaxcredit.train.loop.packing import pack_update_batch
 
   shape, prompts, group, prompt, cont = WORKLOADS[name]
   cfg = ModelConfig(head_dim=64, rope_theta=10000.0, tie_word_embeddings=True, **shape)

@@ -87,7 +87,7 @@ def main():
 
   from jaxcredit.models import load_model, smollm2_gguf_path
   from jaxcredit.scoring.gold import score_gold_answers, score_gold_answers_packed
-  from jaxcredit.train import step as step_lib
+  from jaxcredit.train.loop import step as step_lib
 
   machine = machine_info(backend=jax.default_backend())
   model, cfg = load_model(smollm2_gguf_path())

@@ -697,7 +697,7 @@ def base(args, workdir: str, source: str, seed: int):
 
 def warm_start(args, policy: str) -> tuple[str, float]:
   """`jaxcredit sft` once; returns the warm-started model folder and its held-out success."""
-  from jaxcredit.train import trainer
+  from jaxcredit.train.commands import trainer
 
   workdir = os.path.join(args.out, "warm")
   model = os.path.join(workdir, "warm_start_model")
@@ -782,7 +782,7 @@ def apply_overrides(c, items: list[str]):
 
 
 def run_one(args, label: str, seed: int, model: str) -> str:
-  from jaxcredit.train import trainer
+  from jaxcredit.train.commands import trainer
 
   method, knobs, *rest = RUNS[label]
   workdir = os.path.join(args.out, "runs", f"{label}_seed{seed}")
@@ -1084,7 +1084,7 @@ def check_mergeable(settings: dict, start: float, env: dict, path: str, earlier:
     if key not in _MERGE_FREE_SETTINGS and settings.get(key) != theirs.get(key):
       raise ValueError(f"--merge {path}: setting {key!r} is {theirs.get(key)!r} there and {settings.get(key)!r} here")
   # An environment key added after the file was written reads as the value its runs had (checkpoint.ADDED_KEYS).
-  from jaxcredit.train.checkpoint import ADDED_KEYS
+  from jaxcredit.train.loop.checkpoint import ADDED_KEYS
 
   added = {k.rsplit(".", 1)[1]: v for k, v in ADDED_KEYS.items() if k.startswith("env.")}
   if {**{k: v for k, v in added.items() if k in env}, **(earlier.get("env") or {})} != env:

@@ -217,7 +217,7 @@ def _credit(command: str, args: list[str]) -> int:
   error = _validate(command, config)
   if error:
     return error
-  from jaxcredit.train import offline_credit
+  from jaxcredit.train.commands import offline_credit
 
   from jaxcredit.output_lock import OutputBusyError, hold
 
@@ -253,9 +253,10 @@ def _train(command: str, args: list[str]) -> int:
       return 2
   from jaxcredit.envs.spec import EnvironmentUnavailable
   from jaxcredit.output_lock import OutputBusyError
-  from jaxcredit.train.engines import EngineError
-  from jaxcredit.train import stopping, trainer
-  from jaxcredit.train.checkpoint import WorkdirRefused
+  from jaxcredit.train.tables.engines import EngineError
+  from jaxcredit.train.loop import stopping
+  from jaxcredit.train.commands import trainer
+  from jaxcredit.train.loop.checkpoint import WorkdirRefused
 
   try:
     trainer.train(config, sft_only=(command == "sft"))
@@ -291,7 +292,7 @@ def _convert_before_joining(config) -> str | None:
   atomic). Returns an error message, or None."""
   import subprocess
 
-  from jaxcredit.train.methods import METHODS
+  from jaxcredit.train.tables.methods import METHODS
 
   sources = [config.model.source]
   method = METHODS.get(config.credit.method)  # an unknown name is refused by the validation that follows
@@ -341,7 +342,7 @@ def _initialize_distributed() -> str | None:
 
 def _last_checkpoint(workdir: str) -> str:
   """Where a rerun of the same command resumes from, in words."""
-  from jaxcredit.train.checkpoint import saved_steps
+  from jaxcredit.train.loop.checkpoint import saved_steps
 
   directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
   steps = saved_steps(workdir)
@@ -548,8 +549,8 @@ def _eval(command: str, args: list[str]) -> int:
     return _fail(command, f"--out {out} is a file; give a folder")
   from jaxcredit.envs.spec import EnvironmentUnavailable
   from jaxcredit.output_lock import OutputBusyError
-  from jaxcredit.train.engines import EngineError
-  from jaxcredit.train import evaluate
+  from jaxcredit.train.tables.engines import EngineError
+  from jaxcredit.train.commands import evaluate
 
   try:
     info = evaluate.evaluate_model(config, model=model, out_dir=out, samples=samples)
@@ -574,7 +575,7 @@ def _eval(command: str, args: list[str]) -> int:
 
 
 def _viz(command: str, args: list[str]) -> int:
-  """viz: the credit viewer's pages for a workdir's rollout samples (jaxcredit.train.report.view_samples)."""
+  """viz: the credit viewer's pages for a workdir's rollout samples (jaxcredit.train.commands.report.view_samples)."""
 
   def build(p):
     p.add_argument("--workdir", required=True, help="a training workdir with rollout_samples/ (log_rollouts_every)")
@@ -602,7 +603,7 @@ def _viz(command: str, args: list[str]) -> int:
   methods = None if a.methods is None else list(dict.fromkeys(m.strip() for m in a.methods.split(",") if m.strip()))
   if methods is not None and not methods:
     return _fail(command, "--methods names no method")
-  from jaxcredit.train import report
+  from jaxcredit.train.commands import report
 
   try:
     info = report.view_samples(a.workdir, step=a.step, methods=methods, out_dir=a.out, rollouts=a.rollouts)
@@ -683,7 +684,7 @@ def _plan(command: str, args: list[str]) -> int:
       )
       return 0
     return _load_config(command, rest)
-  from jaxcredit.train.plan import (
+  from jaxcredit.train.commands.plan import (
     libtpu_library_path,
     parse_mesh,
     parse_topology,
@@ -723,7 +724,7 @@ def _plan(command: str, args: list[str]) -> int:
       json_file = open(own["json"], "w")
     except OSError as e:
       return _fail(command, f"cannot write --json {own['json']}: {_one_line(e)}")
-  from jaxcredit.train import plan
+  from jaxcredit.train.commands import plan
 
   try:
     report = plan.run_plan(config, own["topology"], own["mesh"])

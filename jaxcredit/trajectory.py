@@ -119,7 +119,7 @@ class Trajectory:
     unit_rewards_BxU: float32 per-unit verified rewards (U = 1: the outcome reward).
     unit_mask_BxU: bool, True on the units each rollout reached.
     passes: outputs of the passes a method ran, by pass name, each its pass row's output class
-      (`jaxcredit.train.pass_outputs`, e.g. `passes["teacher_plain"].logp_BxL`); empty until the trainer runs them.
+      (`jaxcredit.train.tables.pass_outputs`, e.g. `passes["teacher_plain"].logp_BxL`); empty until the trainer runs them.
   """
 
   tokens_BxL: np.ndarray

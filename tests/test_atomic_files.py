@@ -5,7 +5,7 @@ import json
 import os
 
 from jaxcredit.atomic_files import write_json_atomic, write_text_atomic
-from jaxcredit.train.checkpoint import saved_steps
+from jaxcredit.train.loop.checkpoint import saved_steps
 
 
 def test_a_file_is_replaced_whole_and_no_temporary_is_left(tmp_path):

@@ -101,7 +101,7 @@ def _layer(module: str) -> int:
 def test_the_import_graph_sees_the_known_edges():
   graph = import_graph()
   assert "jaxcredit.credit.outcome" in graph["jaxcredit.credit"]
-  assert "jaxcredit.train.trainer" in graph["jaxcredit.cli"]
+  assert "jaxcredit.train.commands.trainer" in graph["jaxcredit.cli"]
   assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
@@ -142,7 +142,7 @@ def test_the_part_rules_see_the_arrows_that_were_drawn_before():
   (now `models.logprobs`) and the CLI importing the vLLM engine (now through `train.engines`)."""
   before = {
     "jaxcredit.scoring.teacher": {"jaxcredit.sampling.logprobs", "jaxcredit.trajectory"},
-    "jaxcredit.cli": {"jaxcredit.sampling.vllm_engine", "jaxcredit.train.engines"},
+    "jaxcredit.cli": {"jaxcredit.sampling.vllm_engine", "jaxcredit.train.tables.engines"},
   }
   assert _forbidden_arrows(before) == [
     "jaxcredit.scoring.teacher -> jaxcredit.sampling.logprobs",

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from jaxcredit.train import plan
+from jaxcredit.train.commands import plan
 
 _TPU_VARS = ("TPU_WORKER_HOSTNAMES", "JAX_PLATFORMS", "TPU_LIBRARY_PATH", "ALLOW_MULTIPLE_LIBTPU_LOAD")
 

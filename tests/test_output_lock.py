@@ -79,7 +79,7 @@ def test_a_file_output_is_locked_beside_it(tmp_path, holder):
 def test_train_and_sft_refuse_a_held_workdir_before_writing_anything(command, tmp_path, tiny, holder):
   c = tiny_run_config("quickstart", tmp_path / "w", tiny)
   holder(c.workdir, "train")
-  from jaxcredit.train import trainer
+  from jaxcredit.train.commands import trainer
 
   with pytest.raises(OutputBusyError, match="is being written by `jaxcredit train`"):
     trainer.train(c, sft_only=command == "sft")

@@ -8,7 +8,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxcredit import sharding
 from jaxcredit.train import config as config_lib
-from jaxcredit.train import passes as passes_lib
+from jaxcredit.train.tables import passes as passes_lib
 
 from tests.fixtures.multidevice import run_on_devices
 

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from jaxcredit import trees
 
-# A config as train/checkpoint.py compares it ('.'-joined) and a parameter tree as models/ and train/engines.py write
+# A config as train/loop/checkpoint.py compares it ('.'-joined) and a parameter tree as models/ and train/tables/engines.py write
 # it ('/'-joined); the flat forms are what the copies produced.
 CONFIG = {"seed": 0, "credit": {"method": "trace", "trace": {"gamma": 1.0}}, "env": {"name": "search", "tags": []}}
 CONFIG_FLAT = {

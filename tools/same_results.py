@@ -27,7 +27,10 @@ sys.path.insert(0, root)
 os.chdir(root)
 from tests.fixtures.tiny_model import CFG, random_params, write_gguf
 from tests.fixtures.tiny_run import TinyModel, metrics_rows, tiny_run_config
-from jaxcredit.train import trainer
+try:
+  from jaxcredit.train.commands import trainer
+except ImportError:  # a checkout before train/ was grouped (issue 55)
+  from jaxcredit.train import trainer
 
 gguf = os.path.join(os.path.dirname(out), "tiny.gguf")
 if not os.path.isfile(gguf):

@@ -118,7 +118,7 @@ def hsd_token_kl(
 
   This form takes whole [L, V] logits (for small vocabularies and for checking); the trainer computes the same
   from final hidden states, chunked over the vocabulary so a 151k vocabulary never makes an [L, V] array
-  (`jaxcredit.train.step`, loss term "vocab_kl").
+  (`jaxcredit.train.loop.step`, loss term "vocab_kl").
 
   Args:
     teacher_logits: [L, V] float, the teacher's logits predicting each rollout token (aligned with it).

@@ -31,7 +31,7 @@ over steps ("sum"); success is reward >= `success_threshold`.
 
 Errors. A session that cannot be opened, an error answer, a malformed answer, a closed connection or a message
 that takes longer than `timeout_s` ends that episode with finish "env_error" and the reason in
-`info["env_error"]`; the episode is left out of the update (`jaxcredit.train.rl_step`) and counted in the step's
+`info["env_error"]`; the episode is left out of the update (`jaxcredit.train.loop.rl_step`) and counted in the step's
 `env/openenv_errors`. When every episode of a step ends that way the server is gone, and the step raises
 `spec.EnvironmentUnavailable` (`jaxcredit train` prints one line and exits 1; checkpoints and metrics already
 written stay).

@@ -27,7 +27,7 @@ class EnvSpec:
       no demonstrations (then `config.sft.steps` must be 0).
     gold_answer_text: task -> the gold answer written as the next assistant message (TRACE scores it); None when
       the environment has no gold answers (an OpenEnv server that exposes none): then the methods whose passes
-      read one are refused at start-up (`jaxcredit.train.run.check_env_fields`).
+      read one are refused at start-up (`jaxcredit.train.loop.run.check_env_fields`).
     privileged_info: task -> the verified ground truth a teacher may see and the policy never does (CrEST,
       GEAR, HSD's fallback): the gold answer, a reference solution, or BFCL's ground-truth calls; None as for
       `gold_answer_text`.
@@ -43,7 +43,7 @@ class EnvSpec:
     eval_max_turns: the most assistant turns of a held-out rollout, where an evaluation protocol allows more than
       training does (BFCL multi-turn: bfcl-eval has no session cap); None: `max_turns`.
     unwinnable: (task, split "train" | "eval") -> why ground-truth play cannot finish the task under that split's
-      caps (turns, steps per request), or None when it can; reported at start-up (`jaxcredit.train.run.
+      caps (turns, steps per request), or None when it can; reported at start-up (`jaxcredit.train.loop.run.
       report_unwinnable`), since such a task can never pay. None: the environment has no caps to check.
     step_workers: the environments of one turn step on this many threads (the rollout loop, `jaxcredit.rollout.
       multiturn.run_rollouts`): more than 1 for environments that wait on a server; 1 (the default) steps them in

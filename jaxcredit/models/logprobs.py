@@ -558,7 +558,7 @@ def predictor_hidden_states(
 
   The pieces `sequence_logprobs_and_entropies` (no slots: every position) and `packed_slot_logprobs` (packed
   rows, `slots_BxK`) score against the output head, for losses that need the whole predicted distribution, not
-  only the sampled token's log-prob (HSD's full-vocabulary distillation: `jaxcredit.train.step`, "vocab_kl"):
+  only the sampled token's log-prob (HSD's full-vocabulary distillation: `jaxcredit.train.loop.step`, "vocab_kl"):
 
       h[b, k] = hidden_states[b, pred[b, s_k]],   target[b, k] = tokens[b, s_k]
 

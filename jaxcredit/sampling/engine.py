@@ -1,7 +1,7 @@
 """The rollout-engine interface: `RolloutEngine`, what the rollout loop and the trainer call on whoever samples.
 
 jaxcredit's `Sampler` (in this process) and `VLLMEngine` (a vLLM server) satisfy it; a row of
-`jaxcredit.train.engines.ENGINES` builds one, and the trainer refuses an object that lacks one of its members
+`jaxcredit.train.tables.engines.ENGINES` builds one, and the trainer refuses an object that lacks one of its members
 (`missing_engine_members`). An engine that can keep a rollout's KV cache between turns also has `session()`
 (`SessionEngine`); the rollout loop uses it where it exists.
 """

@@ -235,7 +235,7 @@ def score_gold_answers_packed(
 
   The gold answer is scored at temperature 1, whatever the sampling temperature: TRACE's gold score is its own
   quantity (the reference's belief in the gold answer), not a policy log-prob that must match the sampler.
-  `jaxcredit.train.step.make_packed_gold_fn` builds the callable this way.
+  `jaxcredit.train.loop.step.make_packed_gold_fn` builds the callable this way.
 
   Args:
     packed_logp_fn: (tokens_NxL, token_mask_NxL, positions_NxL, segment_ids_NxL, prefix_limit_NxL, slots_NxG) ->

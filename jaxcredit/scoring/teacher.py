@@ -539,7 +539,7 @@ class TeacherPassResult:
   hidden_BxLxD: np.ndarray | None = None
 
   def arrays(self) -> dict[str, np.ndarray]:
-    """The arrays by name: fields of the pass's output class (`jaxcredit.train.pass_outputs.TeacherOutput`, ...)."""
+    """The arrays by name: fields of the pass's output class (`jaxcredit.train.tables.pass_outputs.TeacherOutput`, ...)."""
     out = {"logp_BxL": self.logp_BxL, "entropy_BxL": self.entropy_BxL, "valid_B": self.valid_B}
     if self.divergence_BxL is not None:
       out["divergence_BxL"] = self.divergence_BxL

@@ -15,13 +15,13 @@ import ml_collections
 from jaxcredit import sharding
 from jaxcredit.envs import ENVS
 from jaxcredit.models.config import REMAT_POLICIES
-from jaxcredit.train.loss import AGGREGATIONS, KL_ESTIMATORS
-from jaxcredit.train.method_checks import check_knobs, check_passes, knob_owner, method_knobs
-from jaxcredit.train.methods import METHODS
+from jaxcredit.train.loop.loss import AGGREGATIONS, KL_ESTIMATORS
+from jaxcredit.train.tables.method_checks import check_knobs, check_passes, knob_owner, method_knobs
+from jaxcredit.train.tables.methods import METHODS
 
 # The teacher budgets live with the passes that spend them; re-exported here, where the config keys are.
-from jaxcredit.train.passes import TEACHER_CONTEXT_SLACK, teacher_budgets  # noqa: F401
-from jaxcredit.train.step import LOSS_TERMS, OPTIMIZERS
+from jaxcredit.train.tables.passes import TEACHER_CONTEXT_SLACK, teacher_budgets  # noqa: F401
+from jaxcredit.train.loop.step import LOSS_TERMS, OPTIMIZERS
 
 DEFAULT_CONTEXT_WRAPPER = "\n\nReference (not visible to the assistant being trained): {context}"
 # Methods' own knobs whose values are one of a few strings, wherever a method has them (a pass declares its own:
@@ -220,9 +220,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.rollout.group_size = 4  # G rollouts per prompt
   c.rollout.export_jsonl = False  # write each step's rollouts, credited, to workdir/rollouts/step_N.jsonl
   # Dynamic sampling (DAPO): rounds of fresh prompt batches whose groups with both outcomes replace the step's groups
-  # whose rollouts all got the same reward (0: off). train/rl_step.py resample_tied_groups.
+  # whose rollouts all got the same reward (0: off). train/loop/rl_step.py resample_tied_groups.
   c.rollout.resample_tied_groups = 0
-  # Rollouts sampled ahead on a thread while the learner learns (train/async_rollouts.py, docs/engines.md): 0 = the
+  # Rollouts sampled ahead on a thread while the learner learns (train/loop/async_rollouts.py, docs/engines.md): 0 = the
   # synchronous loop; k >= 1 = a step's rollouts come from weights at most k updates older than the step's.
   c.rollout.async_depth = 0
   # Every N RL steps (0: never), the whole groups holding the step's first log_rollouts_count rollouts, with their
@@ -230,7 +230,7 @@ def base_config() -> ml_collections.ConfigDict:
   # workdir/rollout_samples/step_N.jsonl; `jaxcredit viz` draws them.
   c.log_rollouts_every = 0
   c.log_rollouts_count = 4
-  # Who samples the rollouts (jaxcredit.train.engines.ENGINES): "jax" (jaxcredit's Sampler, in this process) or
+  # Who samples the rollouts (jaxcredit.train.tables.engines.ENGINES): "jax" (jaxcredit's Sampler, in this process) or
   # "vllm" (a vLLM server, token-in token-out; docs/engines.md). Passes, credit and the update stay in JAX.
   c.rollout.engine = "jax"
   # Policy versions a rollout engine may lag behind before the weights are synced again (0: every step).
@@ -248,7 +248,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.rollout.vllm.dir = ""  # the model folder the server loads and weight syncs write ("" = workdir/vllm)
 
   c.credit = ml_collections.ConfigDict()
-  c.credit.method = "trace"  # a name in jaxcredit.train.methods.METHODS
+  c.credit.method = "trace"  # a name in jaxcredit.train.tables.methods.METHODS
   # One node per method with its knobs, named as the credit functions' arguments (docs/credit.md):
   # --config.credit.trace.alpha_turn=0.5, --config.credit.crest.lam=0.5, ... Only the chosen method's node must match
   # on resume.
@@ -281,7 +281,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.loss.engine_is_cap = 2.0
 
   c.optim = ml_collections.ConfigDict()
-  c.optim.name = "adamw"  # or "sgd" (train/step.py OPTIMIZERS); the RL updates' rule (the warm start uses AdamW)
+  c.optim.name = "adamw"  # or "sgd" (train/loop/step.py OPTIMIZERS); the RL updates' rule (the warm start uses AdamW)
   c.optim.learning_rate = 1e-5
   c.optim.warmup_steps = 0
   c.optim.weight_decay = 0.0
@@ -294,7 +294,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.mini_batch_size = 0  # rollouts per optimizer update (PPO mini-batch); 0 = the whole step's batch
   c.train.ppo_epochs = 1  # passes over a step's rollouts, reshuffled each time (PPO epochs)
   c.train.length_bucket = 128  # sequences are right-padded to a multiple (bounds compiled shapes)
-  # The update's batch packed (jaxcredit/train/packing.py): each group's shared prompt once per row followed by its
+  # The update's batch packed (jaxcredit/train/loop/packing.py): each group's shared prompt once per row followed by its
   # rollouts' continuations, the output head on the action tokens only; same losses and gradients, fewer FLOPs.
   # Packed rows use dense-mask attention (memory O(L^2) per row): right for short rollouts, not for pod lengths.
   c.train.pack_rollouts = True
@@ -383,7 +383,7 @@ def pod_config(
 
 
 def _validate_engine(c: ml_collections.ConfigDict) -> None:
-  from jaxcredit.train.engines import ENGINES
+  from jaxcredit.train.tables.engines import ENGINES
 
   if c.rollout.engine not in ENGINES:
     raise ValueError(f"config.rollout.engine = {c.rollout.engine!r}: must be one of {tuple(ENGINES)}")
@@ -580,7 +580,7 @@ def _validate_knobs(c: ml_collections.ConfigDict) -> None:
   """The chosen method's knobs (its own and its passes', `method_checks.method_knobs`): none missing, none it lacks,
   types, strings among their choices, the passes' own checks (`Pass.validate`) and the row's (`Method.validate`), then
   every value through the credit functions' own range checks (`method_checks.check_knobs`)."""
-  from jaxcredit.train.passes import PASSES
+  from jaxcredit.train.tables.passes import PASSES
 
   name = c.credit.method
   defaults = method_knobs(name)
@@ -609,7 +609,7 @@ def _validate_knobs(c: ml_collections.ConfigDict) -> None:
         raise ValueError(f"config.credit.{name}.{key} = {v!r}: must be an int")
     elif key in choices and v not in choices[key]:
       raise ValueError(f"config.credit.{name}.{key} = {v!r}: must be one of {choices[key]}")
-  from jaxcredit.train.step import LOSS_TERMS  # the loss terms' table (imports the model layers: only here)
+  from jaxcredit.train.loop.step import LOSS_TERMS  # the loss terms' table (imports the model layers: only here)
 
   for term in METHODS[name].loss_terms:  # a loss term's gradient cap (PolicyLossConfig.grad_caps): a ratio > 0
     cap = LOSS_TERMS[term].cap_knob if term in LOSS_TERMS else None

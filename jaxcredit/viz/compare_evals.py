@@ -33,7 +33,7 @@ import os
 from typing import Sequence
 
 Z95 = 1.959963984540054
-"""The standard normal quantile of 0.975 (as `jaxcredit.train.evaluate.Z95`)."""
+"""The standard normal quantile of 0.975 (as `jaxcredit.train.commands.evaluate.Z95`)."""
 
 _NOT_METRICS = ("task_id", "category", "passed")
 

@@ -12,7 +12,7 @@ log-prob under the sampler, the teacher's log-prob and entropy, and the advantag
 the data sit in the page as JSON and a few lines of JavaScript draw them.
 
 Inputs are rollout records (docs/rollouts-jsonl.md) credited by a method, with the pass outputs and details under
-metadata["passes"] / metadata["credit_details"] (`jaxcredit.train.offline_credit.credit_records(..., details=True)` and the
+metadata["passes"] / metadata["credit_details"] (`jaxcredit.train.commands.offline_credit.credit_records(..., details=True)` and the
 trainer's rollout samples write them). Layout and reading guide: docs/viewer.md.
 """
 

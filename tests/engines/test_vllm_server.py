@@ -27,8 +27,8 @@ from jaxcredit.rollout.multiturn import encode_prompt
 from jaxcredit.sampling import SamplingParams
 from jaxcredit.sampling.vllm_engine import EngineError, VLLMEngine
 from jaxcredit.train import config as config_lib
-from jaxcredit.train import step as step_lib
-from jaxcredit.train.engines import flat_params, make_vllm_engine
+from jaxcredit.train.loop import step as step_lib
+from jaxcredit.train.tables.engines import flat_params, make_vllm_engine
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]

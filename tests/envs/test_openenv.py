@@ -160,7 +160,7 @@ def test_a_command_that_does_not_serve_is_refused_with_its_log(tmp_path):
 
 
 def test_methods_that_need_a_gold_answer_are_refused_without_one():
-  from jaxcredit.train import run as run_lib
+  from jaxcredit.train.loop import run as run_lib
   from jaxcredit.train.config import base_config
 
   c = base_config()

@@ -20,12 +20,12 @@ def main(run_dir: str, replay_dir: str, out_path: str, overrides: list[str]) -> 
   from jaxcredit.cli import _load_config
   from jaxcredit.rollout import jsonl as jsonl_lib
   from jaxcredit.rollout.multiturn import RolloutResult
-  from jaxcredit.train import checkpoint as ckpt_lib
-  from jaxcredit.train import export
-  from jaxcredit.train import rl_step as rl_step_lib
-  from jaxcredit.train import run as run_lib
-  from jaxcredit.train import step as step_lib
-  from jaxcredit.train import update as update_lib
+  from jaxcredit.train.loop import checkpoint as ckpt_lib
+  from jaxcredit.train.loop import export
+  from jaxcredit.train.loop import rl_step as rl_step_lib
+  from jaxcredit.train.loop import run as run_lib
+  from jaxcredit.train.loop import step as step_lib
+  from jaxcredit.train.loop import update as update_lib
 
   config = _load_config("train", ["--config", "configs/quickstart.py", *overrides, f"--config.workdir={replay_dir}"])
   run = run_lib.build(config, write_config=False)

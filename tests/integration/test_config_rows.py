@@ -11,9 +11,9 @@ import pytest
 
 from jaxcredit import cli
 from jaxcredit.envs import ENVS
-from jaxcredit.train.methods import METHODS
-from jaxcredit.train.passes import PASSES
-from jaxcredit.train.step import LOSS_TERMS
+from jaxcredit.train.tables.methods import METHODS
+from jaxcredit.train.tables.passes import PASSES
+from jaxcredit.train.loop.step import LOSS_TERMS
 
 from tests.fixtures.tiny_run import metrics_rows, tiny_run_overrides
 
@@ -24,10 +24,10 @@ import numpy as np
 
 from jaxcredit.step_types import LossInput
 from jaxcredit.train.config import base_config
-from jaxcredit.train.methods import METHODS, Method, MethodOutput
-from jaxcredit.train.pass_outputs import PassOutput, output_field, read_output
-from jaxcredit.train.passes import PASSES, Pass
-from jaxcredit.train.step import LOSS_TERMS, LossTerm
+from jaxcredit.train.tables.methods import METHODS, Method, MethodOutput
+from jaxcredit.train.tables.pass_outputs import PassOutput, output_field, read_output
+from jaxcredit.train.tables.passes import PASSES, Pass
+from jaxcredit.train.loop.step import LOSS_TERMS, LossTerm
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -15,7 +15,7 @@ import os
 import numpy as np
 import pytest
 
-from jaxcredit.train import trainer
+from jaxcredit.train.commands import trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -13,7 +13,9 @@ import pytest
 from jaxcredit import cli
 from jaxcredit.envs import ENVS
 from jaxcredit.rollout import jsonl
-from jaxcredit.train import export, offline_credit, trainer
+from jaxcredit.train.loop import export
+from jaxcredit.train.commands import offline_credit
+from jaxcredit.train.commands import trainer
 from tests.fixtures.tiny_run import ROOT, metrics_rows, tiny_run_config
 
 
@@ -272,7 +274,7 @@ def test_credit_refuses_groups_of_unequal_size(tmp_path, capsys):
 def test_viz_refuses_token_ids_outside_the_policy_vocabulary(tiny, tmp_path):
   """Issue 35 case 8 (viz): the viewer decoded sample ids with the policy tokenizer whatever they were; an id the
   tokenizer does not have is refused naming the file, line and field, before any page is written."""
-  from jaxcredit.train import report
+  from jaxcredit.train.commands import report
 
   c = tiny_run_config("grpo", tmp_path / "run", tiny)
   records = _records({"g": [1.0, 0.0]})

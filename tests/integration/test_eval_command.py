@@ -10,8 +10,9 @@ import os
 import pytest
 
 from jaxcredit.rollout import jsonl as jsonl_lib
-from jaxcredit.train import heldout, trainer
-from jaxcredit.train import run as run_lib
+from jaxcredit.train.loop import heldout
+from jaxcredit.train.commands import trainer
+from jaxcredit.train.loop import run as run_lib
 from tests.fixtures.cli import run_cli
 from tests.fixtures.tiny_model import random_params, tiny_decoder_config, write_gguf
 from tests.fixtures.tiny_run import metrics_rows, tiny_run_config, tiny_run_overrides
@@ -88,7 +89,7 @@ def test_the_final_checkpoint_evaluated_equals_the_trainers_final_eval(trained):
     assert m["value"] == heldout[name] and m["count"] == 4 and len(m["ci95"]) == 2
   success = info["metrics"]["success_rate"]
   assert success["interval"] == "wilson"
-  from jaxcredit.train.evaluate import wilson_interval
+  from jaxcredit.train.commands.evaluate import wilson_interval
 
   assert success["ci95"] == list(wilson_interval(round(heldout["success_rate"] * 4), 4))
   records = jsonl_lib.read_jsonl(out / "rollouts.jsonl", vocab_size=300)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from jaxcredit.rollout import jsonl as jsonl_lib
-from jaxcredit.train import trainer
-from jaxcredit.train.methods import METHODS, Method, MethodOutput
+from jaxcredit.train.commands import trainer
+from jaxcredit.train.tables.methods import METHODS, Method, MethodOutput
 
 from tests.fixtures.tiny_model import CFG, random_params, write_gguf
 from tests.fixtures.tiny_run import CONFIGS, metrics_rows, tiny_run_config

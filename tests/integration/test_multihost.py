@@ -204,7 +204,7 @@ def test_groups_that_cannot_be_split_over_the_processes_are_refused_before_anyth
   """The check itself, in this process with jax reporting 2 processes: the trainer's build refuses 3 prompt groups
   naming the field, before the workdir is written. The whole path with two real processes is the slow test
   below."""
-  from jaxcredit.train import run as run_lib
+  from jaxcredit.train.loop import run as run_lib
 
   monkeypatch.setattr(jax, "process_count", lambda: 2)
   monkeypatch.setattr(jax, "process_index", lambda: 0)

@@ -12,7 +12,8 @@ import pytest
 
 from jaxcredit.envs import openenv
 from jaxcredit.rollout import jsonl
-from jaxcredit.train import offline_credit, trainer
+from jaxcredit.train.commands import offline_credit
+from jaxcredit.train.commands import trainer
 from tests.fixtures.cli import run_cli
 from tests.fixtures.tiny_run import ROOT, metrics_rows, tiny_run_config, tiny_run_overrides
 

@@ -17,7 +17,7 @@ from jaxcredit.rollout.chat_format import ChatFormat
 from jaxcredit.rollout.multiturn import run_rollouts
 from jaxcredit.trajectory import pack
 from jaxcredit.sampling import Sampler, SamplingParams
-from jaxcredit.train import step as step_lib
+from jaxcredit.train.loop import step as step_lib
 
 from tests.shared_cases import case
 

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxcredit.train import trainer
+from jaxcredit.train.commands import trainer
 from jaxcredit.train.config import base_config
 
 
@@ -81,7 +81,7 @@ def test_train_resume_and_refusal(tmp_path, tiny):
 def test_a_crash_between_reference_and_step0_checkpoint_still_resumes(tmp_path, tiny, monkeypatch):
   """The reference is written right before the step-0 checkpoint; a run that died between the two leaves a
   `reference/` but no checkpoint, and the rerun starts over instead of failing on orbax's refusal to overwrite."""
-  from jaxcredit.train import checkpoint as ckpt_lib
+  from jaxcredit.train.loop import checkpoint as ckpt_lib
 
   c = _config(tmp_path, tiny)
   c.sft.steps = 0
@@ -125,7 +125,7 @@ def test_one_warm_start_as_a_model_folder_then_rl_with_periodic_evals(tmp_path, 
   from flax import nnx
 
   from jaxcredit import models
-  from jaxcredit.train import checkpoint as ckpt_lib
+  from jaxcredit.train.loop import checkpoint as ckpt_lib
 
   c = _config(tmp_path, tiny)
   c.eval.before_sft = False

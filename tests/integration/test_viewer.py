@@ -8,7 +8,7 @@ import pytest
 
 from jaxcredit import cli
 from jaxcredit.rollout import jsonl as jsonl_lib
-from jaxcredit.train import trainer
+from jaxcredit.train.commands import trainer
 
 from tests.fixtures.tiny_run import tiny_run_config
 from tests.viz.browser import check_viewer_page

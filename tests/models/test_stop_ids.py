@@ -10,7 +10,7 @@ import pytest
 
 from jaxcredit.models import ChatTokenizer, load_model, load_tokenizer
 from jaxcredit.sampling import Sampler, SamplingParams
-from jaxcredit.train import run as run_lib
+from jaxcredit.train.loop import run as run_lib
 from jaxcredit.train.config import base_config
 from tests.fixtures.tiny_model import CFG, TOKENS, random_params, write_gguf
 

@@ -3,7 +3,7 @@ estimate (here of an update whose policy term carries truncated importance weigh
 
 import jax
 from jaxcredit.models import ModelConfig
-from jaxcredit.train import plan
+from jaxcredit.train.commands import plan
 
 cfg = ModelConfig(
   vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16

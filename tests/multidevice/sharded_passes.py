@@ -8,7 +8,7 @@ from jaxcredit import sharding
 from jaxcredit.models.decoder import Decoder, param_logical_axes
 from jaxcredit.scoring import teacher as tp
 from jaxcredit.scoring.gold import score_gold_answers_packed
-from jaxcredit.train import step as step_lib
+from jaxcredit.train.loop import step as step_lib
 from jaxcredit.trajectory import RolloutBuilder, pack
 
 from tests.fixtures.tiny_model import tiny_decoder_config

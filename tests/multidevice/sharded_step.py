@@ -12,7 +12,7 @@ import jax, jax.numpy as jnp, numpy as np, optax
 from flax import nnx
 from jaxcredit import sharding
 from jaxcredit.models.decoder import Decoder, param_logical_axes
-from jaxcredit.train import step as step_lib
+from jaxcredit.train.loop import step as step_lib
 
 from tests.fixtures.tiny_model import tiny_decoder_config
 

@@ -17,7 +17,7 @@ from jaxcredit.models.config import ModelConfig
 from jaxcredit.models.decoder import Decoder, init_cache, packed_attention_mask
 from jaxcredit.models.logprobs import packed_predictor_slots, packed_slot_logprobs, sequence_logprobs
 from jaxcredit.scoring.gold import pack_gold_copies, score_gold_answers, score_gold_answers_packed
-from jaxcredit.train import step as step_lib
+from jaxcredit.train.loop import step as step_lib
 from jaxcredit.trajectory import RolloutBuilder, pack
 
 from tests.fixtures.tiny_model import tiny_decoder_config

@@ -6,7 +6,7 @@ import pytest
 
 from jaxcredit.envs import make_env_spec
 from jaxcredit.train import config as config_lib
-from jaxcredit.train.run import check_generation_room
+from jaxcredit.train.loop.run import check_generation_room
 from tests.fixtures.cli import run_cli
 from tests.fixtures.tiny_chat import tiny_tokenizer
 

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from jaxcredit.train import checkpoint as ckpt_lib
+from jaxcredit.train.loop import checkpoint as ckpt_lib
 from jaxcredit.train.config import base_config, validate
 from tests.fixtures.cli import run_cli
 
@@ -89,7 +89,7 @@ def _load_config(name):
   ],
 )
 def test_every_method_has_a_config_that_validates(name):
-  from jaxcredit.train.methods import METHODS
+  from jaxcredit.train.tables.methods import METHODS
 
   c = _load_config(name)
   validate(c)
@@ -98,7 +98,7 @@ def test_every_method_has_a_config_that_validates(name):
 
 
 def test_every_method_has_a_config():
-  from jaxcredit.train.methods import METHODS
+  from jaxcredit.train.tables.methods import METHODS
 
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   assert sorted(m for m in METHODS if not os.path.exists(os.path.join(root, "configs", f"{m}.py"))) == []
@@ -120,7 +120,7 @@ def test_knobs_of_another_method_do_not_block_a_resume(tmp_path):
 def test_an_unreadable_or_missing_config_json_is_refused_naming_the_file(tmp_path):
   """Issue 54 case 10: a truncated config.json gave an error without the file's name, and a workdir with checkpoints
   but no config.json resumed with a changed method silently. Both are refused (exit 2 at the CLI)."""
-  from jaxcredit.train.checkpoint import WorkdirRefused
+  from jaxcredit.train.loop.checkpoint import WorkdirRefused
 
   c = base_config().to_dict()
   w = tmp_path / "w"

@@ -11,12 +11,12 @@ import time
 import jax
 import numpy as np
 
-from jaxcredit.train.checkpoint import Checkpointer
+from jaxcredit.train.loop.checkpoint import Checkpointer
 
 SAVER = textwrap.dedent("""
     import sys
     import numpy as np
-    from jaxcredit.train.checkpoint import Checkpointer
+    from jaxcredit.train.loop.checkpoint import Checkpointer
 
     ckpt = Checkpointer(sys.argv[1], max_to_keep=2)
     for step in range(1, 1000):

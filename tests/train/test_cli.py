@@ -170,7 +170,7 @@ def test_help_lists_every_config_key_with_its_value_and_description():
 
 def test_ctrl_c_stops_with_one_line_naming_the_last_checkpoint(tmp_path, monkeypatch, capsys):
   from jaxcredit import cli
-  from jaxcredit.train import trainer
+  from jaxcredit.train.commands import trainer
 
   def interrupted(config, sft_only=False):
     os.makedirs(os.path.join(config.workdir, "checkpoints", "4"))

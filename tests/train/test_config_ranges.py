@@ -70,7 +70,7 @@ def test_credit_command_still_credits_a_valid_config(tmp_path):
 # (SGD at lr 0.1 on gradient [3, 4] moved the parameters by [+0.06, +0.08], up the gradient). The warm start reads
 # the same key.
 def test_negative_max_grad_norm_is_refused_by_key_and_value(tmp_path):
-  from jaxcredit.train import step
+  from jaxcredit.train.loop import step
   from jaxcredit.train.config import base_config, validate
 
   c = base_config()
@@ -98,7 +98,7 @@ def test_every_numeric_key_of_the_default_configs_has_a_range():
   environments' own keys (env.<name>.*) are checked by their rows' validators, not by the table."""
   from jaxcredit.envs import ENVS
   from jaxcredit.train.config import RANGES, base_config, pod_config
-  from jaxcredit.train.methods import METHODS
+  from jaxcredit.train.tables.methods import METHODS
 
   delegated = tuple(f"credit.{m}." for m in METHODS) + tuple(f"env.{e}." for e in ENVS)
   pod = pod_config(
@@ -152,8 +152,8 @@ def test_every_numeric_key_out_of_its_range_is_refused_naming_key_and_value(key,
 def _delegated_numeric_keys():
   """(method or environment, node key, key, value) of every numeric method knob and environment key."""
   from jaxcredit.envs import ENVS
-  from jaxcredit.train.method_checks import method_knobs
-  from jaxcredit.train.methods import METHODS
+  from jaxcredit.train.tables.method_checks import method_knobs
+  from jaxcredit.train.tables.methods import METHODS
 
   rows = [("credit", m, k, v) for m in METHODS for k, v in method_knobs(m).items()]
   rows += [("env", e, k, v) for e, row in ENVS.items() for k, v in dict(row.defaults).items()]

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from jaxcredit.envs import make_env_spec
-from jaxcredit.train import run as run_lib
+from jaxcredit.train.loop import run as run_lib
 from tests.fixtures.tiny_run import load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -77,7 +77,7 @@ def test_bfcl_caps_are_reported_and_the_paper_config_has_none(capsys):
 
 def test_plan_reports_the_caps_it_finds(capsys):
   pytest.importorskip("bfcl_eval")
-  from jaxcredit.train import plan
+  from jaxcredit.train.commands import plan
 
   small = _load(os.path.join(ROOT, "configs", "crest_bfcl.py"))
   caps = plan.unwinnable_tasks(small)

@@ -11,12 +11,12 @@ import pytest
 
 from jaxcredit.step_types import LossInput
 from jaxcredit.train import config as config_lib
-from jaxcredit.train import passes as passes_lib
-from jaxcredit.train import report
-from jaxcredit.train.method_checks import check_knobs, check_passes
-from jaxcredit.train.methods import METHODS, Method, MethodOutput
-from jaxcredit.train.pass_outputs import PassOutput, TeacherOutput, output_field, read_output
-from jaxcredit.train.passes import PASSES, Pass
+from jaxcredit.train.tables import passes as passes_lib
+from jaxcredit.train.commands import report
+from jaxcredit.train.tables.method_checks import check_knobs, check_passes
+from jaxcredit.train.tables.methods import METHODS, Method, MethodOutput
+from jaxcredit.train.tables.pass_outputs import PassOutput, TeacherOutput, output_field, read_output
+from jaxcredit.train.tables.passes import PASSES, Pass
 
 
 def _config(method: str):
@@ -64,7 +64,7 @@ def test_a_read_of_a_pass_the_method_does_not_run_or_an_unknown_pass_is_refused(
 
 def test_reading_a_pass_as_another_class_is_refused(monkeypatch):
   def reads_as_gold(traj, knobs):
-    from jaxcredit.train.pass_outputs import GoldAnswerOutput
+    from jaxcredit.train.tables.pass_outputs import GoldAnswerOutput
 
     read_output(traj, "teacher_plain", GoldAnswerOutput)
     return _zero(traj, knobs)
@@ -111,7 +111,7 @@ def test_a_pass_row_declares_an_output_class_and_its_knobs_choices():
 
 
 def test_stand_ins_follow_the_declared_axes_and_values():
-  from jaxcredit.train.pass_outputs import PeerStatesOutput, SiblingSummaryOutput
+  from jaxcredit.train.tables.pass_outputs import PeerStatesOutput, SiblingSummaryOutput
 
   peer = PeerStatesOutput.stand_in({"B": 2, "L": 5})
   assert peer.hidden_BxLxD.shape == (2, 5, 4) and peer.peer_B.tolist() == [-1, -1] and peer.valid_B.all()
@@ -136,8 +136,8 @@ def test_a_run_of_an_unregistered_method_without_a_config_file_is_said_so():
 def test_a_loss_term_added_as_a_row_takes_its_weight_from_the_methods_knob(monkeypatch):
   """A `LOSS_TERMS` row with coef=None and knob="anchor_coef": the method's knob sets its weight, with no
   `PolicyLossConfig` field (it travels in `knob_weights`, as ToolOPD's distill_coef does); a negative or missing weight is refused."""
-  from jaxcredit.train import update
-  from jaxcredit.train.step import LOSS_TERMS, LossTerm, PolicyLossConfig
+  from jaxcredit.train.loop import update
+  from jaxcredit.train.loop.step import LOSS_TERMS, LossTerm, PolicyLossConfig
 
   term = LossTerm(lambda logp, mb, cfg: (-logp, {}), None, lambda c: "token-mean", ("adv_BxL",), knob="anchor_coef")
   with pytest.raises(ValueError, match=r"trainer_arrays \['w_BxL'\] are not arrays the trainer fills"):
@@ -188,7 +188,7 @@ def test_a_methods_loss_inputs_join_the_batch_and_bad_ones_are_refused_by_name()
 
 def test_a_loss_terms_input_is_declared_with_new_per_token_keys():
   """A term's input class is checked when the row is made: its fields are new `*_BxL` / `*_BxLxD` batch keys."""
-  from jaxcredit.train.step import LossTerm
+  from jaxcredit.train.loop.step import LossTerm
 
   def term(input_cls):
     return LossTerm(lambda logp, mb, cfg: (-logp, {}), None, lambda c: "token-mean", input=input_cls, knob="w")
@@ -213,7 +213,7 @@ def test_a_loss_terms_input_is_declared_with_new_per_token_keys():
 def test_a_loss_terms_missing_or_misshapen_input_is_refused_when_the_run_is_configured(monkeypatch):
   """Before any model is loaded: `check_knobs` runs the method on its 2-rollout trajectory and checks its output
   against its loss terms' input classes."""
-  from jaxcredit.train.step import LOSS_TERMS, LossTerm
+  from jaxcredit.train.loop.step import LOSS_TERMS, LossTerm
 
   @dataclasses.dataclass(frozen=True)
   class WeightInput(LossInput):

@@ -13,7 +13,7 @@ from jaxcredit.sampling import Sampler
 from jaxcredit.sampling.engine import ENGINE_MEMBERS, RolloutEngine, SessionEngine, missing_engine_members
 from jaxcredit.sampling.vllm_engine import VLLMEngine
 from jaxcredit.train import config as config_lib
-from jaxcredit.train.engines import ENGINES, Engine, build_engine
+from jaxcredit.train.tables.engines import ENGINES, Engine, build_engine
 from tests.fixtures.tiny_model import tiny_decoder_config
 from tests.fixtures.fake_vllm import FakeServer, make_engine
 

@@ -7,8 +7,8 @@ import pytest
 
 from jaxcredit.trajectory import drop_invalid_behavior_logp
 from jaxcredit.train import config as config_lib
-from jaxcredit.train import update as update_lib
-from jaxcredit.train.engines import ENGINES
+from jaxcredit.train.loop import update as update_lib
+from jaxcredit.train.tables.engines import ENGINES
 
 
 def test_engine_table():
@@ -75,7 +75,7 @@ def test_engine_correction_weights_gap_and_behaviour():
 
 
 def test_one_vllm_server_per_training_process():
-  from jaxcredit.train.engines import vllm_urls
+  from jaxcredit.train.tables.engines import vllm_urls
 
   c = config_lib.base_config()
   assert vllm_urls(c) == []  # launch one
@@ -92,7 +92,7 @@ def test_flat_params_are_host_arrays_by_parameter_path():
 
   from jaxcredit.models import Decoder
   from jaxcredit.models.decoder import param_shapes
-  from jaxcredit.train.engines import flat_params
+  from jaxcredit.train.tables.engines import flat_params
   from tests.fixtures.tiny_model import tiny_decoder_config
 
   cfg = tiny_decoder_config(vocab_size=64)
@@ -121,7 +121,7 @@ def test_a_token_without_an_engine_logprob_leaves_the_loss_and_the_gap_metrics(v
   """Issue 35 case 11: a null log-prob from the engine (read as -inf) gave a log-ratio of +inf, the token the cap's
   weight (the largest) and engine_logp_gap_mean inf. Now it leaves the loss: loss and gradient equal those of the
   batch with that token masked out; it is counted in engine_invalid_logp_tokens; the gap metrics stay finite."""
-  from jaxcredit.train import step as step_lib
+  from jaxcredit.train.loop import step as step_lib
 
   c = config_lib.base_config()
   traj = _traj_with_one_missing_logp(value)

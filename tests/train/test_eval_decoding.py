@@ -7,8 +7,8 @@ import types
 import jax
 import numpy as np
 
-from jaxcredit.train import heldout
-from jaxcredit.train import run as run_lib
+from jaxcredit.train.loop import heldout
+from jaxcredit.train.loop import run as run_lib
 from jaxcredit.train.config import base_config
 
 

@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from jaxcredit.train import evaluate
+from jaxcredit.train.commands import evaluate
 from jaxcredit.train.config import base_config
 from tests.fixtures.cli import run_cli
 
@@ -105,7 +105,7 @@ def test_an_environments_own_metric_reaches_the_trainers_row_and_the_eval_table(
   """The path of a benchmark metric: `EnvSpec.metrics` (here arithmetic's math-verify accuracy) -> the trainer's
   `env_metrics_of` ("env/..." in its eval row) -> `metric_table` (eval.json, with a bootstrap interval) -> the table."""
   from jaxcredit.envs import arithmetic
-  from jaxcredit.train import heldout
+  from jaxcredit.train.loop import heldout
 
   spec = arithmetic.env_spec()
   task = arithmetic.ArithmeticTask(task_id="t/0", question="2*(3+4)?", answer="14", source="x", expression="2*(3+4)")

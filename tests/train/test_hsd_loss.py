@@ -11,8 +11,8 @@ from flax import nnx
 from jaxcredit import credit
 from jaxcredit.models.decoder import Decoder
 from jaxcredit.models.logprobs import predictor_hidden_states, sequence_logprobs
-from jaxcredit.train import packing
-from jaxcredit.train import step as step_lib
+from jaxcredit.train.loop import packing
+from jaxcredit.train.loop import step as step_lib
 
 from tests.fixtures.tiny_model import tiny_decoder_config
 

@@ -6,8 +6,8 @@ import numpy as np
 from flax import nnx
 
 from jaxcredit.models.decoder import Decoder
-from jaxcredit.train import packing
-from jaxcredit.train import step as step_lib
+from jaxcredit.train.loop import packing
+from jaxcredit.train.loop import step as step_lib
 
 from tests.fixtures.tiny_model import tiny_decoder_config
 

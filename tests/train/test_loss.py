@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxcredit.train import loss as loss_lib
+from jaxcredit.train.loop import loss as loss_lib
 
 from tests.shared_cases import case
 

@@ -9,8 +9,8 @@ import pytest
 from flax import nnx
 
 from jaxcredit.models.decoder import Decoder
-from jaxcredit.train import loss as loss_lib
-from jaxcredit.train import step as step_lib
+from jaxcredit.train.loop import loss as loss_lib
+from jaxcredit.train.loop import step as step_lib
 
 from tests.fixtures.tiny_model import tiny_decoder_config
 

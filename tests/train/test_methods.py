@@ -8,8 +8,8 @@ import pytest
 from jaxcredit.step_types import VocabKLInput
 from jaxcredit import credit
 from jaxcredit.train.config import base_config
-from jaxcredit.train.methods import METHODS, gigpo_state_ids
-from jaxcredit.train.pass_outputs import (
+from jaxcredit.train.tables.methods import METHODS, gigpo_state_ids
+from jaxcredit.train.tables.pass_outputs import (
   DivergenceOutput,
   GoldAnswerOutput,
   PeerStatesOutput,
@@ -410,7 +410,7 @@ def test_every_step_of_a_turn_level_method_carries_its_own_advantage(name):
 def test_the_steps_credit_diagnostics():
   """contrast_group_frac, nonzero_adv_token_frac and dense_adv_share (issue 51's why-numbers) on two groups of two:
   one tied (both fail), one with a success and a failure."""
-  from jaxcredit.train.rl_step import credit_diagnostics
+  from jaxcredit.train.loop.rl_step import credit_diagnostics
 
   traj = _traj(rewards=(0.0, 0.0, 1.0, 0.0), group_ids=(0, 0, 1, 1))
   grpo = METHODS["grpo"].advantages(traj, _knobs("grpo")).adv_BxL
@@ -430,8 +430,8 @@ def test_a_method_reusing_a_pass_gets_its_knobs_and_a_node_without_one_is_refuse
   (a row registered after the config was built, its node written by hand) is refused by `validate`, naming the knob
   and the pass, instead of a KeyError at the first RL step."""
   from jaxcredit.train.config import validate
-  from jaxcredit.train.methods import Method, MethodOutput
-  from jaxcredit.train.passes import PASSES
+  from jaxcredit.train.tables.methods import Method, MethodOutput
+  from jaxcredit.train.tables.passes import PASSES
 
   def peer_gap(traj, knobs):
     return MethodOutput(np.zeros(traj.tokens_BxL.shape, np.float32))

@@ -19,7 +19,7 @@ from jaxcredit.models import load, save_converted
 from jaxcredit.models.decoder import Decoder, default_logical_axes
 from jaxcredit.sampling import Sampler
 from jaxcredit.train import config as config_lib
-from jaxcredit.train import step as step_lib
+from jaxcredit.train.loop import step as step_lib
 
 from tests.fixtures.tiny_model import tiny_decoder_config
 

@@ -5,7 +5,7 @@ import pytest
 
 from jaxcredit.models.config import ModelConfig
 from jaxcredit.train import config as config_lib
-from jaxcredit.train.run import model_overrides
+from jaxcredit.train.loop.run import model_overrides
 
 
 def test_model_keys_reach_the_model_config():

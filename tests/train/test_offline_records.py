@@ -9,7 +9,7 @@ import pytest
 from jaxcredit.envs import make_env_spec
 from jaxcredit.rollout import jsonl as jsonl_lib
 from jaxcredit.train.config import base_config
-from jaxcredit.train.offline_credit import tasks_of_records
+from jaxcredit.train.commands.offline_credit import tasks_of_records
 
 
 def test_a_key_named_twice_is_refused_naming_the_line(tmp_path):

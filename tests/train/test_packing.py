@@ -1,4 +1,4 @@
-"""The packed update batch (`jaxcredit.train.packing`): group prompts once per row, the head on action slots only.
+"""The packed update batch (`jaxcredit.train.loop.packing`): group prompts once per row, the head on action slots only.
 
 The packed layout must change nothing but the cost: every loss term under every aggregation, with micro-batches,
 gives the unpacked loss, metrics and gradients."""
@@ -9,9 +9,9 @@ import pytest
 from flax import nnx
 
 from jaxcredit.models.decoder import Decoder
-from jaxcredit.train import loss as loss_lib
-from jaxcredit.train import step as step_lib
-from jaxcredit.train.packing import pack_if_short, pack_update_batch
+from jaxcredit.train.loop import loss as loss_lib
+from jaxcredit.train.loop import step as step_lib
+from jaxcredit.train.loop.packing import pack_if_short, pack_update_batch
 from tests.fixtures.tiny_model import tiny_decoder_config
 
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from jaxcredit.train import config as config_lib
-from jaxcredit.train import plan
+from jaxcredit.train.commands import plan
 from tests.fixtures.tiny_run import load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

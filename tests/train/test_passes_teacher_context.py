@@ -19,8 +19,8 @@ from jaxcredit.rollout.chat_format import ChatFormat
 from jaxcredit.rollout.multiturn import RolloutResult, transcript
 from jaxcredit.scoring import teacher as tp
 from jaxcredit.train import config as config_lib
-from jaxcredit.train import passes as passes_lib
-from jaxcredit.train.methods import METHODS
+from jaxcredit.train.tables import passes as passes_lib
+from jaxcredit.train.tables.methods import METHODS
 from jaxcredit.trajectory import RolloutBuilder, pack
 from tests.fixtures.tiny_chat import tiny_tokenizer
 from tests.fixtures.tiny_run import load_config
@@ -169,7 +169,7 @@ def test_a_forced_cut_is_counted_and_warned_once(tok, caplog):
   config.credit.method = "hsd"
   config.teacher.max_context_tokens = 128  # the old default
   long_peer = "<tool_call>" + " ".join(f"step{k}" for k in range(60)) + "</tool_call>"
-  with caplog.at_level(logging.WARNING, logger="jaxcredit.train.passes"):
+  with caplog.at_level(logging.WARNING, logger="jaxcredit.train.tables.passes"):
     ctx, traj, out, peer_text = _hsd_batch(tok, config, long_peer)
     passes_lib.teacher_peer(ctx, traj)  # a second step of the same run: no second warning
   full = f"A successful attempt at this task:\n{peer_text}\nThe correct final answer: {GOLD}"

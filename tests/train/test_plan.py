@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from jaxcredit import cli
-from jaxcredit.train import plan
+from jaxcredit.train.commands import plan
 from tests.fixtures.multidevice import run_on_devices
 from tests.fixtures.tiny_model import tiny_decoder_config
 
@@ -300,7 +300,7 @@ def test_the_planned_update_is_the_methods_loss_on_packed_rows():
   """`jaxcredit plan` lowers the update the trainer runs: the method's loss terms read their arrays, and with
   packing the per-token arrays sit at K scored slots per row beside the row layout."""
   from jaxcredit import sharding
-  from jaxcredit.train import step as step_lib
+  from jaxcredit.train.loop import step as step_lib
 
   cfg = tiny_decoder_config(dtype="float32")
   mesh = sharding.make_mesh({"fsdp": 1}, jax.devices()[:1])

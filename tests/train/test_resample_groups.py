@@ -6,7 +6,7 @@ import types
 import jax
 import pytest
 
-from jaxcredit.train import rl_step
+from jaxcredit.train.loop import rl_step
 from jaxcredit.train.config import base_config, check_ranges
 
 

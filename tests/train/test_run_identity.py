@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from jaxcredit.train import checkpoint as ckpt_lib
-from jaxcredit.train import trainer
+from jaxcredit.train.loop import checkpoint as ckpt_lib
+from jaxcredit.train.commands import trainer
 from tests.fixtures.tiny_run import tiny_run_config
 
 

@@ -1,7 +1,7 @@
 """The line printed when training starts: every phase, in order, with its size; resumes list only what is left."""
 
 from jaxcredit.train.config import base_config
-from jaxcredit.train.trainer import run_overview
+from jaxcredit.train.commands.trainer import run_overview
 
 
 def config():

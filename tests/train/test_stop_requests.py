@@ -10,7 +10,7 @@ import signal
 
 import pytest
 
-from jaxcredit.train import stopping
+from jaxcredit.train.loop import stopping
 
 
 class _TwoProcesses:

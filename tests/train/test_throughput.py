@@ -5,9 +5,9 @@ import types
 import numpy as np
 import pytest
 
-from jaxcredit.train import metrics as metrics_lib
-from jaxcredit.train import plan
-from jaxcredit.train import rl_step as rl_step_lib
+from jaxcredit.train.loop import metrics as metrics_lib
+from jaxcredit.train.commands import plan
+from jaxcredit.train.loop import rl_step as rl_step_lib
 
 
 def _run(kind: str, chips: int, active_params: int):

@@ -11,7 +11,8 @@ import types
 import pytest
 
 from jaxcredit.rollout.multiturn import RolloutResult
-from jaxcredit.train import evaluate, heldout
+from jaxcredit.train.commands import evaluate
+from jaxcredit.train.loop import heldout
 from jaxcredit.train.config import base_config
 from jaxcredit.trajectory import RolloutBuilder
 from jaxcredit.viz import compare_evals

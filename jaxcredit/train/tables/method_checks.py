@@ -13,9 +13,9 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from jaxcredit import credit
-from jaxcredit.train.methods import METHODS
-from jaxcredit.train.pass_outputs import PassReadError
-from jaxcredit.train.passes import PASSES
+from jaxcredit.train.tables.methods import METHODS
+from jaxcredit.train.tables.pass_outputs import PassReadError
+from jaxcredit.train.tables.passes import PASSES
 
 
 def method_knobs(name: str) -> dict[str, Any]:
@@ -96,7 +96,7 @@ def check_knobs(name: str, knobs: Mapping[str, Any]) -> None:
     raise ValueError(f"method {name!r} reads a field its passes' outputs do not declare: {e}") from None
   except (ValueError, TypeError) as e:
     raise ValueError(knob_error_message(name, knobs, e)) from None
-  from jaxcredit.train.step import LOSS_TERMS, term_inputs  # imports the model layers: only here
+  from jaxcredit.train.loop.step import LOSS_TERMS, term_inputs  # imports the model layers: only here
 
   try:
     out.batch_arrays(term_inputs(t for t in method.loss_terms if t in LOSS_TERMS))

@@ -151,7 +151,7 @@ def read_output(traj: Any, name: str, kind: type[T]) -> T:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The shipped passes' outputs (jaxcredit.train.passes.PASSES).
+# The shipped passes' outputs (jaxcredit.train.tables.passes.PASSES).
 
 
 def _alternating(shape: tuple[int, ...]) -> np.ndarray:

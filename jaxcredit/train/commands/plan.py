@@ -14,7 +14,7 @@ Without libtpu the same step is compiled for a simulated mesh of CPU devices (XL
 --xla_force_host_platform_device_count, set by the CLI before JAX starts): the numbers are then an estimate, and
 the report says so.
 
-    from jaxcredit.train import plan
+    from jaxcredit.train.commands import plan
     report = plan.plan_step(preset("qwen3-4b"), topology="v5p:2x4x4", mesh={"fsdp": 32}, batch_size=32,
                             seq_len=32768, num_micro_batches=1)
     print(plan.format_report(report))
@@ -40,7 +40,7 @@ from jaxcredit.atomic_files import write_json_atomic
 from jaxcredit.models.config import ModelConfig
 from jaxcredit.models.decoder import Decoder, param_logical_axes
 from jaxcredit.topology import CHIPS, DEVICE_KINDS, parse_mesh, parse_topology, peak_flops_per_chip  # noqa: F401
-from jaxcredit.train import step as step_lib
+from jaxcredit.train.loop import step as step_lib
 
 
 def libtpu_library_path() -> str | None:
@@ -104,7 +104,7 @@ def abstract_step(
   Args:
     loss_cfg: the loss `train.update.loss_config_of(config)` builds (its active terms decide the batch's arrays:
       `ref_logp_BxL` for the KL term, the distillation weights and targets, ...); default: PPO-clip alone.
-    packed_slots: K > 0: the packed layout (`jaxcredit.train.packing`): batch_size rows of seq_len slots, the
+    packed_slots: K > 0: the packed layout (`jaxcredit.train.loop.packing`): batch_size rows of seq_len slots, the
       per-token arrays at K scored slots per row; 0: one right-padded rollout per row.
     behavior_weights: the truncated importance weights of an external engine or `rollout.async_depth`.
 
@@ -634,7 +634,7 @@ def model_config_for(source: str, config=None) -> ModelConfig:
         f"a checkpoint folder or a GGUF file"
       )
   if config is not None:
-    from jaxcredit.train.run import model_overrides
+    from jaxcredit.train.loop.run import model_overrides
 
     cfg = model_overrides(cfg, config)
     if config.model.compute_dtype:
@@ -665,7 +665,7 @@ def unwinnable_tasks(config) -> dict[str, dict[str, int]] | None:
   split -> reason -> count (`run.report_unwinnable`); None when the environment's data is not installed here (a plan
   compiles without it: the line then says so)."""
   from jaxcredit.envs import make_env_spec
-  from jaxcredit.train.run import report_unwinnable
+  from jaxcredit.train.loop.run import report_unwinnable
 
   try:
     env = make_env_spec(config.env)
@@ -691,7 +691,7 @@ def _run_plan(config, topology: str, mesh_spec: str) -> dict[str, Any]:
   batch = int(config.plan.batch_size) or dp * micro
   seq_len = int(config.plan.seq_len) or int(config.sampling.max_len)
   from jaxcredit.train.config import teacher_source
-  from jaxcredit.train.methods import METHODS
+  from jaxcredit.train.tables.methods import METHODS
 
   teacher = teacher_source(config)
   teacher_cfg = None
@@ -705,8 +705,8 @@ def _run_plan(config, topology: str, mesh_spec: str) -> dict[str, Any]:
     "teacher_rules": sharding.resolve_rules(dict(config.teacher.sharding_rules)),
     "async_depth": int(config.rollout.async_depth),
   }
-  from jaxcredit.train.engines import ENGINES
-  from jaxcredit.train.update import loss_config_of
+  from jaxcredit.train.tables.engines import ENGINES
+  from jaxcredit.train.loop.update import loss_config_of
   from jaxcredit.trajectory import pad_length
 
   # The update as the trainer runs it: the method's loss terms and, where `train.pack_rollouts` packs rollouts of

@@ -3,7 +3,7 @@
     traj.passes[name] = PASSES[name](ctx, traj)      for name in METHODS[config.credit.method].passes
     traj.passes[name].check_axes(...)              # its arrays have its output class's declared axes
 
-Each pass returns its row's output class (`jaxcredit.train.pass_outputs`: a dataclass whose fields carry their
+Each pass returns its row's output class (`jaxcredit.train.tables.pass_outputs`: a dataclass whose fields carry their
 axes), numpy arrays aligned to the trajectory, always with `valid_B` (bool) and `reasons` (one string per rollout:
 "" when valid, else why the pass could not be made: "no_context", "over_budget", "non_finite", "no_boundary",
 "empty_skill", "no_peer", "not_mixed", "empty_summary"); the methods also drop
@@ -53,8 +53,8 @@ from jaxcredit.rollout.multiturn import action_text, transcript
 from jaxcredit.sampling import SamplingParams
 from jaxcredit.scoring import teacher as teacher_lib
 from jaxcredit.scoring.gold import score_gold_answers_packed
-from jaxcredit.train import step as step_lib
-from jaxcredit.train.pass_outputs import (
+from jaxcredit.train.loop import step as step_lib
+from jaxcredit.train.tables.pass_outputs import (
   DivergenceOutput,
   GoldAnswerOutput,
   PassOutput,
@@ -239,7 +239,7 @@ class Pass:
     summary: one line for docs and errors.
     env_fields: the `EnvSpec` fields the pass calls that an environment may lack (`gold_answer_text`,
       `privileged_info`); a method running the pass on an environment without them is refused at start-up
-      (`jaxcredit.train.run.check_env_fields`).
+      (`jaxcredit.train.loop.run.check_env_fields`).
     knobs: the knobs the pass reads (`ctx.knobs[...]`) with their defaults. They are knobs of every method that runs
       the pass: its config node `config.credit.<method>` holds them (`method_checks.method_knobs`; a method's own
       row may give another default), and `config.validate` refuses a node without one, naming the pass.

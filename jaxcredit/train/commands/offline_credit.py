@@ -15,10 +15,10 @@ from jaxcredit.models import load_tokenizer, resolve_source
 from jaxcredit.rollout import jsonl as jsonl_lib
 from jaxcredit.step_types import Rollouts
 from jaxcredit.train import config as config_lib
-from jaxcredit.train.export import pass_outputs_of, rollout_values, task_id_of
-from jaxcredit.train.methods import METHODS
-from jaxcredit.train.rl_step import run_passes
-from jaxcredit.train.run import build, reference_copy
+from jaxcredit.train.loop.export import pass_outputs_of, rollout_values, task_id_of
+from jaxcredit.train.tables.methods import METHODS
+from jaxcredit.train.loop.rl_step import run_passes
+from jaxcredit.train.loop.run import build, reference_copy
 from jaxcredit.trajectory import drop_invalid_behavior_logp
 
 

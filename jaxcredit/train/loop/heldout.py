@@ -1,5 +1,5 @@
 """Held-out evaluation: the rollouts of `config.eval`'s tasks by the current parameters and their metrics, during
-training (`evaluate`, `warm_start_eval`, `periodic_eval`) and for `jaxcredit eval` (train/evaluate.py), which
+training (`evaluate`, `warm_start_eval`, `periodic_eval`) and for `jaxcredit eval` (train/commands/evaluate.py), which
 samples and scores through the same functions (`sample_eval_batch`, `eval_summaries`, `eval_metrics`)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 from jaxcredit import multihost
 from jaxcredit.envs import EnvSpec
 from jaxcredit.rollout.multiturn import RolloutResult
-from jaxcredit.train.run import Run, SamplingRun, progress_bar, sample_rollouts, sampling_model
+from jaxcredit.train.loop.run import Run, SamplingRun, progress_bar, sample_rollouts, sampling_model
 
 Z95 = 1.959963984540054
 """The standard normal quantile of 0.975: a two-sided 95% interval."""
@@ -90,7 +90,7 @@ def evaluate(run: Run, params, stage: str, step: int, *, sft_step: int | None = 
   temperature and top-p with a fixed key per batch (the same draws for every eval of a run); logs a phase="eval" row
   at RL step `step` (0 before RL; a warm-start eval also carries `sft_step`). With several processes each evaluates
   its share of the tasks and the row is over all of them (the environment's own metrics: the mean of the
-  processes'). `jaxcredit eval` (train/evaluate.py) samples and scores through the same functions."""
+  processes'). `jaxcredit eval` (train/commands/evaluate.py) samples and scores through the same functions."""
   t0 = time.time()
   results = []
   bs = run.config.eval.batch_size

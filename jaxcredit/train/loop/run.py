@@ -27,13 +27,13 @@ from jaxcredit.rollout.chat_format import ChatFormat
 from jaxcredit.rollout.multiturn import run_rollouts
 from jaxcredit.sampling import Sampler, SamplingParams
 from jaxcredit.sampling.engine import RolloutEngine
-from jaxcredit.train import checkpoint as ckpt_lib
+from jaxcredit.train.loop import checkpoint as ckpt_lib
 from jaxcredit.train import config as config_lib
-from jaxcredit.train import metrics as metrics_lib
-from jaxcredit.train import passes as passes_lib
-from jaxcredit.train import step as step_lib
-from jaxcredit.train.engines import build_engine, make_jax_sampler
-from jaxcredit.train.methods import METHODS
+from jaxcredit.train.loop import metrics as metrics_lib
+from jaxcredit.train.tables import passes as passes_lib
+from jaxcredit.train.loop import step as step_lib
+from jaxcredit.train.tables.engines import build_engine, make_jax_sampler
+from jaxcredit.train.tables.methods import METHODS
 
 
 @dataclasses.dataclass

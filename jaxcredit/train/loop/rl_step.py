@@ -23,12 +23,12 @@ import numpy as np
 from jaxcredit import multihost
 from jaxcredit.step_types import Rollouts
 from jaxcredit.train import config as config_lib
-from jaxcredit.train import passes as passes_lib
-from jaxcredit.train.export import export_rollouts, sample_rows
-from jaxcredit.train.heldout import rollout_env_metrics
-from jaxcredit.train.methods import METHODS, outcome_advantages
-from jaxcredit.train.run import Run, sample_rollouts, sampler_binder, sampling_model
-from jaxcredit.train.update import loss_batch, make_packer, ppo_updates
+from jaxcredit.train.tables import passes as passes_lib
+from jaxcredit.train.loop.export import export_rollouts, sample_rows
+from jaxcredit.train.loop.heldout import rollout_env_metrics
+from jaxcredit.train.tables.methods import METHODS, outcome_advantages
+from jaxcredit.train.loop.run import Run, sample_rollouts, sampler_binder, sampling_model
+from jaxcredit.train.loop.update import loss_batch, make_packer, ppo_updates
 from jaxcredit.trajectory import drop_invalid_behavior_logp, group_index
 
 

@@ -20,7 +20,7 @@ Layout of a packed batch (B is then the packed rows, L the row length, K the sco
     name, its second axis now the K scored slots (the loss terms are elementwise, so they read it unchanged); a
     `*_BxLxD` array (HSD's teacher hidden states) keeps its trailing axis: [B, K, D];
   rollout_ids_BxL: int32 [B, K], the scored token's rollout within its row (0, 1, ...), for per-sequence
-    aggregation (`jaxcredit.train.loss.aggregate`);
+    aggregation (`jaxcredit.train.loop.loss.aggregate`);
   rollouts_B: float32 [B], the input's rollouts counted on the first row (the Dr.GRPO denominator's sequence
     count, which includes rollouts without a scored token).
 """
@@ -55,7 +55,7 @@ def pack_update_batch(
   rows_multiple: int = 1,
   slot_bucket: int = 64,
 ) -> dict:
-  """Packs an update batch of right-padded rollouts (`jaxcredit.train.update.update_batch`) into group rows with scored slots.
+  """Packs an update batch of right-padded rollouts (`jaxcredit.train.loop.update.update_batch`) into group rows with scored slots.
 
   Rollouts are grouped by `group_ids_B` (default: each its own group). A group's rows start with the longest
   common prefix of its rollouts' tokens; continuations are appended while the row stays within

@@ -29,12 +29,12 @@ from jaxcredit.models.logprobs import (
   predictor_hidden_states,
   sequence_logprobs,
 )
-from jaxcredit.train import loss as loss_lib
+from jaxcredit.train.loop import loss as loss_lib
 
 
 @dataclasses.dataclass(frozen=True)
 class PolicyLossConfig:
-  """Knobs of the policy-gradient loss (see `jaxcredit.train.loss`)."""
+  """Knobs of the policy-gradient loss (see `jaxcredit.train.loop.loss`)."""
 
   eps_low: float = 0.2
   eps_high: float = 0.2
@@ -350,7 +350,7 @@ def loss_terms(cfg: PolicyLossConfig) -> tuple[str, ...]:
 def update_batch_layout(cfg: PolicyLossConfig, *, packed: bool, behavior_weights: bool) -> dict[str, tuple[str, str]]:
   """{array name: (extent, dtype)} of the update batch for the loss `cfg`: the token arrays, each active loss term's
   own arrays (`LossTerm.batch_keys`, float32 at the scored slots), the importance weights of another engine or of
-  stale rollouts when `behavior_weights`, and the packed layout's arrays when `packed` (`jaxcredit.train.packing`).
+  stale rollouts when `behavior_weights`, and the packed layout's arrays when `packed` (`jaxcredit.train.loop.packing`).
   Extents: "row" [B, L], "scored" [B, L] or [B, K] packed, "scored_hidden" [B, L, D] or [B, K, D] (a `*_BxLxD`
   key: D the model's hidden width), "rows" [B]."""
   layout = {k: v for k, v in BATCH_ARRAYS.items() if k != "behavior_weight_BxL" or behavior_weights}
@@ -364,7 +364,7 @@ def update_batch_layout(cfg: PolicyLossConfig, *, packed: bool, behavior_weights
 
 def _scored_logp(graphdef, params, rest, mb: dict, temperature):
   """Log-probs of a micro-batch's scored tokens: every slot of an unpacked batch ([B, L]); the `slots_BxK` of a
-  packed one ([B, K]: the output head runs on those slots only; `jaxcredit.train.packing`)."""
+  packed one ([B, K]: the output head runs on those slots only; `jaxcredit.train.loop.packing`)."""
   if "slots_BxK" not in mb:
     return _logp(graphdef, params, rest, mb["tokens_BxL"], mb["token_mask_BxL"], temperature)
   model = nnx.merge(graphdef, params, rest)
@@ -393,7 +393,7 @@ def _scored_hidden(graphdef, params, rest, mb: dict, temperature):
 
 def pg_token_loss(graphdef, params, rest, mb: dict, cfg: PolicyLossConfig):
   """The active loss terms of one micro-batch: ({name: per-token values}, diagnostics). mb holds *_BxL arrays,
-  unpacked (trajectory rows) or packed (`jaxcredit.train.packing`: the per-token arrays at the scored slots).
+  unpacked (trajectory rows) or packed (`jaxcredit.train.loop.packing`: the per-token arrays at the scored slots).
   A term that reads the whole distribution (`LossTerm.reads_hidden`) also gets the student's hidden states."""
   terms = loss_terms(cfg)
   student = None

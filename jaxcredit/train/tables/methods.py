@@ -1,9 +1,9 @@
 """`METHODS`: every credit method the trainer can run, as one table.
 
     method = METHODS[config.credit.method]
-    traj.passes[name] = PASSES[name](...) for name in method.passes     # jaxcredit.train.passes
+    traj.passes[name] = PASSES[name](...) for name in method.passes     # jaxcredit.train.tables.passes
     out = method.advantages(traj, config.credit[config.credit.method])  # -> MethodOutput
-    loss = PPO-clip(out.adv_BxL) + Σ the method's loss terms             # jaxcredit.train.step
+    loss = PPO-clip(out.adv_BxL) + Σ the method's loss terms             # jaxcredit.train.loop.step
 
 A method is a `Method` record: the passes it needs (it reads their outputs as their declared classes,
 `pass_outputs.read_output`; `config.validate` runs it on stand-ins of them), a function from (trajectory with pass
@@ -29,7 +29,7 @@ import jax
 import numpy as np
 
 from jaxcredit import credit
-from jaxcredit.train.pass_outputs import (
+from jaxcredit.train.tables.pass_outputs import (
   DivergenceOutput,
   GoldAnswerOutput,
   PeerStatesOutput,
@@ -107,10 +107,10 @@ class Method:
     knobs: the method's own knobs with their defaults; its config node `config.credit.<name>` holds these and the
       knobs of its passes (`Pass.knobs`; `method_checks.method_knobs`). A key here that a pass declares too sets
       this method's default for it.
-    passes: names in `jaxcredit.train.passes.PASSES` to run before `advantages`, in order; `advantages` reads their
+    passes: names in `jaxcredit.train.tables.passes.PASSES` to run before `advantages`, in order; `advantages` reads their
       outputs as their rows' classes (`pass_outputs.read_output(traj, name, TeacherOutput)`), and `config.validate`
       runs it on stand-ins of exactly those (`method_checks.check_knobs`).
-    loss_terms: extra loss terms in `jaxcredit.train.step.LOSS_TERMS` ("distill"); the PPO-clip term is always
+    loss_terms: extra loss terms in `jaxcredit.train.loop.step.LOSS_TERMS` ("distill"); the PPO-clip term is always
       there and the KL term when `config.loss.kl_coef > 0`.
     teacher: the default `config.teacher.source` of its teacher passes ("policy", "reference", "" when it needs a
       checkpoint that the config must name), or None when it runs no teacher pass (then `teacher.source` must be

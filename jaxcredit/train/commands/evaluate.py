@@ -45,12 +45,12 @@ from jaxcredit.models.tokenizer import tokenizer_mismatch
 from jaxcredit.rollout import jsonl as jsonl_lib
 from jaxcredit.rollout.chat_format import ChatFormat
 from jaxcredit.rollout.multiturn import RolloutResult
-from jaxcredit.train import checkpoint as ckpt_lib
-from jaxcredit.train import export
-from jaxcredit.train import heldout as heldout_lib
-from jaxcredit.train import run as run_lib
-from jaxcredit.train.engines import build_engine
-from jaxcredit.train.heldout import Z95, wilson_interval  # noqa: F401 - re-exported (jaxcredit.train.evaluate's API)
+from jaxcredit.train.loop import checkpoint as ckpt_lib
+from jaxcredit.train.loop import export
+from jaxcredit.train.loop import heldout as heldout_lib
+from jaxcredit.train.loop import run as run_lib
+from jaxcredit.train.tables.engines import build_engine
+from jaxcredit.train.loop.heldout import Z95, wilson_interval  # noqa: F401 - re-exported (jaxcredit.train.commands.evaluate's API)
 
 BOOTSTRAP_RESAMPLES = 1000
 """Resamples of the tasks for the intervals of the environment's own metrics (percentile bootstrap, seed 0)."""
@@ -293,7 +293,7 @@ def load_model(config: ml_collections.ConfigDict, source: str | None, mesh) -> t
   info: dict[str, Any] = {"source": source, "kind": "model"}
   base, base_cache = source, cache_dir
   if workdir is not None:
-    from jaxcredit.train.report import run_config
+    from jaxcredit.train.commands.report import run_config
 
     saved = run_config(workdir[0])
     base, base_cache = str(saved.model.source), saved.model.cache_dir or cache_dir

@@ -6,8 +6,8 @@
     rollouts -> trajectory -> PASSES the method needs -> METHODS advantages -> jitted update -> log -> checkpoint
   eval, curves.png
 
-The trainer names no environment and no method: `ENVS` (jaxcredit.envs), `METHODS` (train/methods.py), `PASSES`
-(train/passes.py) and `LOSS_TERMS` (train/step.py) are the tables it reads.
+The trainer names no environment and no method: `ENVS` (jaxcredit.envs), `METHODS` (train/tables/methods.py), `PASSES`
+(train/tables/passes.py) and `LOSS_TERMS` (train/loop/step.py) are the tables it reads.
 """
 
 from __future__ import annotations
@@ -21,16 +21,16 @@ import ml_collections
 import numpy as np
 
 from jaxcredit import multihost, output_lock, sharding
-from jaxcredit.train import metrics as metrics_lib
-from jaxcredit.train import step as step_lib
-from jaxcredit.train.async_rollouts import RolloutPipeline
-from jaxcredit.train.export import write_viewer
-from jaxcredit.train.heldout import evaluate, periodic_eval
-from jaxcredit.train.rl_step import learn_step, run_rl_step
-from jaxcredit.train.run import Run, build, data_iterator, progress_bar, reference_copy
-from jaxcredit.train.stopping import StopRequests, TrainingStopped
-from jaxcredit.train.update import loss_config_of
-from jaxcredit.train.warm_start import warm_start, write_warm_start_model
+from jaxcredit.train.loop import metrics as metrics_lib
+from jaxcredit.train.loop import step as step_lib
+from jaxcredit.train.loop.async_rollouts import RolloutPipeline
+from jaxcredit.train.loop.export import write_viewer
+from jaxcredit.train.loop.heldout import evaluate, periodic_eval
+from jaxcredit.train.loop.rl_step import learn_step, run_rl_step
+from jaxcredit.train.loop.run import Run, build, data_iterator, progress_bar, reference_copy
+from jaxcredit.train.loop.stopping import StopRequests, TrainingStopped
+from jaxcredit.train.loop.update import loss_config_of
+from jaxcredit.train.loop.warm_start import warm_start, write_warm_start_model
 
 
 def _fresh_start(run: Run, optimizer, opt_sh, data, stop: StopRequests | None = None):
@@ -196,7 +196,7 @@ def _warm_start_and_rl(run: Run, sft_only: bool, stop: StopRequests) -> tuple[An
 
 def _rl_steps(run: Run, params, opt_state, ref_params, data, update, ref_logp, rl_step: int, stop: StopRequests):
   """RL steps `rl_step` + 1 .. total_steps: each step's rollouts (sampled in turn, or ahead on a thread with
-  `rollout.async_depth`; train/async_rollouts.py), `learn_step`, the checkpoint, a stop, the periodic eval. Returns
+  `rollout.async_depth`; train/loop/async_rollouts.py), `learn_step`, the checkpoint, a stop, the periodic eval. Returns
   (params, the last RL step); raises TrainingStopped after a checkpointed stop."""
   c = run.config
   bar = progress_bar(c, total=c.total_steps, initial=rl_step, desc="RL")

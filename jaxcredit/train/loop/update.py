@@ -12,11 +12,11 @@ import ml_collections
 import numpy as np
 
 from jaxcredit import multihost, sharding
-from jaxcredit.train import packing
-from jaxcredit.train import step as step_lib
-from jaxcredit.train.engines import ENGINES
-from jaxcredit.train.methods import METHODS
-from jaxcredit.train.run import Run
+from jaxcredit.train.loop import packing
+from jaxcredit.train.loop import step as step_lib
+from jaxcredit.train.tables.engines import ENGINES
+from jaxcredit.train.tables.methods import METHODS
+from jaxcredit.train.loop.run import Run
 
 
 def ppo_updates(

@@ -45,8 +45,8 @@ from typing import Any
 import jax
 from flax import nnx
 
-from jaxcredit.train import rl_step
-from jaxcredit.train.run import Run, reference_copy, sampling_model
+from jaxcredit.train.loop import rl_step
+from jaxcredit.train.loop.run import Run, reference_copy, sampling_model
 
 
 def sampler_copy(run: Run, params):

@@ -20,9 +20,9 @@ import ml_collections
 from jaxcredit.models import load_tokenizer, resolve_source
 from jaxcredit.rollout import jsonl as jsonl_lib
 from jaxcredit.train import config as config_lib
-from jaxcredit.train import offline_credit
-from jaxcredit.train.checkpoint import saved_steps
-from jaxcredit.train.methods import METHODS
+from jaxcredit.train.commands import offline_credit
+from jaxcredit.train.loop.checkpoint import saved_steps
+from jaxcredit.train.tables.methods import METHODS
 from jaxcredit.viz import page
 
 _STEP_FILE = re.compile(r"^step_(\d+)\.jsonl$")

@@ -16,11 +16,11 @@ from flax import nnx
 from jaxcredit import sharding
 from jaxcredit.models import save_converted
 from jaxcredit.rollout.multiturn import build_demonstration
-from jaxcredit.train import step as step_lib
-from jaxcredit.train.heldout import warm_start_eval
-from jaxcredit.train.run import Run, data_iterator, progress_bar
-from jaxcredit.train.stopping import StopRequests, TrainingStopped
-from jaxcredit.train.update import update_batch
+from jaxcredit.train.loop import step as step_lib
+from jaxcredit.train.loop.heldout import warm_start_eval
+from jaxcredit.train.loop.run import Run, data_iterator, progress_bar
+from jaxcredit.train.loop.stopping import StopRequests, TrainingStopped
+from jaxcredit.train.loop.update import update_batch
 from jaxcredit.trajectory import pack
 
 

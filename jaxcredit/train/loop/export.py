@@ -11,9 +11,9 @@ import numpy as np
 
 from jaxcredit.rollout import jsonl as jsonl_lib
 from jaxcredit.step_types import Rollouts
-from jaxcredit.train import pass_outputs
-from jaxcredit.train.methods import METHODS
-from jaxcredit.train.run import Run
+from jaxcredit.train.tables import pass_outputs
+from jaxcredit.train.tables.methods import METHODS
+from jaxcredit.train.loop.run import Run
 from jaxcredit.viz import page as viz_page
 
 
