@@ -187,20 +187,11 @@ def _validate(command: str, config) -> int:
 
 def _credit(command: str, args: list[str]) -> int:
   """credit: --in and --out, then the config arguments of `_load_config`."""
-  paths, rest, i = {}, [], 0
-  while i < len(args):
-    a = args[i]
-    key = next((k for k in ("--in", "--out") if a == k or a.startswith(k + "=")), None)
-    if key is None:
-      rest.append(a)
-      i += 1
-      continue
-    if a == key:
-      if i + 1 >= len(args):
-        return _fail(command, f"{key} needs a path")
-      paths[key], i = args[i + 1], i + 2
-    else:
-      paths[key], i = a.split("=", 1)[1], i + 1
+  split = _own_flags(command, args, ("--in", "--out"))
+  if isinstance(split, int):
+    return split
+  own, rest = split
+  paths = {f"--{k}": v for k, v in own.items()}
   if _wants_help(rest):
     return _load_config(command, rest)
   for key in ("--in", "--out"):
