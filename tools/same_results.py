@@ -1,10 +1,11 @@
 """Do two checkouts train the same? Every method's tiny run (the test suite's tiny random policy on the quickstart
-task, `tests/fixtures/tiny_run.py`, 2 RL steps) in each checkout, then every key of every RL metrics row compared
+task, `tests/fixtures/tiny_run.py`, 2 RL steps; `warm_<config>`: after a 4-step warm start with an eval every 2) in each
+checkout, then every key of every metrics row compared
 (timings left out), and every rollout file the runs export (`rollout.export_jsonl`, the viewer's samples with pass
 outputs and credit details) compared line by line. For a refactor that must not change results (issue 55).
 
   git worktree add /tmp/before <commit>        # or git clone + checkout
-  python tools/same_results.py /tmp/before . --methods trace,crest,toolopd,hsd,hsd_grpo,sgcd,gear
+  python tools/same_results.py /tmp/before . --methods trace,crest,toolopd,hsd,hsd_grpo,sgcd,gear,warm_grpo
 
 Prints one line per method ("same" or the first differences) and exits 1 when any differs. Each checkout runs in its
 own process with that checkout first on sys.path; the tiny GGUF and each checkout's conversion and XLA caches go to
@@ -39,7 +40,8 @@ tiny = TinyModel(gguf, os.path.join(out, "converted"), os.path.join(out, "xla"))
 rows, exports = {}, {}
 for name in methods:
   workdir = os.path.join(out, name)
-  c = tiny_run_config(name, workdir, tiny, teacher__max_len=2048, total_steps=2)
+  config, warm = (name[len("warm_"):], {"sft__steps": 4, "eval__sft_every": 2}) if name.startswith("warm_") else (name, {})
+  c = tiny_run_config(config, workdir, tiny, teacher__max_len=2048, total_steps=2, **warm)
   if c.credit.method == "toolopd":
     c.credit.toolopd.skill_max_tokens = 4
   if c.credit.method in ("sgcd", "sgcd_v0"):  # the tiny policy never succeeds: no group is mixed
@@ -48,7 +50,8 @@ for name in methods:
   c.rollout.export_jsonl = True
   c.log_rollouts_every = 1
   trainer.train(c)
-  rows[name] = metrics_rows(workdir, "rl")
+  rows[name] = metrics_rows(workdir)  # every phase: the warm start's, the evals', the RL steps'
+
   exports[name] = {}
   for folder in ("rollouts", "rollout_samples"):
     for f in sorted(os.listdir(os.path.join(workdir, folder))):

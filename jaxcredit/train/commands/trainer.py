@@ -28,7 +28,7 @@ from jaxcredit.train.loop.export import write_viewer
 from jaxcredit.train.loop.heldout import evaluate, periodic_eval
 from jaxcredit.train.loop.rl_step import learn_step, run_rl_step
 from jaxcredit.train.loop.run import Run, build, data_iterator, progress_bar, reference_copy
-from jaxcredit.train.loop.stopping import StopRequests, TrainingStopped
+from jaxcredit.train.loop.stopping import StopRequests, TrainingStopped, run_steps
 from jaxcredit.train.loop.update import loss_config_of
 from jaxcredit.train.loop.warm_start import warm_start, write_warm_start_model
 
@@ -196,7 +196,8 @@ def _warm_start_and_rl(run: Run, sft_only: bool, stop: StopRequests) -> tuple[An
 
 def _rl_steps(run: Run, params, opt_state, ref_params, data, update, ref_logp, rl_step: int, stop: StopRequests):
   """RL steps `rl_step` + 1 .. total_steps: each step's rollouts (sampled in turn, or ahead on a thread with
-  `rollout.async_depth`; train/loop/async_rollouts.py), `learn_step`, the checkpoint, a stop, the periodic eval. Returns
+  `rollout.async_depth`; train/loop/async_rollouts.py), `learn_step`, then the cadence the warm start shares
+  (`stopping.run_steps`: the checkpoint, a stop, the periodic eval). Returns
   (params, the last RL step); raises TrainingStopped after a checkpointed stop."""
   c = run.config
   bar = progress_bar(c, total=c.total_steps, initial=rl_step, desc="RL")
@@ -205,38 +206,44 @@ def _rl_steps(run: Run, params, opt_state, ref_params, data, update, ref_logp, r
     pipeline = RolloutPipeline(
       run, data, params, first_step=rl_step + 1, last_step=c.total_steps, depth=c.rollout.async_depth
     )
+
+  def one_step(s: int) -> None:
+    nonlocal params, opt_state
+    if pipeline is None:
+      params, opt_state, row = run_rl_step(run, params, opt_state, ref_params, data, update, ref_logp, s)
+    else:
+      t0 = time.time()
+      sampled = pipeline.take(s)
+      params, opt_state, row = learn_step(run, params, opt_state, ref_params, sampled, update, ref_logp, s, t0=t0)
+    if not (np.isfinite(row["loss"]) and np.isfinite(row["grad_norm"])):
+      raise FloatingPointError(
+        f"RL step {s}: loss {row['loss']}, grad norm {row['grad_norm']}; stopping before this state is "
+        f"checkpointed (latest good checkpoint: step {run.ckpt.latest_step()} in {run.ckpt.directory})"
+      )
+    if pipeline is not None:
+      pipeline.publish(params)  # the sampler's next weights; the step after the ones in flight is scheduled
+    bar.set_postfix(reward=f"{row['reward_mean']:.2f}", loss=f"{row['loss']:.3f}", tools=f"{row['tool_calls']:.1f}")
+
+  def save(s: int) -> None:
+    _save(run, s, params, opt_state, data.get_state() if pipeline is None else pipeline.data_state(s))
+
   try:
-    for rl_step in range(rl_step + 1, c.total_steps + 1):
-      if pipeline is None:
-        params, opt_state, row = run_rl_step(run, params, opt_state, ref_params, data, update, ref_logp, rl_step)
-      else:
-        t0 = time.time()
-        sampled = pipeline.take(rl_step)
-        params, opt_state, row = learn_step(
-          run, params, opt_state, ref_params, sampled, update, ref_logp, rl_step, t0=t0
-        )
-      if not (np.isfinite(row["loss"]) and np.isfinite(row["grad_norm"])):
-        raise FloatingPointError(
-          f"RL step {rl_step}: loss {row['loss']}, grad norm {row['grad_norm']}; stopping before this state is "
-          f"checkpointed (latest good checkpoint: step {run.ckpt.latest_step()} in {run.ckpt.directory})"
-        )
-      if pipeline is not None:
-        pipeline.publish(params)  # the sampler's next weights; the step after the ones in flight is scheduled
-      bar.update(1)
-      bar.set_postfix(reward=f"{row['reward_mean']:.2f}", loss=f"{row['loss']:.3f}", tools=f"{row['tool_calls']:.1f}")
-      signum = stop.agreed()
-      if rl_step % c.checkpoint_every == 0 or rl_step == c.total_steps or signum is not None:
-        _save(run, rl_step, params, opt_state, data.get_state() if pipeline is None else pipeline.data_state(rl_step))
-      if signum is not None:
-        bar.close()
-        run.writer.close()
-        raise TrainingStopped(signum, rl_step, run.ckpt.directory)
-      periodic_eval(run, params, rl_step)
+    run_steps(
+      rl_step + 1,
+      c.total_steps,
+      one_step,
+      stop=stop,
+      checkpoint_every=c.checkpoint_every,
+      save=save,
+      evaluate=lambda s: periodic_eval(run, params, s),
+      bar=bar,
+      writer=run.writer,
+      directory=run.ckpt.directory,
+    )
   finally:
     if pipeline is not None:  # rollouts sampled ahead are dropped (sampled again on resume: same prompts and keys)
       pipeline.close()
-  bar.close()
-  return params, rl_step
+  return params, max(rl_step, c.total_steps)
 
 
 def _save(run: Run, rl_step: int, params, opt_state, data_state: dict) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 import threading
+from typing import Any, Callable
 
 import jax
 
@@ -65,3 +66,40 @@ class StopRequests:
     for s, handler in self._previous.items():
       signal.signal(s, handler)
     return False
+
+
+def run_steps(
+  first: int,
+  last: int,
+  step: Callable[[int], Any],
+  *,
+  stop: StopRequests | None,
+  checkpoint_every: int,
+  save: Callable[[int], Any],
+  evaluate: Callable[[int], Any],
+  bar,
+  writer,
+  directory: str,
+  phase: str = "RL",
+) -> None:
+  """The cadence the warm start and the RL steps share: for each step `first`..`last`, `step(s)` (the work and its
+  metrics row), the progress bar (`bar`, a tqdm), then a checkpoint (`save(s)`) every `checkpoint_every` steps, at
+  `last`, and when a SIGTERM or Ctrl-C was seen (`stop.agreed()`, every process alike), then either the stop (the bar
+  and `writer` closed, `TrainingStopped` naming `directory` and `phase`) or the step's held-out eval (`evaluate(s)`;
+  a stopped step's eval runs when the run resumes).
+
+  Raises:
+    TrainingStopped: after a stop, once the step in flight is checkpointed.
+  """
+  for s in range(first, last + 1):
+    step(s)
+    bar.update(1)
+    signum = stop.agreed() if stop is not None else None
+    if s % checkpoint_every == 0 or s == last or signum is not None:
+      save(s)
+    if signum is not None:
+      bar.close()
+      writer.close()
+      raise TrainingStopped(signum, s, directory, phase=phase)
+    evaluate(s)
+  bar.close()

@@ -19,7 +19,7 @@ from jaxcredit.rollout.multiturn import build_demonstration
 from jaxcredit.train.loop import step as step_lib
 from jaxcredit.train.loop.heldout import warm_start_eval
 from jaxcredit.train.loop.run import Run, data_iterator, progress_bar
-from jaxcredit.train.loop.stopping import StopRequests, TrainingStopped
+from jaxcredit.train.loop.stopping import StopRequests, run_steps
 from jaxcredit.train.loop.update import update_batch
 from jaxcredit.trajectory import pack
 
@@ -29,9 +29,10 @@ def warm_start(run: Run, params, stop: StopRequests | None = None) -> Any:
   every token when `sft.loss_tokens == "all"` (a policy trained from scratch also learns from the prompts and the
   tool observations, e.g. to copy the names it reads).
 
-  Checkpoints every `sft.checkpoint_every` steps, at its last step, and when `stop` has seen SIGTERM / Ctrl-C
-  (then raises `TrainingStopped`); a warm-start checkpoint in the workdir is resumed from: parameters, optimizer
-  state, the demonstration order and the demonstration RNG, so the later steps equal an uninterrupted run's.
+  Its steps run with the RL steps' cadence (`stopping.run_steps`): checkpoints every `sft.checkpoint_every` steps, at
+  its last step, and when `stop` has seen SIGTERM / Ctrl-C (then raises `TrainingStopped`), a held-out eval every
+  `eval.sft_every` steps; a warm-start checkpoint in the workdir is resumed from: parameters, optimizer state, the
+  demonstration order and the demonstration RNG, so the later steps equal an uninterrupted run's.
   """
   c = run.config
   optimizer = step_lib.make_optimizer(
@@ -70,7 +71,11 @@ def warm_start(run: Run, params, stop: StopRequests | None = None) -> Any:
   if demonstration is None:  # build() refuses a warm start on such an environment first
     raise ValueError(f"environment {c.env.name!r} has no demonstrations for a warm start; set config.sft.steps=0")
   bar = progress_bar(c, total=c.sft.steps, initial=start, desc="warm start")
-  for s in range(start + 1, c.sft.steps + 1):
+  if start > 0:  # a stop between a step's checkpoint and its eval: eval it now (not again if it has one)
+    warm_start_eval(run, params, start)
+
+  def one_step(s: int) -> None:
+    nonlocal params, opt_state
     t0 = time.time()
     demos = [build_demonstration(run.tok, run.fmt, demonstration(run.train_tasks[int(i)], rng)) for i in next(data)]
     traj = pack(
@@ -93,29 +98,26 @@ def warm_start(run: Run, params, stop: StopRequests | None = None) -> Any:
     run.state.policy_version += 1
     m = jax.device_get(m)
     dt = time.time() - t0
-    run.writer.write(
-      "sft",
-      s,
-      {
-        "loss": float(m["loss"]),
-        "grad_norm": float(m["grad_norm"]),
-        "action_tokens": n_tok,
-        "tokens_per_s": traj.token_mask_BxL.sum() / dt,
-        "step_s": dt,
-      },
-    )
-    bar.update(1)
-    signum = stop.agreed() if stop is not None else None
-    stopped = signum is not None
-    if s % c.sft.checkpoint_every == 0 or s == c.sft.steps or stopped:
-      meta = {"sft_step": s, "data_state": data.get_state(), "rng_state": rng.bit_generator.state, "phase": "sft"}
-      run.ckpt.save_warm_start(s, params, opt_state, meta)
-    warm_start_eval(run, params, s)
-    if signum is not None:
-      bar.close()
-      run.writer.close()
-      raise TrainingStopped(signum, s, run.ckpt.warm_start_dir, phase="warm-start")
-  bar.close()
+    row = {"loss": float(m["loss"]), "grad_norm": float(m["grad_norm"]), "action_tokens": n_tok}
+    run.writer.write("sft", s, {**row, "tokens_per_s": traj.token_mask_BxL.sum() / dt, "step_s": dt})
+
+  def save(s: int) -> None:
+    meta = {"sft_step": s, "data_state": data.get_state(), "rng_state": rng.bit_generator.state, "phase": "sft"}
+    run.ckpt.save_warm_start(s, params, opt_state, meta)
+
+  run_steps(
+    start + 1,
+    c.sft.steps,
+    one_step,
+    stop=stop,
+    checkpoint_every=c.sft.checkpoint_every,
+    save=save,
+    evaluate=lambda s: warm_start_eval(run, params, s),
+    bar=bar,
+    writer=run.writer,
+    directory=run.ckpt.warm_start_dir,
+    phase="warm-start",
+  )
   return params
 
 
