@@ -199,7 +199,7 @@ def per_task_rows(env: EnvSpec, tasks: Sequence, results_by_task: Sequence[Seque
 
 
 @dataclasses.dataclass
-class EvalRun:
+class EvalRun(run_lib.SamplerAndEnv):
   """What the trainer's held-out eval functions read (`heldout.sample_eval_batch`, `heldout.eval_summaries`): the
   config, the environment, the tokenizer and its chat format, and the sampler holding the evaluated model."""
 
@@ -210,13 +210,6 @@ class EvalRun:
   sampler: Any
   tasks: list
   model_info: dict  # what was evaluated: {"source", "kind", and for a training workdir "step" and "base"}
-
-  def close(self) -> None:
-    try:
-      self.sampler.close()
-    finally:
-      if self.env.close is not None:
-        self.env.close()
 
 
 _AT_STEP = re.compile(r"^(.*)@(\d+)$")

@@ -51,8 +51,24 @@ class RunState:
   policy_logp: Any = None  # jitted (params, tokens, mask) -> log-probs, built when an external engine samples
 
 
+class SamplerAndEnv:
+  """What a run that samples from an environment holds open (`Run`, the eval command's `EvalRun`): `sampler` and
+  `env`, and `close`, which stops what they started outside this process."""
+
+  sampler: Any
+  env: EnvSpec
+
+  def close(self) -> None:
+    """Stops what the run started outside this process (a launched rollout server, an environment's server)."""
+    try:
+      self.sampler.close()
+    finally:
+      if self.env.close is not None:
+        self.env.close()
+
+
 @dataclasses.dataclass(frozen=True)
-class Run:
+class Run(SamplerAndEnv):
   """Everything the loop needs, built once (`build`) and never reassigned: the config, the mesh, the tokenizer, the
   environment and its tasks, the models, the engine, the writers; what changes while it trains is `state`."""
 
@@ -81,14 +97,6 @@ class Run:
   # the sampler reads the training mesh's parameters directly).
   local_mesh: Any = None
   state: RunState = dataclasses.field(default_factory=lambda: RunState())  # what changes while it trains
-
-  def close(self) -> None:
-    """Stops what the run started outside this process (a launched rollout server, an environment's server)."""
-    try:
-      self.sampler.close()
-    finally:
-      if self.env.close is not None:
-        self.env.close()
 
 
 def check_env_fields(config: ml_collections.ConfigDict, env: EnvSpec) -> None:
