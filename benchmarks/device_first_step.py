@@ -81,6 +81,7 @@ def tiny_step() -> dict:
 
   from jaxcredit.models import Decoder, ModelConfig
   from jaxcredit.models.kv_cache import init_cache
+  from jaxcredit.step_types import UpdateBatch
   from jaxcredit.train.loop import step as step_lib
 
   cfg = ModelConfig(
@@ -90,14 +91,14 @@ def tiny_step() -> dict:
   graphdef, params, rest = step_lib.split_model(model)
   b, length = 2, 16
   tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (b, length)).astype(np.int32)
-  data = {
-    "tokens_BxL": tokens,
-    "token_mask_BxL": np.ones((b, length), bool),
-    "action_mask_BxL": np.ones((b, length), bool),
-    "behavior_logp_BxL": np.full((b, length), -4.0, np.float32),
-    "adv_BxL": np.ones((b, length), np.float32),
-    "ref_logp_BxL": np.zeros((b, length), np.float32),
-  }
+  data = UpdateBatch(
+    tokens_NxL=tokens,
+    token_mask_NxL=np.ones((b, length), bool),
+    action_mask_NxK=np.ones((b, length), bool),
+    behavior_logp_NxK=np.full((b, length), -4.0, np.float32),
+    adv_NxK=np.ones((b, length), np.float32),
+    ref_logp_NxK=np.zeros((b, length), np.float32),
+  )
   grad = jax.jit(
     lambda p, x: step_lib.loss_and_grads(step_lib.pg_token_loss, graphdef, p, rest, x, step_lib.PolicyLossConfig())
   )

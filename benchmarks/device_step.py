@@ -98,20 +98,21 @@ def learner_step(folder: str, batch: int, length: int, repeats: int, cache_dir: 
 
   from jaxcredit.models import load
   from jaxcredit.topology import peak_flops_per_chip
+  from jaxcredit.step_types import UpdateBatch
   from jaxcredit.train.loop import step as step_lib
 
   model, cfg = load(folder, dtype="bfloat16", param_dtype="float32", cache_dir=cache_dir)
   graphdef, params, rest = step_lib.split_model(model)
   rng = np.random.default_rng(0)
   tokens = rng.integers(0, 32_000, (batch, length)).astype(np.int32)
-  data = {
-    "tokens_BxL": tokens,
-    "token_mask_BxL": np.ones((batch, length), bool),
-    "action_mask_BxL": np.ones((batch, length), bool),
-    "behavior_logp_BxL": np.full((batch, length), -5.0, np.float32),
-    "adv_BxL": np.ones((batch, length), np.float32),
-    "ref_logp_BxL": np.zeros((batch, length), np.float32),
-  }
+  data = UpdateBatch(
+    tokens_NxL=tokens,
+    token_mask_NxL=np.ones((batch, length), bool),
+    action_mask_NxK=np.ones((batch, length), bool),
+    behavior_logp_NxK=np.full((batch, length), -5.0, np.float32),
+    adv_NxK=np.ones((batch, length), np.float32),
+    ref_logp_NxK=np.zeros((batch, length), np.float32),
+  )
   grad = jax.jit(
     lambda p, b: step_lib.loss_and_grads(step_lib.pg_token_loss, graphdef, p, rest, b, step_lib.PolicyLossConfig())[1]
   )

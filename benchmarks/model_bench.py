@@ -36,6 +36,7 @@ def main():
   from jaxcredit.models import load_model, smollm2_gguf_path
   from jaxcredit.models.decoder import param_logical_axes
   from jaxcredit.sampling import Sampler, SamplingParams
+  from jaxcredit.step_types import UpdateBatch
   from jaxcredit.train.loop import step as step_lib
 
   model, cfg = load_model(smollm2_gguf_path())
@@ -46,14 +47,14 @@ def main():
   o_sh = step_lib.opt_state_shardings(opt, params, p_sh, mesh)
   b, length = args.batch, args.length
   rng = np.random.default_rng(0)
-  batch = {
-    "tokens_BxL": rng.integers(0, cfg.vocab_size, (b, length)).astype(np.int32),
-    "token_mask_BxL": np.ones((b, length), bool),
-    "action_mask_BxL": np.ones((b, length), bool),
-    "behavior_logp_BxL": np.full((b, length), -5.0, np.float32),
-    "adv_BxL": np.ones((b, length), np.float32),
-    "ref_logp_BxL": np.zeros((b, length), np.float32),
-  }
+  batch = UpdateBatch(
+    tokens_NxL=rng.integers(0, cfg.vocab_size, (b, length)).astype(np.int32),
+    token_mask_NxL=np.ones((b, length), bool),
+    action_mask_NxK=np.ones((b, length), bool),
+    behavior_logp_NxK=np.full((b, length), -5.0, np.float32),
+    adv_NxK=np.ones((b, length), np.float32),
+    ref_logp_NxK=np.zeros((b, length), np.float32),
+  )
   grad = jax.jit(
     lambda p, bt: step_lib.loss_and_grads(step_lib.pg_token_loss, graphdef, p, rest, bt, step_lib.PolicyLossConfig())[1]
   )

@@ -1,4 +1,4 @@
-"""The update's forward+backward on packed rows (`jaxcredit.train.loop.packing`) against right-padded rollout rows.
+"""The update's forward+backward on packed rows (`jaxcredit.train.loop.update.pack_update_batch`) against right-padded rollout rows.
 
 Synthetic rollout batches shaped like the two CPU workloads, a random model of each shape, float32:
   quickstart  SmolLM2-135M's shape (30 layers, 576 wide, 49,152 vocabulary), 2 prompts x 4 rollouts, a shared
@@ -46,8 +46,10 @@ WORKLOADS = {
 }
 
 
-def rollout_batch(vocab: int, prompts: int, group: int, prompt: int, cont: tuple[int, int], seed: int = 0) -> dict:
-  """A right-padded update batch (`jaxcredit.train.loop.update.update_batch`'s layout) of synthetic rollouts."""
+def rollout_batch(vocab: int, prompts: int, group: int, prompt: int, cont: tuple[int, int], seed: int = 0):
+  """A right-padded update batch (`jaxcredit.step_types.UpdateBatch`, one rollout per row, as
+  `jaxcredit.train.loop.update.update_batch` builds it) of synthetic rollouts."""
+  from jaxcredit.train.loop.update import rows_batch
   from jaxcredit.trajectory import pad_length
 
   rng = np.random.default_rng(seed)
@@ -60,14 +62,14 @@ def rollout_batch(vocab: int, prompts: int, group: int, prompt: int, cont: tuple
   for i, r in enumerate(rows):
     tokens[i, : len(r)], mask[i, : len(r)] = r, True
     action[i, prompt : len(r)] = rng.random(len(r) - prompt) < 0.3
-  return {
-    "group_ids_B": np.repeat(np.arange(prompts), group).astype(np.int32),
-    "tokens_BxL": tokens,
-    "token_mask_BxL": mask,
-    "action_mask_BxL": action,
-    "behavior_logp_BxL": np.where(action, -1.0, 0.0).astype(np.float32),
-    "adv_BxL": np.where(action, rng.normal(size=(b, 1)), 0.0).astype(np.float32),
-  }
+  return rows_batch(
+    tokens,
+    mask,
+    action,
+    np.where(action, -1.0, 0.0).astype(np.float32),
+    adv_BxL=np.where(action, rng.normal(size=(b, 1)), 0.0).astype(np.float32),
+    group_ids_B=np.repeat(np.arange(prompts), group).astype(np.int32),
+  )
 
 
 def run_workload(name: str, row_lens: list[int], repeats: int) -> dict:
@@ -77,7 +79,7 @@ def run_workload(name: str, row_lens: list[int], repeats: int) -> dict:
   from jaxcredit.models.config import ModelConfig
   from jaxcredit.models.decoder import Decoder
   from jaxcredit.train.loop import step as step_lib
-  from jaxcredit.train.loop.packing import pack_update_batch
+  from jaxcredit.train.loop.update import pack_update_batch
 
   shape, prompts, group, prompt, cont = WORKLOADS[name]
   cfg = ModelConfig(head_dim=64, rope_theta=10000.0, tie_word_embeddings=True, **shape)
@@ -95,15 +97,15 @@ def run_workload(name: str, row_lens: list[int], repeats: int) -> dict:
       times.append(time.perf_counter() - t)
     return min(times)
 
-  unpacked = {k: v for k, v in batch.items() if k != "group_ids_B"}
-  rows = [{"layout": "unpacked", "shape": list(unpacked["tokens_BxL"].shape), "seconds": seconds(unpacked)}]
+  unpacked = batch.for_device()
+  rows = [{"layout": "unpacked", "shape": list(unpacked.tokens_NxL.shape), "seconds": seconds(unpacked)}]
   for cap in row_lens:
     packed = pack_update_batch(batch, length_bucket=128, max_row_len=cap, slot_bucket=64)
     rows.append(
       {
         "layout": f"packed, max_row_len={cap}",
-        "shape": list(packed["tokens_BxL"].shape),
-        "scored_slots": list(packed["slots_BxK"].shape),
+        "shape": list(packed.tokens_NxL.shape),
+        "scored_slots": list(packed.packed.slots_NxK.shape),
         "seconds": seconds(packed),
       }
     )
@@ -113,8 +115,8 @@ def run_workload(name: str, row_lens: list[int], repeats: int) -> dict:
   return {
     "model": shape,
     "rollouts": f"{prompts} x {group}",
-    "real_tokens": int(batch["token_mask_BxL"].sum()),
-    "action_tokens": int(batch["action_mask_BxL"].sum()),
+    "real_tokens": int(batch.token_mask_NxL.sum()),
+    "action_tokens": int(batch.action_mask_NxK.sum()),
     "rows": rows,
   }
 

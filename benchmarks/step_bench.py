@@ -126,6 +126,7 @@ def main():
 
   from jaxcredit.models import converted_cache_dir, load_model, smollm2_gguf_path
   from jaxcredit.models.hf import export_hf
+  from jaxcredit.step_types import UpdateBatch
   from jaxcredit.train.loop import step as step_lib
 
   results = {
@@ -138,14 +139,14 @@ def main():
   graphdef, params, rest = step_lib.split_model(model)
   rng = np.random.default_rng(0)
   tokens = rng.integers(0, cfg.vocab_size, (b, length)).astype(np.int32)
-  batch = {
-    "tokens_BxL": tokens,
-    "token_mask_BxL": np.ones((b, length), bool),
-    "action_mask_BxL": np.ones((b, length), bool),
-    "behavior_logp_BxL": np.full((b, length), -5.0, np.float32),
-    "adv_BxL": np.ones((b, length), np.float32),
-    "ref_logp_BxL": np.zeros((b, length), np.float32),
-  }
+  batch = UpdateBatch(
+    tokens_NxL=tokens,
+    token_mask_NxL=np.ones((b, length), bool),
+    action_mask_NxK=np.ones((b, length), bool),
+    behavior_logp_NxK=np.full((b, length), -5.0, np.float32),
+    adv_NxK=np.ones((b, length), np.float32),
+    ref_logp_NxK=np.zeros((b, length), np.float32),
+  )
 
   def policy_gradient(policy):
     """The jitted gradient of the policy-gradient loss with the model's layers rematerialised as `policy` says."""

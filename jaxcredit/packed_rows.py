@@ -1,5 +1,5 @@
 """The one packed-row layout: a shared prefix, then appended segments that each attend to the prefix up to their own
-limit, and the slots whose tokens are scored. `train/loop/packing.py` (the update: a group's common prompt once, then
+limit, and the slots whose tokens are scored. `train/loop/update.py` (the update: a group's common prompt once, then
 every rollout's continuation) and `scoring/gold.py` (TRACE's gold scoring: a rollout's context once, then one copy
 of the gold answer per boundary) and `scoring/teacher.action_slots` (a teacher pass: each rollout a row of its own,
 its action positions scored) build their rows with `PackedRow` and lay them out with `lay_out_rows`; the model

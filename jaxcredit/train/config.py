@@ -294,7 +294,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.mini_batch_size = 0  # rollouts per optimizer update (PPO mini-batch); 0 = the whole step's batch
   c.train.ppo_epochs = 1  # passes over a step's rollouts, reshuffled each time (PPO epochs)
   c.train.length_bucket = 128  # sequences are right-padded to a multiple (bounds compiled shapes)
-  # The update's batch packed (jaxcredit/train/loop/packing.py): each group's shared prompt once per row followed by its
+  # The update's batch packed (jaxcredit/train/loop/update.py): each group's shared prompt once per row followed by its
   # rollouts' continuations, the output head on the action tokens only; same losses and gradients, fewer FLOPs.
   # Packed rows use dense-mask attention (memory O(L^2) per row): right for short rollouts, not for pod lengths.
   c.train.pack_rollouts = True

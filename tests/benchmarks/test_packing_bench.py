@@ -20,8 +20,9 @@ def bench():
 
 def test_rollout_batch_shares_each_groups_prompt(bench):
   b = bench.rollout_batch(64, 2, 3, 10, (5, 9))
-  tokens, mask, action = b["tokens_BxL"], b["token_mask_BxL"], b["action_mask_BxL"]
-  assert tokens.shape == (6, 128) and b["group_ids_B"].tolist() == [0, 0, 0, 1, 1, 1]
+  tokens, mask, action = b.tokens_NxL, b.token_mask_NxL, b.action_mask_NxK
+  assert tokens.shape == (6, 128) and b.group_ids_N.tolist() == [0, 0, 0, 1, 1, 1]
+  assert b.packed is None and b.adv_NxK.shape == (6, 128) and b.behavior_logp_NxK.shape == (6, 128)
   np.testing.assert_array_equal(tokens[0, :10], tokens[2, :10])
   assert not (tokens[0, :10] == tokens[3, :10]).all()
   assert not action[:, :10].any() and (action <= mask).all() and action.any()

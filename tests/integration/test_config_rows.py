@@ -51,9 +51,10 @@ class AnchorInput(LossInput):
   anchor_weight_BxL: np.ndarray  # the anchor's weight on each token (the method's)
 
 
-def anchor(logp_BxL, mb, cfg):
-  """A likelihood anchor: pulls up the log-prob of each action token by the method's own per-token weight."""
-  return -mb["anchor_weight_BxL"] * logp_BxL, {}
+def anchor(logp_NxK, mb, cfg):
+  """A likelihood anchor: pulls up the log-prob of each action token by the method's own per-token weight (its input's
+  `anchor_weight_BxL`, in the update batch at the scored slots under the key "anchor_weight")."""
+  return -mb.inputs_NxK["anchor_weight"] * logp_NxK, {}
 
 
 def shared_reward(traj, knobs):

@@ -18,6 +18,7 @@ from jaxcredit.rollout.multiturn import run_rollouts
 from jaxcredit.trajectory import pack
 from jaxcredit.sampling import Sampler, SamplingParams
 from jaxcredit.train.loop import step as step_lib
+from jaxcredit.step_types import UpdateBatch
 
 from tests.shared_cases import case
 
@@ -130,14 +131,14 @@ def test_temperature_consistency(real_rollouts):
   )
   ratio = np.exp(logp - traj.behavior_logp_BxL)[action]
   assert np.max(np.abs(ratio - 1.0)) < c["tol"], np.max(np.abs(ratio - 1.0))
-  batch = {
-    "tokens_BxL": traj.tokens_BxL,
-    "token_mask_BxL": traj.token_mask_BxL,
-    "action_mask_BxL": action,
-    "behavior_logp_BxL": traj.behavior_logp_BxL,
-    "adv_BxL": np.where(action, 1.0, 0.0).astype(np.float32),
-    "ref_logp_BxL": np.zeros_like(traj.behavior_logp_BxL),
-  }
+  batch = UpdateBatch(
+    tokens_NxL=traj.tokens_BxL,
+    token_mask_NxL=traj.token_mask_BxL,
+    action_mask_NxK=action,
+    behavior_logp_NxK=traj.behavior_logp_BxL,
+    adv_NxK=np.where(action, 1.0, 0.0).astype(np.float32),
+    ref_logp_NxK=np.zeros_like(traj.behavior_logp_BxL),
+  )
   _, _, m = jax.jit(
     lambda p, b: step_lib.loss_and_grads(
       step_lib.pg_token_loss, graphdef, p, rest, b, step_lib.PolicyLossConfig(temperature=0.6)

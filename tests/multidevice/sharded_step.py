@@ -13,6 +13,7 @@ from flax import nnx
 from jaxcredit import sharding
 from jaxcredit.models.decoder import Decoder, param_logical_axes
 from jaxcredit.train.loop import step as step_lib
+from jaxcredit.step_types import UpdateBatch
 
 from tests.fixtures.tiny_model import tiny_decoder_config
 
@@ -27,14 +28,14 @@ B, L = 8, 16
 lengths = rng.integers(6, L + 1, size=B)
 token_mask = np.arange(L)[None, :] < lengths[:, None]
 action = token_mask & (np.arange(L)[None, :] >= 3)
-batch = {
-  "tokens_BxL": rng.integers(0, 64, size=(B, L)).astype(np.int32),
-  "token_mask_BxL": token_mask,
-  "action_mask_BxL": action,
-  "behavior_logp_BxL": np.where(action, rng.normal(-4.0, 0.3, size=(B, L)), 0).astype(np.float32),
-  "adv_BxL": np.where(action, rng.normal(size=(B, 1)), 0).astype(np.float32),
-  "ref_logp_BxL": np.where(action, rng.normal(-4.0, 0.3, size=(B, L)), 0).astype(np.float32),
-}
+batch = UpdateBatch(
+  tokens_NxL=rng.integers(0, 64, size=(B, L)).astype(np.int32),
+  token_mask_NxL=token_mask,
+  action_mask_NxK=action,
+  behavior_logp_NxK=np.where(action, rng.normal(-4.0, 0.3, size=(B, L)), 0).astype(np.float32),
+  adv_NxK=np.where(action, rng.normal(size=(B, 1)), 0).astype(np.float32),
+  ref_logp_NxK=np.where(action, rng.normal(-4.0, 0.3, size=(B, L)), 0).astype(np.float32),
+)
 loss_cfg = step_lib.PolicyLossConfig(kl_coef=0.1, eps_low=0.2, eps_high=0.28)
 
 

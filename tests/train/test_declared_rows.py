@@ -139,9 +139,9 @@ def test_a_loss_term_added_as_a_row_takes_its_weight_from_the_methods_knob(monke
   from jaxcredit.train.loop import update
   from jaxcredit.train.loop.step import LOSS_TERMS, LossTerm, PolicyLossConfig
 
-  term = LossTerm(lambda logp, mb, cfg: (-logp, {}), None, lambda c: "token-mean", ("adv_BxL",), knob="anchor_coef")
-  with pytest.raises(ValueError, match=r"trainer_arrays \['w_BxL'\] are not arrays the trainer fills"):
-    LossTerm(lambda logp, mb, cfg: (-logp, {}), None, lambda c: "token-mean", ("w_BxL",), knob="anchor_coef")
+  term = LossTerm(lambda logp, mb, cfg: (-logp, {}), None, lambda c: "token-mean", ("adv",), knob="anchor_coef")
+  with pytest.raises(ValueError, match=r"trainer_arrays \['w'\] are not arrays the trainer fills"):
+    LossTerm(lambda logp, mb, cfg: (-logp, {}), None, lambda c: "token-mean", ("w",), knob="anchor_coef")
   monkeypatch.setitem(LOSS_TERMS, "anchor", term)
   monkeypatch.setitem(METHODS, "anchored", Method(_zero, {"anchor_coef": 0.25}, (), loss_terms=("anchor",)))
   c = _config("anchored")
@@ -176,35 +176,36 @@ def test_a_methods_loss_inputs_join_the_batch_and_bad_ones_are_refused_by_name()
   adv = np.zeros((2, 5), np.float32)
   weight = np.ones((2, 5), np.float32)
   declared = {"anchor": _AnchorInput}
-  arrays = MethodOutput(adv, loss_inputs={"anchor": _AnchorInput(weight)}).batch_arrays(declared)
-  assert set(arrays) == {"adv_BxL", "anchor_weight_BxL"} and arrays["anchor_weight_BxL"].dtype == np.float32
+  arrays = MethodOutput(adv, loss_inputs={"anchor": _AnchorInput(weight)}).input_arrays(declared)
+  assert set(arrays) == {"anchor_weight"} and arrays["anchor_weight"].dtype == np.float32
   with pytest.raises(ValueError, match=r"_AnchorInput.anchor_weight_BxL has shape \(2, 4\), expected"):
-    MethodOutput(adv, loss_inputs={"anchor": _AnchorInput(weight[:, :4])}).batch_arrays(declared)
+    MethodOutput(adv, loss_inputs={"anchor": _AnchorInput(weight[:, :4])}).input_arrays(declared)
   with pytest.raises(ValueError, match=r"loss term 'anchor' reads a _AnchorInput .* is missing"):
-    MethodOutput(adv).batch_arrays(declared)
+    MethodOutput(adv).input_arrays(declared)
   with pytest.raises(ValueError, match=r"loss_inputs holds \['anchor'\]: loss terms the method does not declare"):
-    MethodOutput(adv, loss_inputs={"anchor": _AnchorInput(weight)}).batch_arrays({})
+    MethodOutput(adv, loss_inputs={"anchor": _AnchorInput(weight)}).input_arrays({})
 
 
 def test_a_loss_terms_input_is_declared_with_new_per_token_keys():
-  """A term's input class is checked when the row is made: its fields are new `*_BxL` / `*_BxLxD` batch keys."""
+  """A term's input class is checked when the row is made: its fields are `*_BxL` / `*_BxLxD` arrays whose batch keys
+  (the names without the suffix) are none of the update batch's own arrays."""
   from jaxcredit.train.loop.step import LossTerm
 
   def term(input_cls):
     return LossTerm(lambda logp, mb, cfg: (-logp, {}), None, lambda c: "token-mean", input=input_cls, knob="w")
 
-  assert term(_AnchorInput).batch_keys == ("anchor_weight_BxL",)
+  assert term(_AnchorInput).batch_keys == ("anchor_weight",)
 
   @dataclasses.dataclass(frozen=True)
   class Clash(LossInput):
-    tokens_BxL: np.ndarray
+    adv_BxL: np.ndarray
 
   @dataclasses.dataclass(frozen=True)
   class NoAxes(LossInput):
     weight: np.ndarray
 
-  for bad, field in ((Clash, "tokens_BxL"), (NoAxes, "weight")):
-    with pytest.raises(ValueError, match=f"{bad.__name__}.{field} must be a new per-token batch key"):
+  for bad, field in ((Clash, "adv_BxL"), (NoAxes, "weight")):
+    with pytest.raises(ValueError, match=f"{bad.__name__}.{field} must be a per-token array named"):
       term(bad)
   with pytest.raises(ValueError, match="must be a dataclass subclassing step_types.LossInput"):
     term(dict)

@@ -143,17 +143,18 @@ def test_a_token_without_an_engine_logprob_leaves_the_loss_and_the_gap_metrics(v
   np.testing.assert_array_equal(weight, ref_weight)
 
   cfg = step_lib.PolicyLossConfig(aggregation="token-mean")
-  adv = {"adv_BxL": np.array([[0, 1.0, 1.0, 1.0], [0, -1.0, -1.0, -1.0]], np.float32)}
+  adv_BxL = np.array([[0, 1.0, 1.0, 1.0], [0, -1.0, -1.0, -1.0]], np.float32)
 
   def policy_only(graphdef, params, rest, mb, cfg):
+    assert mb.behavior_weight_NxK is None and mb.adv_NxK is not None
     tok_loss, _ = step_lib.policy_term(params["logp_BxL"], mb, cfg)
     return {"policy": tok_loss}, {}
 
   params = {"logp_BxL": np.full((2, 4), -1.1, np.float32)}
-  loss, grads, _ = step_lib.loss_and_grads(policy_only, None, params, None, update_lib.update_batch(kept, adv), cfg)
-  ref_loss, ref_grads, _ = step_lib.loss_and_grads(
-    policy_only, None, params, None, update_lib.update_batch(ref, adv), cfg
-  )
+  batch = update_lib.update_batch(kept, adv_BxL=adv_BxL).for_device()
+  loss, grads, _ = step_lib.loss_and_grads(policy_only, None, params, None, batch, cfg)
+  ref_batch = update_lib.update_batch(ref, adv_BxL=adv_BxL).for_device()
+  ref_loss, ref_grads, _ = step_lib.loss_and_grads(policy_only, None, params, None, ref_batch, cfg)
   assert np.isfinite(float(loss)) and float(loss) == pytest.approx(float(ref_loss), rel=1e-6)
   np.testing.assert_allclose(grads["logp_BxL"], ref_grads["logp_BxL"], rtol=1e-6)
   assert float(grads["logp_BxL"][0, 2]) == 0.0

@@ -2,6 +2,8 @@
 against a float64 reference on random hidden states, zero (value and gradient) when the teacher's context changes
 nothing, the same packed and unpacked and over micro-batches, and the library form `credit.hsd_token_kl`."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,8 +13,8 @@ from flax import nnx
 from jaxcredit import credit
 from jaxcredit.models.decoder import Decoder
 from jaxcredit.models.logprobs import predictor_hidden_states, sequence_logprobs
-from jaxcredit.train.loop import packing
 from jaxcredit.train.loop import step as step_lib
+from jaxcredit.train.loop.update import pack_update_batch, rows_batch
 
 from tests.fixtures.tiny_model import tiny_decoder_config
 
@@ -41,34 +43,36 @@ def setup():
   tokens = rng.integers(0, 64, size=(B, L)).astype(np.int32)
   tokens[1, :3], tokens[3, :3] = tokens[0, :3], tokens[2, :3]
   weight = (action & np.asarray([True, True, False, True])[:, None]).astype(np.float32)  # rollout 2: pass invalid
-  batch = {
-    "group_ids_B": np.asarray([0, 0, 1, 1]),
-    "tokens_BxL": tokens,
-    "token_mask_BxL": token_mask,
-    "action_mask_BxL": action,
-    "behavior_logp_BxL": np.zeros((B, L), np.float32),
-    "adv_BxL": np.zeros((B, L), np.float32),
-    "teacher_hidden_BxLxD": rng.normal(0, 10.0, size=(B, L, CFG.hidden_size)).astype(np.float32),
-    "vocab_kl_weight_BxL": weight,
-  }
+  batch = rows_batch(
+    tokens,
+    token_mask,
+    action,
+    np.zeros((B, L), np.float32),
+    adv_BxL=np.zeros((B, L), np.float32),
+    inputs={
+      "teacher_hidden": rng.normal(0, 10.0, size=(B, L, CFG.hidden_size)).astype(np.float32),
+      "vocab_kl_weight": weight,
+    },
+    group_ids_B=np.asarray([0, 0, 1, 1]),
+  )
   return model, graphdef, params, rest, batch
 
 
 def _loss(setup, cfg, batch, num_micro=1):
   _, graphdef, params, rest, _ = setup
   fn = jax.jit(lambda p, b: step_lib.loss_and_grads(step_lib.pg_token_loss, graphdef, p, rest, b, cfg, num_micro))
-  return fn(params, {k: v for k, v in batch.items() if k != "group_ids_B"})
+  return fn(params, batch.for_device())
 
 
 def _reference(model, batch):
   """Σ over rollouts with action tokens of (Σ_t w_t KL_t / their action tokens), / those rollouts: float64."""
-  logits = np.asarray(model(jnp.asarray(batch["tokens_BxL"]), token_mask_BxL=jnp.asarray(batch["token_mask_BxL"]))[0])
+  logits = np.asarray(model(jnp.asarray(batch.tokens_NxL), token_mask_BxL=jnp.asarray(batch.token_mask_NxL))[0])
   head = np.asarray(model.output_head_DxV(), np.float64)
-  q = _softmax64(np.asarray(batch["teacher_hidden_BxLxD"], np.float64) @ head / T)
+  q = _softmax64(np.asarray(batch.inputs_NxK["teacher_hidden"], np.float64) @ head / T)
   # The student's distribution that predicts token t sits at t - 1.
   p = _softmax64(np.pad(logits[:, :-1], ((0, 0), (1, 0), (0, 0))) / T)
   kl = np.sum(q * (np.log(q) - np.log(p)), axis=-1)
-  act, w = batch["action_mask_BxL"], batch["vocab_kl_weight_BxL"]
+  act, w = batch.action_mask_NxK, batch.inputs_NxK["vocab_kl_weight"]
   per_rollout = [np.sum((w * kl)[i][act[i]]) / act[i].sum() for i in range(B) if act[i].any()]
   return float(np.mean(per_rollout))
 
@@ -86,9 +90,10 @@ def test_vocab_kl_equals_a_float64_full_vocabulary_reference(setup):
 def test_packed_and_micro_batched_equal_unpacked(setup):
   *_, batch = setup
   loss, grads, m = _loss(setup, HSD, batch)
-  packed = packing.pack_update_batch(batch, length_bucket=8, max_row_len=64, rows_multiple=2, slot_bucket=8)
-  assert packed["teacher_hidden_BxLxD"].shape == packed["action_mask_BxL"].shape + (CFG.hidden_size,)
-  assert packed["tokens_BxL"].shape[1] < 2 * L  # the prompts are shared
+  packed = pack_update_batch(batch, length_bucket=8, max_row_len=64, rows_multiple=2, slot_bucket=8)
+  assert packed.packed is not None
+  assert packed.inputs_NxK["teacher_hidden"].shape == packed.action_mask_NxK.shape + (CFG.hidden_size,)
+  assert packed.tokens_NxL.shape[1] < 2 * L  # the prompts are shared
   loss_p, grads_p, _ = _loss(setup, HSD, packed)
   loss_m, grads_m, _ = _loss(setup, HSD, batch, num_micro=2)
   assert float(loss_p) == pytest.approx(float(loss), rel=1e-5)
@@ -102,8 +107,8 @@ def test_zero_when_the_teacher_context_changes_nothing(setup):
   """The teacher's hidden states are the student's own (a context the policy ignores): the KL and its gradient
   vanish, though the rollouts and weights are as before."""
   model, graphdef, params, rest, batch = setup
-  h, _, _ = predictor_hidden_states(model, jnp.asarray(batch["tokens_BxL"]), jnp.asarray(batch["token_mask_BxL"]))
-  same = dict(batch, teacher_hidden_BxLxD=np.asarray(h, np.float32))
+  h, _, _ = predictor_hidden_states(model, jnp.asarray(batch.tokens_NxL), jnp.asarray(batch.token_mask_NxL))
+  same = dataclasses.replace(batch, inputs_NxK={**batch.inputs_NxK, "teacher_hidden": np.asarray(h, np.float32)})
   loss, grads, m = _loss(setup, HSD, same)
   assert abs(float(m["loss_vocab_kl"])) < 1e-6
   assert max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(grads)) < 1e-5
@@ -115,7 +120,7 @@ def test_zero_when_the_teacher_context_changes_nothing(setup):
 def test_predictor_hidden_states_score_as_sequence_logprobs(setup):
   """The student's states the term reads give the trainer's own log-probs of the sampled tokens."""
   model, *_, batch = setup
-  tokens, mask = jnp.asarray(batch["tokens_BxL"]), jnp.asarray(batch["token_mask_BxL"])
+  tokens, mask = jnp.asarray(batch.tokens_NxL), jnp.asarray(batch.token_mask_NxL)
   h, targets, valid = predictor_hidden_states(model, tokens, mask)
   z = np.asarray(model.logits(h), np.float64) / T
   logp = np.take_along_axis(z, np.asarray(targets)[..., None], -1)[..., 0] - np.log(np.exp(z).sum(-1))
@@ -126,12 +131,12 @@ def test_predictor_hidden_states_score_as_sequence_logprobs(setup):
 
 def test_reference_kl_is_weighted_by_beta_and_zero_at_the_reference(setup):
   _, graphdef, params, rest, batch = setup
-  logp = np.asarray(step_lib.make_logp_fn(graphdef, rest, T)(params, batch["tokens_BxL"], batch["token_mask_BxL"]))
+  logp = np.asarray(step_lib.make_logp_fn(graphdef, rest, T)(params, batch.tokens_NxL, batch.token_mask_NxL))
   cfg = step_lib.PolicyLossConfig(terms=("reference_kl",), temperature=T, knob_weights=(("beta", 0.5),))
-  at_ref = dict(batch, ref_logp_BxL=logp)
+  at_ref = dataclasses.replace(batch, ref_logp_NxK=logp)
   loss, _, m = _loss(setup, cfg, at_ref)
   assert abs(float(m["loss_reference_kl"])) < 1e-7
-  shifted = dict(batch, ref_logp_BxL=(logp - 0.3).astype(np.float32))
+  shifted = dataclasses.replace(batch, ref_logp_NxK=(logp - 0.3).astype(np.float32))
   loss, _, m = _loss(setup, cfg, shifted)
   k3 = np.exp(-0.3) + 0.3 - 1.0  # exp(ref - logp) - (ref - logp) - 1 on every action token
   assert float(m["loss_reference_kl"]) == pytest.approx(k3, rel=1e-4)

@@ -2,6 +2,8 @@
 case io-kl-reference-temperature (the reference is scored at the sampling temperature, so KL = 0 when reference
 == policy)."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,6 +13,7 @@ from flax import nnx
 from jaxcredit.models.decoder import Decoder
 from jaxcredit.train.loop import loss as loss_lib
 from jaxcredit.train.loop import step as step_lib
+from jaxcredit.train.loop.update import abstract_update_batch, rows_batch
 
 from tests.fixtures.tiny_model import tiny_decoder_config
 
@@ -25,15 +28,19 @@ def setup():
   lengths = np.asarray([16, 9, 12, 6])
   token_mask = np.arange(L)[None, :] < lengths[:, None]
   action = token_mask & (np.arange(L)[None, :] >= 3)
-  batch = {
-    "tokens_BxL": rng.integers(0, 64, size=(B, L)).astype(np.int32),
-    "token_mask_BxL": token_mask,
-    "action_mask_BxL": action,
-    "behavior_logp_BxL": np.where(action, rng.normal(-4.0, 0.3, size=(B, L)), 0).astype(np.float32),
-    "adv_BxL": np.where(action, rng.normal(size=(B, 1)), 0).astype(np.float32),
-    "distill_weight_BxL": np.where(action, rng.uniform(0, 2, size=(B, L)), 0).astype(np.float32),
-    "distill_target_BxL": np.where(action, rng.normal(-4.0, 0.5, size=(B, L)), 0).astype(np.float32),
-  }
+  tokens = rng.integers(0, 64, size=(B, L)).astype(np.int32)
+  behavior_logp = np.where(action, rng.normal(-4.0, 0.3, size=(B, L)), 0).astype(np.float32)
+  batch = rows_batch(
+    tokens,
+    token_mask,
+    action,
+    behavior_logp,
+    adv_BxL=np.where(action, rng.normal(size=(B, 1)), 0).astype(np.float32),
+    inputs={
+      "distill_weight": np.where(action, rng.uniform(0, 2, size=(B, L)), 0).astype(np.float32),
+      "distill_target": np.where(action, rng.normal(-4.0, 0.5, size=(B, L)), 0).astype(np.float32),
+    },
+  )
   return graphdef, params, rest, batch
 
 
@@ -49,9 +56,9 @@ def test_distill_term_value_and_gradient(setup):
   cfg = step_lib.PolicyLossConfig(terms=("distill",), knob_weights=(("distill_coef", 0.3),), temperature=0.8)
   loss, grads, m = _loss(setup, cfg)
   logp_fn = step_lib.make_logp_fn(graphdef, rest, 0.8)
-  logp = np.asarray(logp_fn(params, batch["tokens_BxL"], batch["token_mask_BxL"]))
-  act = batch["action_mask_BxL"]
-  w, tgt = batch["distill_weight_BxL"], batch["distill_target_BxL"]
+  logp = np.asarray(logp_fn(params, batch.tokens_NxL, batch.token_mask_NxL))
+  act = batch.action_mask_NxK
+  w, tgt = batch.inputs_NxK["distill_weight"], batch.inputs_NxK["distill_target"]
   expect = np.sum((w * (logp - tgt) * logp)[act]) / act.sum()
   assert float(m["loss_distill"]) == pytest.approx(expect, rel=1e-5)
   assert float(loss) == pytest.approx(0.3 * expect, rel=1e-5)
@@ -59,7 +66,7 @@ def test_distill_term_value_and_gradient(setup):
   gap = jnp.asarray(w * (logp - tgt))
 
   def surrogate(p):
-    lp = step_lib._logp(graphdef, p, rest, batch["tokens_BxL"], batch["token_mask_BxL"], 0.8)
+    lp = step_lib._logp(graphdef, p, rest, batch.tokens_NxL, batch.token_mask_NxL, 0.8)
     return 0.3 * jnp.sum(jnp.where(act, gap * lp, 0.0)) / act.sum()
 
   g2 = jax.grad(surrogate)(params)
@@ -129,25 +136,36 @@ def test_unknown_term_is_refused():
 def test_kl_to_a_reference_equal_to_the_policy_is_zero_at_the_sampling_temperature(setup):
   """Shared case io-kl-reference-temperature: temperature 0.8, kl_coef 0.1, reference == policy."""
   graphdef, params, rest, batch = setup
-  ref = step_lib.make_logp_fn(graphdef, rest, 0.8)(params, batch["tokens_BxL"], batch["token_mask_BxL"])
+  ref = step_lib.make_logp_fn(graphdef, rest, 0.8)(params, batch.tokens_NxL, batch.token_mask_NxL)
   cfg = step_lib.PolicyLossConfig(terms=("kl",), kl_coef=0.1, temperature=0.8)
-  loss, grads, m = _loss(setup, cfg, batch=dict(batch, ref_logp_BxL=np.asarray(ref)))
+  loss, grads, m = _loss(setup, cfg, batch=dataclasses.replace(batch, ref_logp_NxK=np.asarray(ref)))
   assert abs(float(m["loss_kl"])) < 1e-6
   assert max(float(jnp.max(jnp.abs(g))) for g in jax.tree_util.tree_leaves(grads)) < 1e-6
   # The fault this guards against: a reference scored at temperature 1 is not the policy (KL > 0 at step 0).
-  ref1 = step_lib.make_logp_fn(graphdef, rest, 1.0)(params, batch["tokens_BxL"], batch["token_mask_BxL"])
-  _, _, m1 = _loss(setup, cfg, batch=dict(batch, ref_logp_BxL=np.asarray(ref1)))
+  ref1 = step_lib.make_logp_fn(graphdef, rest, 1.0)(params, batch.tokens_NxL, batch.token_mask_NxL)
+  _, _, m1 = _loss(setup, cfg, batch=dataclasses.replace(batch, ref_logp_NxK=np.asarray(ref1)))
   assert float(m1["loss_kl"]) > 1e-4
 
 
+def test_a_term_whose_array_the_batch_lacks_is_refused_naming_both(setup):
+  """kl_coef > 0 with no reference log-probs in the batch: a ValueError naming the term and the array, not a crash."""
+  cfg = step_lib.PolicyLossConfig(terms=("policy", "kl"), kl_coef=0.1)
+  assert setup[3].ref_logp_NxK is None
+  with pytest.raises(ValueError, match=r"loss term 'kl' reads \['ref_logp'\]"):
+    _loss(setup, cfg)
+
+
 def test_the_batch_keys_of_the_shipped_terms_are_their_trainer_arrays_and_their_input_fields():
-  """What `update_batch_layout` and `jaxcredit plan` read: the trainer's arrays first, then the method's input."""
-  assert step_lib.LOSS_TERMS["distill"].batch_keys == ("distill_weight_BxL", "distill_target_BxL")
-  assert step_lib.LOSS_TERMS["vocab_kl"].batch_keys == ("teacher_hidden_BxLxD", "vocab_kl_weight_BxL")
-  assert step_lib.LOSS_TERMS["kl"].batch_keys == ("ref_logp_BxL",)
+  """What `abstract_update_batch` and `jaxcredit plan` read: the trainer's arrays first, then the method's input."""
+  assert step_lib.LOSS_TERMS["distill"].batch_keys == ("distill_weight", "distill_target")
+  assert step_lib.LOSS_TERMS["vocab_kl"].batch_keys == ("teacher_hidden", "vocab_kl_weight")
+  assert step_lib.LOSS_TERMS["kl"].batch_keys == ("ref_logp",)
   cfg = step_lib.PolicyLossConfig(terms=("policy", "distill"), knob_weights=(("distill_coef", 0.1),), kl_coef=0.1)
-  layout = step_lib.update_batch_layout(cfg, packed=False, behavior_weights=False)
-  assert {"adv_BxL", "ref_logp_BxL", "distill_weight_BxL", "distill_target_BxL"} <= set(layout)
+  abstract = abstract_update_batch(cfg, batch_size=B, seq_len=L, hidden_size=CFG.hidden_size)
+  assert abstract.adv_NxK is not None and abstract.ref_logp_NxK is not None
+  assert set(abstract.inputs_NxK) == {"distill_weight", "distill_target"}
+  for x in (abstract.adv_NxK, abstract.ref_logp_NxK, *abstract.inputs_NxK.values()):
+    assert x.shape == (B, L) and x.dtype == np.float32
   assert step_lib.term_inputs(("policy", "kl", "distill")) == {"distill": step_lib.DistillInput}
 
 
@@ -155,13 +173,13 @@ def test_policy_term_is_weighted_per_token_by_the_engine_importance_weight(setup
   """Rollouts from another engine: each token's PPO loss times its truncated importance weight."""
   graphdef, params, rest, batch = setup
   cfg = step_lib.PolicyLossConfig(terms=("policy",), temperature=1.0)
-  act = batch["action_mask_BxL"]
+  act = batch.action_mask_NxK
   weight = np.where(act, np.random.default_rng(1).uniform(0.2, 2.0, size=act.shape), 1.0).astype(np.float32)
   loss_plain, _, _ = _loss(setup, cfg)
-  loss_weighted, _, _ = _loss(setup, cfg, batch={**batch, "behavior_weight_BxL": weight})
-  logp = np.asarray(step_lib.make_logp_fn(graphdef, rest, 1.0)(params, batch["tokens_BxL"], batch["token_mask_BxL"]))
+  loss_weighted, _, _ = _loss(setup, cfg, batch=dataclasses.replace(batch, behavior_weight_NxK=weight))
+  logp = np.asarray(step_lib.make_logp_fn(graphdef, rest, 1.0)(params, batch.tokens_NxL, batch.token_mask_NxL))
   tok, _ = loss_lib.ppo_clip_token_loss(
-    jnp.asarray(logp), batch["behavior_logp_BxL"], batch["adv_BxL"], eps_low=cfg.eps_low, eps_high=cfg.eps_high
+    jnp.asarray(logp), batch.behavior_logp_NxK, batch.adv_NxK, eps_low=cfg.eps_low, eps_high=cfg.eps_high
   )
   tok = np.asarray(tok)
   assert float(loss_plain) == pytest.approx(np.sum(tok[act]) / act.sum(), rel=1e-5)

@@ -193,10 +193,10 @@ def test_hsd_has_no_reward_term_and_distils_every_valid_rollout():
   )
   out = METHODS["hsd"].advantages(traj, _knobs("hsd"))
   assert not out.adv_BxL.any()
-  arrays = out.batch_arrays({"vocab_kl": VocabKLInput})
-  np.testing.assert_array_equal(arrays["teacher_hidden_BxLxD"], hidden)
+  arrays = out.input_arrays({"vocab_kl": VocabKLInput})
+  np.testing.assert_array_equal(arrays["teacher_hidden"], hidden)
   want = traj.action_mask_BxL & np.asarray([True, True, True, False])[:, None] & traj.sample_mask_B[:, None]
-  np.testing.assert_array_equal(arrays["vocab_kl_weight_BxL"], want.astype(np.float32))
+  np.testing.assert_array_equal(arrays["vocab_kl_weight"], want.astype(np.float32))
   assert out.metrics["hsd_peers_found_frac"] == pytest.approx(0.75)
   gap = out.details["teacher_gap_BxL"]
   np.testing.assert_allclose(gap[want], 0.25, rtol=1e-6)  # the paper's diagnostic credit, for the viewer

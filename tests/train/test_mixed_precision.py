@@ -20,6 +20,7 @@ from jaxcredit.models.decoder import Decoder, default_logical_axes
 from jaxcredit.sampling import Sampler
 from jaxcredit.train import config as config_lib
 from jaxcredit.train.loop import step as step_lib
+from jaxcredit.step_types import UpdateBatch
 
 from tests.fixtures.tiny_model import tiny_decoder_config
 
@@ -42,13 +43,13 @@ def _batch(seed=0, b=4, l=12):
   token_mask = np.ones((b, l), bool)
   action = np.arange(l)[None, :] >= 4
   action = np.broadcast_to(action, (b, l))
-  return {
-    "tokens_BxL": rng.integers(0, CFG.vocab_size, size=(b, l)).astype(np.int32),
-    "token_mask_BxL": token_mask,
-    "action_mask_BxL": action,
-    "behavior_logp_BxL": np.where(action, -4.5, 0).astype(np.float32),
-    "adv_BxL": np.where(action, rng.normal(size=(b, 1)), 0).astype(np.float32),
-  }
+  return UpdateBatch(
+    tokens_NxL=rng.integers(0, CFG.vocab_size, size=(b, l)).astype(np.int32),
+    token_mask_NxL=token_mask,
+    action_mask_NxK=action,
+    behavior_logp_NxK=np.where(action, -4.5, 0).astype(np.float32),
+    adv_NxK=np.where(action, rng.normal(size=(b, 1)), 0).astype(np.float32),
+  )
 
 
 def _one_adamw_step(model):
@@ -112,7 +113,7 @@ def test_the_forward_pass_computes_in_bfloat16(bf16_checkpoint):
   mixed, _ = load(bf16_checkpoint, param_dtype="float32")
   pure, _ = load(bf16_checkpoint, param_dtype="")
   full, _ = load(bf16_checkpoint, dtype="float32")
-  tokens = jnp.asarray(_batch()["tokens_BxL"])
+  tokens = jnp.asarray(_batch().tokens_NxL)
   logits_mixed, logits_pure, logits_full = (np.asarray(m(tokens)[0]) for m in (mixed, pure, full))
   np.testing.assert_array_equal(logits_mixed, logits_pure)
   assert np.abs(logits_full - logits_pure).max() > 1e-4

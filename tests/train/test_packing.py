@@ -1,7 +1,10 @@
-"""The packed update batch (`jaxcredit.train.loop.packing`): group prompts once per row, the head on action slots only.
+"""The packed update batch (`jaxcredit.train.loop.update.pack_update_batch`): group prompts once per row, the head on
+action slots only.
 
 The packed layout must change nothing but the cost: every loss term under every aggregation, with micro-batches,
 gives the unpacked loss, metrics and gradients."""
+
+import dataclasses
 
 import jax
 import numpy as np
@@ -11,7 +14,7 @@ from flax import nnx
 from jaxcredit.models.decoder import Decoder
 from jaxcredit.train.loop import loss as loss_lib
 from jaxcredit.train.loop import step as step_lib
-from jaxcredit.train.loop.packing import pack_if_short, pack_update_batch
+from jaxcredit.train.loop.update import abstract_update_batch, pack_if_short, pack_update_batch, rows_batch
 from tests.fixtures.tiny_model import tiny_decoder_config
 
 
@@ -40,82 +43,97 @@ def rollout_batch(seed=0, groups=3, group_size=3, length=24):
       action[i, len(prompt) + 2 : len(prompt) + 4] = False  # a tool observation
   action[b - 1] = False  # a rollout with nothing to score
   f = lambda: rng.normal(size=(b, length)).astype(np.float32)
-  return {
-    "group_ids_B": np.repeat(np.arange(groups), group_size).astype(np.int32),
-    "tokens_BxL": tokens,
-    "token_mask_BxL": mask,
-    "action_mask_BxL": action,
-    "behavior_logp_BxL": np.where(action, -2.0 + 0.3 * f(), 0.0).astype(np.float32),
-    "adv_BxL": np.where(action, f(), 0.0).astype(np.float32),
-    "ref_logp_BxL": np.where(action, -2.0 + 0.3 * f(), 0.0).astype(np.float32),
-    "distill_weight_BxL": np.where(action, np.abs(f()), 0.0).astype(np.float32),
-    "distill_target_BxL": np.where(action, -2.0 + 0.3 * f(), 0.0).astype(np.float32),
-  }
+  return rows_batch(
+    tokens,
+    mask,
+    action,
+    np.where(action, -2.0 + 0.3 * f(), 0.0).astype(np.float32),
+    adv_BxL=np.where(action, f(), 0.0).astype(np.float32),
+    ref_logp_BxL=np.where(action, -2.0 + 0.3 * f(), 0.0).astype(np.float32),
+    inputs={
+      "distill_weight": np.where(action, np.abs(f()), 0.0).astype(np.float32),
+      "distill_target": np.where(action, -2.0 + 0.3 * f(), 0.0).astype(np.float32),
+    },
+    group_ids_B=np.repeat(np.arange(groups), group_size).astype(np.int32),
+  )
 
 
 def test_rows_hold_each_groups_prefix_once_and_slots_point_at_the_scored_tokens():
   batch = rollout_batch()
   packed = pack_update_batch(batch, length_bucket=8, max_row_len=1024, slot_bucket=8, rows_multiple=4)
-  tokens, mask = batch["tokens_BxL"], batch["token_mask_BxL"]
+  tokens, mask = batch.tokens_NxL, batch.token_mask_NxL
+  rows = packed.packed
   # 3 groups, one row each (every group fits 1024 tokens), padded to 4 rows.
-  assert packed["tokens_BxL"].shape[0] == 4 and not packed["token_mask_BxL"][3].any()
-  real = int(packed["token_mask_BxL"].sum())
+  assert packed.tokens_NxL.shape[0] == 4 and not packed.token_mask_NxL[3].any()
+  assert packed.group_ids_N is None
+  real = int(packed.token_mask_NxL.sum())
   assert real < int(mask.sum())  # each prompt once, not three times
-  assert packed["tokens_BxL"].shape[1] % 8 == 0 and packed["slots_BxK"].shape[1] % 8 == 0
-  assert packed["rollouts_B"].sum() == 9
+  assert packed.tokens_NxL.shape[1] % 8 == 0 and rows.slots_NxK.shape[1] % 8 == 0
+  assert rows.rollouts_N.sum() == 9 and rows.rollouts_N[0] == 9
   # Group 0 also shares its first action token: the prefix covers it.
-  seg0 = packed["segment_ids_BxL"][0][packed["token_mask_BxL"][0]]
-  prompt0 = int(np.argmax(batch["action_mask_BxL"][0]))
+  seg0 = rows.segment_ids_NxL[0][packed.token_mask_NxL[0]]
+  prompt0 = int(np.argmax(batch.action_mask_NxK[0]))
   assert int((seg0 == 0).sum()) == prompt0 + 1
-  # Every scored token lands on a slot holding the same token, at the position it had in its rollout.
+  # Every scored token lands on a slot holding the same token, at the position it had in its rollout, with its
+  # advantage and its loss inputs.
   got = []
   for r in range(4):
-    k = packed["action_mask_BxL"][r]
-    slots = packed["slots_BxK"][r][k]
-    got += list(zip(packed["tokens_BxL"][r][slots], packed["positions_BxL"][r][slots], packed["adv_BxL"][r][k]))
+    k = packed.action_mask_NxK[r]
+    slots = rows.slots_NxK[r][k]
+    got += list(
+      zip(
+        packed.tokens_NxL[r][slots],
+        rows.positions_NxL[r][slots],
+        packed.adv_NxK[r][k],
+        packed.inputs_NxK["distill_target"][r][k],
+      )
+    )
   want = []
   for i in range(9):
-    t = np.flatnonzero(batch["action_mask_BxL"][i])
-    want += list(zip(tokens[i, t], t, batch["adv_BxL"][i, t]))
+    t = np.flatnonzero(batch.action_mask_NxK[i])
+    want += list(zip(tokens[i, t], t, batch.adv_NxK[i, t], batch.inputs_NxK["distill_target"][i, t]))
   assert sorted(map(tuple, np.asarray(got, np.float64))) == sorted(map(tuple, np.asarray(want, np.float64)))
+  # Padding slots hold zeros.
+  assert (packed.adv_NxK[~packed.action_mask_NxK] == 0).all()
   # A continuation sees its group's prefix: prefix_limit is the prefix length on its tokens.
-  cont = packed["segment_ids_BxL"][0] >= 1
-  assert (packed["prefix_limit_BxL"][0][cont] == prompt0 + 1).all()
+  cont = rows.segment_ids_NxL[0] >= 1
+  assert (rows.prefix_limit_NxL[0][cont] == prompt0 + 1).all()
 
 
 def test_a_group_longer_than_a_row_spills_onto_rows_that_repeat_its_prefix():
   batch = rollout_batch(groups=1, group_size=4)
   packed = pack_update_batch(batch, length_bucket=1, max_row_len=30, slot_bucket=1)
-  assert packed["tokens_BxL"].shape[0] >= 2
-  prefix = int((packed["segment_ids_BxL"][0][packed["token_mask_BxL"][0]] == 0).sum())
-  for r in range(packed["tokens_BxL"].shape[0]):
-    np.testing.assert_array_equal(packed["tokens_BxL"][r, :prefix], batch["tokens_BxL"][0, :prefix])
-  assert packed["token_mask_BxL"].sum(1).max() <= 30
+  assert packed.tokens_NxL.shape[0] >= 2
+  prefix = int((packed.packed.segment_ids_NxL[0][packed.token_mask_NxL[0]] == 0).sum())
+  for r in range(packed.tokens_NxL.shape[0]):
+    np.testing.assert_array_equal(packed.tokens_NxL[r, :prefix], batch.tokens_NxL[0, :prefix])
+  assert packed.token_mask_NxL.sum(1).max() <= 30
 
 
 @pytest.mark.parametrize(
   "bad, message",
   [
-    (lambda b: b["token_mask_BxL"].__setitem__((0, 1), False), "contiguously"),
-    (lambda b: b.__setitem__("adv_BxL", np.zeros((9, 3), np.float32)), "adv_BxL"),
-    (lambda b: b.__setitem__("group_ids_B", np.zeros((4,), np.int32)), "group_ids_B"),
-    (lambda b: b.pop("action_mask_BxL"), "action_mask_BxL"),
+    (lambda b: b.token_mask_NxL.__setitem__((0, 1), False) or b, "contiguously"),
+    (lambda b: dataclasses.replace(b, adv_NxK=np.zeros((9, 3), np.float32)), "adv"),
+    (lambda b: dataclasses.replace(b, inputs_NxK={"distill_weight": np.zeros((9,), np.float32)}), "distill_weight"),
+    (lambda b: dataclasses.replace(b, group_ids_N=np.zeros((4,), np.int32)), "group_ids_N"),
+    (lambda b: dataclasses.replace(b, token_mask_NxL=b.token_mask_NxL[:, :3]), "token_mask_NxL"),
+    (lambda b: pack_update_batch(b), "already packed"),
   ],
 )
 def test_bad_batches_are_refused_naming_the_field(bad, message):
-  batch = rollout_batch()
-  bad(batch)
+  batch = bad(rollout_batch())
   with pytest.raises(ValueError, match=message):
     pack_update_batch(batch)
 
 
 def test_an_action_on_padding_is_refused():
   batch = rollout_batch()
-  n = int(batch["token_mask_BxL"][0].sum())
-  if n == batch["tokens_BxL"].shape[1]:
-    batch["token_mask_BxL"][0, -1] = False
+  n = int(batch.token_mask_NxL[0].sum())
+  if n == batch.tokens_NxL.shape[1]:
+    batch.token_mask_NxL[0, -1] = False
     n -= 1
-  batch["action_mask_BxL"][0, n] = True
+  batch.action_mask_NxK[0, n] = True
   with pytest.raises(ValueError, match="padding"):
     pack_update_batch(batch)
 
@@ -123,9 +141,8 @@ def test_an_action_on_padding_is_refused():
 def _loss_and_grads(batch, cfg, num_micro):
   model = Decoder(tiny_decoder_config(tie_word_embeddings=False), rngs=nnx.Rngs(0))  # as the update tests' model
   graphdef, params, rest = step_lib.split_model(model)
-  arrays = {k: v for k, v in batch.items() if k != "group_ids_B"}
   fn = jax.jit(lambda p, b: step_lib.loss_and_grads(step_lib.pg_token_loss, graphdef, p, rest, b, cfg, num_micro))
-  return fn(params, arrays)
+  return fn(params, batch.for_device())
 
 
 # Every aggregation in one micro-batch and in two. Each case compiles its own packed and unpacked programs, so of the
@@ -168,29 +185,28 @@ def test_dr_grpo_on_a_packed_batch_needs_the_constant_max_len():
 def test_a_batch_with_a_rollout_longer_than_the_row_cap_stays_unpacked():
   """A packed row attends through a dense [L, L] mask; long rollouts (BFCL) keep the unpacked path."""
   batch = rollout_batch()  # rollouts of up to 24 tokens
-  longest = int(batch["token_mask_BxL"].sum(1).max())
+  longest = int(batch.token_mask_NxL.sum(1).max())
   kept = pack_if_short(batch, length_bucket=1, max_row_len=longest - 1)
-  assert "slots_BxK" not in kept and "group_ids_B" not in kept
-  np.testing.assert_array_equal(kept["tokens_BxL"], batch["tokens_BxL"])
+  assert kept.packed is None and kept.group_ids_N is None
+  np.testing.assert_array_equal(kept.tokens_NxL, batch.tokens_NxL)
   packed = pack_if_short(batch, length_bucket=1, max_row_len=longest)
-  assert "slots_BxK" in packed and packed["tokens_BxL"].shape[1] <= max(longest, 1) * 3
+  assert packed.packed is not None and packed.tokens_NxL.shape[1] <= max(longest, 1) * 3
   with pytest.raises(ValueError, match="max_row_len"):
     pack_if_short(batch, max_row_len=0)
 
 
-def test_the_packed_batch_holds_exactly_the_arrays_of_the_one_layout_table():
-  """`step.update_batch_layout` is the batch `jaxcredit plan` lowers the update on: the packer's output has exactly
-  its arrays (for the loss with the KL and distillation terms), each of its extent and dtype."""
+def test_the_batch_jaxcredit_plan_lowers_is_the_builders_own():
+  """`abstract_update_batch` (what `jaxcredit plan` lowers the update on) runs the trainer's builders under
+  `jax.eval_shape`: for the loss with the KL and distillation terms it has exactly the built batch's arrays, each of
+  its shape and dtype, unpacked and packed."""
   batch = rollout_batch()
   cfg = step_lib.PolicyLossConfig(terms=("policy", "distill"), knob_weights=(("distill_coef", 0.1),), kl_coef=0.1)
-  layout = step_lib.update_batch_layout(cfg, packed=True, behavior_weights=False)
   packed = pack_update_batch(batch, length_bucket=8, slot_bucket=8)
-  assert set(packed) == set(layout)
-  rows, length = packed["tokens_BxL"].shape
-  k = packed["slots_BxK"].shape[1]
-  extent = {"row": (rows, length), "scored": (rows, k), "rows": (rows,)}
-  for key, (where, dtype) in layout.items():
-    assert packed[key].shape == extent[where], key
-    assert packed[key].dtype == np.dtype(dtype), key
-  unpacked = step_lib.update_batch_layout(cfg, packed=False, behavior_weights=False)
-  assert set(batch) - {"group_ids_B"} == set(unpacked)
+  for built, slots in ((batch.for_device(), 0), (packed, packed.packed.slots_NxK.shape[1])):
+    rows, length = built.tokens_NxL.shape
+    abstract = abstract_update_batch(cfg, batch_size=rows, seq_len=length, hidden_size=4, packed_slots=slots)
+    want = jax.tree_util.tree_flatten_with_path(built)[0]
+    got = jax.tree_util.tree_flatten_with_path(abstract)[0]
+    assert [p for p, _ in got] == [p for p, _ in want]
+    for (path, a), (_, b) in zip(got, want):
+      assert a.shape == np.shape(b) and a.dtype == np.asarray(b).dtype, jax.tree_util.keystr(path)

@@ -310,12 +310,16 @@ def test_the_planned_update_is_the_methods_loss_on_packed_rows():
   update, (params, opt_state, batch) = plan.abstract_step(
     cfg, mesh, batch_size=2, seq_len=64, loss_cfg=loss_cfg, packed_slots=32, behavior_weights=True
   )
-  shapes = {k: v.shape for k, v in batch.items()}
-  assert shapes["tokens_BxL"] == shapes["positions_BxL"] == shapes["prefix_limit_BxL"] == (2, 64)
-  for key in ("adv_BxL", "ref_logp_BxL", "distill_weight_BxL", "distill_target_BxL", "behavior_weight_BxL"):
-    assert shapes[key] == (2, 32), key  # the policy, KL and distillation terms' arrays, at the scored slots
-  assert shapes["slots_BxK"] == shapes["rollout_ids_BxL"] == (2, 32) and shapes["rollouts_B"] == (2,)
+  assert batch.tokens_NxL.shape == batch.packed.positions_NxL.shape == batch.packed.prefix_limit_NxL.shape == (2, 64)
+  per_slot = {"adv": batch.adv_NxK, "ref_logp": batch.ref_logp_NxK, "behavior_weight": batch.behavior_weight_NxK}
+  per_slot.update(batch.inputs_NxK)
+  assert set(per_slot) == {"adv", "ref_logp", "behavior_weight", "distill_weight", "distill_target"}
+  for key, value in per_slot.items():
+    assert value.shape == (2, 32), key  # the policy, KL and distillation terms' arrays, at the scored slots
+  assert batch.packed.slots_NxK.shape == batch.packed.rollout_ids_NxK.shape == (2, 32)
+  assert batch.packed.rollouts_N.shape == (2,)
   text = update.lower(params, opt_state, batch).as_text()
   assert len(text) > 1000
   _, (_, _, plain) = plan.abstract_step(cfg, mesh, batch_size=2, seq_len=64)
-  assert set(plain) == {"tokens_BxL", "token_mask_BxL", "action_mask_BxL", "behavior_logp_BxL", "adv_BxL"}
+  present = {k for k, v in vars(plain).items() if v is not None and v != {}}
+  assert present == {"tokens_NxL", "token_mask_NxL", "action_mask_NxK", "behavior_logp_NxK", "adv_NxK"}

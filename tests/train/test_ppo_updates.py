@@ -11,6 +11,7 @@ from jaxcredit import sharding
 from jaxcredit.models.decoder import Decoder, param_logical_axes
 from jaxcredit.train.loop import step as step_lib
 from jaxcredit.train.loop.update import ppo_updates
+from jaxcredit.step_types import UpdateBatch
 from tests.fixtures.tiny_model import tiny_decoder_config
 
 CFG = tiny_decoder_config(tie_word_embeddings=False)
@@ -34,13 +35,13 @@ def setup(learning_rate):
   action = np.broadcast_to(action, (B, L)).copy()
   # The behaviour log-probs are the policy's own (as the sampler's are): the first update sees ratio 1.
   logp = np.asarray(jax.jit(step_lib.make_logp_fn(graphdef, rest, 1.0))(params, tokens, token_mask))
-  batch = {
-    "tokens_BxL": tokens,
-    "token_mask_BxL": token_mask,
-    "action_mask_BxL": action,
-    "behavior_logp_BxL": np.where(action, logp, 0).astype(np.float32),
-    "adv_BxL": np.where(action, rng.normal(size=(B, 1)), 0).astype(np.float32),
-  }
+  batch = UpdateBatch(
+    tokens_NxL=tokens,
+    token_mask_NxL=token_mask,
+    action_mask_NxK=action,
+    behavior_logp_NxK=np.where(action, logp, 0).astype(np.float32),
+    adv_NxK=np.where(action, rng.normal(size=(B, 1)), 0).astype(np.float32),
+  )
 
   def fresh():
     p = jax.device_put(jax.tree_util.tree_map(jnp.copy, params), p_sh)

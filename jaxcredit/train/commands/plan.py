@@ -41,6 +41,7 @@ from jaxcredit.models.config import ModelConfig
 from jaxcredit.models.decoder import Decoder, param_logical_axes
 from jaxcredit.topology import CHIPS, DEVICE_KINDS, parse_mesh, parse_topology, peak_flops_per_chip  # noqa: F401
 from jaxcredit.train.loop import step as step_lib
+from jaxcredit.train.loop import update as update_lib
 
 
 def libtpu_library_path() -> str | None:
@@ -99,13 +100,13 @@ def abstract_step(
   behavior_weights: bool = False,
 ):
   """The jitted update and the abstract (sharded ShapeDtypeStruct) arguments to lower it with: the batch the trainer
-  builds for this loss (`update.update_batch`, then `packing.pack_update_batch` when `packed_slots` > 0).
+  builds for this loss, from its own builders under `jax.eval_shape` (`update.abstract_update_batch`).
 
   Args:
     loss_cfg: the loss `train.update.loss_config_of(config)` builds (its active terms decide the batch's arrays:
-      `ref_logp_BxL` for the KL term, the distillation weights and targets, ...); default: PPO-clip alone.
-    packed_slots: K > 0: the packed layout (`jaxcredit.train.loop.packing`): batch_size rows of seq_len slots, the
-      per-token arrays at K scored slots per row; 0: one right-padded rollout per row.
+      the reference's log-probs for the KL term, the distillation weights and targets, ...); default: PPO-clip alone.
+    packed_slots: K > 0: the packed layout (`UpdateBatch.packed`): batch_size rows of seq_len slots, the per-slot
+      arrays at K scored slots per row; 0: one right-padded rollout per row.
     behavior_weights: the truncated importance weights of an external engine or `rollout.async_depth`.
 
   Returns:
@@ -121,17 +122,17 @@ def abstract_step(
   opt_state = jax.tree.map(
     lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), jax.eval_shape(optimizer.init, params), opt_sh
   )
-  extents = {
-    "row": ((batch_size, seq_len), sharding.batch_sharding(mesh, 2)),
-    "scored": ((batch_size, packed_slots or seq_len), sharding.batch_sharding(mesh, 2)),
-    "rows": ((batch_size,), sharding.batch_sharding(mesh, 1)),
-    "scored_hidden": ((batch_size, packed_slots or seq_len, cfg.hidden_size), sharding.batch_sharding(mesh, 3)),
-  }
-  layout = step_lib.update_batch_layout(loss_cfg, packed=packed_slots > 0, behavior_weights=behavior_weights)
-  batch = {
-    key: jax.ShapeDtypeStruct(extents[extent][0], jnp.dtype(dtype), sharding=extents[extent][1])
-    for key, (extent, dtype) in layout.items()
-  }
+  abstract = update_lib.abstract_update_batch(
+    loss_cfg,
+    batch_size=batch_size,
+    seq_len=seq_len,
+    hidden_size=cfg.hidden_size,
+    packed_slots=packed_slots,
+    behavior_weights=behavior_weights,
+  )
+  batch = jax.tree.map(
+    lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding.batch_sharding(mesh, x.ndim)), abstract
+  )
   update = step_lib.make_update_fn(
     step_lib.pg_token_loss,
     graphdef,

@@ -189,7 +189,7 @@ def _warm_start_and_rl(run: Run, sft_only: bool, stop: StopRequests) -> tuple[An
     num_micro=c.train.num_micro_batches,
   )
   # The reference's log-probs when a loss term reads them: the KL term (loss.kl_coef > 0) or a method's own (HSD's).
-  reads_ref = any("ref_logp_BxL" in step_lib.LOSS_TERMS[t].batch_keys for t in step_lib.loss_terms(loss_config_of(c)))
+  reads_ref = any("ref_logp" in step_lib.LOSS_TERMS[t].batch_keys for t in step_lib.loss_terms(loss_config_of(c)))
   ref_logp = step_lib.make_logp_fn(run.graphdef, run.rest, c.sampling.temperature) if reads_ref else None
   return _rl_steps(run, params, opt_state, ref_params, data, update, ref_logp, rl_step, stop)
 

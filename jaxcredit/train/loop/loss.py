@@ -82,7 +82,7 @@ def aggregate(
     seq-mean-token-sum:       Σ_b Σ_i m·v / B'
     seq-mean-token-sum-norm:  Σ_b Σ_i m·v / (B·max_len)       (Dr.GRPO: a constant denominator)
 
-  A sequence is a row, or with `seq_ids_BxL` (packed batches, `jaxcredit.train.loop.packing`) the tokens of a row
+  A sequence is a row, or with `seq_ids_BxL` (packed batches, `jaxcredit.train.loop.update.pack_update_batch`) the tokens of a row
   sharing an id. For micro-batching, sum numerators and denominators over micro-batches and divide once (a
   sequence must not straddle two micro-batches).
 

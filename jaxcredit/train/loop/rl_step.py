@@ -4,8 +4,8 @@
   rollouts = pack_rollouts(run, sampled)                   # typed (jaxcredit.step_types): arrays + host fields
   run_passes(run, rollouts, ...)                           # the PASSES the method needs fill rollouts.traj.passes
   out      = METHODS[method].advantages(traj, knobs)       # credit
-  batch, _ = loss_batch(run, params, ref_params, traj, out, ref_logp)  # update.py, as the next line
-  params, opt_state, m = ppo_updates(update, params, opt_state, batch, ...)
+  batch, _ = loss_batch(run, params, ref_params, traj, out, ref_logp)  # update.py: the typed UpdateBatch
+  params, opt_state, m = ppo_updates(update, params, opt_state, batch, ...)  # update.py: packed, sharded, step.py
   row      = metrics_row(run, sampled, rollouts, out, m, ...)  # then export_step_rollouts
 
 `run_rl_step` is `sample_step` then `learn_step` (the rest, on given rollouts).

@@ -21,7 +21,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from jaxcredit import sharding
-from jaxcredit.step_types import DistillInput, LossInput, VocabKLInput
+from jaxcredit.step_types import DistillInput, LossInput, UpdateBatch, VocabKLInput, batch_key
 from jaxcredit.models.logprobs import (
   chunked_logprobs_and_entropies,
   chunked_reverse_kl,
@@ -159,94 +159,78 @@ def _logp(graphdef, params, rest, tokens, token_mask, temperature):
 # denominator) over the whole batch and sums coef * numerator / denominator.
 
 
-def policy_term(logp_BxL, mb: dict, cfg: PolicyLossConfig):
-  """PPO-clip on the token advantages `adv_BxL` (`loss.ppo_clip_token_loss`)."""
+def policy_term(logp_NxK, mb: UpdateBatch, cfg: PolicyLossConfig):
+  """PPO-clip on the token advantages `mb.adv_NxK` (`loss.ppo_clip_token_loss`)."""
   tok_loss, clipped = loss_lib.ppo_clip_token_loss(
-    logp_BxL,
-    mb["behavior_logp_BxL"],
-    mb["adv_BxL"],
+    logp_NxK,
+    mb.behavior_logp_NxK,
+    mb.adv_NxK,
     eps_low=cfg.eps_low,
     eps_high=cfg.eps_high,
     dual_clip=cfg.dual_clip,
     max_log_ratio=cfg.max_log_ratio,
   )
-  ratio_dev = jnp.abs(jnp.exp(logp_BxL - mb["behavior_logp_BxL"]) - 1.0)
-  if "behavior_weight_BxL" in mb:
-    # Rollouts from another engine: behavior_logp_BxL is the trainer's own log-prob at sampling time (the proximal
+  ratio_dev = jnp.abs(jnp.exp(logp_NxK - mb.behavior_logp_NxK) - 1.0)
+  if mb.behavior_weight_NxK is not None:
+    # Rollouts from another engine: behavior_logp_NxK is the trainer's own log-prob at sampling time (the proximal
     # policy of decoupled PPO) and this truncated weight min(pi_trainer / pi_engine, cap) corrects for the engine
     # (docs/engines.md, "Engine and trainer log-probs").
-    tok_loss = tok_loss * mb["behavior_weight_BxL"]
+    tok_loss = tok_loss * mb.behavior_weight_NxK
   return tok_loss, {"clip": clipped, "ratio_dev": ratio_dev}
 
 
-def kl_term(logp_BxL, mb: dict, cfg: PolicyLossConfig):
-  """k-estimator KL to the reference log-probs `ref_logp_BxL` (`loss.kl_penalty`)."""
-  kl = loss_lib.kl_penalty(logp_BxL, mb["ref_logp_BxL"], cfg.kl_estimator)
+def kl_term(logp_NxK, mb: UpdateBatch, cfg: PolicyLossConfig):
+  """k-estimator KL to the reference log-probs `mb.ref_logp_NxK` (`loss.kl_penalty`)."""
+  kl = loss_lib.kl_penalty(logp_NxK, mb.ref_logp_NxK, cfg.kl_estimator)
   return kl, {"kl": kl}
 
 
-def distill_term(logp_BxL, mb: dict, cfg: PolicyLossConfig):
+def distill_term(logp_NxK, mb: UpdateBatch, cfg: PolicyLossConfig):
   """Weighted sampled-token reverse KL toward a teacher: w_i · sg(log π_i - log π_teacher,i) · log π_i, whose
   gradient is w_i · (log π_i - log π_teacher,i) ∇log π_i (ToolOPD's distillation term; docs/methods/toolopd.md).
-  `distill_weight_BxL` is 0 on tokens the method does not credit and on invalid teacher passes."""
-  gap = jax.lax.stop_gradient(logp_BxL - mb["distill_target_BxL"])
-  return mb["distill_weight_BxL"] * gap * logp_BxL, {"distill_gap": gap}
+  The weight (`DistillInput.distill_weight_BxL`) is 0 on tokens the method does not credit and on invalid teacher
+  passes."""
+  gap = jax.lax.stop_gradient(logp_NxK - mb.inputs_NxK["distill_target"])
+  return mb.inputs_NxK["distill_weight"] * gap * logp_NxK, {"distill_gap": gap}
 
 
-def reference_kl_term(logp_BxL, mb: dict, cfg: PolicyLossConfig):
+def reference_kl_term(logp_NxK, mb: UpdateBatch, cfg: PolicyLossConfig):
   """A method's own KL to the frozen reference (HSD's beta KL(pi_theta || pi_0)): the k-estimator of `kl_term`,
   weighted by the method's knob `beta` rather than `loss.kl_coef`."""
-  kl = loss_lib.kl_penalty(logp_BxL, mb["ref_logp_BxL"], cfg.kl_estimator)
+  kl = loss_lib.kl_penalty(logp_NxK, mb.ref_logp_NxK, cfg.kl_estimator)
   return kl, {"reference_kl": kl}
 
 
-def vocab_kl_term(logp_BxL, mb: dict, cfg: PolicyLossConfig, *, student):
+def vocab_kl_term(logp_NxK, mb: UpdateBatch, cfg: PolicyLossConfig, *, student):
   """Full-vocabulary KL(teacher || student) at each scored token, weighted by `vocab_kl_weight_BxL` (HSD's
   objective; docs/methods/hsd.md):
 
       kl_t = Σ_v q_t(v) (log q_t(v) - log p_t(v)),  q_t = softmax(sg(h_teacher,t) · sg(W) / T),
                                                     p_t = softmax(h_t · W / T)
 
-  with h_teacher = `teacher_hidden_BxLxD` (the teacher's final hidden state that predicted the token, from the
+  with h_teacher = `VocabKLInput.teacher_hidden_BxLxD` (the teacher's final hidden state that predicted the token, from the
   pass), W the current output head (stop-gradient on the teacher's side), h_t the student's hidden state
   (`student` = (h_BxLxD, head_DxV), `predictor_hidden_states`) and T the sampling temperature. Computed chunked over
   the vocabulary (`models.logprobs.chunked_reverse_kl` with the teacher as its first model), so no [B, L, V] array
   exists; the gradient flows into the student only."""
-  h_BxLxD, head_DxV = student
-  teacher_BxLxD = jax.lax.stop_gradient(mb["teacher_hidden_BxLxD"].astype(h_BxLxD.dtype))
-  kl = chunked_reverse_kl(teacher_BxLxD, jax.lax.stop_gradient(head_DxV), h_BxLxD, head_DxV, cfg.temperature)
-  weight = mb["vocab_kl_weight_BxL"]
+  h_NxKxD, head_DxV = student
+  teacher_NxKxD = jax.lax.stop_gradient(mb.inputs_NxK["teacher_hidden"].astype(h_NxKxD.dtype))
+  kl = chunked_reverse_kl(teacher_NxKxD, jax.lax.stop_gradient(head_DxV), h_NxKxD, head_DxV, cfg.temperature)
+  weight = mb.inputs_NxK["vocab_kl_weight"]
   return jnp.where(weight > 0, weight * kl, 0.0), {"vocab_kl": jnp.where(weight > 0, kl, 0.0)}
 
 
-def nll_term(logp_BxL, mb: dict, cfg: PolicyLossConfig):
+def nll_term(logp_NxK, mb: UpdateBatch, cfg: PolicyLossConfig):
   """Cross-entropy on the action tokens (supervised warm start)."""
-  return loss_lib.token_cross_entropy(logp_BxL), {"nll": -logp_BxL}
+  return loss_lib.token_cross_entropy(logp_NxK), {"nll": -logp_NxK}
 
 
-# The update batch, one table: each array's extent ("row": [B, L] token slots of a row; "scored": [B, L] unpacked or
-# [B, K] scored slots when packed; "rows": [B]) and dtype. `update_batch_layout` picks the arrays a loss reads;
-# `update.update_batch` and `packing.pack_update_batch` build them, `plan.abstract_step` lowers the update on them.
-BATCH_ARRAYS: dict[str, tuple[str, str]] = {
-  "tokens_BxL": ("row", "int32"),
-  "token_mask_BxL": ("row", "bool"),
-  "action_mask_BxL": ("scored", "bool"),
-  "behavior_logp_BxL": ("scored", "float32"),
-  "behavior_weight_BxL": ("scored", "float32"),  # another engine's or a stale sampler's (rollout.async_depth)
-}
-PACKED_ARRAYS: dict[str, tuple[str, str]] = {
-  "positions_BxL": ("row", "int32"),
-  "segment_ids_BxL": ("row", "int32"),
-  "prefix_limit_BxL": ("row", "int32"),
-  "slots_BxK": ("scored", "int32"),
-  "rollout_ids_BxL": ("scored", "int32"),
-  "rollouts_B": ("rows", "float32"),
-}
-
-
-TRAINER_ARRAYS = frozenset({"adv_BxL", "ref_logp_BxL"})
-"""Loss-term arrays the trainer fills whenever an active term reads them (the method's advantages, the reference's
-log-probs of the sampled tokens: `update.loss_batch`); a term's own input (`LossTerm.input`) is the method's."""
+TRAINER_ARRAYS = frozenset({"adv", "ref_logp"})
+"""Loss-term arrays the trainer fills whenever an active term reads them (`UpdateBatch.adv_NxK`, the method's
+advantages; `UpdateBatch.ref_logp_NxK`, the reference's log-probs of the sampled tokens: `update.loss_batch`); a
+term's own input (`LossTerm.input`) is the method's (`UpdateBatch.inputs_NxK`)."""
+RESERVED_KEYS = frozenset({"action_mask", "behavior_logp", "behavior_weight"}) | TRAINER_ARRAYS
+"""Names of the update batch's own per-slot arrays (`UpdateBatch.scored_arrays`), which no loss input may take."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -288,18 +272,18 @@ class LossTerm:
         isinstance(self.input, type) and issubclass(self.input, LossInput) and dataclasses.is_dataclass(self.input)
       ):
         raise ValueError(f"LossTerm: input={self.input!r} must be a dataclass subclassing step_types.LossInput")
-      taken = set(BATCH_ARRAYS) | set(PACKED_ARRAYS) | TRAINER_ARRAYS
-      for key in self.input.keys():
-        if key in taken or not key.endswith(("_BxL", "_BxLxD")):
+      for field in self.input.keys():
+        if not field.endswith(("_BxL", "_BxLxD")) or batch_key(field) in RESERVED_KEYS:
           raise ValueError(
-            f"LossTerm: {self.input.__name__}.{key} must be a new per-token batch key ending in _BxL or _BxLxD "
-            "(not one of the trainer's arrays)"
+            f"LossTerm: {self.input.__name__}.{field} must be a per-token array named *_BxL or *_BxLxD whose batch "
+            f"key (its name without the suffix) is none of the batch's own arrays ({sorted(RESERVED_KEYS)})"
           )
 
   @property
   def batch_keys(self) -> tuple[str, ...]:
-    """Every update-batch array the term reads: the trainer's, then its input's fields."""
-    return tuple(self.trainer_arrays) + (self.input.keys() if self.input is not None else ())
+    """Every update-batch array the term reads: the trainer's ("adv": `UpdateBatch.adv_NxK`, "ref_logp"), then its
+    input's (`UpdateBatch.inputs_NxK` keys)."""
+    return tuple(self.trainer_arrays) + (self.input.batch_keys() if self.input is not None else ())
 
   def weight(self, cfg: PolicyLossConfig) -> float:
     """The term's coefficient under `cfg`."""
@@ -310,8 +294,8 @@ class LossTerm:
 
 
 LOSS_TERMS: dict[str, LossTerm] = {
-  "policy": LossTerm(policy_term, lambda c: 1.0, lambda c: c.aggregation, ("adv_BxL",)),
-  "kl": LossTerm(kl_term, lambda c: c.kl_coef, lambda c: c.aggregation, ("ref_logp_BxL",)),
+  "policy": LossTerm(policy_term, lambda c: 1.0, lambda c: c.aggregation, ("adv",)),
+  "kl": LossTerm(kl_term, lambda c: c.kl_coef, lambda c: c.aggregation, ("ref_logp",)),
   "distill": LossTerm(
     distill_term,
     None,
@@ -330,7 +314,7 @@ LOSS_TERMS: dict[str, LossTerm] = {
     input=VocabKLInput,
     reads_hidden=True,
   ),
-  "reference_kl": LossTerm(reference_kl_term, None, lambda c: "seq-mean-token-mean", ("ref_logp_BxL",), knob="beta"),
+  "reference_kl": LossTerm(reference_kl_term, None, lambda c: "seq-mean-token-mean", ("ref_logp",), knob="beta"),
 }
 
 
@@ -347,53 +331,45 @@ def loss_terms(cfg: PolicyLossConfig) -> tuple[str, ...]:
   return terms
 
 
-def update_batch_layout(cfg: PolicyLossConfig, *, packed: bool, behavior_weights: bool) -> dict[str, tuple[str, str]]:
-  """{array name: (extent, dtype)} of the update batch for the loss `cfg`: the token arrays, each active loss term's
-  own arrays (`LossTerm.batch_keys`, float32 at the scored slots), the importance weights of another engine or of
-  stale rollouts when `behavior_weights`, and the packed layout's arrays when `packed` (`jaxcredit.train.loop.packing`).
-  Extents: "row" [B, L], "scored" [B, L] or [B, K] packed, "scored_hidden" [B, L, D] or [B, K, D] (a `*_BxLxD`
-  key: D the model's hidden width), "rows" [B]."""
-  layout = {k: v for k, v in BATCH_ARRAYS.items() if k != "behavior_weight_BxL" or behavior_weights}
-  for term in loss_terms(cfg):
-    for key in LOSS_TERMS[term].batch_keys:
-      layout[key] = ("scored_hidden" if key.endswith("_BxLxD") else "scored", "float32")
-  if packed:
-    layout.update(PACKED_ARRAYS)
-  return layout
-
-
-def _scored_logp(graphdef, params, rest, mb: dict, temperature):
-  """Log-probs of a micro-batch's scored tokens: every slot of an unpacked batch ([B, L]); the `slots_BxK` of a
-  packed one ([B, K]: the output head runs on those slots only; `jaxcredit.train.loop.packing`)."""
-  if "slots_BxK" not in mb:
-    return _logp(graphdef, params, rest, mb["tokens_BxL"], mb["token_mask_BxL"], temperature)
+def _scored_logp(graphdef, params, rest, mb: UpdateBatch, temperature):
+  """Log-probs of a micro-batch's scored tokens: every slot of an unpacked batch ([N, L]); the scored slots of a
+  packed one ([N, K]: the output head runs on those slots only; `jaxcredit.train.loop.update`)."""
+  if mb.packed is None:
+    return _logp(graphdef, params, rest, mb.tokens_NxL, mb.token_mask_NxL, temperature)
   model = nnx.merge(graphdef, params, rest)
   return packed_slot_logprobs(
     model,
-    mb["tokens_BxL"],
-    mb["token_mask_BxL"],
-    mb["slots_BxK"],
+    mb.tokens_NxL,
+    mb.token_mask_NxL,
+    mb.packed.slots_NxK,
     temperature,
-    positions_BxL=mb["positions_BxL"],
-    segment_ids_BxL=mb["segment_ids_BxL"],
-    prefix_limit_BxL=mb["prefix_limit_BxL"],
+    positions_BxL=mb.packed.positions_NxL,
+    segment_ids_BxL=mb.packed.segment_ids_NxL,
+    prefix_limit_BxL=mb.packed.prefix_limit_NxL,
   )
 
 
-def _scored_hidden(graphdef, params, rest, mb: dict, temperature):
+def _scored_hidden(graphdef, params, rest, mb: UpdateBatch, temperature):
   """(logp, (h, head)) of a micro-batch's scored tokens: their log-probs as `_scored_logp` and the final hidden
   states that predict them with the output head, for terms that read the whole distribution (`LossTerm.reads_hidden`)."""
   model = nnx.merge(graphdef, params, rest)
-  packing = {k: mb[k] for k in ("positions_BxL", "segment_ids_BxL", "prefix_limit_BxL", "slots_BxK") if k in mb}
-  h, targets, valid = predictor_hidden_states(model, mb["tokens_BxL"], mb["token_mask_BxL"], **packing)
+  packing = {}
+  if mb.packed is not None:
+    packing = {
+      "positions_BxL": mb.packed.positions_NxL,
+      "segment_ids_BxL": mb.packed.segment_ids_NxL,
+      "prefix_limit_BxL": mb.packed.prefix_limit_NxL,
+      "slots_BxK": mb.packed.slots_NxK,
+    }
+  h, targets, valid = predictor_hidden_states(model, mb.tokens_NxL, mb.token_mask_NxL, **packing)
   head = model.output_head_DxV()
   logp, _ = chunked_logprobs_and_entropies(h, head, targets, temperature)
   return jnp.where(valid, logp, 0.0), (h, head)
 
 
-def pg_token_loss(graphdef, params, rest, mb: dict, cfg: PolicyLossConfig):
-  """The active loss terms of one micro-batch: ({name: per-token values}, diagnostics). mb holds *_BxL arrays,
-  unpacked (trajectory rows) or packed (`jaxcredit.train.loop.packing`: the per-token arrays at the scored slots).
+def pg_token_loss(graphdef, params, rest, mb: UpdateBatch, cfg: PolicyLossConfig):
+  """The active loss terms of one micro-batch: ({name: per-slot values [N, K]}, diagnostics). `mb` is unpacked
+  (trajectory rows) or packed (`UpdateBatch.packed`: the per-slot arrays at the scored slots).
   A term that reads the whole distribution (`LossTerm.reads_hidden`) also gets the student's hidden states."""
   terms = loss_terms(cfg)
   student = None
@@ -412,7 +388,7 @@ def pg_token_loss(graphdef, params, rest, mb: dict, cfg: PolicyLossConfig):
 SFT_LOSS = PolicyLossConfig(terms=("nll",))  # the warm start: cross-entropy at temperature 1
 
 
-def _split_micro(batch: dict, num_micro: int) -> dict:
+def _split_micro(batch: UpdateBatch, num_micro: int) -> UpdateBatch:
   def f(x):
     if x.shape[0] % num_micro:
       raise ValueError(
@@ -424,7 +400,7 @@ def _split_micro(batch: dict, num_micro: int) -> dict:
 
 
 def loss_and_grads(
-  token_loss_fn: Callable, graphdef, params, rest, batch: dict, cfg: PolicyLossConfig, num_micro: int = 1
+  token_loss_fn: Callable, graphdef, params, rest, batch: UpdateBatch, cfg: PolicyLossConfig, num_micro: int = 1
 ):
   """Exact full-batch loss and gradients, accumulated over `num_micro` micro-batches.
 
@@ -434,13 +410,26 @@ def loss_and_grads(
   Returns:
     (loss, grads, metrics): metrics hold "loss", "grad_norm", "loss_<term>" for every term, and masked means of
     the token diagnostics.
+
+  Raises:
+    ValueError: (when traced) an active term reads an array the batch lacks (`LossTerm.batch_keys`), naming both.
   """
-  mask = batch["action_mask_BxL"]
-  packed = "slots_BxK" in batch
+  present = batch.scored_arrays()
+  for name in loss_terms(cfg):
+    missing = [k for k in LOSS_TERMS[name].batch_keys if k not in present]
+    if missing:
+      raise ValueError(
+        f"loss term {name!r} reads {missing}, which the update batch lacks (it holds {sorted(present)}): the "
+        "trainer fills 'adv' and 'ref_logp' when an active term lists them, the method its terms' inputs"
+      )
+  mask = batch.action_mask_NxK
+  packed = batch.packed is not None
   if packed and cfg.max_len is None and any(LOSS_TERMS[n].aggregation(cfg).endswith("-norm") for n in loss_terms(cfg)):
     raise ValueError("a packed batch with the seq-mean-token-sum-norm aggregation needs PolicyLossConfig.max_len")
   max_len = cfg.max_len or mask.shape[1]
-  seqs = {"seq_ids_BxL": batch["rollout_ids_BxL"], "num_seqs": jnp.sum(batch["rollouts_B"])} if packed else {}
+  seqs = {}
+  if batch.packed is not None:
+    seqs = {"seq_ids_BxL": batch.packed.rollout_ids_NxK, "num_seqs": jnp.sum(batch.packed.rollouts_N)}
   dens = {}
   for name in loss_terms(cfg):
     t = LOSS_TERMS[name]
@@ -455,11 +444,11 @@ def loss_and_grads(
     """((the uncapped terms' weighted sum, each capped term's weighted value), the metric sums)."""
     values, diag = token_loss_fn(graphdef, p, rest, mb, cfg)
     parts = {}
-    ids = {"seq_ids_BxL": mb["rollout_ids_BxL"]} if packed else {}
+    ids = {"seq_ids_BxL": mb.packed.rollout_ids_NxK} if mb.packed is not None else {}
     for name, (coef, agg, den) in dens.items():
-      num, _ = loss_lib.aggregate(values[name], mb["action_mask_BxL"], agg, max_len=max_len, **ids)
+      num, _ = loss_lib.aggregate(values[name], mb.action_mask_NxK, agg, max_len=max_len, **ids)
       parts[name] = num / den
-    m = mb["action_mask_BxL"].astype(jnp.float32)
+    m = mb.action_mask_NxK.astype(jnp.float32)
     sums = {k: jnp.sum(jnp.where(m > 0, v, 0.0)) for k, v in diag.items()}
     sums.update({f"loss_{k}": v for k, v in parts.items()})
     main = sum(dens[k][0] * v for k, v in parts.items() if k not in caps)

@@ -3,6 +3,7 @@ from its own checkpoints; and the warm-started policy written as a model folder 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import time
@@ -88,12 +89,12 @@ def warm_start(run: Run, params, stop: StopRequests | None = None) -> Any:
       pad_id=run.tok.pad_id,
       length_bucket=c.sft.length_bucket,
     )
-    batch = update_batch(traj, {})
-    del batch["group_ids_B"]
+    batch = update_batch(traj).for_device()
     if c.sft.loss_tokens == "all":
       # every real token after a row's first is a target: prompts and tool observations too
-      batch["action_mask_BxL"] = traj.token_mask_BxL & (np.cumsum(traj.token_mask_BxL, axis=1) > 1)
-    n_tok = int(batch["action_mask_BxL"].sum())
+      all_tokens = traj.token_mask_BxL & (np.cumsum(traj.token_mask_BxL, axis=1) > 1)
+      batch = dataclasses.replace(batch, action_mask_NxK=all_tokens)
+    n_tok = int(batch.action_mask_NxK.sum())
     params, opt_state, m = update(params, opt_state, sharding.shard_batch(batch, run.mesh))
     run.state.policy_version += 1
     m = jax.device_get(m)

@@ -99,7 +99,7 @@ def check_knobs(name: str, knobs: Mapping[str, Any]) -> None:
   from jaxcredit.train.loop.step import LOSS_TERMS, term_inputs  # imports the model layers: only here
 
   try:
-    out.batch_arrays(term_inputs(t for t in method.loss_terms if t in LOSS_TERMS))
+    out.input_arrays(term_inputs(t for t in method.loss_terms if t in LOSS_TERMS))
   except ValueError as e:
     raise ValueError(f"method {name!r}: {e}") from None
 

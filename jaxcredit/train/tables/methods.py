@@ -70,8 +70,9 @@ class MethodOutput:
   keep_B: np.ndarray | None = None
   loss_inputs: Mapping[str, LossInput] = dataclasses.field(default_factory=dict)
 
-  def batch_arrays(self, inputs: Mapping[str, type[LossInput]]) -> dict[str, np.ndarray]:
-    """The update-batch arrays the method fills: the advantages and each declared term's input, by field name.
+  def input_arrays(self, inputs: Mapping[str, type[LossInput]]) -> dict[str, np.ndarray]:
+    """The update-batch arrays of the method's declared loss-term inputs (`UpdateBatch.inputs_NxK`), by batch key
+    (`LossInput.batch_keys`).
 
     Args:
       inputs: {loss term: its input class} for the method's declared terms that read one (`step.term_inputs`).
@@ -80,7 +81,7 @@ class MethodOutput:
       ValueError: a declared term whose input is missing or of another class, an input for a term the method does
         not declare, or an input field of a shape other than the advantages' [B, L] (naming term, class, field).
     """
-    out = {"adv_BxL": self.adv_BxL}
+    out: dict[str, np.ndarray] = {}
     for term, cls in inputs.items():
       given = self.loss_inputs.get(term)
       if not isinstance(given, cls):
