@@ -87,6 +87,9 @@ every stage runs with XLA's CPU code pinned to AVX2 (`--xla-cpu-isa`, default AV
 again under it, and the comparison is a new one (`--out runs/cs1p_N`): chain_long 0.012 at 300 steps, 0.059 at 600,
 so N = 600 (benchmarks/results/testbed_chain_long_warm_pinned.json, with a fingerprint of losses a rerun on another
 CPU must equal). Runs from different sessions join seed by seed (`--merge`, the results file's run records).
+They do not equal it on an AMD EPYC (benchmarks/results/testbed_cross_cpu.json: the copying curriculum's loss
+differs in the 3rd digit under the same AVX2 pin), so bit-for-bit repeats hold on one CPU model only; runs that join
+one file come from Intel Xeons with the file's fingerprint, and another CPU checks the verdict, not the digits.
   Amendment (2026-12-07, after seed 0 and before any further confirmatory run): at N = 600 the task is not starved,
 9 of 16 groups of a 16 x 8 GRPO probe hold an outcome contrast (testbed_chain_long_pinned_contrast_probe.json; the
 issue asks for at most 30%), and at 300 the held-out success is below the band, so no N of the rule meets both
