@@ -14,7 +14,7 @@ PHASES = ("run", "heldout", "stopping", "warm_start", "update", "rl_step", "expo
 
 GROUPS = {
   "tables": {"methods", "passes", "pass_outputs", "method_checks", "engines"},
-  "loop": {"run", "warm_start", "rl_step", "async_rollouts", "update", "packing", "step", "loss", "heldout", "export"}
+  "loop": {"run", "warm_start", "rl_step", "async_rollouts", "update", "step", "loss", "heldout", "export"}
   | {"checkpoint", "metrics", "stopping"},
   "commands": {"trainer", "evaluate", "offline_credit", "plan", "report"},
 }
