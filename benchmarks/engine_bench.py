@@ -51,7 +51,7 @@ def main():
 
   machine = machine_info()
   root = tempfile.mkdtemp(prefix="engine_bench-")
-  runs = {e: run_lib.build(_config(os.path.join(root, e), e, args.vllm_python)) for e in ("jax", "vllm")}
+  runs = {e: run_lib.build_run(_config(os.path.join(root, e), e, args.vllm_python)) for e in ("jax", "vllm")}
   data = run_lib.data_iterator(len(runs["jax"].train_tasks), runs["jax"].config.rollout.prompts_per_step, seed=0)
   steps = [[int(i) for i in next(data)] for _ in range(args.steps)]
   rounds = {e: [] for e in runs}

@@ -211,7 +211,7 @@ def _rematerialised(cfg: ModelConfig, body):
   return jax.checkpoint(body, prevent_cse=False, policy=_REMAT_POLICIES[cfg.remat_policy])
 
 
-def _finish(cfg: ModelConfig, x_BxLxD: jax.Array, p: Mapping[str, jax.Array], attn_BxLxHxDh: jax.Array) -> jax.Array:
+def _out_projection_and_mlp(cfg: ModelConfig, x_BxLxD: jax.Array, p: Mapping[str, jax.Array], attn_BxLxHxDh: jax.Array) -> jax.Array:
   """The rest of the block: x += attn · wo; x += MLP(RMSNorm(x)) with a SwiGLU or a mixture of SwiGLU experts."""
   b, l, h, dh = attn_BxLxHxDh.shape
   wo_HDhxD = p["wo"].reshape(h * dh, p["wo"].shape[-1])
@@ -417,7 +417,7 @@ class Decoder(nnx.Module):
         else:
           attn_BxLxHxDh = attention(q_BxLxHxDh, k_BxLxKxDh, v_BxLxKxDh, mask_BxLxS)
         attn_BxLxHxDh = constrain(attn_BxLxHxDh, ("activation_batch", "activation_length", "activation_heads", None))
-        return _finish(cfg, x_BxLxD, p, attn_BxLxHxDh), None
+        return _out_projection_and_mlp(cfg, x_BxLxD, p, attn_BxLxHxDh), None
 
       body = _rematerialised(cfg, body)
       x_BxLxD, _ = jax.lax.scan(body, x_BxLxD, params)
@@ -454,7 +454,7 @@ class Decoder(nnx.Module):
             v_BxLxKxDh,
             mask_new_BxLxL,
           )
-        return _finish(cfg, x_BxLxD, p, attn_BxLxHxDh), (k_new, v_new)
+        return _out_projection_and_mlp(cfg, x_BxLxD, p, attn_BxLxHxDh), (k_new, v_new)
 
       body = _rematerialised(cfg, body)
       x_BxLxD, (k_NxBxLxKxDh, v_NxBxLxKxDh) = jax.lax.scan(

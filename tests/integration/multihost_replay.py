@@ -28,7 +28,7 @@ def main(run_dir: str, replay_dir: str, out_path: str, overrides: list[str]) -> 
   from jaxcredit.train.loop import update as update_lib
 
   config = _load_config("train", ["--config", "configs/quickstart.py", *overrides, f"--config.workdir={replay_dir}"])
-  run = run_lib.build(config, write_config=False)
+  run = run_lib.build_run(config, write_config=False)
   c = run.config
   saved = ckpt_lib.Checkpointer(run_dir, max_to_keep=100)
   optimizer = step_lib.make_optimizer(

@@ -210,7 +210,7 @@ def test_groups_that_cannot_be_split_over_the_processes_are_refused_before_anyth
   monkeypatch.setattr(jax, "process_index", lambda: 0)
   c = tiny_run_config("quickstart", tmp_path / "run", tiny, rollout__prompts_per_step=3)
   with pytest.raises(ValueError, match=r"config\.rollout\.prompts_per_step=3.*over 2 processes"):
-    run_lib.build(c)
+    run_lib.build_run(c)
   assert not (tmp_path / "run" / "config.json").exists()
   c.rollout.prompts_per_step, c.mesh.data = 4, 2  # 2 groups and one device per process: accepted
   run_lib.check_processes(c)

@@ -55,7 +55,7 @@ OLD_NAMES = {
   "decoder": (
     "_MASKED_SCORE _LAYER_PARAMS _PARAM_LOGICAL_AXES ACTIVATION_AXES param_logical_axes default_logical_axes KVCache "
     "init_cache rms_norm rope_inv_freq rope_cos_sin apply_rope attention two_part_attention _single_query_attention "
-    "_random_params compute_params DecoderLayers _project_heads _flatten_dots _dense _qkv _finish route moe_mlp "
+    "_random_params compute_params DecoderLayers _project_heads _flatten_dots _dense _qkv _out_projection_and_mlp route moe_mlp "
     "_ragged_experts _moe_sharded _check_rank Decoder packed_attention_mask attention_impl param_shapes set_params"
   ).split(),
 }

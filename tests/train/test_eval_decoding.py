@@ -49,7 +49,7 @@ def _evaluate(monkeypatch, greedy: bool):
   monkeypatch.setattr(heldout, "sample_rollouts", fake_sample)
   monkeypatch.setattr(heldout, "sampling_model", lambda run, params: None)
   run, rows = _fake_run(greedy, num_tasks=5, batch_size=2)
-  m = heldout.evaluate(run, params=None, stage="rl_step_1", step=1)
+  m = heldout.eval_heldout(run, params=None, stage="rl_step_1", step=1)
   return calls, rows, m
 
 

@@ -330,14 +330,14 @@ def load_model(config: ml_collections.ConfigDict, source: str | None, mesh) -> t
   return nnx.merge(graphdef, params, rest), tok, info
 
 
-def build(config: ml_collections.ConfigDict, model: str | None, *, out_dir: str) -> EvalRun:
+def build_eval_run(config: ml_collections.ConfigDict, model: str | None, *, out_dir: str) -> EvalRun:
   """The environment, its held-out tasks, the model (`load_model`) and the config's rollout engine holding it.
   With `rollout.engine=vllm` and no `rollout.vllm.dir`, the engine's folder is `out_dir/vllm`.
 
   Raises:
     As `load_model`, and ValueError for what the environment refuses in config.env.
   """
-  logging.getLogger("math_verify").setLevel(logging.ERROR)  # as `run_lib.build`: its "timeout disabled" notice
+  logging.getLogger("math_verify").setLevel(logging.ERROR)  # as `run_lib.build_run`: its "timeout disabled" notice
   env = make_env_spec(config.env)
   tasks = env.make_tasks("eval", config.eval.num_tasks, None)
   mesh = sharding.make_mesh(dict(config.mesh))
@@ -529,7 +529,7 @@ def evaluate_model(
   t0 = time.time()
   header = eval_header(config, model, samples)
   resuming = check_resumable(out_dir, header)
-  run = build(config, model, out_dir=out_dir)  # refusals (the model, its vocabulary) before out_dir is made
+  run = build_eval_run(config, model, out_dir=out_dir)  # refusals (the model, its vocabulary) before out_dir is made
   try:
     os.makedirs(out_dir, exist_ok=True)
     lock = output_lock.hold(out_dir, "eval") if multihost.is_primary() else contextlib.nullcontext()

@@ -18,7 +18,7 @@ from jaxcredit.train import config as config_lib
 from jaxcredit.train.loop.export import pass_outputs_of, rollout_values, task_id_of
 from jaxcredit.train.tables.methods import METHODS
 from jaxcredit.train.loop.rl_step import run_passes
-from jaxcredit.train.loop.run import build, reference_copy
+from jaxcredit.train.loop.run import build_run, reference_copy
 from jaxcredit.trajectory import drop_invalid_behavior_logp
 
 
@@ -192,7 +192,7 @@ def credit_records(
       f"{c.credit.method} needs groups of one size; in {in_path} group {g!r} has {n} rollouts but group {g0!r} has "
       f"{n0} (every group needs the same number of rollouts)"
     )
-  run = build(c, write_config=False) if method.passes else None  # the passes' models, tokenizer and tasks
+  run = build_run(c, write_config=False) if method.passes else None  # the passes' models, tokenizer and tasks
   pad_id = run.tok.pad_id if run is not None else 0
   try:
     traj, groups = jsonl_lib.records_to_trajectory(

@@ -1,6 +1,6 @@
 """The training loop: warm start, then RL with dense credit; resumable; metrics, curves and checkpoints.
 
-  run = build(config)                    # model, tokenizer, env spec, tasks, mesh, teacher, checkpointer
+  run = build_run(config)                  # model, tokenizer, env spec, tasks, mesh, teacher, checkpointer
   restore or (eval, warm start, eval, reference + step-0 checkpoint)
   for step in range(start + 1, total_steps + 1):
     rollouts -> trajectory -> PASSES the method needs -> METHODS advantages -> jitted update -> log -> checkpoint
@@ -25,9 +25,9 @@ from jaxcredit.train.loop import metrics as metrics_lib
 from jaxcredit.train.loop import step as step_lib
 from jaxcredit.train.loop.async_rollouts import RolloutPipeline
 from jaxcredit.train.loop.export import write_viewer
-from jaxcredit.train.loop.heldout import evaluate, periodic_eval
+from jaxcredit.train.loop.heldout import eval_heldout, periodic_eval
 from jaxcredit.train.loop.rl_step import learn_step, run_rl_step
-from jaxcredit.train.loop.run import Run, build, data_iterator, progress_bar, reference_copy
+from jaxcredit.train.loop.run import Run, build_run, data_iterator, progress_bar, reference_copy
 from jaxcredit.train.loop.stopping import StopRequests, TrainingStopped, run_steps
 from jaxcredit.train.loop.update import loss_config_of
 from jaxcredit.train.loop.warm_start import warm_start, write_warm_start_model
@@ -41,11 +41,11 @@ def _fresh_start(run: Run, optimizer, opt_sh, data, stop: StopRequests | None = 
   params = run.params
   resuming_warm_start = run.ckpt.latest_warm_start_step() is not None
   if c.eval.before_sft and c.sft.steps > 0 and not resuming_warm_start:
-    evaluate(run, params, "before_warm_start", 0)
+    eval_heldout(run, params, "before_warm_start", 0)
   if c.sft.steps > 0:
     params = warm_start(run, params, stop)
     if c.eval.after_sft:
-      evaluate(run, params, "after_warm_start", 0)
+      eval_heldout(run, params, "after_warm_start", 0)
   ref_params = reference_copy(run, params)
   run.ckpt.remove_reference()
   run.ckpt.save_reference(ref_params)
@@ -119,7 +119,7 @@ def train(config: ml_collections.ConfigDict, *, sft_only: bool = False) -> dict:
     else contextlib.nullcontext()
   )
   with lock:
-    run = build(config)
+    run = build_run(config)
     try:
       with sharding.use_rules(run.rules):
         return _train(run, sft_only)
@@ -132,7 +132,7 @@ def _train(run: Run, sft_only: bool) -> dict:
   # where SIGTERM kills the process unchecked. The final eval and reports run outside it (Ctrl-C stops them at once).
   with StopRequests() as stop:
     trained = _warm_start_and_rl(run, sft_only, stop)
-  return {} if trained is None else _finish(run, *trained)
+  return {} if trained is None else _end_of_training(run, *trained)
 
 
 def _warm_start_and_rl(run: Run, sft_only: bool, stop: StopRequests) -> tuple[Any, int] | None:
@@ -293,12 +293,12 @@ def contrast_summary(rows: list[dict], groups_per_step: int) -> str:
   )
 
 
-def _finish(run: Run, params, rl_step: int) -> dict:
+def _end_of_training(run: Run, params, rl_step: int) -> dict:
   """The eval at the end, the curves and the credit viewer; the last eval's metrics (or {})."""
   c = run.config
   last = {}
   if c.eval.at_end:
-    last = evaluate(run, params, f"rl_step_{rl_step}", rl_step)
+    last = eval_heldout(run, params, f"rl_step_{rl_step}", rl_step)
   viewer = None
   if run.writer.enabled:
     rows = run.writer.rows()

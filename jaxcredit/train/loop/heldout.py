@@ -85,7 +85,7 @@ def eval_metrics(summaries, env_rows) -> dict:
   }
 
 
-def evaluate(run: Run, params, stage: str, step: int, *, sft_step: int | None = None) -> dict:
+def eval_heldout(run: Run, params, stage: str, step: int, *, sft_step: int | None = None) -> dict:
   """Rollouts on the held-out tasks, greedy (`config.eval.greedy`, the default) or sampled at the rollouts'
   temperature and top-p with a fixed key per batch (the same draws for every eval of a run); logs a phase="eval" row
   at RL step `step` (0 before RL; a warm-start eval also carries `sft_step`). With several processes each evaluates
@@ -143,7 +143,7 @@ def warm_start_eval(run: Run, params, sft_step: int) -> None:
   stage = f"sft_step_{sft_step}"
   if any(r.get("phase") == "eval" and r.get("stage") == stage for r in run.writer.rows()):
     return
-  evaluate(run, params, stage, 0, sft_step=sft_step)
+  eval_heldout(run, params, stage, 0, sft_step=sft_step)
 
 
 def periodic_eval(run: Run, params, rl_step: int) -> None:
@@ -154,4 +154,4 @@ def periodic_eval(run: Run, params, rl_step: int) -> None:
     return
   if any(r.get("phase") == "eval" and r.get("step") == rl_step for r in run.writer.rows()):
     return
-  evaluate(run, params, f"rl_step_{rl_step}", rl_step)
+  eval_heldout(run, params, f"rl_step_{rl_step}", rl_step)

@@ -328,7 +328,7 @@ def report_unwinnable(env, split_tasks: Mapping[str, Sequence]) -> dict[str, dic
   return out
 
 
-def build(config: ml_collections.ConfigDict, *, write_config: bool = True) -> Run:
+def build_run(config: ml_collections.ConfigDict, *, write_config: bool = True) -> Run:
   """Validates the config and loads everything a run needs. With `write_config=False` (e.g. `credit_file`) nothing
   is written to the workdir."""
   config_lib.validate(config)

@@ -69,7 +69,7 @@ def warm_start(run: Run, params, stop: StopRequests | None = None) -> Any:
     start = 0
     params = jax.tree_util.tree_map(jnp.copy, params)  # the update donates its input
   demonstration = run.env.demonstration
-  if demonstration is None:  # build() refuses a warm start on such an environment first
+  if demonstration is None:  # build_run() refuses a warm start on such an environment first
     raise ValueError(f"environment {c.env.name!r} has no demonstrations for a warm start; set config.sft.steps=0")
   bar = progress_bar(c, total=c.sft.steps, initial=start, desc="warm start")
   if start > 0:  # a stop between a step's checkpoint and its eval: eval it now (not again if it has one)
