@@ -211,7 +211,9 @@ def _rematerialised(cfg: ModelConfig, body):
   return jax.checkpoint(body, prevent_cse=False, policy=_REMAT_POLICIES[cfg.remat_policy])
 
 
-def _out_projection_and_mlp(cfg: ModelConfig, x_BxLxD: jax.Array, p: Mapping[str, jax.Array], attn_BxLxHxDh: jax.Array) -> jax.Array:
+def _out_projection_and_mlp(
+  cfg: ModelConfig, x_BxLxD: jax.Array, p: Mapping[str, jax.Array], attn_BxLxHxDh: jax.Array
+) -> jax.Array:
   """The rest of the block: x += attn · wo; x += MLP(RMSNorm(x)) with a SwiGLU or a mixture of SwiGLU experts."""
   b, l, h, dh = attn_BxLxHxDh.shape
   wo_HDhxD = p["wo"].reshape(h * dh, p["wo"].shape[-1])
