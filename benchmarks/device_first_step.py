@@ -81,7 +81,7 @@ def tiny_step() -> dict:
 
   from jaxcredit.models import Decoder, ModelConfig
   from jaxcredit.models.kv_cache import init_cache
-  from jaxcredit.step_types import UpdateBatch
+  from jaxcredit.trajectory import UpdateBatch
   from jaxcredit.train.loop import step as step_lib
 
   cfg = ModelConfig(

@@ -98,7 +98,7 @@ def learner_step(folder: str, batch: int, length: int, repeats: int, cache_dir: 
 
   from jaxcredit.models import load
   from jaxcredit.topology import peak_flops_per_chip
-  from jaxcredit.step_types import UpdateBatch
+  from jaxcredit.trajectory import UpdateBatch
   from jaxcredit.train.loop import step as step_lib
 
   model, cfg = load(folder, dtype="bfloat16", param_dtype="float32", cache_dir=cache_dir)

@@ -36,7 +36,7 @@ def main():
   from jaxcredit.models import load_model, smollm2_gguf_path
   from jaxcredit.models.decoder import param_logical_axes
   from jaxcredit.sampling import Sampler, SamplingParams
-  from jaxcredit.step_types import UpdateBatch
+  from jaxcredit.trajectory import UpdateBatch
   from jaxcredit.train.loop import step as step_lib
 
   model, cfg = load_model(smollm2_gguf_path())

@@ -47,7 +47,7 @@ WORKLOADS = {
 
 
 def rollout_batch(vocab: int, prompts: int, group: int, prompt: int, cont: tuple[int, int], seed: int = 0):
-  """A right-padded update batch (`jaxcredit.step_types.UpdateBatch`, one rollout per row, as
+  """A right-padded update batch (`jaxcredit.trajectory.UpdateBatch`, one rollout per row, as
   `jaxcredit.train.loop.update.update_batch` builds it) of synthetic rollouts."""
   from jaxcredit.train.loop.update import rows_batch
   from jaxcredit.trajectory import pad_length

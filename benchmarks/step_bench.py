@@ -126,7 +126,7 @@ def main():
 
   from jaxcredit.models import converted_cache_dir, load_model, smollm2_gguf_path
   from jaxcredit.models.hf import export_hf
-  from jaxcredit.step_types import UpdateBatch
+  from jaxcredit.trajectory import UpdateBatch
   from jaxcredit.train.loop import step as step_lib
 
   results = {

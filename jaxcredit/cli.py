@@ -245,7 +245,7 @@ def _train(command: str, args: list[str]) -> int:
   from jaxcredit.envs.spec import EnvironmentUnavailable
   from jaxcredit.output_lock import OutputBusyError
   from jaxcredit.train.tables.engines import EngineError
-  from jaxcredit.train.loop import stopping
+  from jaxcredit.train.loop.run import TrainingStopped
   from jaxcredit.train.commands import trainer
   from jaxcredit.train.loop.checkpoint import WorkdirRefused
 
@@ -262,7 +262,7 @@ def _train(command: str, args: list[str]) -> int:
     EnvironmentUnavailable,
   ) as e:
     return _fail(command, f"error: {e}", 1)
-  except stopping.TrainingStopped as e:  # SIGTERM (preemption) or Ctrl-C during RL: the step was checkpointed
+  except TrainingStopped as e:  # SIGTERM (preemption) or Ctrl-C during RL: the step was checkpointed
     print(f"jaxcredit {command}: {e}", file=sys.stderr)
     return 0 if e.signum == signal.SIGTERM else 130
   except KeyboardInterrupt:

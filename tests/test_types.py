@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CHECKED = ["jaxcredit/train", "jaxcredit/trajectory.py", "jaxcredit/step_types.py", "jaxcredit/sampling/engine.py"]
+CHECKED = ["jaxcredit/train", "jaxcredit/trajectory.py", "jaxcredit/sampling/engine.py"]
 
 
 def test_the_trainer_and_the_steps_types_type_check(tmp_path):

@@ -22,7 +22,7 @@ import dataclasses
 
 import numpy as np
 
-from jaxcredit.step_types import LossInput
+from jaxcredit.trajectory import LossInput
 from jaxcredit.train.config import base_config
 from jaxcredit.train.tables.methods import METHODS, Method, MethodOutput
 from jaxcredit.train.tables.pass_outputs import PassOutput, output_field, read_output

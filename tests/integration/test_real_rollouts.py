@@ -15,10 +15,9 @@ import pytest
 from jaxcredit.envs import arithmetic
 from jaxcredit.rollout.chat_format import ChatFormat
 from jaxcredit.rollout.multiturn import run_rollouts
-from jaxcredit.trajectory import pack
 from jaxcredit.sampling import Sampler, SamplingParams
 from jaxcredit.train.loop import step as step_lib
-from jaxcredit.step_types import UpdateBatch
+from jaxcredit.trajectory import UpdateBatch, pack
 
 from tests.shared_cases import case
 

@@ -13,7 +13,7 @@ from flax import nnx
 from jaxcredit import sharding
 from jaxcredit.models.decoder import Decoder, param_logical_axes
 from jaxcredit.train.loop import step as step_lib
-from jaxcredit.step_types import UpdateBatch
+from jaxcredit.trajectory import UpdateBatch
 
 from tests.fixtures.tiny_model import tiny_decoder_config
 

@@ -18,7 +18,7 @@ from jaxcredit.train.loop import rl_step as rl_step_lib
 from jaxcredit.train.commands import trainer
 from jaxcredit.train.config import base_config, check_ranges, validate
 from jaxcredit.train.tables.methods import METHODS, Method, MethodOutput
-from jaxcredit.train.loop.stopping import TrainingStopped
+from jaxcredit.train.loop.run import TrainingStopped
 
 GOLDEN = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "async_depth0_run.json")
 RECORDED = ("loss", "grad_norm", "reward_mean", "action_tokens", "tokens", "adv_std")

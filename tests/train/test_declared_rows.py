@@ -9,7 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from jaxcredit.step_types import LossInput
+from jaxcredit.trajectory import LossInput
 from jaxcredit.train import config as config_lib
 from jaxcredit.train.tables import passes as passes_lib
 from jaxcredit.train.commands import report
@@ -207,7 +207,7 @@ def test_a_loss_terms_input_is_declared_with_new_per_token_keys():
   for bad, field in ((Clash, "adv_BxL"), (NoAxes, "weight")):
     with pytest.raises(ValueError, match=f"{bad.__name__}.{field} must be a per-token array named"):
       term(bad)
-  with pytest.raises(ValueError, match="must be a dataclass subclassing step_types.LossInput"):
+  with pytest.raises(ValueError, match="must be a dataclass subclassing trajectory.LossInput"):
     term(dict)
 
 

@@ -5,7 +5,6 @@ import dataclasses
 import numpy as np
 import pytest
 
-from jaxcredit.step_types import VocabKLInput
 from jaxcredit import credit
 from jaxcredit.train.config import base_config
 from jaxcredit.train.tables.methods import METHODS, gigpo_state_ids
@@ -18,7 +17,7 @@ from jaxcredit.train.tables.pass_outputs import (
   SkillOutput,
   TeacherOutput,
 )
-from jaxcredit.trajectory import RolloutBuilder, pack
+from jaxcredit.trajectory import RolloutBuilder, VocabKLInput, pack
 
 B, L = 4, 16
 

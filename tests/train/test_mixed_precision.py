@@ -20,7 +20,7 @@ from jaxcredit.models.decoder import Decoder, default_logical_axes
 from jaxcredit.sampling import Sampler
 from jaxcredit.train import config as config_lib
 from jaxcredit.train.loop import step as step_lib
-from jaxcredit.step_types import UpdateBatch
+from jaxcredit.trajectory import UpdateBatch
 
 from tests.fixtures.tiny_model import tiny_decoder_config
 

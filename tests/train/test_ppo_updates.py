@@ -11,7 +11,7 @@ from jaxcredit import sharding
 from jaxcredit.models.decoder import Decoder, param_logical_axes
 from jaxcredit.train.loop import step as step_lib
 from jaxcredit.train.loop.update import ppo_updates
-from jaxcredit.step_types import UpdateBatch
+from jaxcredit.trajectory import UpdateBatch
 from tests.fixtures.tiny_model import tiny_decoder_config
 
 CFG = tiny_decoder_config(tie_word_embeddings=False)

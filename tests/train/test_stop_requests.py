@@ -10,7 +10,7 @@ import signal
 
 import pytest
 
-from jaxcredit.train.loop import stopping
+from jaxcredit.train.loop import run as stopping
 
 
 class _TwoProcesses:

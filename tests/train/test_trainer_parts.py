@@ -9,13 +9,13 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "jaxcredit" / "train"
-PHASES = ("run", "heldout", "stopping", "warm_start", "update", "rl_step", "export", "offline_credit")
+PHASES = ("run", "heldout", "warm_start", "update", "rl_step", "export", "offline_credit")
 
 
 GROUPS = {
   "tables": {"methods", "passes", "pass_outputs", "method_checks", "engines"},
   "loop": {"run", "warm_start", "rl_step", "async_rollouts", "update", "step", "loss", "heldout", "export"}
-  | {"checkpoint", "metrics", "stopping"},
+  | {"checkpoint", "metrics"},
   "commands": {"trainer", "evaluate", "offline_credit", "plan", "report"},
 }
 

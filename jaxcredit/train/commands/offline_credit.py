@@ -13,13 +13,12 @@ from jaxcredit import sharding
 from jaxcredit.envs import make_env_spec
 from jaxcredit.models import load_tokenizer, resolve_source
 from jaxcredit.rollout import jsonl as jsonl_lib
-from jaxcredit.step_types import Rollouts
 from jaxcredit.train import config as config_lib
 from jaxcredit.train.loop.export import pass_outputs_of, rollout_values, task_id_of
 from jaxcredit.train.tables.methods import METHODS
 from jaxcredit.train.loop.rl_step import run_passes
 from jaxcredit.train.loop.run import build_run, reference_copy
-from jaxcredit.trajectory import drop_invalid_behavior_logp
+from jaxcredit.trajectory import Rollouts, drop_invalid_behavior_logp
 
 
 def _prompt_key(messages) -> str | None:

@@ -27,8 +27,16 @@ from jaxcredit.train.loop.async_rollouts import RolloutPipeline
 from jaxcredit.train.loop.export import write_viewer
 from jaxcredit.train.loop.heldout import eval_heldout, periodic_eval
 from jaxcredit.train.loop.rl_step import learn_step, run_rl_step
-from jaxcredit.train.loop.run import Run, build_run, data_iterator, progress_bar, reference_copy
-from jaxcredit.train.loop.stopping import StopRequests, TrainingStopped, run_steps
+from jaxcredit.train.loop.run import (
+  Run,
+  StopRequests,
+  TrainingStopped,
+  build_run,
+  data_iterator,
+  progress_bar,
+  reference_copy,
+  run_steps,
+)
 from jaxcredit.train.loop.update import loss_config_of
 from jaxcredit.train.loop.warm_start import warm_start, write_warm_start_model
 
@@ -197,7 +205,7 @@ def _warm_start_and_rl(run: Run, sft_only: bool, stop: StopRequests) -> tuple[An
 def _rl_steps(run: Run, params, opt_state, ref_params, data, update, ref_logp, rl_step: int, stop: StopRequests):
   """RL steps `rl_step` + 1 .. total_steps: each step's rollouts (sampled in turn, or ahead on a thread with
   `rollout.async_depth`; train/loop/async_rollouts.py), `learn_step`, then the cadence the warm start shares
-  (`stopping.run_steps`: the checkpoint, a stop, the periodic eval). Returns
+  (`run.run_steps`: the checkpoint, a stop, the periodic eval). Returns
   (params, the last RL step); raises TrainingStopped after a checkpointed stop."""
   c = run.config
   bar = progress_bar(c, total=c.total_steps, initial=rl_step, desc="RL")

@@ -10,7 +10,7 @@ import re
 import numpy as np
 
 from jaxcredit.rollout import jsonl as jsonl_lib
-from jaxcredit.step_types import Rollouts
+from jaxcredit.trajectory import Rollouts
 from jaxcredit.train.tables import pass_outputs
 from jaxcredit.train.tables.methods import METHODS
 from jaxcredit.train.loop.run import Run

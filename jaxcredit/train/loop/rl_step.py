@@ -1,7 +1,7 @@
 """One RL step, in the order of its phases (`learn_step` reads the same way):
 
   sampled  = sample_step(run, params, prompt_ids, key)     # group_size rollouts per prompt, gathered over processes
-  rollouts = pack_rollouts(run, sampled)                   # typed (jaxcredit.step_types): arrays + host fields
+  rollouts = pack_rollouts(run, sampled)                   # typed (jaxcredit.trajectory): arrays + host fields
   run_passes(run, rollouts, ...)                           # the PASSES the method needs fill rollouts.traj.passes
   out      = METHODS[method].advantages(traj, knobs)       # credit
   batch, _ = loss_batch(run, params, ref_params, traj, out, ref_logp)  # update.py: the typed UpdateBatch
@@ -21,7 +21,6 @@ import jax
 import numpy as np
 
 from jaxcredit import multihost
-from jaxcredit.step_types import Rollouts
 from jaxcredit.train import config as config_lib
 from jaxcredit.train.tables import passes as passes_lib
 from jaxcredit.train.loop.export import export_rollouts, sample_rows
@@ -29,7 +28,7 @@ from jaxcredit.train.loop.heldout import rollout_env_metrics
 from jaxcredit.train.tables.methods import METHODS, outcome_advantages
 from jaxcredit.train.loop.run import Run, sample_rollouts, sampler_binder, sampling_model
 from jaxcredit.train.loop.update import loss_batch, make_packer, ppo_updates
-from jaxcredit.trajectory import drop_invalid_behavior_logp, group_index
+from jaxcredit.trajectory import Rollouts, drop_invalid_behavior_logp, group_index
 
 
 def run_passes(run: Run, rollouts: Rollouts, params, ref_params, key) -> dict:

@@ -21,7 +21,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from jaxcredit import sharding
-from jaxcredit.step_types import DistillInput, LossInput, UpdateBatch, VocabKLInput, batch_key
+from jaxcredit.trajectory import DistillInput, LossInput, UpdateBatch, VocabKLInput, batch_key
 from jaxcredit.models.logprobs import (
   chunked_logprobs_and_entropies,
   chunked_reverse_kl,
@@ -247,7 +247,7 @@ class LossTerm:
   coef: Callable[[PolicyLossConfig], float] | None
   aggregation: Callable[[PolicyLossConfig], str]
   trainer_arrays: tuple[str, ...] = ()  # what it reads that the trainer fills (`TRAINER_ARRAYS`)
-  # What it reads that the method fills: a `step_types.LossInput` subclass whose fields are batch keys; a method
+  # What it reads that the method fills: a `trajectory.LossInput` subclass whose fields are batch keys; a method
   # declaring the term returns one in `MethodOutput.loss_inputs[term]`.
   input: type[LossInput] | None = None
   knob: str | None = None  # a method that declares the term sets its weight with this knob (one of its knobs)
@@ -271,7 +271,7 @@ class LossTerm:
       if not (
         isinstance(self.input, type) and issubclass(self.input, LossInput) and dataclasses.is_dataclass(self.input)
       ):
-        raise ValueError(f"LossTerm: input={self.input!r} must be a dataclass subclassing step_types.LossInput")
+        raise ValueError(f"LossTerm: input={self.input!r} must be a dataclass subclassing trajectory.LossInput")
       for field in self.input.keys():
         if not field.endswith(("_BxL", "_BxLxD")) or batch_key(field) in RESERVED_KEYS:
           raise ValueError(

@@ -1,4 +1,4 @@
-"""The update of one RL step: its batch (`jaxcredit.step_types.UpdateBatch`), built from the step's trajectory and
+"""The update of one RL step: its batch (`jaxcredit.trajectory.UpdateBatch`), built from the step's trajectory and
 the method's output (`loss_batch`: the method's arrays, the reference's log-probs, the engine's off-policy correction
 `engine_correction`, laid out by `update_batch`), packed (`pack_update_batch`, `make_packer`), the loss configuration
 of the method (`loss_config_of`) and PPO's epochs of mini-batch updates (`ppo_updates`). `abstract_update_batch` runs
@@ -31,12 +31,11 @@ import numpy as np
 
 from jaxcredit import multihost, sharding
 from jaxcredit.packed_rows import PackedRow, lay_out_rows
-from jaxcredit.step_types import PackedLayout, UpdateBatch
 from jaxcredit.train.loop import step as step_lib
 from jaxcredit.train.loop.run import Run
 from jaxcredit.train.tables.engines import ENGINES
 from jaxcredit.train.tables.methods import METHODS
-from jaxcredit.trajectory import pad_length
+from jaxcredit.trajectory import PackedLayout, UpdateBatch, pad_length
 
 
 def ppo_updates(

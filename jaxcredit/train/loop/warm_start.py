@@ -19,8 +19,7 @@ from jaxcredit.models import save_converted
 from jaxcredit.rollout.multiturn import build_demonstration
 from jaxcredit.train.loop import step as step_lib
 from jaxcredit.train.loop.heldout import warm_start_eval
-from jaxcredit.train.loop.run import Run, data_iterator, progress_bar
-from jaxcredit.train.loop.stopping import StopRequests, run_steps
+from jaxcredit.train.loop.run import Run, StopRequests, data_iterator, progress_bar, run_steps
 from jaxcredit.train.loop.update import update_batch
 from jaxcredit.trajectory import pack
 
@@ -30,7 +29,7 @@ def warm_start(run: Run, params, stop: StopRequests | None = None) -> Any:
   every token when `sft.loss_tokens == "all"` (a policy trained from scratch also learns from the prompts and the
   tool observations, e.g. to copy the names it reads).
 
-  Its steps run with the RL steps' cadence (`stopping.run_steps`): checkpoints every `sft.checkpoint_every` steps, at
+  Its steps run with the RL steps' cadence (`run.run_steps`): checkpoints every `sft.checkpoint_every` steps, at
   its last step, and when `stop` has seen SIGTERM / Ctrl-C (then raises `TrainingStopped`), a held-out eval every
   `eval.sft_every` steps; a warm-start checkpoint in the workdir is resumed from: parameters, optimizer state, the
   demonstration order and the demonstration RNG, so the later steps equal an uninterrupted run's.

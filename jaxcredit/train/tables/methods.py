@@ -39,8 +39,7 @@ from jaxcredit.train.tables.pass_outputs import (
   TeacherOutput,
   read_output,
 )
-from jaxcredit.step_types import DistillInput, LossInput, VocabKLInput
-from jaxcredit.trajectory import Trajectory, group_index
+from jaxcredit.trajectory import DistillInput, LossInput, Trajectory, VocabKLInput, group_index
 
 
 @dataclasses.dataclass
@@ -59,7 +58,7 @@ class MethodOutput:
       dynamic sampling drops groups without both outcomes) sets False on the rollouts it drops; the trainer takes
       them out of the loss and its token counts, as it does rollouts without action tokens.
     loss_inputs: {loss term: its typed input} for each loss term the method declares (`Method.loss_terms`) that
-      reads arrays of the method (`LossTerm.input`, a `jaxcredit.step_types.LossInput`: ToolOPD's `DistillInput`,
+      reads arrays of the method (`LossTerm.input`, a `jaxcredit.trajectory.LossInput`: ToolOPD's `DistillInput`,
       HSD's `VocabKLInput`); their fields join the update batch (packed with the rest, read at the scored slots).
   """
 

@@ -1,4 +1,4 @@
-"""`jaxcredit.step_types.Rollouts`: the step's rollouts as one typed value, built from sampled results or from JSONL
+"""`jaxcredit.trajectory.Rollouts`: the step's rollouts as one typed value, built from sampled results or from JSONL
 records, refusing a per-rollout field of the wrong length by name."""
 
 import types
@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 
 from jaxcredit.rollout import jsonl as jsonl_lib
-from jaxcredit.step_types import Rollouts
-from jaxcredit.trajectory import RolloutBuilder
+from jaxcredit.trajectory import RolloutBuilder, Rollouts
 
 
 def _result(reward: float, finish: str, calls: int, turns: int = 1):
