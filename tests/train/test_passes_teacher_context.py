@@ -379,3 +379,16 @@ def test_sgcd_siblings_are_one_success_and_one_failure_of_the_same_group_drawn_b
   assert len(seen) == 5  # every allowed pair of both groups was drawn
   only_failures = passes_lib.sibling_pairs(np.zeros(8, bool), valid, groups, jax.random.key(0))
   assert (only_failures == -1).all()
+
+
+def test_a_teacher_prompt_is_the_rollouts_own_prompt_and_a_record_without_messages_gets_the_tasks():
+  """Issue 55: the passes read the prompt the rollout was sampled from (its messages before the first reply), not one
+  rebuilt from the task; a JSONL record that keeps no messages falls back to the environment's initial messages."""
+  import types
+
+  sampled = [{"role": "system", "content": "tools: add"}, {"role": "user", "content": "2 + 2?"}]
+  chat = sampled + [{"role": "assistant", "content": "<answer>4</answer>"}, {"role": "user", "content": "and 3 + 3?"}]
+  env = types.SimpleNamespace(initial_messages=lambda task: [{"role": "user", "content": f"rebuilt {task}"}])
+  ctx = types.SimpleNamespace(messages=[chat, []], tasks=["t0", "t1"], env=env)
+  assert passes_lib._prompt_messages(ctx, 0) == sampled
+  assert passes_lib._prompt_messages(ctx, 1) == [{"role": "user", "content": "rebuilt t1"}]

@@ -330,21 +330,32 @@ def _warn_cut(ctx: PassContext, cut_B: np.ndarray, budget: int) -> None:
     )
 
 
+def _prompt_messages(ctx: PassContext, i: int) -> list[Mapping[str, Any]]:
+  """Rollout `i`'s prompt as the rollout holds it: its messages before the first assistant message. A rollout
+  without messages (a JSONL record that does not keep them, `jaxcredit credit`) gets its environment's initial
+  messages for its task, which is what the sampler was given."""
+  messages = list(ctx.messages[i])
+  if not messages:
+    return ctx.env.initial_messages(ctx.tasks[i])
+  first_reply = next((j for j, m in enumerate(messages) if m["role"] == "assistant"), len(messages))
+  return messages[:first_reply]
+
+
 def _teacher_prompts(ctx: PassContext, contexts: Sequence[str | None]) -> tuple[list[list[int] | None], np.ndarray]:
-  """Each rollout's teacher prompt (its initial prompt with `contexts[b]` in the wrapper; None stays None) and the
-  tokens cut from each context to fit the context budget."""
+  """Each rollout's teacher prompt (its prompt messages, `_prompt_messages`, with `contexts[b]` in the wrapper; None
+  stays None) and the tokens cut from each context to fit the context budget."""
   t = ctx.config.teacher
   budget, _ = teacher_budgets(ctx.config)
   prompts: list[list[int] | None] = []
   cut_B = np.zeros(len(contexts), np.int32)
-  for i, (task, c) in enumerate(zip(ctx.tasks, contexts)):
+  for i, c in enumerate(contexts):
     if c is None:
       prompts.append(None)
       continue
     kept, cut_B[i] = _cut(ctx, c, budget)
     prompts.append(
       teacher_lib.teacher_prompt_ids(
-        ctx.tok, ctx.env.initial_messages(task), kept, wrapper=t.context_wrapper, max_context_tokens=budget
+        ctx.tok, _prompt_messages(ctx, i), kept, wrapper=t.context_wrapper, max_context_tokens=budget
       )
     )
   _warn_cut(ctx, cut_B, budget)
