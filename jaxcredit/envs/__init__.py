@@ -40,7 +40,7 @@ class Env:
     make_spec: the environment's config node (`config.env.<name>`, a ConfigDict or dict with `defaults`' keys) ->
       `EnvSpec`; raises ValueError naming the bad key.
     defaults: the node's keys and default values (their types are enforced when the config is validated).
-    summary: one line for `jaxcredit envs` and the docs.
+    summary: one line describing the environment (for the docs and the reader of the table).
   """
 
   make_spec: Callable[[Any], EnvSpec]

@@ -564,7 +564,7 @@ def predictor_hidden_states(
 
   with s_k = k unpacked (pred[b, t] = t - 1) or slots[b, k] packed (pred = `packed_predictor_slots`). So
   `chunked_logprobs_and_entropies(h, model.output_head_DxV(), target, T)[0]` where valid equals
-  `sequence_logprobs(...)` / `packed_slot_logprobs(...)` at those tokens (tests/sampling/test_logprobs.py).
+  `sequence_logprobs(...)` / `packed_slot_logprobs(...)` at those tokens (tests/sampling/test_chunked_logprobs.py).
 
   Args:
       model: a `jaxcredit.models.Decoder`.

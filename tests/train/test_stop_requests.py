@@ -10,7 +10,7 @@ import signal
 
 import pytest
 
-from jaxcredit.train.loop import run as stopping
+from jaxcredit.train.loop import run as run_lib
 
 
 class _TwoProcesses:
@@ -19,8 +19,8 @@ class _TwoProcesses:
 
   def __init__(self, monkeypatch, stop, *, other=None, during_gather=None):
     self.other, self.during_gather, self.gathered = other, during_gather, []
-    monkeypatch.setattr(stopping.jax, "process_count", lambda: 2)
-    monkeypatch.setattr(stopping.multihost, "allgather_objects", self._allgather)
+    monkeypatch.setattr(run_lib.jax, "process_count", lambda: 2)
+    monkeypatch.setattr(run_lib.multihost, "allgather_objects", self._allgather)
 
   def _allgather(self, value):
     self.gathered.append(value)
@@ -31,7 +31,7 @@ class _TwoProcesses:
 
 
 def test_a_signal_during_the_gather_is_agreed_at_the_next_call_on_every_process(monkeypatch):
-  stop = stopping.StopRequests()
+  stop = run_lib.StopRequests()
   fake = _TwoProcesses(monkeypatch, stop, during_gather=lambda: stop._handle(signal.SIGTERM, None))
   # The other process gathered None from this one, so it goes on: this one must go on too.
   assert stop.agreed() is None
@@ -41,15 +41,15 @@ def test_a_signal_during_the_gather_is_agreed_at_the_next_call_on_every_process(
 
 
 def test_a_signal_seen_by_another_process_stops_this_one(monkeypatch):
-  stop = stopping.StopRequests()
+  stop = run_lib.StopRequests()
   _TwoProcesses(monkeypatch, stop, other=signal.SIGINT)
   assert stop.agreed() == signal.SIGINT
 
 
 def test_one_process_returns_its_own_signal_without_a_gather(monkeypatch):
-  stop = stopping.StopRequests()
+  stop = run_lib.StopRequests()
   monkeypatch.setattr(
-    stopping.multihost, "allgather_objects", lambda v: pytest.fail("a single process gathered"), raising=True
+    run_lib.multihost, "allgather_objects", lambda v: pytest.fail("a single process gathered"), raising=True
   )
   assert stop.agreed() is None
   stop._handle(signal.SIGTERM, None)
@@ -58,7 +58,7 @@ def test_one_process_returns_its_own_signal_without_a_gather(monkeypatch):
 
 def test_the_handlers_stay_installed_for_the_whole_run_and_are_restored_after(monkeypatch):
   """One `with` block: no window between the warm start and RL where SIGTERM kills the process unchecked."""
-  stop = stopping.StopRequests()
+  stop = run_lib.StopRequests()
   before = signal.getsignal(signal.SIGTERM)
   with stop:
     assert signal.getsignal(signal.SIGTERM) == stop._handle

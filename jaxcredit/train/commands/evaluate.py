@@ -6,7 +6,7 @@
 
 The tasks are `env.make_tasks("eval", config.eval.num_tasks, None)`, the trainer's held-out tasks; the rollouts are
 sampled in batches of `config.eval.batch_size` by `heldout.sample_eval_batch` and scored by `heldout.eval_summaries`,
-`heldout.env_metrics_of` and `heldout.eval_metrics`, the functions the trainer's `evaluate` calls: with one sample per
+`heldout.env_metrics_of` and `heldout.eval_metrics`, the functions the trainer's `heldout.eval_heldout` calls: with one sample per
 task, the same config and a run's checkpoint, the metrics equal the trainer's held-out eval of that checkpoint.
 Decoding is greedy when `config.eval.greedy` (the default) and `samples` is 1; `samples` K > 1 draws K rollouts per
 task at the rollouts' temperature and top-p (`config.sampling`) and adds pass@K and mean@K.

@@ -1,5 +1,5 @@
 """Held-out evaluation: the rollouts of `config.eval`'s tasks by the current parameters and their metrics, during
-training (`evaluate`, `warm_start_eval`, `periodic_eval`) and for `jaxcredit eval` (train/commands/evaluate.py), which
+training (`eval_heldout`, `warm_start_eval`, `periodic_eval`) and for `jaxcredit eval` (train/commands/evaluate.py), which
 samples and scores through the same functions (`sample_eval_batch`, `eval_summaries`, `eval_metrics`)."""
 
 from __future__ import annotations

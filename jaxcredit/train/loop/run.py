@@ -73,7 +73,7 @@ class SamplerAndEnv:
 
 @dataclasses.dataclass(frozen=True)
 class Run(SamplerAndEnv):
-  """Everything the loop needs, built once (`build`) and never reassigned: the config, the mesh, the tokenizer, the
+  """Everything the loop needs, built once (`build_run`) and never reassigned: the config, the mesh, the tokenizer, the
   environment and its tasks, the models, the engine, the writers; what changes while it trains is `state`."""
 
   config: ml_collections.ConfigDict

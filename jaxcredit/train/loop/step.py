@@ -237,10 +237,11 @@ RESERVED_KEYS = frozenset({"action_mask", "behavior_logp", "behavior_weight"}) |
 class LossTerm:
   """One row of `LOSS_TERMS`: the per-token function, its coefficient and its aggregation, read from the config.
 
-  The weight has one of two sources, by who turns the term on: a term a method declares (`Method.loss_terms`) is
-  weighted by a knob of that method (`knob`, `coef` None: `PolicyLossConfig.weight(knob)`, set from the method's
-  node by `update.loss_config_of`), shipped or added from a config file alike (docs/extending.md); the trainer's own
-  terms (the policy term, the reference KL of `loss.kl_coef`, the warm start's cross-entropy) have `coef`.
+  The weight has one of two sources: a knob of the method that declares the term (`knob`, `coef` None:
+  `PolicyLossConfig.weight(knob)`, set from the method's node by `update.loss_config_of`; ToolOPD's distillation,
+  HSD's reference KL, a config file's term alike, docs/extending.md), or `coef` for the trainer's own terms (the
+  policy term, the reference KL of `loss.kl_coef`, the warm start's cross-entropy) and for a weight the paper fixes
+  (HSD's `vocab_kl`, 1).
   """
 
   fn: Callable
@@ -254,7 +255,7 @@ class LossTerm:
   # A method that declares the term caps its gradient with this knob: the largest ratio of its gradient's norm to
   # the other terms' (PolicyLossConfig.grad_caps; inf: no cap).
   cap_knob: str | None = None
-  # The term reads the student's whole predicted distribution: `fn(logp, mb, cfg, student=(h_BxLxD, head_DxV))`
+  # The term reads the student's whole predicted distribution: `fn(logp, mb, cfg, student=(h_NxKxD, head_DxV))`
   # with the final hidden states that predict the scored tokens (`pg_token_loss`).
   reads_hidden: bool = False
 

@@ -473,7 +473,7 @@ def loss_batch(
   run: Run, params, ref_params, traj, out, ref_logp, *, off_policy: bool = False
 ) -> tuple[UpdateBatch, dict]:
   """The update's batch (`update_batch`): the method's advantages and its loss terms' typed inputs
-  (`MethodOutput.input_arrays`), the reference's log-probs when the KL term is on, and, for rollouts from an external
+  (`MethodOutput.input_arrays`), the reference's log-probs when an active term reads them (`ref_logp`: the KL, HSD's reference KL), and, for rollouts from an external
   engine or sampled with older weights than `params` (`off_policy`: `rollout.async_depth`, or an engine's
   `rollout.max_staleness`), the trainer's own behaviour log-probs under `params` and the truncated importance
   weights (`engine_correction`). Returns (batch, the engine-correction metrics or {}).
