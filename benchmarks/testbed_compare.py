@@ -96,7 +96,7 @@ issue asks for at most 30%), and at 300 the held-out success is below the band, 
 criteria. The runs at N = 600 are kept as a descriptive comparison (benchmarks/results/testbed_chain_long_n600.json,
 seeds 0-1). The rule becomes: warm-start evals every 100 steps from 300 (`--sft-eval-every 100`), N the first whose
 held-out success on 256 tasks is in [0.02, 0.08] and whose first GRPO step of 16 prompts x 8 rollouts (one process
-per probe) has at most 30% of its groups with a contrast; if none by 1,200 steps, chains of 12-16 steps. The
+per probe) has at most 30% of its groups with a contrast; if none by 1,200 steps, chains of 12-16 steps (`--task chain_longer`). The
 comparison, hypotheses and analysis are otherwise unchanged, and start again at seed 0 in
 benchmarks/results/testbed_chain_sparse.json.
   Applied (benchmarks/results/testbed_chain_long_warm_rule.json, with its commands): held-out success every 100
@@ -260,6 +260,9 @@ SESSION = {"skip_prob": 0.25, "slip_prob": 0.03, "split_key": "session"}
 # config.env.session.{min,max}_requests. The controls change only the reward: chain progress (reward "progress") and
 # the share of requests right (reward "unit_fraction").
 CHAIN_LONG = {**CHAIN, "min_steps": 10, "max_steps": 14}
+# The amended rule's fallback (its docstring): chains of 12-16 steps when no warm start of chain_long up to 1,200
+# steps is starved by the probe.
+CHAIN_LONGER = {**CHAIN, "min_steps": 12, "max_steps": 16}
 SESSION_LONG = {**SESSION, "min_requests": 9, "max_requests": 11, "split_key": "first_request"}
 
 CHAT_TEMPLATE = (
@@ -382,6 +385,19 @@ TASKS = {
     "tokenizer_texts": task_texts,
     "max_new_tokens": 40,
     "max_len": 640,  # demonstrations run to about 340 tokens (490 at most)
+    "vocab_size": 512,
+    "individual_digits": True,
+    "copy_piece": lambda text: len(text) == 1 and text in "0123456789+-*",
+    "eval_greedy": False,
+  },
+  "chain_longer": {
+    "env": "chain",
+    "env_config": CHAIN_LONGER,
+    "tokenizer_texts": task_texts,
+    "max_new_tokens": 40,
+    # demonstrations (habits as above) run to 362 tokens on average, 494 at most (500 train tasks, the chain
+    # policy's vocabulary); chain_long's ran to 316 and 464 under its 640
+    "max_len": 704,
     "vocab_size": 512,
     "individual_digits": True,
     "copy_piece": lambda text: len(text) == 1 and text in "0123456789+-*",

@@ -83,7 +83,7 @@ def test_arithmetic_runs_sample_their_evals_and_take_the_tasks_settings(testbed,
   assert testbed.base(dict_to_ns(args, task="search"), str(tmp_path / "s"), "policy", seed=1).eval.greedy is True
 
 
-@pytest.mark.parametrize("task", ["chain", "session", "chain_long", "session_long"])
+@pytest.mark.parametrize("task", ["chain", "session", "chain_long", "session_long", "chain_longer"])
 def test_long_horizon_tasks_take_their_habits_and_fit_their_lengths(testbed, tmp_path, task):
   """base() for --task chain / session and their starved forms: the environment with the testbed's skip and slip
   rates and the task's sizes, sampled evals; a demonstration in the task's own vocabulary (digits one by one) fits
