@@ -96,8 +96,8 @@ issue asks for at most 30%), and at 300 the held-out success is below the band, 
 criteria. The runs at N = 600 are kept as a descriptive comparison (benchmarks/results/testbed_chain_long_n600.json,
 seeds 0-1). The rule becomes: warm-start evals every 100 steps from 300 (`--sft-eval-every 100`), N the first whose
 held-out success on 256 tasks is in [0.02, 0.08] and whose first GRPO step of 16 prompts x 8 rollouts (one process
-per probe) has at most 30% of its groups with a contrast; if none by 1,200 steps, chains of 12-16 steps (`--task chain_longer`). The
-comparison, hypotheses and analysis are otherwise unchanged, and start again at seed 0 in
+per probe) has at most 30% of its groups with a contrast; if none by 1,200 steps, chains of 12-16 steps (`--task
+chain_longer`). The comparison, hypotheses and analysis are otherwise unchanged, and start again at seed 0 in
 benchmarks/results/testbed_chain_sparse.json.
   Applied (benchmarks/results/testbed_chain_long_warm_rule.json, with its commands): held-out success every 100
 steps 0.000, 0.016, 0.012, 0.016, 0.000, 0.059, 0.023, 0.027, 0.012 (steps 100-900); at 700 and at 800 (both in
