@@ -102,9 +102,9 @@ benchmarks/results/testbed_chain_sparse.json.
   Applied (benchmarks/results/testbed_chain_long_warm_rule.json, with its commands): held-out success every 100
 steps 0.000, 0.016, 0.012, 0.016, 0.000, 0.059, 0.023, 0.027, 0.012 (steps 100-900); at 700 and at 800 (both in
 the band) the probe found 5 of 16 groups with a contrast, 0.3125, above 0.30, so neither is taken; 900 is below the
-band; at 1000 (0.043) 6 of 16 (0.375) and at 1100 (0.078) 7 of 16, not taken; 1200 is next. A 16 x 8 probe runs with
-`--set train.num_micro_batches=4` (the same update by gradient accumulation: 7.9 GB resident, where the whole batch at
-once asked for 28 GB).
+band; at 1000 (0.043) 6 of 16 (0.375), at 1100 (0.078) 7 of 16 and at 1200 (0.066) 9 of 16, not taken; so by the
+fallback chain_longer is next. A 16 x 8 probe runs with `--set train.num_micro_batches=4` (the same update by
+gradient accumulation: 7.9 GB resident, where the whole batch at once asked for 28 GB).
   Runs (30 RL steps of 4 prompts x 8 rollouts, lr 1e-4, the final eval on 256 fixed tasks, sampled with fixed keys):
 chains grpo, grpo_progress (the control: GRPO paid the fraction of the chain reached), trace, trace_k0,
 trace_raw_delta, gigpo; sessions grpo, grpo_partial (the control: GRPO paid the fraction of requests right), crest,
