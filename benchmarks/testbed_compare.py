@@ -721,11 +721,29 @@ def base(args, workdir: str, source: str, seed: int):
 
 
 def warm_start(args, policy: str) -> tuple[str, float]:
-  """`jaxcredit sft` once; returns the warm-started model folder and its held-out success."""
+  """`jaxcredit sft` once; returns the warm-started model folder and its held-out success: the final policy, or
+  with `--warm-step` S the policy after step S of the same warm start (`warm_start_model_step_S`, written by a warm
+  stage run with `--sft-model-every` dividing S) and its eval at S (`--sft-eval-every` must divide S too). Raises
+  ValueError when that folder or eval is missing, or the eval used other than `--eval-tasks` tasks."""
   from jaxcredit.train.commands import trainer
 
   workdir = os.path.join(args.out, "warm")
   model = os.path.join(workdir, "warm_start_model")
+  step = getattr(args, "warm_step", 0)
+  if step and not 0 < step <= args.sft_steps:
+    raise ValueError(f"--warm-step={step}: must lie in 1..--sft-steps={args.sft_steps}")
+  if step and step < args.sft_steps:
+    folder = os.path.join(workdir, f"warm_start_model_step_{step}")
+    if not os.path.isfile(os.path.join(folder, "model_config.json")):
+      raise ValueError(
+        f"--warm-step={step}: {workdir} holds no {os.path.basename(folder)}; run its warm stage with an "
+        f"--sft-model-every that divides {step}"
+      )
+    rows = [json.loads(x) for x in open(os.path.join(workdir, "metrics.jsonl"))]
+    evals = [r for r in rows if r["phase"] == "eval" and r.get("stage") == f"sft_step_{step}"]
+    if not evals:
+      raise ValueError(f"--warm-step={step}: {workdir} has no held-out eval at warm-start step {step}")
+    return folder, _checked_eval_size(args, workdir, evals[-1])
   if not os.path.isfile(os.path.join(model, "model_config.json")):
     c = base(args, workdir, policy, 0)
     c.sft.steps = args.sft_steps
@@ -736,16 +754,22 @@ def warm_start(args, policy: str) -> tuple[str, float]:
     c.sft.loss_tokens = args.sft_loss_tokens
     c.eval.before_sft = False
     c.eval.sft_every = args.sft_eval_every
+    c.sft.model_every = getattr(args, "sft_model_every", 0)
     trainer.train(c, sft_only=True)
   rows = [json.loads(x) for x in open(os.path.join(workdir, "metrics.jsonl"))]
   final = [r for r in rows if r["phase"] == "eval" and r.get("stage") == "after_warm_start"][-1]
-  if final.get("num_tasks", args.eval_tasks) != args.eval_tasks:
+  return model, _checked_eval_size(args, workdir, final)
+
+
+def _checked_eval_size(args, workdir: str, row: dict) -> float:
+  """A warm-start eval row's success, refused (ValueError) when it was measured on other than --eval-tasks tasks."""
+  if row.get("num_tasks", args.eval_tasks) != args.eval_tasks:
     raise ValueError(
-      f"--eval-tasks={args.eval_tasks}, but the warm start in {workdir} was evaluated on {final['num_tasks']} "
-      f"held-out tasks: its success is not the RL runs' baseline; pass --eval-tasks={final['num_tasks']} or use a "
+      f"--eval-tasks={args.eval_tasks}, but the warm start in {workdir} was evaluated on {row['num_tasks']} "
+      f"held-out tasks: its success is not the RL runs' baseline; pass --eval-tasks={row['num_tasks']} or use a "
       f"new --out"
     )
-  return model, float(final["success_rate"])
+  return float(row["success_rate"])
 
 
 def warm_summary(workdir: str) -> dict:
@@ -1086,11 +1110,12 @@ def summarize(
 # Settings that may differ between the invocations whose results `merge_earlier` joins: which runs each made, where
 # its files are, and the switch itself. Everything else (task, habits, vocabulary, warm start, RL settings, --set)
 # must be equal.
-_MERGE_FREE_SETTINGS = ("stage", "methods", "seeds", "policy", "merge")
+_MERGE_FREE_SETTINGS = ("stage", "methods", "seeds", "policy", "merge", "sft_model_every")
 
 # Settings added after results files were written, with the value those files' runs had (an earlier file without the
-# key reads as holding it): the runs before --xla-cpu-isa ran with the host's vector extensions.
-ADDED_SETTINGS = {"xla_cpu_isa": ""}
+# key reads as holding it): the runs before --xla-cpu-isa ran with the host's vector extensions; before --warm-step
+# from the final warm-started policy, before --sft-model-every with no intermediate model folders.
+ADDED_SETTINGS = {"xla_cpu_isa": "", "warm_step": 0, "sft_model_every": 0}
 
 
 def comparison_settings(args) -> dict:
@@ -1360,6 +1385,18 @@ def main(argv=None):
     help="train questions (config.env.num_train_tasks; search: env.search.num_generated)",
   )
   ap.add_argument(
+    "--sft-model-every",
+    type=int,
+    default=0,
+    help="also write the warm-started policy every N steps, warm/warm_start_model_step_N (sft.model_every; 0: none)",
+  )
+  ap.add_argument(
+    "--warm-step",
+    type=int,
+    default=0,
+    help="start RL from the warm start's policy after this step (its --sft-model-every folder; 0: the final one)",
+  )
+  ap.add_argument(
     "--sft-eval-every", type=int, default=0, help="held-out evals every N warm-start steps (eval.sft_every; 0: none)"
   )
   ap.add_argument(
@@ -1454,7 +1491,10 @@ def main(argv=None):
   if args.stage == "policy":
     print(f"[testbed] policy: {policy} ({time.time() - t0:.0f} s)")
     return
-  model, start = warm_start(args, policy)
+  try:
+    model, start = warm_start(args, policy)
+  except ValueError as e:
+    ap.error(str(e))
   print(f"[testbed] warm start: held-out success {start:.3f} ({time.time() - t0:.0f} s)")
   if earlier is not None:  # refuse before hours of runs, not after
     try:
@@ -1462,7 +1502,11 @@ def main(argv=None):
     except ValueError as e:
       ap.error(str(e))
   with open(os.path.join(args.out, "warm.json"), "w") as f:
-    json.dump(warm_summary(os.path.join(args.out, "warm")), f, indent=1)
+    json.dump(
+      {**warm_summary(os.path.join(args.out, "warm")), "rl_starts_at_step": args.warm_step or args.sft_steps},
+      f,
+      indent=1,
+    )
   if args.stage == "warm":
     return
   workdirs = {label: [run_one(args, label, seed, model) for seed in args.seeds] for label in labels}

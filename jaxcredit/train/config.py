@@ -137,6 +137,7 @@ RANGES: dict[str, Range] = {
   "sft.warmup_steps": _INT0,
   "sft.length_bucket": _INT1,
   "sft.checkpoint_every": _INT1,
+  "sft.model_every": Range(int, 0, meaning="0: the final warm-started policy only"),
   "eval.num_tasks": _INT1,
   "eval.batch_size": _INT1,
   "eval.every": Range(int, 0, meaning="0: no evals during RL"),
@@ -313,6 +314,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.sft.loss_tokens = "actions"  # "actions": the demonstration's assistant tokens; "all": every token (from scratch)
   c.sft.length_bucket = 64  # demonstrations are similar in length: a tighter bucket wastes less
   c.sft.checkpoint_every = 50  # warm-start checkpoints (and on SIGTERM / Ctrl-C); a rerun resumes mid-way
+  c.sft.model_every = 0  # also write the policy as warm_start_model_step_<s> every this many steps (0 = final only)
 
   c.eval = ml_collections.ConfigDict()
   c.eval.num_tasks = 64  # held-out tasks (fixed seed)

@@ -362,6 +362,39 @@ def test_warm_summary_reads_losses_and_every_warm_start_eval(testbed, tmp_path):
   ]
 
 
+def test_warm_step_starts_rl_from_an_earlier_point_of_the_same_warm_start(testbed, tmp_path):
+  """--warm-step S: the warm start's step-S model folder and its eval at S, never the final ones; a missing folder
+  or eval, or an S outside the warm start, is refused naming the flag."""
+  warm = tmp_path / "warm"
+  for name in ("warm_start_model", "warm_start_model_step_200"):
+    (warm / name).mkdir(parents=True)
+    (warm / name / "model_config.json").write_text("{}")
+  rows = [
+    {"phase": "eval", "step": 0, "stage": "sft_step_100", "sft_step": 100, "success_rate": 0.01, "num_tasks": 64},
+    {"phase": "eval", "step": 0, "stage": "sft_step_200", "sft_step": 200, "success_rate": 0.05, "num_tasks": 64},
+    {"phase": "eval", "step": 0, "stage": "after_warm_start", "success_rate": 0.25, "num_tasks": 64},
+  ]
+  (warm / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  args = types.SimpleNamespace(out=str(tmp_path), eval_tasks=64, sft_steps=300, warm_step=200)
+  assert testbed.warm_start(args, "unused") == (str(warm / "warm_start_model_step_200"), 0.05)
+  args.warm_step = 300  # the last step: the final folder and eval
+  assert testbed.warm_start(args, "unused") == (str(warm / "warm_start_model"), 0.25)
+  args.warm_step = 100  # an eval but no folder
+  with pytest.raises(ValueError, match="--warm-step=100: .* holds no warm_start_model_step_100"):
+    testbed.warm_start(args, "unused")
+  (warm / "warm_start_model_step_150").mkdir()
+  (warm / "warm_start_model_step_150" / "model_config.json").write_text("{}")
+  args.warm_step = 150  # a folder but no eval
+  with pytest.raises(ValueError, match="--warm-step=150: .* no held-out eval at warm-start step 150"):
+    testbed.warm_start(args, "unused")
+  args.warm_step = 400
+  with pytest.raises(ValueError, match="--warm-step=400: must lie in 1..--sft-steps=300"):
+    testbed.warm_start(args, "unused")
+  args.warm_step, args.eval_tasks = 200, 128
+  with pytest.raises(ValueError, match="--eval-tasks=128.*64 held-out tasks"):
+    testbed.warm_start(args, "unused")
+
+
 def test_warm_start_baseline_must_use_the_runs_eval_tasks(testbed, tmp_path):
   warm = tmp_path / "warm"
   (warm / "warm_start_model").mkdir(parents=True)

@@ -132,6 +132,7 @@ def test_one_warm_start_as_a_model_folder_then_rl_with_periodic_evals(tmp_path, 
   c.sft.learning_rate = 1e-2  # two steps that visibly move the weights
   c.sft.loss_tokens = "all"
   c.eval.sft_every = 1  # the warm start's curve: an eval after step 1; step 2's is the after_warm_start eval
+  c.sft.model_every = 1  # and the policy after step 1 as its own model folder
   trainer.train(c, sft_only=True)
   evals = [r for r in _rows(c.workdir) if r["phase"] == "eval"]
   assert [(r["stage"], r["step"], r.get("sft_step")) for r in evals] == [
@@ -146,6 +147,24 @@ def test_one_warm_start_as_a_model_folder_then_rl_with_periodic_evals(tmp_path, 
   saved = ckpt_lib.Checkpointer(c.workdir).restore_params(0, params)
   for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(saved)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+  # The step-1 folder is the policy of a warm start stopped after one step: to the bit, and not the final one.
+  assert sorted(f for f in os.listdir(c.workdir) if f.startswith("warm_start_model")) == [
+    "warm_start_model",
+    "warm_start_model_step_1",
+  ]
+  step1 = os.path.join(c.workdir, "warm_start_model_step_1")
+  assert json.load(open(os.path.join(step1, "source.json")))["sft_steps"] == 1
+  one = _config(tmp_path, tiny)
+  one.workdir = str(tmp_path / "one_step")
+  one.eval.before_sft = one.eval.after_sft = False
+  one.sft.learning_rate, one.sft.loss_tokens, one.sft.steps = 1e-2, "all", 1
+  trainer.train(one, sft_only=True)
+  p1 = jax.tree.leaves(nnx.state(models.load_model(step1)[0], nnx.Param))
+  stopped = jax.tree.leaves(nnx.state(models.load_model(os.path.join(one.workdir, "warm_start_model"))[0], nnx.Param))
+  for a, b in zip(p1, stopped):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert max(float(np.abs(np.asarray(a) - np.asarray(b)).max()) for a, b in zip(p1, jax.tree.leaves(params))) > 0
   init, _ = models.load_model(tiny.gguf_path, cache_dir=c.model.cache_dir)
   moved = [
     float(np.abs(np.asarray(a) - np.asarray(b)).max())

@@ -21,8 +21,8 @@ import orbax.checkpoint as ocp
 from jaxcredit import multihost, trees
 from jaxcredit.atomic_files import write_json_atomic
 
-# Keys that only change how long a run is, how often it logs / checkpoints / evaluates, where it goes, or where an
-# environment's server is.
+# Keys that only change how long a run is, how often it logs / checkpoints / evaluates / writes model folders, where
+# it goes, or where an environment's server is.
 # Everything else changes what is trained and must match on resume.
 RUN_LENGTH_KEYS = (
   "workdir",
@@ -39,6 +39,7 @@ RUN_LENGTH_KEYS = (
   "log_rollouts_every",
   "log_rollouts_count",
   "sft.checkpoint_every",
+  "sft.model_every",
   # where an environment's server runs (a restarted server has another port) and how long to wait for it
   "env.openenv.url",
   "env.openenv.command",

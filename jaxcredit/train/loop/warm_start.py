@@ -1,5 +1,6 @@
 """The supervised warm start (`warm_start`): cross-entropy on demonstrations from the training tasks, resumable
-from its own checkpoints; and the warm-started policy written as a model folder (`write_warm_start_model`)."""
+from its own checkpoints; and the warm-started policy written as a model folder (`write_warm_start_model`), at its
+end and, with `sft.model_every`, every that many steps on the way."""
 
 from __future__ import annotations
 
@@ -32,7 +33,11 @@ def warm_start(run: Run, params, stop: StopRequests | None = None) -> Any:
   Its steps run with the RL steps' cadence (`run.run_steps`): checkpoints every `sft.checkpoint_every` steps, at
   its last step, and when `stop` has seen SIGTERM / Ctrl-C (then raises `TrainingStopped`), a held-out eval every
   `eval.sft_every` steps; a warm-start checkpoint in the workdir is resumed from: parameters, optimizer state, the
-  demonstration order and the demonstration RNG, so the later steps equal an uninterrupted run's.
+  demonstration order and the demonstration RNG, so the later steps equal an uninterrupted run's. With
+  `sft.model_every` = M > 0, the policy after every M-th step before the last is also written as a model folder,
+  `workdir/warm_start_model_step_<s>` (`write_warm_start_model`): one warm start then offers RL every earlier point
+  of its curve, each equal to the final policy of a warm start stopped there (the schedule does not read
+  `sft.steps`).
   """
   c = run.config
   optimizer = step_lib.make_optimizer(
@@ -100,6 +105,8 @@ def warm_start(run: Run, params, stop: StopRequests | None = None) -> Any:
     dt = time.time() - t0
     row = {"loss": float(m["loss"]), "grad_norm": float(m["grad_norm"]), "action_tokens": n_tok}
     run.writer.write("sft", s, {**row, "tokens_per_s": traj.token_mask_BxL.sum() / dt, "step_s": dt})
+    if c.sft.model_every and s % c.sft.model_every == 0 and s < c.sft.steps:
+      write_warm_start_model(run, params, step=s)
 
   def save(s: int) -> None:
     meta = {"sft_step": s, "data_state": data.get_state(), "rng_state": rng.bit_generator.state, "phase": "sft"}
@@ -121,21 +128,25 @@ def warm_start(run: Run, params, stop: StopRequests | None = None) -> Any:
   return params
 
 
-def write_warm_start_model(run: Run, params) -> str | None:
+def write_warm_start_model(run: Run, params, step: int | None = None) -> str | None:
   """The warm-started policy as a converted model folder, `workdir/warm_start_model` (float32 parameters, the
   tokenizer, provenance in source.json), so that several RL runs can start from one warm start with
-  `config.model.source` pointing at it and `config.sft.steps=0`. Written by one process of a single-process run
-  only (gathering a sharded model to one host is not done here); returns the folder, or None when not written."""
+  `config.model.source` pointing at it and `config.sft.steps=0`. `step`: the policy after that warm-start step,
+  written to `workdir/warm_start_model_step_<step>` instead (`sft.model_every`); source.json's `sft_steps` is the
+  step it holds. Written by one process of a single-process run only (gathering a sharded model to one host is not
+  done here); returns the folder, or None when not written (an existing folder of that name is replaced)."""
   if jax.process_count() > 1:
-    print("[jaxcredit] several processes: the warm-started policy stays in the checkpoint only (no model folder)")
+    if step is None:
+      print("[jaxcredit] several processes: the warm-started policy stays in the checkpoint only (no model folder)")
     return None
-  folder = os.path.join(run.config.workdir, "warm_start_model")
+  name = "warm_start_model" if step is None else f"warm_start_model_step_{step}"
+  folder = os.path.join(run.config.workdir, name)
   if os.path.exists(folder):
     shutil.rmtree(folder)
   source = {
     "warm_start_of": str(run.config.model.source),
     "workdir": os.path.abspath(run.config.workdir),
-    "sft_steps": int(run.config.sft.steps),
+    "sft_steps": int(run.config.sft.steps if step is None else step),
     "env": str(run.config.env.name),
     "seed": int(run.config.seed),
   }
