@@ -105,6 +105,12 @@ the band) the probe found 5 of 16 groups with a contrast, 0.3125, above 0.30, so
 band; at 1000 (0.043) 6 of 16 (0.375), at 1100 (0.078) 7 of 16 and at 1200 (0.066) 9 of 16, not taken; so by the
 fallback chain_longer is next. A 16 x 8 probe runs with `--set train.num_micro_batches=4` (the same update by
 gradient accumulation: 7.9 GB resident, where the whole batch at once asked for 28 GB).
+  Applied to chain_longer (benchmarks/results/testbed_chain_longer_warm_rule.json, with its commands): one warm start
+of 1,200 steps keeping its policy every 100 steps (`--sft-model-every 100`), held-out success 0.000, 0.012, 0.012,
+0.012, 0.023, 0.023, 0.055, 0.031, 0.020, 0.020, 0.039, 0.027 (steps 100-1,200); at 500 (0.023) the probe found 5 of 16
+groups with a contrast, not taken; at 600 (0.023) 2 of 16 (0.125): **N = 600**. The comparison starts from that
+warm start's policy after 600 steps (`--warm-step 600`, equal to a warm start of 600 steps: the schedule does not
+read the warm start's length; tests/integration/test_train_resume.py checks the equality to the bit).
   Runs (30 RL steps of 4 prompts x 8 rollouts, lr 1e-4, the final eval on 256 fixed tasks, sampled with fixed keys):
 chains grpo, grpo_progress (the control: GRPO paid the fraction of the chain reached), trace, trace_k0,
 trace_raw_delta, gigpo; sessions grpo, grpo_partial (the control: GRPO paid the fraction of requests right), crest,
@@ -120,12 +126,16 @@ of groups with an outcome contrast, of tokens with a nonzero advantage, the dens
 
   python benchmarks/testbed_compare.py --task chain --out runs/ch1p --stage policy --copy-steps 400 \
       --copy-small-fraction 0
-  python benchmarks/testbed_compare.py --task chain_long --out runs/cs1p_600 --policy runs/ch1p/policy_copy \
-      --sft-steps 600 --sft-lr 1e-3 --sft-eval-every 300 --eval-tasks 256 --seeds 0,1,2,3,4 --steps 30 \
-      --eval-every 10 --prompts 4 --group 8 --lr 1e-4 --methods grpo,grpo_progress,trace \
-      --merge benchmarks/results/testbed_chain_sparse.json
-  (a session runs a few seeds; `--seeds 1 --merge ...` then joins them to the file, which it refuses unless the
-  warm start and every shared seed's curves repeat; copy the new testbed.json over the file)
+  python benchmarks/testbed_compare.py --task chain_longer --out runs/cl1p_1200 --stage warm \
+      --policy runs/ch1p/policy_copy --sft-steps 1200 --sft-model-every 100 --sft-lr 1e-3 --sft-eval-every 100 \
+      --eval-tasks 256
+  python benchmarks/testbed_compare.py --task chain_longer --out runs/cl1p_1200 --policy runs/ch1p/policy_copy \
+      --sft-steps 1200 --sft-model-every 100 --warm-step 600 --sft-lr 1e-3 --sft-eval-every 100 --eval-tasks 256 \
+      --seeds 0,1,2,3,4 --steps 30 --eval-every 10 --prompts 4 --group 8 --lr 1e-4 \
+      --methods grpo,grpo_progress,trace --merge benchmarks/results/testbed_chain_sparse.json
+  (the first seeds run without --merge and their testbed.json becomes the file; a session runs a few seeds;
+  `--seeds 1 --merge ...` then joins them to the file, which it refuses unless the warm start and every shared
+  seed's curves repeat; copy the new testbed.json over the file)
   (then --seeds 0,1,2 --methods trace_k0,trace_raw_delta,gigpo; and --task session_long --out runs/ss1 with
   grpo,grpo_partial,crest at seeds 0-4, crest_lam0,hsd,gear,sgcd,trace at seeds 0-2)
 
