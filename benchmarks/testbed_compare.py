@@ -1230,7 +1230,8 @@ def _mean_or_none(values: list) -> float | None:
 
 
 _DIAGNOSTIC_TITLES = {
-  "contrast_group_frac": "groups with an outcome contrast",
+  # rewards that differ: the outcome for outcome-paid methods, the shaped reward for a control paid partial credit
+  "contrast_group_frac": "groups whose rewards differ",
   "nonzero_adv_token_frac": "action tokens with a nonzero advantage",
   "dense_adv_share": "dense term's share of |advantage|",
   "grad_norm": "gradient norm",
