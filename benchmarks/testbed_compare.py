@@ -749,11 +749,10 @@ def warm_start(args, policy: str) -> tuple[str, float]:
         f"--warm-step={step}: {workdir} holds no {os.path.basename(folder)}; run its warm stage with an "
         f"--sft-model-every that divides {step}"
       )
-    rows = [json.loads(x) for x in open(os.path.join(workdir, "metrics.jsonl"))]
-    evals = [r for r in rows if r["phase"] == "eval" and r.get("stage") == f"sft_step_{step}"]
-    if not evals:
+    row = _last_warm_eval(workdir, f"sft_step_{step}")
+    if row is None:
       raise ValueError(f"--warm-step={step}: {workdir} has no held-out eval at warm-start step {step}")
-    return folder, _checked_eval_size(args, workdir, evals[-1])
+    return folder, _checked_eval_size(args, workdir, row)
   if not os.path.isfile(os.path.join(model, "model_config.json")):
     c = base(args, workdir, policy, 0)
     c.sft.steps = args.sft_steps
@@ -766,9 +765,14 @@ def warm_start(args, policy: str) -> tuple[str, float]:
     c.eval.sft_every = args.sft_eval_every
     c.sft.model_every = getattr(args, "sft_model_every", 0)
     trainer.train(c, sft_only=True)
-  rows = [json.loads(x) for x in open(os.path.join(workdir, "metrics.jsonl"))]
-  final = [r for r in rows if r["phase"] == "eval" and r.get("stage") == "after_warm_start"][-1]
-  return model, _checked_eval_size(args, workdir, final)
+  return model, _checked_eval_size(args, workdir, _last_warm_eval(workdir, "after_warm_start"))
+
+
+def _last_warm_eval(workdir: str, stage: str) -> dict | None:
+  """The warm start's last held-out eval row of `stage` in `workdir`/metrics.jsonl, or None."""
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    rows = [json.loads(x) for x in f]
+  return next((r for r in reversed(rows) if r["phase"] == "eval" and r.get("stage") == stage), None)
 
 
 def _checked_eval_size(args, workdir: str, row: dict) -> float:
