@@ -121,8 +121,9 @@ t-interval of the per-seed differences over seeds 0-4 (paired by seed) lies abov
 the same way: above 0 is credit assignment beyond a denser reward; an interval containing 0 says TRACE's gain (if
 any) is matched by reward shaping. H3, on sessions CrEST minus GRPO and CrEST minus grpo_partial, the same way. Every
 other row is descriptive (3 seeds: its difference and interval are reported, not claimed). The warm-start probes'
-runs are not counted. The summary's `vs_grpo` holds each difference and interval; `diagnostics` the per-step share
-of groups with an outcome contrast, of tokens with a nonzero advantage, the dense term's share and the gradient norm.
+runs are not counted. The summary's `vs_grpo` and `vs_control` (against the task's control) hold each difference and
+interval; `diagnostics` the per-step share of groups with an outcome contrast, of tokens with a nonzero advantage, the
+dense term's share and the gradient norm.
 
   python benchmarks/testbed_compare.py --task chain --out runs/ch1p --stage policy --copy-steps 400 \
       --copy-small-fraction 0
@@ -245,6 +246,10 @@ RUNS = {
   "grpo_progress": ("grpo", {}, ("env.chain.reward=progress",)),  # chains: the fraction of the chain reached
   "grpo_partial": ("grpo", {}, ("env.session.reward=unit_fraction",)),  # sessions: the fraction of requests right
 }
+
+# The controls above, in the order `summarize` looks for one: each method's `vs_control` is its difference from the
+# first of these the comparison ran (a task runs one: grpo_progress on chains, grpo_partial on sessions).
+CONTROLS = ("grpo_progress", "grpo_partial")
 
 # The arithmetic task (`--task arithmetic`): the quickstart's environment (reasoning-gym arithmetic, a calculator, at
 # most 2 calls) with warm-start demonstrations of mixed quality: `--direct-answer-prob` of them answer at once without
@@ -1089,6 +1094,10 @@ def summarize(
       m["reached_grpo_final"] = f"{len(hit)}/{len(reach)}"
       # The final held-out success minus GRPO's, with its 95% interval over seeds (paired by seed where shared).
       m["vs_grpo"] = None if label == "grpo" else difference_from(methods["grpo"], m)
+  # ... and minus the task's control (H2 and H3's second half: a dense method against GRPO on a denser reward)
+  control = next((label for label in CONTROLS if label in methods), None)
+  for label, m in methods.items():
+    m["vs_control"] = None if label in ("grpo", control) or control is None else difference_from(methods[control], m)
   result = {
     "machine": {
       "cpus": os.cpu_count(),
@@ -1109,6 +1118,7 @@ def summarize(
       if (m.get("diagnostics") or {}).get("contrast_group_frac")
     },
     "target": target,
+    "control": control,  # the label each method's `vs_control` is taken against (None: no control ran)
     "rollouts_per_step": args.prompts * args.group,
     "total_seconds": seconds,
     "methods": methods,
@@ -1304,10 +1314,15 @@ def plot(result: dict, path: str) -> None:
 def table(result: dict) -> str:
   lines = [
     "| method | final held-out success (mean ± std) | per seed | steps to target (mean over seeds that reached it) "
-    "| reached | steps to GRPO's final | training success, first -> last quarter | RL seconds a run |",
-    "|---|---:|---|---:|---:|---:|---:|---:|",
+    "| reached | steps to GRPO's final | training success, first -> last quarter | RL seconds a run "
+    f"| minus GRPO [95% CI] | minus {result.get('control') or 'the control'} [95% CI] |",
+    "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
   ]
   fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+
+  def diff(d):
+    return "-" if d is None else f"{d['diff']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]"
+
   for label, m in result["methods"].items():
     reach = "-" if m["steps_to_target_mean"] is None else f"{m['steps_to_target_mean']:.1f}"
     per_seed = ", ".join(f"{v:.3f}" for v in m["final_success"])
@@ -1316,7 +1331,8 @@ def table(result: dict) -> str:
     to_grpo += f" ({m['reached_grpo_final']})" if "reached_grpo_final" in m else ""
     lines.append(
       f"| {label} | {m['final_success_mean']:.3f} ± {m['final_success_std']:.3f} | {per_seed} | {reach} | "
-      f"{m['reached_target']} | {to_grpo} | {train} | {m.get('rl_seconds_mean', 0.0):.0f} |"
+      f"{m['reached_target']} | {to_grpo} | {train} | {m.get('rl_seconds_mean', 0.0):.0f} | "
+      f"{diff(m.get('vs_grpo'))} | {diff(m.get('vs_control'))} |"
     )
   return "\n".join(lines)
 

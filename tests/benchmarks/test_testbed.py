@@ -209,6 +209,36 @@ def test_summary_means_spreads_and_steps_to_target(testbed, tmp_path):
   assert t["diagnostics"]["steps"] == list(range(1, 11)) and t["diagnostics"]["contrast_group_frac"] == [None] * 10
 
 
+def test_each_method_is_also_compared_with_the_tasks_control(testbed, tmp_path):
+  # H2: TRACE minus the shaped-reward control, paired by seed like its difference from GRPO
+  args = types.SimpleNamespace(
+    out=str(tmp_path), target_gain=0.1, seeds=[0, 1], prompts=2, group=4, steps=10, progress=False, task="chain"
+  )
+  finals = {"grpo": (0.30, 0.40), "grpo_progress": (0.50, 0.40), "trace": (0.45, 0.50)}
+  workdirs = {
+    label: [_run(tmp_path / f"{label}_seed{seed}", [(10, v)]) for seed, v in enumerate(values)]
+    for label, values in finals.items()
+  }
+  result = testbed.summarize(args, 0.1, workdirs, seconds=1.0)
+  methods = result["methods"]
+  assert result["control"] == "grpo_progress"
+  assert methods["grpo"]["vs_control"] is None and methods["grpo_progress"]["vs_control"] is None
+  # per seed: trace - progress = -0.05, +0.10 (mean +0.025); trace - grpo = +0.15, +0.10 (mean +0.125)
+  assert methods["trace"]["vs_control"]["diff"] == pytest.approx(0.025)
+  assert methods["trace"]["vs_control"]["paired_seeds"] == 2
+  assert methods["trace"]["vs_grpo"]["diff"] == pytest.approx(0.125)
+  assert methods["grpo_progress"]["vs_grpo"]["diff"] == pytest.approx(0.1)
+  d = methods["trace"]["vs_control"]
+  table = testbed.table(result)
+  assert "minus grpo_progress [95% CI]" in table
+  assert f"| +0.125 [{methods['trace']['vs_grpo']['ci95'][0]:+.3f}, " in table
+  assert f"| +0.025 [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] |" in table
+  # no control ran: every vs_control is None and the column says so
+  only = testbed.summarize(args, 0.1, {k: workdirs[k] for k in ("grpo", "trace")}, seconds=1.0)
+  assert only["control"] is None and only["methods"]["trace"]["vs_control"] is None
+  assert "minus the control [95% CI]" in testbed.table(only)
+
+
 def test_diagnostics_are_averaged_over_seeds_step_by_step(testbed, tmp_path):
   def run(name, contrast):
     w = tmp_path / name
