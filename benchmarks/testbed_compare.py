@@ -917,8 +917,30 @@ def train_curve(workdir: str) -> tuple[list[int], list[float], float]:
   return [r["step"] for r in rl], [r["success_rate"] for r in rl], float(sum(r.get("step_s", 0.0) for r in rl))
 
 
-DIAGNOSTICS = ("contrast_group_frac", "nonzero_adv_token_frac", "dense_adv_share", "grad_norm")
+DIAGNOSTICS = (
+  "outcome_contrast_group_frac",
+  "contrast_group_frac",
+  "nonzero_adv_token_frac",
+  "dense_adv_share",
+  "grad_norm",
+)
 """Per RL step, why a method learns or not (issue 51; `rl_step.credit_diagnostics` and the update's gradient norm)."""
+PLOTTED_DIAGNOSTICS = ("outcome_contrast_group_frac", "nonzero_adv_token_frac", "dense_adv_share", "grad_norm")
+
+
+def fill_outcome_contrast(label: str, diagnostics: dict) -> dict:
+  """`diagnostics` (`diagnostics_curves`) with `outcome_contrast_group_frac` filled in for rows logged before the RL
+  step wrote it: a method paid the outcome (its `RUNS` row sets no reward) has it equal to `contrast_group_frac` (its
+  reward is the 0/1 outcome); a control paid a shaped or partial reward has None there (not recoverable)."""
+  if any(v is not None for v in diagnostics.get("outcome_contrast_group_frac") or []):
+    return diagnostics
+  settings = RUNS[label][2] if len(RUNS[label]) > 2 else ()
+  paid_the_outcome = not any(".reward=" in item for item in settings)
+  steps = diagnostics.get("steps", [])
+  fill = (
+    list(diagnostics.get("contrast_group_frac") or [None] * len(steps)) if paid_the_outcome else [None] * len(steps)
+  )
+  return {**diagnostics, "outcome_contrast_group_frac": fill}
 
 
 def diagnostics_curves(workdir: str) -> dict[str, list]:
@@ -930,14 +952,16 @@ def diagnostics_curves(workdir: str) -> dict[str, list]:
 
 
 def mean_diagnostics(curves: list[dict]) -> dict[str, list]:
-  """The seeds' diagnostics curves averaged step by step (steps all seeds logged; None where any seed lacks one)."""
+  """The seeds' diagnostics curves averaged step by step over the steps all seeds logged: each value the mean over
+  the seeds that have it (a seed logged before a diagnostic existed lacks it), None where none has."""
   steps = sorted(set.intersection(*(set(c["steps"]) for c in curves))) if curves else []
   out: dict[str, list] = {"steps": steps}
   for k in DIAGNOSTICS:
     values = []
     for s in steps:
-      xs = [c[k][c["steps"].index(s)] for c in curves]
-      values.append(None if any(x is None for x in xs) else float(np.mean(xs)))
+      xs = [(c.get(k) or [None] * len(c["steps"]))[c["steps"].index(s)] for c in curves]
+      xs = [x for x in xs if x is not None]
+      values.append(float(np.mean(xs)) if xs else None)
     out[k] = values
   return out
 
@@ -1056,7 +1080,7 @@ def method_summary(label: str, records: list[dict], start: float, target_gain: f
     "final_env": _mean_dicts([r["final_env"] for r in records]),
     # per RL step, mean over seeds: groups with an outcome contrast, tokens with a nonzero advantage, the dense
     # term's share of the advantage's magnitude, the gradient norm (`DIAGNOSTICS`)
-    "diagnostics": mean_diagnostics([r["diagnostics"] for r in records]),
+    "diagnostics": mean_diagnostics([fill_outcome_contrast(label, r["diagnostics"]) for r in records]),
     "runs": records,
   }
 
@@ -1113,9 +1137,9 @@ def summarize(
     # How starved the task is where RL starts: per method, the share of its first RL step's groups (sampled by the
     # warm start) that hold an outcome contrast, mean over its seeds (issue 51: at most 0.3 for the starved chains).
     "contrast_group_frac_first_step": {
-      label: m["diagnostics"]["contrast_group_frac"][0]
+      label: m["diagnostics"]["outcome_contrast_group_frac"][0]
       for label, m in methods.items()
-      if (m.get("diagnostics") or {}).get("contrast_group_frac")
+      if ((m.get("diagnostics") or {}).get("outcome_contrast_group_frac") or [None])[0] is not None
     },
     "target": target,
     "control": control,  # the label each method's `vs_control` is taken against (None: no control ran)
@@ -1244,6 +1268,7 @@ def _mean_or_none(values: list) -> float | None:
 
 
 _DIAGNOSTIC_TITLES = {
+  "outcome_contrast_group_frac": "groups holding a success and a failure",
   # rewards that differ: the outcome for outcome-paid methods, the shaped reward for a control paid partial credit
   "contrast_group_frac": "groups whose rewards differ",
   "nonzero_adv_token_frac": "action tokens with a nonzero advantage",
@@ -1264,7 +1289,7 @@ def plot(result: dict, path: str) -> None:
   fig = plt.figure(figsize=(16, 9))
   grid = fig.add_gridspec(2, 4, height_ratios=[3, 2])
   ax, ax_train = fig.add_subplot(grid[0, :2]), fig.add_subplot(grid[0, 2:])
-  ax_diag = {name: fig.add_subplot(grid[1, i]) for i, name in enumerate(DIAGNOSTICS)}
+  ax_diag = {name: fig.add_subplot(grid[1, i]) for i, name in enumerate(PLOTTED_DIAGNOSTICS)}
   for k, (label, m) in enumerate(result["methods"].items()):
     color = f"C{k % 10}"
     steps = m["curves"][0]["steps"]
@@ -1284,7 +1309,7 @@ def plot(result: dict, path: str) -> None:
     diag = m.get("diagnostics") or {}
     for name, a in ax_diag.items():
       values = diag.get(name) or []
-      if values and None not in values and len(values) >= window:
+      if values and None not in values and len(values) >= window:  # a control's outcome contrast may be None
         smooth = np.convolve(np.asarray(values, float), np.ones(window) / window, mode="valid")
         a.plot(diag["steps"][window - 1 :], smooth, color=color, label=label)
   ax.axhline(result["target"], color="gray", ls="--", lw=0.8, label=f"target {result['target']:.2f}")

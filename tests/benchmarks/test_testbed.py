@@ -240,7 +240,7 @@ def test_each_method_is_also_compared_with_the_tasks_control(testbed, tmp_path):
 
 
 def test_diagnostics_are_averaged_over_seeds_step_by_step(testbed, tmp_path):
-  def run(name, contrast):
+  def run(name, contrast, outcome=None):
     w = tmp_path / name
     w.mkdir()
     rows = [
@@ -251,6 +251,7 @@ def test_diagnostics_are_averaged_over_seeds_step_by_step(testbed, tmp_path):
         "nonzero_adv_token_frac": c,
         "dense_adv_share": 0.0,
         "grad_norm": 1.0 + s,
+        **({} if outcome is None else {"outcome_contrast_group_frac": outcome[s - 1]}),
       }
       for s, c in enumerate(contrast, 1)
     ]
@@ -261,6 +262,18 @@ def test_diagnostics_are_averaged_over_seeds_step_by_step(testbed, tmp_path):
   mean = testbed.mean_diagnostics(curves)
   assert mean["steps"] == [1, 2]  # the steps every seed logged
   assert mean["contrast_group_frac"] == [0.5, 0.5] and mean["grad_norm"] == [2.0, 3.0]
+  assert mean["outcome_contrast_group_frac"] == [None, None]  # logged before the RL step wrote it
+  # Rows without the outcome contrast: equal to the reward contrast for a run paid the outcome, unknown for a control
+  assert testbed.fill_outcome_contrast("grpo", curves[1])["outcome_contrast_group_frac"] == [0.75, 0.5]
+  assert testbed.fill_outcome_contrast("grpo_progress", curves[1])["outcome_contrast_group_frac"] == [None, None]
+  # A control's seeds with and without it: the mean over the seeds that logged it
+  control = [
+    testbed.fill_outcome_contrast("grpo_progress", testbed.diagnostics_curves(run("c0", [1.0, 1.0]))),
+    testbed.fill_outcome_contrast("grpo_progress", testbed.diagnostics_curves(run("c1", [1.0, 1.0], [0.25, 0.5]))),
+    testbed.fill_outcome_contrast("grpo_progress", testbed.diagnostics_curves(run("c2", [1.0, 1.0], [0.75, 0.0]))),
+  ]
+  mean = testbed.mean_diagnostics(control)
+  assert mean["outcome_contrast_group_frac"] == [0.5, 0.25] and mean["contrast_group_frac"] == [1.0, 1.0]
 
 
 def test_merge_joins_an_earlier_results_file_only_when_the_runs_repeat(testbed, tmp_path):

@@ -412,15 +412,27 @@ def test_the_steps_credit_diagnostics():
   from jaxcredit.train.loop.rl_step import credit_diagnostics
 
   traj = _traj(rewards=(0.0, 0.0, 1.0, 0.0), group_ids=(0, 0, 1, 1))
+  success = np.asarray([False, False, True, False])
   grpo = METHODS["grpo"].advantages(traj, _knobs("grpo")).adv_BxL
-  d = credit_diagnostics(traj, grpo)
-  assert d == {"contrast_group_frac": 0.5, "nonzero_adv_token_frac": 0.5, "dense_adv_share": 0.0}
+  d = credit_diagnostics(traj, grpo, success)
+  assert d == {
+    "contrast_group_frac": 0.5,
+    "outcome_contrast_group_frac": 0.5,
+    "nonzero_adv_token_frac": 0.5,
+    "dense_adv_share": 0.0,
+  }
   act = traj.action_mask_BxL
   dense = np.where(act, 0.25, 0.0)  # a dense term of 0.25 on every action token, the tied group's included
-  d = credit_diagnostics(traj, grpo + dense)
+  d = credit_diagnostics(traj, grpo + dense, success)
   assert d["nonzero_adv_token_frac"] == 1.0
   # |A_grpo| = 0.5 / (the sample std 1/√2) = 1/√2 on the 10 tokens of group 1, 0 on group 0; the dense 0.25 on all 20.
   assert d["dense_adv_share"] == pytest.approx(0.25 * 20 / (10 / np.sqrt(2) + 0.25 * 20), rel=1e-5)
+  # A shaped reward (the chain's progress): every group's rewards differ, but only group 1 holds a success
+  shaped = _traj(rewards=(0.25, 0.5, 1.0, 0.75), group_ids=(0, 0, 1, 1))
+  d = credit_diagnostics(shaped, METHODS["grpo"].advantages(shaped, _knobs("grpo")).adv_BxL, success)
+  assert d["contrast_group_frac"] == 1.0 and d["outcome_contrast_group_frac"] == 0.5
+  with pytest.raises(ValueError, match="success_B"):
+    credit_diagnostics(traj, grpo, success[:3])
 
 
 def test_a_method_reusing_a_pass_gets_its_knobs_and_a_node_without_one_is_refused_naming_the_pass(monkeypatch):

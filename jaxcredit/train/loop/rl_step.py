@@ -408,7 +408,7 @@ def metrics_row(
     row["unit_reward_mean"] = float(traj.unit_rewards_BxU[traj.unit_mask_BxU].mean())
   if out.turn_adv_BxT is not None and tm.any():
     row["turn_adv_abs_mean"] = float(np.abs(out.turn_adv_BxT[tm]).mean())
-  row.update(credit_diagnostics(traj, out.adv_BxL))
+  row.update(credit_diagnostics(traj, out.adv_BxL, np.asarray([run.env.is_success(r) for r in rollouts.rewards])))
   # Each term's loss, and a capped term's gradient norms, scale and share (`step.loss_and_grads`, grad_caps).
   row.update({k: float(v) for k, v in m.items() if k.startswith(("loss_", "grad_norm_", "grad_scale_", "grad_share_"))})
   if "kl" in m and c.loss.kl_coef > 0:
@@ -418,25 +418,34 @@ def metrics_row(
   return row
 
 
-def credit_diagnostics(traj, adv_BxL: np.ndarray) -> dict[str, float]:
+def credit_diagnostics(traj, adv_BxL: np.ndarray, success_B: np.ndarray) -> dict[str, float]:
   """Where a step's signal comes from (issue 51: why a dense method does or does not beat GRPO):
 
-  contrast_group_frac     groups whose valid rollouts' rewards are not all equal (GRPO's only source of signal)
-  nonzero_adv_token_frac  action tokens of valid rollouts with a nonzero advantage
-  dense_adv_share         Σ|A - A_grpo| / (Σ|A_grpo| + Σ|A - A_grpo|) over those tokens: the share of the
-                          advantage's magnitude that is not the rollout's group-normalised outcome (0 for GRPO)
-  """
+  contrast_group_frac          groups whose valid rollouts' rewards are not all equal (GRPO's only source of signal)
+  outcome_contrast_group_frac  groups whose valid rollouts hold both a success and a failure (`success_B`, bool [B]:
+                               the environment's `is_success` of each reward): the same as contrast_group_frac for a
+                               run paid the outcome, and the outcome's contrast for one paid a shaped or partial reward
+  nonzero_adv_token_frac       action tokens of valid rollouts with a nonzero advantage
+  dense_adv_share              Σ|A - A_grpo| / (Σ|A_grpo| + Σ|A - A_grpo|) over those tokens: the share of the
+                               advantage's magnitude that is not the rollout's group-normalised outcome (0 for GRPO)
+
+  Raises ValueError when `success_B` is not one flag per rollout."""
+  success_B = np.asarray(success_B, bool)
+  if success_B.shape != np.shape(traj.rewards_B):
+    raise ValueError(f"success_B: shape {success_B.shape}, expected one flag per rollout {np.shape(traj.rewards_B)}")
   act = traj.action_mask_BxL & traj.sample_mask_B[:, None]
   idx_PxG = group_index(traj.group_ids_B)
   rewards_PxG = np.asarray(traj.rewards_B, np.float64)[idx_PxG]
   valid_PxG = np.asarray(traj.sample_mask_B, bool)[idx_PxG] & np.isfinite(rewards_PxG)
   contrast = [len(set(r[v].tolist())) > 1 for r, v in zip(rewards_PxG, valid_PxG)]
+  outcome = [len(set(s[v].tolist())) > 1 for s, v in zip(success_B[idx_PxG], valid_PxG)]
   grpo = outcome_advantages(traj)[:, None] * act
   adv = np.where(act, np.asarray(adv_BxL, np.float64), 0.0)
   dense = float(np.abs(adv - grpo)[act].sum())
   total = float(np.abs(grpo)[act].sum()) + dense
   return {
     "contrast_group_frac": float(np.mean(contrast)) if contrast else 0.0,
+    "outcome_contrast_group_frac": float(np.mean(outcome)) if outcome else 0.0,
     "nonzero_adv_token_frac": float(np.mean(adv[act] != 0.0)) if act.any() else 0.0,
     "dense_adv_share": dense / total if total > 0 else 0.0,
   }
