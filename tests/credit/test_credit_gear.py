@@ -151,12 +151,18 @@ def test_gear_worked_example_by_hand():
   np.testing.assert_array_equal(credit.gear_segments(div, ent, action, lambda_h=math.inf), [-1, -1, 2, 2, 2, -1, 6, 6])
 
 
+# Jitted once, so each token length compiles once across the examples (a jit made inside the test compiled anew for
+# every example: 70 s of the default suite).
+_VMAPPED_ADV = jax.jit(jax.vmap(credit.gear_advantages))
+_VMAPPED_SEGS = jax.jit(jax.vmap(credit.gear_segments))
+
+
 @given(st.sampled_from(TOKEN_LENGTHS).flatmap(lambda n: st.lists(rollouts(n), min_size=3, max_size=3)))
 def test_gear_vmap_agrees_with_one_call_per_rollout(rs):
   div, ent, action = (np.stack([r[k] for r in rs]) for k in range(3))
   seq = np.asarray([1.0, -0.5, 0.25], np.float32)
-  batched = np.asarray(jax.jit(jax.vmap(credit.gear_advantages))(seq, div, ent, action))
-  segs = np.asarray(jax.jit(jax.vmap(credit.gear_segments))(div, ent, action))
+  batched = np.asarray(_VMAPPED_ADV(seq, div, ent, action))
+  segs = np.asarray(_VMAPPED_SEGS(div, ent, action))
   for b in range(3):
     np.testing.assert_array_equal(batched[b], np.asarray(_adv(KNOBS[0])(seq[b], div[b], ent[b], action[b])))
     np.testing.assert_array_equal(segs[b], np.asarray(_segs(KNOBS[0])(div[b], ent[b], action[b])))
