@@ -90,7 +90,7 @@ def test_bfcl_configs_one_step(name, tmp_path):
   c.eval.num_tasks = 4  # the TradingBot eval split has 7
   c.sampling.max_len = 2560
   c.teacher.max_len = 3072
-  c.env.bfcl_multi_turn.max_turns = 3
+  c.env.bfcl_multi_turn.max_turns = 2
   c.env.bfcl_multi_turn.max_steps_per_unit = 1  # every message ends a request: units are reached and verified
   c.total_steps = 1  # one RL step of SmolLM2 on 1.7k-token prompts is minutes here; trace_search runs two
   trainer.train(c)
