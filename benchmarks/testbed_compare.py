@@ -137,8 +137,17 @@ dense term's share and the gradient norm.
   (the first seeds run without --merge and their testbed.json becomes the file; a session runs a few seeds;
   `--seeds 1 --merge ...` then joins them to the file, which it refuses unless the warm start and every shared
   seed's curves repeat; copy the new testbed.json over the file)
-  (then --seeds 0,1,2 --methods trace_k0,trace_raw_delta,gigpo; and --task session_long --out runs/ss1 with
-  grpo,grpo_partial,crest at seeds 0-4, crest_lam0,hsd,gear,sgcd,trace at seeds 0-2)
+  (then --seeds 0,1,2 --methods trace_k0,trace_raw_delta,gigpo)
+
+  Sessions, stated before their warm start (2026-12-07): the amended rule with the issue's session criteria. One warm
+start of session_long of 1,200 steps keeping its policy every 100 (`--task session_long --out runs/sl1p_1200 --stage
+warm --policy runs/ch1p/policy_copy --sft-steps 1200 --sft-model-every 100 --sft-lr 1e-3 --sft-eval-every 100
+--eval-tasks 256`); N the first of its evals from 300 whose all-requests-right success on 256 tasks is in [0.02, 0.08]
+and whose requests are right from a right input (env/session_request_success_given_right_input) 40-80% of the time;
+a 16 x 8 GRPO probe of that N reports the share of contrasted groups (descriptive: the issue's 30% is a chain
+criterion). If no N up to 1,200 meets both, the rule is amended (in writing, here) before any comparison run. Then
+`--warm-step N --seeds S --steps 30 --eval-every 10 --prompts 4 --group 8 --lr 1e-4` with grpo, grpo_partial, crest at
+seeds 0-4 and crest_lam0, hsd, gear, sgcd, trace at seeds 0-2, into benchmarks/results/testbed_session_sparse.json.
 
 The committed files' "hsd", "gear" and "sgcd" rows were run before those names took the papers' forms (issue 52):
 to repeat them, name the earlier readings, `--methods hsd_grpo,gear_v0,sgcd_v0` (the METHODS rows below).
