@@ -17,8 +17,9 @@ For failed rollouts (reward 0) the useful number is the contrast inside one roll
 (the outcome advantage, the same for every turn of a rollout, cancels): 0 for GRPO by construction, and for a dense
 method the share of its credit that tells the right calls from the one that broke the chain. Reported per step file
 and pooled over all of them: mean turn advantage by label (failed and successful rollouts apart), the mean
-within-rollout contrast and the fraction of failed rollouts where it is positive, and how wide a rollout's turn
-advantages spread against their level (the dense part's size against the outcome's).
+within-rollout contrast and the fraction of failed rollouts where it is positive, how wide a rollout's turn
+advantages spread against their level (the dense part's size against the outcome's), and (`all_fail_groups`) the
+credit by label and by turn index in the groups where every rollout failed, where GRPO's advantage is 0.
 """
 
 import argparse
@@ -138,6 +139,44 @@ def landing(records: list[dict]) -> dict:
   }
 
 
+def all_fail_groups(records: list[dict]) -> list[list[dict]]:
+  """One step's rollouts grouped by `group_id`, keeping the groups whose every rollout failed (reward <= 0): there
+  GRPO's advantage is exactly 0, so whatever credit a dense method gives those turns is all of its signal.
+
+  Raises:
+    ValueError: a record without `group_id`.
+  """
+  groups: dict = {}
+  for r in records:
+    if "group_id" not in r:
+      raise ValueError(f"rollout {r.get('rollout_id')!r} has no group_id")
+    groups.setdefault(r["group_id"], []).append(r)
+  return [g for g in groups.values() if all(r["reward"] <= 0 for r in g)]
+
+
+def where_grpo_is_silent(groups: list[list[dict]]) -> dict:
+  """Mean turn advantage by label and by turn index (0 = the first assistant turn) over the turns of all-fail
+  groups (`all_fail_groups`, pooled over steps by the caller). For a method that points at the break, `right` lies
+  above `first_wrong` and `after_wrong`; a value that rises with the turn index whatever the label credits position,
+  not progress."""
+  by_label: dict[str, list[float]] = {}
+  by_index: list[list[float]] = []
+  for g in groups:
+    for r in g:
+      for i, (label, a) in enumerate(zip(turn_labels(r), r["turn_advantages"])):
+        by_label.setdefault(label, []).append(float(a))
+        by_index += [[] for _ in range(i + 1 - len(by_index))]
+        by_index[i].append(float(a))
+  return {
+    "groups": len(groups),
+    "rollouts": sum(len(g) for g in groups),
+    "turn_adv_mean": {label: float(np.mean(v)) for label, v in by_label.items()},
+    "turns": {label: len(v) for label, v in by_label.items()},
+    "turn_adv_mean_by_index": [float(np.mean(v)) for v in by_index],
+    "turns_by_index": [len(v) for v in by_index],
+  }
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("rollouts_dir", help="a run's rollouts/ folder (step_N.jsonl files)")
@@ -148,13 +187,15 @@ def main(argv=None):
   )
   if not files:
     sys.exit(f"chain_credit: no step_N.jsonl in {args.rollouts_dir} (run with rollout.export_jsonl=true)")
-  per_step, pooled = {}, []
+  per_step, pooled, silent = {}, [], []
   for path in files:
     records = read_jsonl(path)
     pooled += records
-    per_step[os.path.basename(path)] = landing(records)
+    groups = all_fail_groups(records)  # a step's own groups: group ids repeat from step to step
+    silent += groups
+    per_step[os.path.basename(path)] = {**landing(records), "all_fail_groups": where_grpo_is_silent(groups)}
   result = {"rollouts_dir": args.rollouts_dir, "method": pooled[0].get("method"), "per_step": per_step}
-  result["pooled"] = landing(pooled)
+  result["pooled"] = {**landing(pooled), "all_fail_groups": where_grpo_is_silent(silent)}
   p = result["pooled"]
   print(f"{result['method']}: {p['rollouts']} rollouts, {p['failed']} failed; mean turn advantage by label:")
   for kind, d in p["turn_adv_mean"].items():
@@ -169,6 +210,14 @@ def main(argv=None):
     f"  a rollout's turn advantages span {p['within_rollout_range_mean']:.3f} on average (max - min), around a level "
     f"of {p['rollout_level_abs_mean']:.3f} (|their mean|)"
   )
+  q = p["all_fail_groups"]
+  if q["groups"]:
+    print(
+      f"  in the {q['groups']} all-fail groups (GRPO's advantage 0): "
+      + ", ".join(f"{k} {v:+.3f}" for k, v in sorted(q["turn_adv_mean"].items()))
+      + "; by turn index "
+      + " ".join(f"{v:+.3f}" for v in q["turn_adv_mean_by_index"])
+    )
   if args.out:
     with open(args.out, "w") as f:
       json.dump(result, f, indent=1)

@@ -70,3 +70,25 @@ def test_landing_refuses_rollouts_without_credit_or_with_mismatched_turns():
     chain_credit.landing([record])
   with pytest.raises(ValueError, match="2 assistant turns but 3 advantages"):
     chain_credit.landing([_record(["20*3"], "60", 0.0, [0.0, 0.0, 0.0])])
+
+
+def test_all_fail_groups_show_the_credit_where_grpo_is_silent():
+  def rec(group, calls, answer, reward, adv):
+    return {**_record(calls, answer, reward, adv), "group_id": group}
+
+  silent = [
+    rec(0, ["20*3", "60-61", "1+1"], "2", 0.0, [0.1, 0.2, 0.6, 0.0]),  # right, first_wrong, after_wrong, answer
+    rec(0, ["10*3"], "30", 0.0, [-0.2, 0.4]),  # first_wrong, answer
+  ]
+  mixed = [rec(1, ["20*3"], "60", 0.0, [0.5, 0.5]), rec(1, ["20*3", "60-16", "44+4"], "48", 1.0, [1.0] * 4)]
+  groups = chain_credit.all_fail_groups(silent + mixed)
+  assert [[r["turn_advantages"] for r in g] for g in groups] == [[[0.1, 0.2, 0.6, 0.0], [-0.2, 0.4]]]
+  out = chain_credit.where_grpo_is_silent(groups)
+  assert out["groups"] == 1 and out["rollouts"] == 2
+  assert out["turn_adv_mean"] == pytest.approx({"right": 0.1, "first_wrong": 0.0, "after_wrong": 0.6, "answer": 0.2})
+  assert out["turns"] == {"right": 1, "first_wrong": 2, "after_wrong": 1, "answer": 2}
+  # turn 0: 0.1 and -0.2; turn 1: 0.2 and 0.4; turns 2-3 of the longer rollout only
+  assert out["turn_adv_mean_by_index"] == pytest.approx([-0.05, 0.3, 0.6, 0.0])
+  assert out["turns_by_index"] == [2, 2, 1, 1]
+  with pytest.raises(ValueError, match="no group_id"):
+    chain_credit.all_fail_groups([_record(["20*3"], "60", 0.0, [0.0, 0.0])])
