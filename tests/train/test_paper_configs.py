@@ -69,9 +69,9 @@ def plan_runs(request, tmp_path_factory):
   folder = tmp_path_factory.mktemp("plans")
   memo = str(folder / "memo")
   order = sorted(selected, key=lambda p: -_PLAN_SECONDS.get(os.path.basename(p), 60))
+  outs = {p: str(folder / (os.path.basename(p) + ".json")) for p in order}
   pool = ThreadPoolExecutor(max_workers=PLANS_AT_ONCE)
-  runs = {p: pool.submit(_plan, p, str(folder / (os.path.basename(p) + ".json")), memo) for p in order}
-  yield {p: (future, str(folder / (os.path.basename(p) + ".json"))) for p, future in runs.items()}
+  yield {p: (pool.submit(_plan, p, outs[p], memo), outs[p]) for p in order}
   pool.shutdown(wait=True, cancel_futures=True)
 
 
