@@ -368,10 +368,11 @@ def metrics_row(
   a = out.adv_BxL[act]
   tm = traj.turn_mask_BxT
   tokens = int(traj.token_mask_BxL.sum())
+  success_B = np.asarray([run.env.is_success(r) for r in rollouts.rewards], bool)
   row = {
     "method": c.credit.method,
     "reward_mean": float(np.mean(traj.rewards_B)),
-    "success_rate": float(np.mean([run.env.is_success(r) for r in rollouts.rewards])),
+    "success_rate": float(np.mean(success_B)),
     "mean_turns": float(np.mean(rollouts.num_turns_B)),
     "tool_calls": float(np.mean(rollouts.tool_calls_B)),
     "tool_errors": float(np.mean(rollouts.tool_errors_B)),
@@ -408,7 +409,7 @@ def metrics_row(
     row["unit_reward_mean"] = float(traj.unit_rewards_BxU[traj.unit_mask_BxU].mean())
   if out.turn_adv_BxT is not None and tm.any():
     row["turn_adv_abs_mean"] = float(np.abs(out.turn_adv_BxT[tm]).mean())
-  row.update(credit_diagnostics(traj, out.adv_BxL, np.asarray([run.env.is_success(r) for r in rollouts.rewards])))
+  row.update(credit_diagnostics(traj, out.adv_BxL, success_B))
   # Each term's loss, and a capped term's gradient norms, scale and share (`step.loss_and_grads`, grad_caps).
   row.update({k: float(v) for k, v in m.items() if k.startswith(("loss_", "grad_norm_", "grad_scale_", "grad_share_"))})
   if "kl" in m and c.loss.kl_coef > 0:
