@@ -123,7 +123,8 @@ any) is matched by reward shaping. H3, on sessions CrEST minus GRPO and CrEST mi
 other row is descriptive (3 seeds: its difference and interval are reported, not claimed). The warm-start probes'
 runs are not counted. The summary's `vs_grpo` and `vs_control` (against the task's control) hold each difference and
 interval; `diagnostics` the per-step share of groups with an outcome contrast, of tokens with a nonzero advantage, the
-dense term's share and the gradient norm.
+dense term's share and the gradient norm; `hypothesis` the pre-registered verdict (`HYPOTHESES`, `hypothesis_verdict`:
+the two intervals over exactly seeds 0-4 and what they say together), "not decided" until those seeds have all run.
 
   python benchmarks/testbed_compare.py --task chain --out runs/ch1p --stage policy --copy-steps 400 \
       --copy-small-fraction 0
@@ -259,6 +260,12 @@ RUNS = {
 # The controls above, in the order `summarize` looks for one: each method's `vs_control` is its difference from the
 # first of these the comparison ran (a task runs one: grpo_progress on chains, grpo_partial on sessions).
 CONTROLS = ("grpo_progress", "grpo_partial")
+
+# The starved regime's pre-registered hypotheses (the docstring, "Hypotheses and analysis, fixed now"): per task, the
+# method they decide and the seeds that decide them. H1 and H2: TRACE minus GRPO and minus grpo_progress on chains;
+# H3: CrEST minus GRPO and minus grpo_partial on sessions. `hypothesis_verdict` reads them; every other row is
+# descriptive.
+HYPOTHESES = {"chain_longer": ("trace", (0, 1, 2, 3, 4)), "session_long": ("crest", (0, 1, 2, 3, 4))}
 
 # The arithmetic task (`--task arithmetic`): the quickstart's environment (reasoning-gym arithmetic, a calculator, at
 # most 2 calls) with warm-start demonstrations of mixed quality: `--direct-answer-prob` of them answer at once without
@@ -1053,6 +1060,60 @@ def run_record(workdir: str, start: float, seed: int) -> dict:
   }
 
 
+def side_of_zero(difference: dict | None) -> str | None:
+  """Where a `difference_from` interval lies: "above 0" (its low end > 0), "below 0" (its high end < 0), or
+  "contains 0"; None without an interval."""
+  if difference is None:
+    return None
+  low, high = difference["ci95"]
+  return "above 0" if low > 0 else "below 0" if high < 0 else "contains 0"
+
+
+def hypothesis_verdict(methods: dict, control: str | None, label: str, seeds: tuple[int, ...]) -> dict:
+  """The pre-registered verdict for `label` (a `HYPOTHESES` row): its final held-out success minus GRPO's and minus
+  the task's control's, each a 95% t-interval of the per-seed differences over exactly `seeds` (paired by seed;
+  seeds run beyond them do not enter), and what the two say together.
+
+  Returns:
+    {"method", "seeds", "decided": False, "missing_seeds": {label: [seeds not yet run]}} until `label`, grpo and the
+    control have all of `seeds`; then {"method", "seeds", "decided": True, "vs_grpo", "vs_control" (the
+    `difference_from` dicts), "vs_grpo_side", "vs_control_side" (`side_of_zero`), "reading"}.
+  """
+  labels = [label, "grpo"] + ([control] if control else [])
+  missing = {name: sorted(set(seeds) - set((methods.get(name) or {}).get("seeds_run") or [])) for name in labels}
+  if control is None:
+    missing["the control"] = list(seeds)
+  missing = {name: gap for name, gap in missing.items() if gap}
+  out = {"method": label, "seeds": list(seeds)}
+  if missing:
+    return {**out, "decided": False, "missing_seeds": missing}
+
+  def at_seeds(m):
+    kept = [(s, v) for s, v in zip(m["seeds_run"], m["final_success"]) if s in seeds]
+    return {"seeds_run": [s for s, _ in kept], "final_success": [v for _, v in kept]}
+
+  vs_grpo = difference_from(at_seeds(methods["grpo"]), at_seeds(methods[label]))
+  vs_control = difference_from(at_seeds(methods[control]), at_seeds(methods[label]))
+  grpo_side, control_side = side_of_zero(vs_grpo), side_of_zero(vs_control)
+  if grpo_side == "above 0" and control_side == "above 0":
+    reading = f"beats GRPO and {control}: credit assignment beyond a denser reward"
+  elif grpo_side == "above 0":
+    reading = f"beats GRPO but not {control} (its interval {control_side}): the gain is matched by the denser reward"
+  elif control_side == "above 0":
+    reading = f"beats {control} but not GRPO (its interval {grpo_side})"
+  else:
+    reading = f"beats neither GRPO (its interval {grpo_side}) nor {control} (its interval {control_side})"
+  return {
+    **out,
+    "decided": True,
+    "vs_grpo": vs_grpo,
+    "vs_control": vs_control,
+    "vs_grpo_side": grpo_side,
+    "vs_control_side": control_side,
+    "reading": reading,
+  }
+
+
 def method_summary(label: str, records: list[dict], start: float, target_gain: float, steps: int) -> dict:
   """A method's entry of testbed.json from its runs' records (`run_record`, in seed order): finals, their mean and
   spread, steps to `start + target_gain`, the training rollouts' first and last quarter, the seeds' mean
@@ -1152,6 +1213,8 @@ def summarize(
     },
     "target": target,
     "control": control,  # the label each method's `vs_control` is taken against (None: no control ran)
+    # The task's pre-registered hypothesis, decided only once its seeds have all run (`HYPOTHESES`)
+    "hypothesis": hypothesis_verdict(methods, control, *HYPOTHESES[args.task]) if args.task in HYPOTHESES else None,
     "rollouts_per_step": args.prompts * args.group,
     "total_seconds": seconds,
     "methods": methods,
@@ -1371,6 +1434,18 @@ def table(result: dict) -> str:
   return "\n".join(lines)
 
 
+def hypothesis_line(hypothesis: dict, control: str | None) -> str:
+  """One line for a `hypothesis_verdict`: the differences and intervals and their reading, or the seeds still to run."""
+  head = f"pre-registered, {hypothesis['method']} at seeds {hypothesis['seeds']}"
+  if not hypothesis["decided"]:
+    return f"{head}: not decided, seeds still to run {hypothesis['missing_seeds']}"
+  diffs = [
+    f"minus {name} {d['diff']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]"
+    for name, d in (("GRPO", hypothesis["vs_grpo"]), (control, hypothesis["vs_control"]))
+  ]
+  return f"{head}: {'; '.join(diffs)}: {hypothesis['reading']}"
+
+
 def pin_cpu_isa(isa: str) -> None:
   """Adds --xla_cpu_max_isa=`isa` to XLA_FLAGS (unless set there already) before this process first compiles: XLA's
   CPU code follows the host's vector extensions, so the same run rounds differently, then samples differently, on a
@@ -1583,6 +1658,8 @@ def main(argv=None):
 
   compare_runs([w for dirs in workdirs.values() for w in dirs], os.path.join(args.out, "compare"))
   print(table(result))
+  if result["hypothesis"] is not None:
+    print(f"[testbed] {hypothesis_line(result['hypothesis'], result['control'])}")
   print(f"[testbed] {args.out}/testbed.json, testbed.png, compare/ ({time.time() - t0:.0f} s in all)")
 
 

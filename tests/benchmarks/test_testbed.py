@@ -237,6 +237,46 @@ def test_each_method_is_also_compared_with_the_tasks_control(testbed, tmp_path):
   only = testbed.summarize(args, 0.1, {k: workdirs[k] for k in ("grpo", "trace")}, seconds=1.0)
   assert only["control"] is None and only["methods"]["trace"]["vs_control"] is None
   assert "minus the control [95% CI]" in testbed.table(only)
+  assert result["hypothesis"] is None  # the chain task pre-registered none (chain_longer did)
+
+
+def test_the_pre_registered_verdict_waits_for_its_seeds_and_reads_only_them(testbed):
+  def method(finals, seeds=None):
+    seeds = list(range(len(finals))) if seeds is None else seeds
+    return {"seeds_run": seeds, "final_success": list(finals)}
+
+  # TRACE 0.10 above GRPO on seeds 0-4 (+-0.01), level with the control; seed 5, where it is 0.9 below both, is not
+  # pre-registered and must not enter
+  grpo = method([0.50, 0.60, 0.55, 0.40, 0.45, 0.90])
+  control = method([0.70, 0.62, 0.66, 0.58, 0.61, 0.90])
+  trace = method([0.61, 0.69, 0.66, 0.49, 0.56, 0.0])
+  seeds = (0, 1, 2, 3, 4)
+  early = {"grpo": method([0.5, 0.6, 0.55]), "grpo_progress": control, "trace": method([0.6, 0.7, 0.66])}
+  waiting = testbed.hypothesis_verdict(early, "grpo_progress", "trace", seeds)
+  assert waiting["decided"] is False
+  assert waiting["missing_seeds"] == {"trace": [3, 4], "grpo": [3, 4]}
+  assert "not decided" in testbed.hypothesis_line(waiting, "grpo_progress")
+  no_control = testbed.hypothesis_verdict({"grpo": grpo, "trace": trace}, None, "trace", seeds)
+  assert no_control["missing_seeds"] == {"the control": list(seeds)}
+
+  methods = {"grpo": grpo, "grpo_progress": control, "trace": trace}
+  v = testbed.hypothesis_verdict(methods, "grpo_progress", "trace", seeds)
+  assert v["decided"] is True and v["vs_grpo"]["paired_seeds"] == 5
+  assert v["vs_grpo"]["diff"] == pytest.approx(0.102)  # seeds 0-4 only (with seed 5: -0.065)
+  assert testbed.difference_from(grpo, trace)["diff"] == pytest.approx(-0.065)  # what seed 5 would have done
+  assert v["vs_grpo_side"] == "above 0" and v["vs_control_side"] == "contains 0"
+  assert v["reading"].startswith("beats GRPO but not grpo_progress")
+  line = testbed.hypothesis_line(v, "grpo_progress")
+  assert f"minus GRPO +0.102 [{v['vs_grpo']['ci95'][0]:+.3f}" in line and "minus grpo_progress" in line
+  # the same runs with TRACE 0.10 below GRPO: neither, its GRPO interval below 0
+  below = dict(methods, trace=method([v - 0.2 for v in trace["final_success"][:5]]))
+  b = testbed.hypothesis_verdict(below, "grpo_progress", "trace", seeds)
+  assert b["vs_grpo_side"] == "below 0" and b["vs_control_side"] == "below 0"
+  assert b["reading"].startswith("beats neither GRPO (its interval below 0)")
+  both = dict(methods, trace=method([v + 0.3 for v in trace["final_success"][:5]]))
+  assert testbed.hypothesis_verdict(both, "grpo_progress", "trace", seeds)["reading"].startswith(
+    "beats GRPO and grpo_progress"
+  )
 
 
 def test_diagnostics_are_averaged_over_seeds_step_by_step(testbed, tmp_path):
