@@ -1,25 +1,30 @@
-"""Where a method's turn credit lands on the chain task: right calls against the call that broke the chain.
+"""Where a method's turn credit lands on the chain and session tasks: right work against the step that broke it.
 
   python benchmarks/chain_credit.py runs/ch2/runs/trace_seed0/rollouts [--out benchmarks/results/chain_credit.json]
 
-Reads the rollouts a chain run exported with their advantages (`--set rollout.export_jsonl=true` on
+Reads the rollouts a chain or session run exported with their advantages (`--set rollout.export_jsonl=true` on
 `benchmarks/testbed_compare.py`, or `--config.rollout.export_jsonl=true` on `jaxcredit train`: `step_N.jsonl`, one
-line per rollout with `turn_advantages`, docs/rollouts-jsonl.md) and labels each assistant turn from the question
-("Start with 44 and apply each step in order: +18, +14, *2.") and the turn's calculator call "a op b":
+line per rollout with `turn_advantages`, docs/rollouts-jsonl.md) and labels each assistant turn. On chains, from the
+question ("Start with 44 and apply each step in order: +18, +14, *2.") and the turn's calculator call "a op b":
   - `right`: a is the chain's value before some step j and "op b" is step j (a step done from its right value; a
     repeated one counts too);
   - `first_wrong`: the rollout's first call that is not right (a miscopied number, a step done wrongly in the head
     before it, a step out of order);
   - `after_wrong`: the calls after it;
   - `answer`: the turn without a call (the final answer).
+On sessions (task ids "<split>/session/<index>", or more than one user message), from each request's verdict
+(`unit_rewards`): every turn of a request answered right before any failed one is `right`, the turns of the first
+failed request (its calls and its answer) are `first_wrong`, the later requests' turns `after_wrong` (built on a wrong
+answer, they fail with it).
 
-For failed rollouts (reward 0) the useful number is the contrast inside one rollout, `right` minus `first_wrong`
-(the outcome advantage, the same for every turn of a rollout, cancels): 0 for GRPO by construction, and for a dense
-method the share of its credit that tells the right calls from the one that broke the chain. Reported per step file
-and pooled over all of them: mean turn advantage by label (failed and successful rollouts apart), the mean
-within-rollout contrast and the fraction of failed rollouts where it is positive, how wide a rollout's turn
-advantages spread against their level (the dense part's size against the outcome's), and (`all_fail_groups`) the
-credit by label and by turn index in the groups where every rollout failed, where GRPO's advantage is 0.
+For failed rollouts (reward below 1: the outcome not reached, whatever a shaped or partial reward paid) the useful
+number is the contrast inside one rollout, `right` minus `first_wrong` (means over their turns; the outcome
+advantage, the same for every turn of a rollout, cancels): 0 for GRPO by construction, and for a dense method the
+share of its credit that tells the right work from what broke it. Reported per step file and pooled over all of them:
+mean turn advantage by label (failed and successful rollouts apart), the mean within-rollout contrast and the fraction
+of failed rollouts where it is positive, how wide a rollout's turn advantages spread against their level (the dense
+part's size against the outcome's), and (`all_fail_groups`) the credit by label and by turn index in the groups where
+every rollout failed, where an outcome-paid GRPO's advantage is 0.
 """
 
 import argparse
@@ -71,15 +76,33 @@ def _call_of(message: dict) -> tuple[int, str, int] | None:
   return None
 
 
+def is_session(record: dict) -> bool:
+  """Whether a rollout record is the session task's: its task id says so, or it holds more than one user message
+  (a session's later requests; a chain has one)."""
+  if "/session/" in str(record.get("task_id", "")):
+    return True
+  return sum(m.get("role") == "user" for m in record.get("messages") or []) > 1
+
+
+def succeeded(record: dict) -> bool:
+  """The rollout reached the outcome: reward 1 (a chain's right answer, a session's every request right). Shaped and
+  partial rewards (the controls' chain progress, share of requests right) pay less than 1 for a failure."""
+  return record["reward"] >= 1.0
+
+
 def turn_labels(record: dict) -> list[str]:
-  """One label per assistant turn of a rollout record (`right`, `first_wrong`, `after_wrong`, `answer`).
+  """One label per assistant turn of a rollout record (`right`, `first_wrong`, `after_wrong`, and on chains
+  `answer`): by its calculator call on chains, by its request's verdict on sessions (`session_turn_labels`).
 
   Raises:
-    ValueError: a record without messages, or whose user message is not a chain question.
+    ValueError: a record without messages, or whose user message is not a chain question (chains), or without a
+      verdict for a request it acted in (sessions).
   """
   messages = record.get("messages")
   if not messages:
     raise ValueError(f"rollout {record.get('rollout_id')!r} has no messages")
+  if is_session(record):
+    return session_turn_labels(record)
   question = next(m["content"] for m in messages if m["role"] == "user")
   steps, values = chain_of(question)
   right_calls = {(values[j], op, b) for j, (op, b) in enumerate(steps)}
@@ -96,6 +119,32 @@ def turn_labels(record: dict) -> list[str]:
       wrong_seen = True
     else:
       labels.append("after_wrong")
+  return labels
+
+
+def session_turn_labels(record: dict) -> list[str]:
+  """One label per assistant turn of a session rollout, by the verdict of the request it acted in (the user message
+  before it opens the request): `right` before the first failed request, `first_wrong` in it, `after_wrong` after.
+
+  Raises:
+    ValueError: a record without messages, or with an assistant turn in a request past its `unit_rewards`.
+  """
+  messages = record.get("messages")
+  if not messages:
+    raise ValueError(f"rollout {record.get('rollout_id')!r} has no messages")
+  verdicts = [float(v) for v in record.get("unit_rewards") or []]
+  first_failed = next((u for u, v in enumerate(verdicts) if v <= 0), len(verdicts))
+  labels, request = [], -1
+  for message in messages:
+    if message["role"] == "user":
+      request += 1
+    elif message["role"] == "assistant":
+      if not 0 <= request < len(verdicts):
+        raise ValueError(
+          f"rollout {record.get('rollout_id')!r}: an assistant turn in request {request} but unit_rewards holds "
+          f"{len(verdicts)} verdicts"
+        )
+      labels.append("right" if request < first_failed else "first_wrong" if request == first_failed else "after_wrong")
   return labels
 
 
@@ -118,17 +167,18 @@ def landing(records: list[dict]) -> dict:
     labels = turn_labels(r)
     if len(labels) != len(adv):
       raise ValueError(f"rollout {r.get('rollout_id')!r}: {len(labels)} assistant turns but {len(adv)} advantages")
-    kind = "succeeded" if r["reward"] > 0 else "failed"
+    kind = "succeeded" if succeeded(r) else "failed"
     spreads.append(float(np.max(adv) - np.min(adv)))
     levels.append(abs(float(np.mean(adv))))
     for label, a in zip(labels, adv):
       by[kind].setdefault(label, []).append(float(a))
     if kind == "failed" and "first_wrong" in labels and "right" in labels:
       right = [a for label, a in zip(labels, adv) if label == "right"]
-      contrasts.append(float(np.mean(right)) - float(adv[labels.index("first_wrong")]))
+      broke = [a for label, a in zip(labels, adv) if label == "first_wrong"]  # a chain's one call, a request's turns
+      contrasts.append(float(np.mean(right)) - float(np.mean(broke)))
   return {
     "rollouts": len(records),
-    "failed": sum(r["reward"] <= 0 for r in records),
+    "failed": sum(not succeeded(r) for r in records),
     "turn_adv_mean": {k: {label: float(np.mean(v)) for label, v in d.items()} for k, d in by.items()},
     "turns": {k: {label: len(v) for label, v in d.items()} for k, d in by.items()},
     "failed_with_right_then_wrong": len(contrasts),
@@ -140,8 +190,9 @@ def landing(records: list[dict]) -> dict:
 
 
 def all_fail_groups(records: list[dict]) -> list[list[dict]]:
-  """One step's rollouts grouped by `group_id`, keeping the groups whose every rollout failed (reward <= 0): there
-  GRPO's advantage is exactly 0, so whatever credit a dense method gives those turns is all of its signal.
+  """One step's rollouts grouped by `group_id`, keeping the groups whose every rollout failed (`succeeded`
+  false): there an outcome-paid GRPO's advantage is exactly 0, so whatever credit a dense method gives those turns is
+  all of its signal.
 
   Raises:
     ValueError: a record without `group_id`.
@@ -151,7 +202,7 @@ def all_fail_groups(records: list[dict]) -> list[list[dict]]:
     if "group_id" not in r:
       raise ValueError(f"rollout {r.get('rollout_id')!r} has no group_id")
     groups.setdefault(r["group_id"], []).append(r)
-  return [g for g in groups.values() if all(r["reward"] <= 0 for r in g)]
+  return [g for g in groups.values() if not any(succeeded(r) for r in g)]
 
 
 def where_grpo_is_silent(groups: list[list[dict]]) -> dict:

@@ -92,3 +92,60 @@ def test_all_fail_groups_show_the_credit_where_grpo_is_silent():
   assert out["turns_by_index"] == [2, 2, 1, 1]
   with pytest.raises(ValueError, match="no group_id"):
     chain_credit.all_fail_groups([_record(["20*3"], "60", 0.0, [0.0, 0.0])])
+
+
+def _session_record(answers_right: list[bool], turn_advantages: list[float]) -> dict:
+  """A session played through the real environment: each request's steps called right, then its answer (the true
+  value, or one more where `answers_right` says wrong); messages as the trainer exports them."""
+  from jaxcredit.envs import session, tool_calls
+
+  task = session.make_tasks("train", 1, seed=3, min_requests=3, max_requests=3)[0]
+  env = session.SessionEnv(task)
+  messages = session.initial_messages(task)
+  for u, right in enumerate(answers_right):
+    for (op, n), a in zip(task.steps[u], task.values[u]):
+      text = tool_calls.render_tool_call("calculator", {"expression": f"{a}{op}{n}"})
+      messages.append({"role": "assistant", "content": text, "tool_calls": [{"function": {"name": "calculator"}}]})
+      result = env.step(text)
+      messages.append({"role": result.role, "content": result.observation})
+    answer = task.values[u][-1] + (0 if right else 1)
+    result = env.step(tool_calls.render_answer(str(answer)))
+    messages.append({"role": "assistant", "content": tool_calls.render_answer(str(answer))})
+    if not result.done:
+      messages.append({"role": result.role, "content": result.observation})
+  assert env.done
+  turns = sum(m["role"] == "assistant" for m in messages)
+  assert len(turn_advantages) == turns, turns
+  return {
+    "rollout_id": "s",
+    "task_id": task.task_id,
+    "messages": messages,
+    "reward": env.reward(),
+    "unit_rewards": env.unit_rewards(),
+    "turn_advantages": turn_advantages,
+  }
+
+
+def test_session_turns_are_labelled_by_their_requests_verdicts():
+  from jaxcredit.envs import session
+
+  task = session.make_tasks("train", 1, seed=3, min_requests=3, max_requests=3)[0]
+  n = [len(steps) + 1 for steps in task.steps]  # a request's turns: one call a step, then its answer
+  # request 1 right, request 2 answered wrong (it broke the session), request 3 built on it
+  adv = [0.3] * n[0] + [-0.4] * n[1] + [0.1] * n[2]
+  record = _session_record([True, False, False], adv)
+  assert record["unit_rewards"] == [1.0, 0.0, 0.0] and record["reward"] == 0.0
+  assert chain_credit.is_session(record)
+  labels = chain_credit.turn_labels(record)
+  assert labels == ["right"] * n[0] + ["first_wrong"] * n[1] + ["after_wrong"] * n[2]
+  out = chain_credit.landing([record])
+  assert out["failed"] == 1 and out["contrast_right_minus_first_wrong_mean"] == pytest.approx(0.7)
+  # every request right: the session succeeded, every turn `right`
+  whole = _session_record([True, True, True], [1.0] * sum(n))
+  assert chain_credit.landing([whole])["turns"]["succeeded"] == {"right": sum(n)}
+  # a partial reward (the session control's share of requests right) is not a success
+  partial = {**record, "reward": 1 / 3}
+  assert not chain_credit.succeeded(partial) and chain_credit.all_fail_groups([{**partial, "group_id": 0}])
+  # a turn in a request with no verdict is refused, naming the field
+  with pytest.raises(ValueError, match="unit_rewards holds 1 verdicts"):
+    chain_credit.turn_labels({**record, "unit_rewards": [1.0]})
