@@ -149,6 +149,16 @@ a 16 x 8 GRPO probe of that N reports the share of contrasted groups (descriptiv
 criterion). If no N up to 1,200 meets both, the rule is amended (in writing, here) before any comparison run. Then
 `--warm-step N --seeds S --steps 30 --eval-every 10 --prompts 4 --group 8 --lr 1e-4` with grpo, grpo_partial, crest at
 seeds 0-4 and crest_lam0, hsd, gear, sgcd, trace at seeds 0-2, into benchmarks/results/testbed_session_sparse.json.
+  Applied (benchmarks/results/testbed_session_long_warm_rule.json, with its commands): all-requests-right success
+0.000, 0.004, 0.027 at 100, 200, 300 steps, requests right from a right input 0.36, 0.57, 0.71: **N = 300** (0.027
+and 0.71), so the warm start was stopped after step 342 (the same command resumes it; the later steps do not enter).
+The 16 x 8 probe from N: 3 of 16 groups with a contrast (0.19). The comparison:
+
+  python benchmarks/testbed_compare.py --task session_long --out runs/sl1p_1200 --policy runs/ch1p/policy_copy \
+      --sft-steps 1200 --sft-model-every 100 --warm-step 300 --sft-lr 1e-3 --sft-eval-every 100 --eval-tasks 256 \
+      --seeds 0,1,2,3,4 --steps 30 --eval-every 10 --prompts 4 --group 8 --lr 1e-4 \
+      --methods grpo,grpo_partial,crest --merge benchmarks/results/testbed_session_sparse.json
+  (then --seeds 0,1,2 --methods crest_lam0,hsd,gear,sgcd,trace; the first seeds without --merge, as for chains)
 
 The committed files' "hsd", "gear" and "sgcd" rows were run before those names took the papers' forms (issue 52):
 to repeat them, name the earlier readings, `--methods hsd_grpo,gear_v0,sgcd_v0` (the METHODS rows below).
