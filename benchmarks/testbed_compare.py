@@ -137,7 +137,8 @@ the two intervals over exactly seeds 0-4 and what they say together), "not decid
       --methods grpo,grpo_progress,trace --merge benchmarks/results/testbed_chain_sparse.json
   (the first seeds run without --merge and their testbed.json becomes the file; a session runs a few seeds;
   `--seeds 1 --merge ...` then joins them to the file, which it refuses unless the warm start and every shared
-  seed's curves repeat; copy the new testbed.json over the file)
+  seed's curves repeat; copy the new testbed.json over the file: it carries the file's 'what', 'commands' and
+  other notes, `ANNOTATIONS`)
   (then --seeds 0,1,2 --methods trace_k0,trace_raw_delta,gigpo)
 
   Sessions, stated before their warm start (2026-12-07): the amended rule with the issue's session criteria. One warm
@@ -1165,13 +1166,19 @@ def method_summary(label: str, records: list[dict], start: float, target_gain: f
   }
 
 
+# What a committed results file says that no run computes: its description, the commands that made it, reruns
+# that checked it and descriptive extracts (written when the file is committed). `--merge FILE` carries them into the
+# new testbed.json, stale or not: whoever copies it over the file brings 'what' up to date.
+ANNOTATIONS = ("what", "commands", "repeat_checks", "held_out_env_curves")
+
+
 def summarize(
   args, start: float, workdirs: dict[str, list[str]], seconds: float, earlier: tuple[str, dict] | None = None
 ) -> dict:
   """Every method's curves, finals and steps to target from its runs' folders, written to `--out`/testbed.json (and
   testbed.png). `workdirs[label]` are the runs of `args.seeds`, in that order. `seconds` is this invocation's time
   (`total_seconds`); each run's own wall time is `run_seconds`. `earlier` = (path, an earlier testbed.json): its
-  runs join this summary (see `merge_earlier`)."""
+  runs join this summary (see `merge_earlier`) and its `ANNOTATIONS` lead it."""
   records = {}
   for label, dirs in workdirs.items():
     seeds = [seed_of(w) for w in dirs]
@@ -1231,6 +1238,8 @@ def summarize(
   }
   if merged:
     result["merged_from"] = merged
+  if earlier is not None:  # the results file's notes come first, so copying testbed.json over the file keeps them
+    result = {**{k: earlier[1][k] for k in ANNOTATIONS if k in earlier[1]}, **result}
   with open(os.path.join(args.out, "testbed.json"), "w") as f:
     json.dump(result, f, indent=1)
   plot(result, os.path.join(args.out, "testbed.png"))

@@ -350,6 +350,11 @@ def test_merge_joins_an_earlier_results_file_only_when_the_runs_repeat(testbed, 
   assert result["methods"]["trace"]["steps_to_grpo_final"] == [5, None]
   with open(tmp_path / "b" / "testbed.json") as f:
     assert json.load(f)["merged_from"]["trace"] == "old.json"
+  # A committed file's notes (no run computes them) lead the joined summary, so copying it over the file keeps them.
+  noted = {"what": "the comparison", "commands": ["python x.py"], **earlier}
+  result = testbed.summarize(args(tmp_path / "b", [0]), 0.3, here, seconds=2.0, earlier=("old.json", noted))
+  assert list(result)[:2] == ["what", "commands"] and result["commands"] == ["python x.py"]
+  assert "what" not in testbed.summarize(args(tmp_path / "b", [0]), 0.3, here, seconds=2.0)
   mine = testbed.summarize(args(tmp_path / "b", [0]), 0.3, {"grpo": [g0]}, seconds=2.0)
   assert mine["methods"]["grpo"]["run_seconds"] == [123.0] and earlier["methods"]["trace"]["run_seconds"] == [None] * 2
 
